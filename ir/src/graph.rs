@@ -1,0 +1,224 @@
+//! The graph of ops that one realization runs, built on petgraph.
+
+use std::fmt::Write as _;
+use std::panic::Location;
+
+use petgraph::Direction;
+use petgraph::stable_graph::StableDiGraph;
+use petgraph::visit::{EdgeRef, NodeIndexable};
+
+use crate::{DType, IrError, Op, Shape};
+
+/// A node's handle in a [`Graph`].
+pub type NodeId = petgraph::stable_graph::NodeIndex;
+
+/// One node: an op with its inferred shape and dtype, and the user's source line that
+/// recorded it (so that a failure found later can point there).
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// The op.
+    pub op: Op,
+    /// The result's shape.
+    pub shape: Shape,
+    /// The result's dtype.
+    pub dtype: DType,
+    /// Where the op was recorded, when known.
+    pub origin: Option<&'static Location<'static>>,
+}
+
+/// A dataflow graph of [`Op`]s. Edges run from an input to its consumer and carry the
+/// input's position. Nodes are added with their inputs already present, so insertion order
+/// is a topological order; [`Graph::topo_order`] computes one independently for graphs that
+/// passes have rewritten.
+///
+/// ```
+/// use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};
+/// let mut g = Graph::new();
+/// let x = g.input(Shape::from([2, 3]), DType::F32);
+/// let e = g.push(Op::Unary(UnaryOp::Exp), &[x])?;
+/// let y = g.push(Op::Binary(BinaryOp::Add), &[e, x])?;
+/// g.mark_output(y);
+/// assert_eq!(g.node(y).shape, Shape::from([2, 3]));
+/// assert_eq!(g.topo_order(), vec![x, e, y]);
+/// assert!(g.to_dot().contains("add"));
+/// # Ok::<(), kiln_ir::IrError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    graph: StableDiGraph<Node, usize>,
+    inputs: Vec<NodeId>,
+    outputs: Vec<NodeId>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    /// Adds an `Input` node, bound to the next buffer passed when the graph runs.
+    pub fn input(&mut self, shape: Shape, dtype: DType) -> NodeId {
+        let id = self.graph.add_node(Node { op: Op::Input, shape, dtype, origin: None });
+        self.inputs.push(id);
+        id
+    }
+
+    /// Adds a leaf op other than `Input` (`Full`, `Random`) with its given shape and dtype.
+    pub fn leaf(&mut self, op: Op, shape: Shape, dtype: DType) -> Result<NodeId, IrError> {
+        if matches!(op, Op::Input) {
+            return Ok(self.input(shape, dtype));
+        }
+        op.check_leaf(dtype)?;
+        Ok(self.graph.add_node(Node { op, shape, dtype, origin: None }))
+    }
+
+    /// Adds an op over existing nodes, inferring its shape and dtype.
+    pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId, IrError> {
+        let mut typed = Vec::with_capacity(inputs.len());
+        for &i in inputs {
+            let n = self.graph.node_weight(i).ok_or_else(|| IrError::InvalidGraph(format!("no node {i:?}")))?;
+            typed.push((&n.shape, n.dtype));
+        }
+        let (shape, dtype) = op.infer(&typed)?;
+        let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
+        for (slot, &i) in inputs.iter().enumerate() {
+            self.graph.add_edge(i, id, slot);
+        }
+        Ok(id)
+    }
+
+    /// Records where node `id` was created in user code.
+    pub fn set_origin(&mut self, id: NodeId, origin: &'static Location<'static>) {
+        if let Some(n) = self.graph.node_weight_mut(id) {
+            n.origin = Some(origin);
+        }
+    }
+
+    /// Marks a node as a result the caller wants back.
+    pub fn mark_output(&mut self, id: NodeId) {
+        if !self.outputs.contains(&id) {
+            self.outputs.push(id);
+        }
+    }
+
+    /// The node behind `id`.
+    ///
+    /// # Panics
+    /// If `id` is not a node of this graph.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.graph[id]
+    }
+
+    /// The inputs of `id`, in argument order.
+    pub fn args(&self, id: NodeId) -> Vec<NodeId> {
+        let mut edges: Vec<(usize, NodeId)> =
+            self.graph.edges_directed(id, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        edges.sort_unstable();
+        edges.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// The number of consumers of `id` (one per argument slot it fills).
+    pub fn uses(&self, id: NodeId) -> usize {
+        self.graph.edges_directed(id, Direction::Outgoing).count()
+    }
+
+    /// The `Input` nodes, in binding order.
+    pub fn inputs(&self) -> &[NodeId] {
+        &self.inputs
+    }
+
+    /// The nodes marked as outputs, in marking order.
+    pub fn outputs(&self) -> &[NodeId] {
+        &self.outputs
+    }
+
+    /// The number of nodes.
+    pub fn len(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    /// Whether the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.graph.node_count() == 0
+    }
+
+    /// The nodes in an order where every input comes before its consumers (iterative: deep
+    /// graphs do not grow the stack). Ties keep insertion order, so the result is
+    /// deterministic.
+    pub fn topo_order(&self) -> Vec<NodeId> {
+        // Kahn's algorithm over node indices in insertion order.
+        let mut pending: Vec<usize> = Vec::new();
+        let bound = self.graph.node_bound();
+        let mut indegree = vec![0usize; bound];
+        for id in self.graph.node_indices() {
+            indegree[id.index()] = self.graph.edges_directed(id, Direction::Incoming).count();
+        }
+        let mut ready: std::collections::BTreeSet<NodeId> =
+            self.graph.node_indices().filter(|id| indegree[id.index()] == 0).collect();
+        let mut order = Vec::with_capacity(self.len());
+        while let Some(id) = ready.pop_first() {
+            order.push(id);
+            for e in self.graph.edges_directed(id, Direction::Outgoing) {
+                let t = e.target().index();
+                indegree[t] -= 1;
+                if indegree[t] == 0 {
+                    pending.push(t);
+                }
+            }
+            ready.extend(pending.drain(..).map(NodeId::new));
+        }
+        order
+    }
+
+    /// Checks the graph's invariants: no cycles, every op's inputs agree with its inferred
+    /// shape and dtype, and every output exists.
+    pub fn verify(&self) -> Result<(), IrError> {
+        let order = self.topo_order();
+        if order.len() != self.len() {
+            return Err(IrError::InvalidGraph("the graph has a cycle".into()));
+        }
+        for id in order {
+            let node = &self.graph[id];
+            if node.op.is_leaf() {
+                continue;
+            }
+            let args = self.args(id);
+            let typed: Vec<_> = args.iter().map(|&a| (&self.graph[a].shape, self.graph[a].dtype)).collect();
+            let (shape, dtype) = node.op.infer(&typed)?;
+            if shape != node.shape || dtype != node.dtype {
+                return Err(IrError::InvalidGraph(format!(
+                    "node {} ({}) says {} {} but its inputs give {shape} {dtype}",
+                    id.index(),
+                    node.op,
+                    node.shape,
+                    node.dtype
+                )));
+            }
+        }
+        if let Some(o) = self.outputs.iter().find(|o| !self.graph.contains_node(**o)) {
+            return Err(IrError::InvalidGraph(format!("output {} is not a node", o.index())));
+        }
+        Ok(())
+    }
+
+    /// The graph in Graphviz DOT: one box per node with its op, shape and dtype; outputs
+    /// drawn bold; edges labelled with the argument position when an op has several.
+    pub fn to_dot(&self) -> String {
+        let mut s = String::from("digraph kiln {\n    node [shape=box, fontname=\"monospace\"];\n");
+        for id in self.topo_order() {
+            let n = &self.graph[id];
+            let style = if self.outputs.contains(&id) { ", style=bold" } else { "" };
+            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype).replace('"', "\\\"");
+            let _ = writeln!(s, "    n{} [label=\"{label}\"{style}];", id.index());
+        }
+        for id in self.topo_order() {
+            let args = self.args(id);
+            for (slot, a) in args.iter().enumerate() {
+                let label = if args.len() > 1 { format!(" [label=\"{slot}\"]") } else { String::new() };
+                let _ = writeln!(s, "    n{} -> n{}{label};", a.index(), id.index());
+            }
+        }
+        s.push_str("}\n");
+        s
+    }
+}

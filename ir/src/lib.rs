@@ -1,0 +1,30 @@
+//! kiln's intermediate representation: everything about a tensor program that does not
+//! depend on a machine.
+//!
+//! - [`DType`], [`Scalar`] and [`Element`]: element types, values and PyTorch's promotion
+//!   rules ([`result_type`]).
+//! - [`Shape`] and [`View`]: dimensions, NumPy broadcasting, and strided layouts that movement
+//!   ops compose without copying.
+//! - [`Op`]: the closed set of primitive ops, with shape and dtype inference ([`Op::infer`]).
+//! - [`Graph`]: a petgraph dataflow graph of ops, with a deterministic topological order,
+//!   verification and Graphviz export.
+//! - [`random`]: the counter-based generator behind random fills.
+//!
+//! This crate has no `unsafe`, no threads and no IO: backends and the runtime build on it.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod dtype;
+mod error;
+mod graph;
+mod op;
+pub mod random;
+mod shape;
+mod view;
+
+pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId};
+pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};
+pub use shape::{Shape, normalize_axis};
+pub use view::{Offsets, View};

@@ -1,0 +1,476 @@
+//! The closed set of primitive ops and their shape and dtype inference.
+//!
+//! The IR is deliberately small: broadcasting, type promotion, squeezing after a reduction and
+//! composite functions (mean, softmax, gelu, ...) are spelled out by the tensor layer with
+//! explicit `View`, `Cast` and elementwise nodes, so that every op here has one simple rule.
+//! Elementwise ops take inputs of one shape and one dtype.
+
+use std::fmt;
+
+use crate::{DType, IrError, Scalar, Shape, View};
+
+/// Elementwise functions of one argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    /// `-x` (integers wrap).
+    Neg,
+    /// `|x|` (integers wrap at the minimum).
+    Abs,
+    /// `sqrt(x)`; NaN below 0.
+    Sqrt,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm; `-inf` at 0, NaN below 0.
+    Log,
+    /// `sin(x)`.
+    Sin,
+    /// `cos(x)`.
+    Cos,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `max(x, 0)`; NaN stays NaN.
+    Relu,
+    /// The error function.
+    Erf,
+    /// `1 / x`.
+    Recip,
+    /// Rounds toward negative infinity.
+    Floor,
+    /// Rounds toward positive infinity.
+    Ceil,
+    /// Rounds half to even, as PyTorch's `round` does.
+    Round,
+    /// Logical not of a `Bool`.
+    Not,
+}
+
+/// Elementwise functions of two arguments of one shape and one dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    /// `a + b` (integers wrap).
+    Add,
+    /// `a - b` (integers wrap).
+    Sub,
+    /// `a * b` (integers wrap).
+    Mul,
+    /// `a / b`, floats only.
+    Div,
+    /// `a ^ b`, floats only.
+    Pow,
+    /// The larger of `a` and `b`; NaN if either is NaN.
+    Maximum,
+    /// The smaller of `a` and `b`; NaN if either is NaN.
+    Minimum,
+    /// `a == b`, giving `Bool`.
+    Eq,
+    /// `a != b`, giving `Bool`.
+    Ne,
+    /// `a < b`, giving `Bool`.
+    Lt,
+    /// `a <= b`, giving `Bool`.
+    Le,
+    /// `a > b`, giving `Bool`.
+    Gt,
+    /// `a >= b`, giving `Bool`.
+    Ge,
+    /// Logical and of two `Bool`s.
+    And,
+    /// Logical or of two `Bool`s.
+    Or,
+}
+
+/// Reductions over a set of axes. The reduced axes keep size 1 in the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    /// Sum (0 over no elements).
+    Sum,
+    /// Product (1 over no elements).
+    Prod,
+    /// Maximum; NaN if any element is NaN.
+    Max,
+    /// Minimum; NaN if any element is NaN.
+    Min,
+    /// Index of the maximum along one axis (`I64`); the first one on ties, a NaN counts as
+    /// the maximum.
+    ArgMax,
+    /// Index of the minimum along one axis (`I64`); the first one on ties, a NaN counts as
+    /// the minimum.
+    ArgMin,
+}
+
+/// The distribution of a random fill. Values are a pure function of the fill's key and
+/// the element's index, so a fill gives the same values however it is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Hash, Eq)]
+pub enum RandomDist {
+    /// Uniform on `[0, 1)`.
+    Uniform,
+    /// Standard normal.
+    Normal,
+    /// Uniform integers in `[low, high)`.
+    Int {
+        /// Smallest value.
+        low: i64,
+        /// One past the largest value.
+        high: i64,
+    },
+}
+
+/// A primitive op: one node of a graph.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A realized buffer, bound when the graph runs. Shape and dtype are given.
+    Input,
+    /// Every element is this value. Shape and dtype are given.
+    Full(Scalar),
+    /// Random values, a pure function of `key` and the element index. Shape and dtype are given.
+    Random {
+        /// The distribution.
+        dist: RandomDist,
+        /// The stream's key (drawn from the seed when recorded).
+        key: u64,
+    },
+    /// An elementwise function of one input.
+    Unary(UnaryOp),
+    /// An elementwise function of two inputs of one shape and dtype.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: `cond` is `Bool`, `a` and `b` share shape and dtype.
+    Where,
+    /// Converts elements to another dtype (Rust `as` semantics; see [`crate::Element`]).
+    Cast(DType),
+    /// Reduces over `axes` (sorted, distinct), keeping them as size 1.
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// The reduced axes.
+        axes: Vec<usize>,
+    },
+    /// Reads the input's dense row-major buffer through a view: permutes, broadcasts, slices
+    /// and reshapes are all this one op, and become index arithmetic when fused.
+    View(View),
+    /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
+    MatMul,
+}
+
+impl Op {
+    /// The op's name, as it appears in messages and graph dumps.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Full(_) => "full",
+            Op::Random { .. } => "random",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce { op, .. } => op.name(),
+            Op::View(_) => "view",
+            Op::MatMul => "matmul",
+        }
+    }
+
+    /// Whether the op has no inputs.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self, Op::Input | Op::Full(_) | Op::Random { .. })
+    }
+
+    /// The number of inputs the op takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            Op::Input | Op::Full(_) | Op::Random { .. } => 0,
+            Op::Unary(_) | Op::Cast(_) | Op::Reduce { .. } | Op::View(_) => 1,
+            Op::Binary(_) | Op::MatMul => 2,
+            Op::Where => 3,
+        }
+    }
+
+    /// Checks a leaf's given shape and dtype.
+    pub fn check_leaf(&self, dtype: DType) -> Result<(), IrError> {
+        match self {
+            Op::Random { dist: RandomDist::Int { low, high }, .. } => {
+                if low >= high {
+                    return Err(IrError::shape(
+                        "randint",
+                        format!("low ({low}) must be less than high ({high})"),
+                    ));
+                }
+                expect_dtype("randint", dtype, |d| d == DType::I64, "i64")
+            }
+            Op::Random { .. } => expect_dtype("random", dtype, DType::is_float, "a float dtype"),
+            Op::Input | Op::Full(_) => Ok(()),
+            _ => Err(IrError::InvalidGraph(format!("{} is not a leaf op", self.name()))),
+        }
+    }
+
+    /// The shape and dtype of the op's result, or an error naming the op, the shapes and the
+    /// dtypes that do not fit. Leaves have no inputs and their shape is given: use
+    /// [`Op::check_leaf`] for them.
+    pub fn infer(&self, inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
+        if inputs.len() != self.arity() || self.is_leaf() {
+            return Err(IrError::InvalidGraph(format!(
+                "{} takes {} inputs, got {}",
+                self.name(),
+                self.arity(),
+                inputs.len()
+            )));
+        }
+        match self {
+            Op::Input | Op::Full(_) | Op::Random { .. } => unreachable!("leaves return above"),
+            Op::Unary(u) => {
+                let (shape, dtype) = inputs[0];
+                let ok = match u {
+                    UnaryOp::Not => dtype == DType::Bool,
+                    UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => dtype != DType::Bool,
+                    _ => dtype.is_float(),
+                };
+                if !ok {
+                    return Err(IrError::dtype(u.name(), format!("is not defined for {dtype} inputs")));
+                }
+                Ok((shape.clone(), dtype))
+            }
+            Op::Binary(b) => {
+                let (sa, da) = inputs[0];
+                let (sb, db) = inputs[1];
+                same_shape(b.name(), sa, sb)?;
+                if da != db {
+                    return Err(IrError::dtype(b.name(), format!("inputs have dtypes {da} and {db}")));
+                }
+                let ok = match b {
+                    BinaryOp::Div | BinaryOp::Pow => da.is_float(),
+                    BinaryOp::And | BinaryOp::Or => da == DType::Bool,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul => da != DType::Bool,
+                    _ => true,
+                };
+                if !ok {
+                    return Err(IrError::dtype(b.name(), format!("is not defined for {da} inputs")));
+                }
+                Ok((sa.clone(), if b.is_comparison() { DType::Bool } else { da }))
+            }
+            Op::Where => {
+                let (sc, dc) = inputs[0];
+                let (sa, da) = inputs[1];
+                let (sb, db) = inputs[2];
+                same_shape("where", sc, sa)?;
+                same_shape("where", sa, sb)?;
+                expect_dtype("where", dc, |d| d == DType::Bool, "a bool condition")?;
+                if da != db {
+                    return Err(IrError::dtype("where", format!("branches have dtypes {da} and {db}")));
+                }
+                Ok((sa.clone(), da))
+            }
+            Op::Cast(to) => Ok((inputs[0].0.clone(), *to)),
+            Op::Reduce { op, axes } => {
+                let (shape, dtype) = inputs[0];
+                if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= shape.rank()) {
+                    return Err(IrError::InvalidGraph(format!(
+                        "{}: axes {axes:?} must be sorted, distinct and below rank {}",
+                        op.name(),
+                        shape.rank()
+                    )));
+                }
+                let mut dims = shape.dims().to_vec();
+                for &a in axes {
+                    dims[a] = 1;
+                }
+                match op {
+                    ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                        if axes.len() != 1 {
+                            return Err(IrError::InvalidGraph(format!("{} reduces exactly one axis", op.name())));
+                        }
+                        if shape.dims()[axes[0]] == 0 {
+                            return Err(IrError::shape(
+                                op.name(),
+                                format!("cannot reduce dimension {} of size 0 in {shape}", axes[0]),
+                            ));
+                        }
+                        Ok((Shape::new(dims), DType::I64))
+                    }
+                    ReduceOp::Max | ReduceOp::Min => {
+                        if let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0) {
+                            return Err(IrError::shape(
+                                op.name(),
+                                format!("cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"),
+                            ));
+                        }
+                        Ok((Shape::new(dims), dtype))
+                    }
+                    ReduceOp::Sum | ReduceOp::Prod => {
+                        if dtype == DType::Bool {
+                            return Err(IrError::dtype(op.name(), "is not defined for bool inputs"));
+                        }
+                        Ok((Shape::new(dims), dtype))
+                    }
+                }
+            }
+            Op::View(view) => {
+                let (shape, dtype) = inputs[0];
+                if view.span() > shape.numel() {
+                    return Err(IrError::InvalidGraph(format!(
+                        "view {view} reaches element {} of an input with {} elements",
+                        view.span(),
+                        shape.numel()
+                    )));
+                }
+                Ok((view.shape().clone(), dtype))
+            }
+            Op::MatMul => {
+                let (sa, da) = inputs[0];
+                let (sb, db) = inputs[1];
+                if da != db {
+                    return Err(IrError::dtype(
+                        "matmul",
+                        format!("operands have dtypes {da} and {db}; cast one of them so they agree"),
+                    ));
+                }
+                if da == DType::Bool {
+                    return Err(IrError::dtype("matmul", "is not defined for bool operands"));
+                }
+                let (ra, rb) = (sa.rank(), sb.rank());
+                if ra < 2 || ra != rb || sa.dims()[..ra - 2] != sb.dims()[..rb - 2] {
+                    return Err(IrError::shape(
+                        "matmul",
+                        format!("batched operands {sa} and {sb} need equal batch dimensions"),
+                    ));
+                }
+                let (m, k) = (sa.dims()[ra - 2], sa.dims()[ra - 1]);
+                let (k2, n) = (sb.dims()[rb - 2], sb.dims()[rb - 1]);
+                if k != k2 {
+                    return Err(IrError::shape(
+                        "matmul",
+                        format!("shapes {sa} and {sb} are not compatible: {k} != {k2}"),
+                    ));
+                }
+                let mut dims = sa.dims()[..ra - 2].to_vec();
+                dims.extend([m, n]);
+                Ok((Shape::new(dims), da))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Full(v) => write!(f, "full({v})"),
+            Op::Random { dist, key } => write!(f, "random({dist:?}, key={key:#x})"),
+            Op::Cast(d) => write!(f, "cast({d})"),
+            Op::Reduce { op, axes } => write!(f, "{}{axes:?}", op.name()),
+            Op::View(v) => write!(f, "view(strides {:?}, offset {})", v.strides(), v.offset()),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+impl UnaryOp {
+    /// The op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Recip => "reciprocal",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Not => "logical_not",
+        }
+    }
+}
+
+impl BinaryOp {
+    /// The op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::And => "logical_and",
+            BinaryOp::Or => "logical_or",
+        }
+    }
+
+    /// Whether the op compares and gives `Bool`.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+}
+
+impl ReduceOp {
+    /// The op's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        }
+    }
+}
+
+fn same_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<(), IrError> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(IrError::shape(op, format!("inputs have shapes {a} and {b}; broadcast them first")))
+    }
+}
+
+fn expect_dtype(op: &'static str, got: DType, ok: impl Fn(DType) -> bool, want: &str) -> Result<(), IrError> {
+    if ok(got) { Ok(()) } else { Err(IrError::dtype(op, format!("expected {want}, got {got}"))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_infers_batched_shapes() {
+        let a = Shape::from([2, 3, 4]);
+        let b = Shape::from([2, 4, 5]);
+        let (s, d) = Op::MatMul.infer(&[(&a, DType::F32), (&b, DType::F32)]).unwrap();
+        assert_eq!((s, d), (Shape::from([2, 3, 5]), DType::F32));
+        let bad = Shape::from([2, 5, 5]);
+        let err = Op::MatMul.infer(&[(&a, DType::F32), (&bad, DType::F32)]).unwrap_err();
+        assert_eq!(err.to_string(), "matmul: shapes [2, 3, 4] and [2, 5, 5] are not compatible: 4 != 5");
+    }
+
+    #[test]
+    fn comparisons_give_bool_and_arithmetic_rejects_it() {
+        let s = Shape::from([3]);
+        let (_, d) = Op::Binary(BinaryOp::Lt).infer(&[(&s, DType::I32), (&s, DType::I32)]).unwrap();
+        assert_eq!(d, DType::Bool);
+        let err = Op::Binary(BinaryOp::Add).infer(&[(&s, DType::Bool), (&s, DType::Bool)]).unwrap_err();
+        assert_eq!(err.to_string(), "add: is not defined for bool inputs");
+        assert!(Op::Unary(UnaryOp::Exp).infer(&[(&s, DType::I64)]).is_err());
+    }
+
+    #[test]
+    fn reductions_keep_reduced_axes() {
+        let s = Shape::from([2, 3, 4]);
+        let op = Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 2] };
+        assert_eq!(op.infer(&[(&s, DType::F64)]).unwrap().0, Shape::from([1, 3, 1]));
+        let argmax = Op::Reduce { op: ReduceOp::ArgMax, axes: vec![1] };
+        assert_eq!(argmax.infer(&[(&s, DType::F16)]).unwrap(), (Shape::from([2, 1, 4]), DType::I64));
+    }
+}

@@ -1,0 +1,297 @@
+//! Views: how a tensor's elements sit in a flat buffer (shape, strides, offset).
+
+use std::fmt;
+
+use crate::Shape;
+
+/// The layout of a tensor inside a flat, row-major buffer: element `[i0, i1, ..]` lives at
+/// `offset + i0 * strides[0] + i1 * strides[1] + ..`. A broadcast dimension has stride 0.
+///
+/// Movement ops (`permute`, `expand`, `narrow`, `reshape`, ...) compose views without touching
+/// data; [`View::reshape`] returns `None` when the new shape cannot be expressed as strides
+/// over the same buffer (a permuted tensor flattened, for example), which is when a copy is
+/// needed. The constructors keep every reachable offset inside the buffer the view was made
+/// for.
+///
+/// ```
+/// use kiln_ir::{Shape, View};
+/// let v = View::contiguous(Shape::from([2, 3])).permute(&[1, 0]);
+/// assert_eq!(v.strides(), &[1, 3]);
+/// assert!(!v.is_contiguous());
+/// assert!(v.reshape(&Shape::from([6])).is_none());
+/// assert_eq!(v.offsets().collect::<Vec<_>>(), vec![0, 3, 1, 4, 2, 5]);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct View {
+    shape: Shape,
+    strides: Vec<isize>,
+    offset: usize,
+}
+
+impl View {
+    /// The dense row-major view of `shape` at offset 0.
+    pub fn contiguous(shape: Shape) -> View {
+        let strides = shape.contiguous_strides();
+        View { shape, strides, offset: 0 }
+    }
+
+    /// A view from its parts. The caller guarantees that every element's offset is
+    /// inside the buffer it will index.
+    pub fn from_parts(shape: Shape, strides: Vec<isize>, offset: usize) -> View {
+        assert_eq!(shape.rank(), strides.len(), "a view needs one stride per dimension");
+        View { shape, strides, offset }
+    }
+
+    /// The logical shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The stride of each dimension, in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// The offset of element `[0, 0, ..]`, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Whether the elements are dense and in row-major order, as PyTorch's `is_contiguous`
+    /// decides it: strides of dimensions of size 1 do not matter.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.dims().iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d as isize;
+        }
+        true
+    }
+
+    /// Whether this view reads all of a dense buffer of `shape` in order: the identity.
+    pub fn is_identity_of(&self, shape: &Shape) -> bool {
+        self.offset == 0 && &self.shape == shape && self.is_contiguous()
+    }
+
+    /// Reorders the dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
+    /// `perm` must be a permutation of `0..rank`.
+    pub fn permute(&self, perm: &[usize]) -> View {
+        View {
+            shape: Shape::new(perm.iter().map(|&p| self.shape.dims()[p]).collect()),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+        }
+    }
+
+    /// Broadcasts to `shape` (same rank or more; new dimensions on the left; each old
+    /// dimension equal or 1), giving stride 0 to every broadcast dimension.
+    pub fn expand(&self, shape: &Shape) -> View {
+        let extra = shape.rank() - self.shape.rank();
+        let mut strides = vec![0isize; shape.rank()];
+        for (i, s) in strides.iter_mut().enumerate().skip(extra) {
+            let old = self.shape.dims()[i - extra];
+            *s = if old == shape.dims()[i] && old != 1 { self.strides[i - extra] } else { 0 };
+        }
+        View { shape: shape.clone(), strides, offset: self.offset }
+    }
+
+    /// Keeps `len` elements of dimension `dim`, starting at `start` (`start + len` must not
+    /// exceed the dimension).
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> View {
+        let mut dims = self.shape.dims().to_vec();
+        dims[dim] = len;
+        let offset = if len == 0 { self.offset } else { self.offset_at(dim, start) };
+        View { shape: Shape::new(dims), strides: self.strides.clone(), offset }
+    }
+
+    /// Inserts a dimension of size 1 at `dim` (in `0..=rank`).
+    pub fn unsqueeze(&self, dim: usize) -> View {
+        let mut dims = self.shape.dims().to_vec();
+        let mut strides = self.strides.clone();
+        let stride = if dim < strides.len() { strides[dim] * dims[dim] as isize } else { 1 };
+        dims.insert(dim, 1);
+        strides.insert(dim, stride);
+        View { shape: Shape::new(dims), strides, offset: self.offset }
+    }
+
+    /// Removes dimension `dim`, which must have size 1.
+    pub fn squeeze(&self, dim: usize) -> View {
+        let mut dims = self.shape.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.remove(dim);
+        strides.remove(dim);
+        View { shape: Shape::new(dims), strides, offset: self.offset }
+    }
+
+    /// The same elements with a new shape of the same element count, as strides over the
+    /// same buffer; `None` when that is impossible and a copy is needed. This is PyTorch's
+    /// rule for `view`: each run of dimensions that is merged or split must be contiguous
+    /// within itself.
+    pub fn reshape(&self, shape: &Shape) -> Option<View> {
+        if shape.numel() != self.shape.numel() {
+            return None;
+        }
+        if self.is_contiguous() || self.shape.numel() <= 1 {
+            return Some(View { shape: shape.clone(), strides: shape.contiguous_strides(), offset: self.offset });
+        }
+        let old_dims = self.shape.dims();
+        let new_dims = shape.dims();
+        let mut new_strides = vec![0isize; new_dims.len()];
+        let mut view_d = new_dims.len() as isize - 1;
+        let mut chunk_base_stride = *self.strides.last()?;
+        let mut tensor_numel = 1usize;
+        let mut view_numel = 1usize;
+        for tensor_d in (0..old_dims.len()).rev() {
+            tensor_numel *= old_dims[tensor_d];
+            let chunk_ends = tensor_d == 0
+                || (old_dims[tensor_d - 1] != 1
+                    && self.strides[tensor_d - 1] != tensor_numel as isize * chunk_base_stride);
+            if chunk_ends {
+                while view_d >= 0 && (view_numel < tensor_numel || new_dims[view_d as usize] == 1) {
+                    new_strides[view_d as usize] = view_numel as isize * chunk_base_stride;
+                    view_numel *= new_dims[view_d as usize];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if tensor_d > 0 {
+                    chunk_base_stride = self.strides[tensor_d - 1];
+                    tensor_numel = 1;
+                    view_numel = 1;
+                }
+            }
+        }
+        (view_d == -1).then(|| View { shape: shape.clone(), strides: new_strides, offset: self.offset })
+    }
+
+    /// The buffer offset of each element, in row-major order of the logical shape.
+    pub fn offsets(&self) -> Offsets<'_> {
+        let numel = self.shape.numel();
+        Offsets { view: self, index: vec![0; self.shape.rank()], next: self.offset as isize, remaining: numel }
+    }
+
+    /// The smallest buffer length (in elements) that holds every element of this view.
+    pub fn span(&self) -> usize {
+        if self.shape.numel() == 0 {
+            return 0;
+        }
+        let last: isize = self
+            .shape
+            .dims()
+            .iter()
+            .zip(&self.strides)
+            .map(|(&d, &s)| (d as isize - 1) * s.max(0))
+            .sum();
+        self.offset + last as usize + 1
+    }
+
+    fn offset_at(&self, dim: usize, index: usize) -> usize {
+        (self.offset as isize + index as isize * self.strides[dim]) as usize
+    }
+}
+
+/// Iterator over the buffer offsets of a [`View`]'s elements; see [`View::offsets`].
+pub struct Offsets<'a> {
+    view: &'a View,
+    index: Vec<usize>,
+    next: isize,
+    remaining: usize,
+}
+
+impl Iterator for Offsets<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let current = self.next as usize;
+        // Odometer increment: bump the last dimension, carrying into the ones before it.
+        let dims = self.view.shape.dims();
+        for d in (0..dims.len()).rev() {
+            self.index[d] += 1;
+            self.next += self.view.strides[d];
+            if self.index[d] < dims[d] {
+                break;
+            }
+            self.next -= self.view.strides[d] * dims[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(current)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for Offsets<'_> {}
+
+impl fmt::Display for View {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} strides {:?} offset {}", self.shape, self.strides, self.offset)
+    }
+}
+
+impl fmt::Debug for View {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(v: &View) -> Vec<usize> {
+        v.offsets().collect()
+    }
+
+    #[test]
+    fn narrow_and_expand_index_the_right_elements() {
+        let base = View::contiguous(Shape::from([3, 4]));
+        let n = base.narrow(1, 1, 2);
+        assert_eq!(offsets(&n), vec![1, 2, 5, 6, 9, 10]);
+        assert_eq!(n.span(), 11);
+        let e = View::contiguous(Shape::from([3, 1])).expand(&Shape::from([2, 3, 2]));
+        assert_eq!(e.strides(), &[0, 1, 0]);
+        assert_eq!(offsets(&e), vec![0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn reshape_follows_pytorch_view_rules() {
+        let base = View::contiguous(Shape::from([2, 3, 4]));
+        // Splitting and merging contiguous runs is a view.
+        let p = base.permute(&[1, 0, 2]); // [3, 2, 4], strides [4, 12, 1]
+        let r = p.reshape(&Shape::from([3, 2, 2, 2])).expect("splitting the last dim is a view");
+        assert_eq!(r.strides(), &[4, 12, 2, 1]);
+        assert!(p.reshape(&Shape::from([6, 4])).is_none(), "merging permuted dims needs a copy");
+        let t = View::contiguous(Shape::from([2, 3])).permute(&[1, 0]);
+        assert!(t.reshape(&Shape::from([6])).is_none());
+        // Size-1 dimensions can be inserted anywhere.
+        let u = t.reshape(&Shape::from([3, 1, 2])).expect("inserting a 1 is a view");
+        assert_eq!(offsets(&u), offsets(&t));
+    }
+
+    #[test]
+    fn unsqueeze_and_squeeze_round_trip() {
+        let v = View::contiguous(Shape::from([2, 3])).permute(&[1, 0]);
+        for d in 0..=2 {
+            let u = v.unsqueeze(d);
+            assert_eq!(offsets(&u), offsets(&v));
+            assert_eq!(u.squeeze(d), v);
+        }
+    }
+
+    #[test]
+    fn contiguity_ignores_size_one_dims() {
+        let v = View::from_parts(Shape::from([1, 3]), vec![17, 1], 0);
+        assert!(v.is_contiguous());
+        assert!(View::contiguous(Shape::from([0, 3])).is_contiguous());
+        assert_eq!(View::contiguous(Shape::from([0, 3])).span(), 0);
+    }
+}
