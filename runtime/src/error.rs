@@ -1,0 +1,80 @@
+//! Run-time failures: memory, missing backends, and where in the user's program they struck.
+
+use std::fmt;
+use std::panic::Location;
+
+use kiln_ir::IrError;
+use thiserror::Error;
+
+use crate::Device;
+
+/// Something that went wrong while running a graph, for reasons outside the program's
+/// shapes and dtypes (those are caught when ops are recorded).
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// An allocation failed even after the allocator released its cached buffers.
+    #[error("out of memory on {device}: could not allocate {bytes} bytes; free tensors you no longer need, or work on smaller pieces")]
+    OutOfMemory {
+        /// The device.
+        device: Device,
+        /// The size asked for.
+        bytes: usize,
+    },
+    /// The device's backend is not available on this machine.
+    #[error("{device} is not available: {reason}")]
+    BackendUnavailable {
+        /// The device.
+        device: Device,
+        /// What was looked for and not found.
+        reason: String,
+    },
+    /// A buffer bound to a graph input does not match it: a bug in the caller.
+    #[error("input {index} of the graph expects {expected}, the buffer bound to it holds {got}")]
+    Binding {
+        /// The input's position.
+        index: usize,
+        /// What the graph expects.
+        expected: String,
+        /// What the buffer holds.
+        got: String,
+    },
+    /// The graph breaks an invariant: a bug in kiln.
+    #[error(transparent)]
+    Graph(#[from] IrError),
+}
+
+/// A [`RuntimeError`] together with the node that was running and the user's source line that
+/// recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunError {
+    /// What went wrong.
+    pub error: RuntimeError,
+    /// The op that was running, if the failure belongs to one.
+    pub op: Option<&'static str>,
+    /// Where that op was recorded.
+    pub origin: Option<&'static Location<'static>>,
+}
+
+impl From<RuntimeError> for RunError {
+    fn from(error: RuntimeError) -> RunError {
+        RunError { error, op: None, origin: None }
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.error)?;
+        match (self.op, self.origin) {
+            (Some(op), Some(at)) => write!(f, " (while computing `{op}`, recorded at {at})"),
+            (Some(op), None) => write!(f, " (while computing `{op}`)"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}

@@ -1,0 +1,448 @@
+//! The reference executor: runs a graph one op at a time with plain loops.
+//!
+//! It is the oracle that every fused and generated kernel is tested against, so it is written
+//! to be obviously correct rather than fast:
+//!
+//! - Floating-point values are computed in f64 and rounded to the node's dtype after every
+//!   op. For `+ - * /` and `sqrt` this gives exactly the IEEE result of the narrow type (f64
+//!   has more than twice the precision of f32, so the double rounding is harmless); for the
+//!   transcendental functions it is the correctly rounded value of an f64 approximation,
+//!   more accurate than what any fast kernel computes.
+//! - Integers are computed in i64 with wrapping arithmetic and wrapped to the node's width.
+//! - Booleans are booleans.
+//!
+//! Intermediate values are freed after their last use.
+
+use half::{bf16, f16};
+use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, UnaryOp, random};
+
+use crate::{Buffer, RunError, RuntimeError};
+
+/// The values of one node, in the domain its dtype computes in.
+#[derive(Clone, Debug)]
+enum Values {
+    F(Vec<f64>),
+    I(Vec<i64>),
+    B(Vec<bool>),
+}
+
+/// Runs `graph` with `inputs` bound to its `Input` nodes (in [`Graph::inputs`] order) and
+/// returns one buffer per output (in [`Graph::outputs`] order).
+///
+/// # Errors
+/// A [`RunError`] naming the node that failed: out of memory, or an input buffer that does not
+/// match its node.
+pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
+    if inputs.len() != graph.inputs().len() {
+        return Err(RuntimeError::Binding {
+            index: inputs.len().min(graph.inputs().len()),
+            expected: format!("{} inputs", graph.inputs().len()),
+            got: format!("{} buffers", inputs.len()),
+        }
+        .into());
+    }
+    let order = graph.topo_order();
+    let bound = order.iter().map(|n| n.index() + 1).max().unwrap_or(0);
+    let mut remaining = vec![0usize; bound];
+    for &id in &order {
+        remaining[id.index()] = graph.uses(id);
+    }
+    for &o in graph.outputs() {
+        remaining[o.index()] += 1;
+    }
+    let mut input_of = vec![None; bound];
+    for (i, &id) in graph.inputs().iter().enumerate() {
+        input_of[id.index()] = Some(i);
+    }
+
+    let mut values: Vec<Option<Values>> = vec![None; bound];
+    let mut results: Vec<Option<Buffer>> = vec![None; bound];
+    for &id in &order {
+        let node = graph.node(id);
+        let at = |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+        let args = graph.args(id);
+        let computed = match &node.op {
+            Op::Input => {
+                let index = input_of[id.index()].expect("every Input node is listed in graph.inputs()");
+                let buf = &inputs[index];
+                if buf.dtype() != node.dtype || buf.len() != node.shape.numel() {
+                    return Err(at(RuntimeError::Binding {
+                        index,
+                        expected: format!("{} {}", node.shape, node.dtype),
+                        got: format!("{} elements of {}", buf.len(), buf.dtype()),
+                    }));
+                }
+                load(buf)
+            }
+            op => {
+                let arg_values: Vec<&Values> =
+                    args.iter().map(|a| values[a.index()].as_ref().expect("inputs are computed first")).collect();
+                let arg_shapes: Vec<&Shape> = args.iter().map(|&a| &graph.node(a).shape).collect();
+                let arg_dtypes: Vec<DType> = args.iter().map(|&a| graph.node(a).dtype).collect();
+                eval(op, &node.shape, node.dtype, &arg_values, &arg_shapes, &arg_dtypes)
+            }
+        };
+        let computed = round(computed, node.dtype);
+        if graph.outputs().contains(&id) {
+            results[id.index()] = Some(store(&computed, node.dtype).map_err(at)?);
+        }
+        values[id.index()] = Some(computed);
+        for a in args {
+            release(&mut remaining, &mut values, a);
+        }
+        if remaining[id.index()] == 0 {
+            values[id.index()] = None;
+        }
+    }
+    Ok(graph.outputs().iter().map(|o| results[o.index()].clone().expect("outputs are stored when computed")).collect())
+}
+
+fn release(remaining: &mut [usize], values: &mut [Option<Values>], id: NodeId) {
+    let r = &mut remaining[id.index()];
+    *r -= 1;
+    if *r == 0 {
+        values[id.index()] = None;
+    }
+}
+
+fn load(buf: &Buffer) -> Values {
+    let all = kiln_ir::View::contiguous(Shape::from([buf.len()]));
+    match buf.dtype().category() {
+        kiln_ir::Category::Float => Values::F(buf.gather::<f64>(&all)),
+        kiln_ir::Category::Int => Values::I(buf.gather::<i64>(&all)),
+        kiln_ir::Category::Bool => Values::B(buf.gather::<bool>(&all)),
+    }
+}
+
+fn store(values: &Values, dtype: DType) -> Result<Buffer, RuntimeError> {
+    match (values, dtype) {
+        (Values::F(v), DType::F32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as f32)),
+        (Values::F(v), DType::F64) => Buffer::from_slice(v),
+        (Values::F(v), DType::F16) => Buffer::from_iter(v.len(), v.iter().map(|&x| f16::from_f64(x))),
+        (Values::F(v), DType::BF16) => Buffer::from_iter(v.len(), v.iter().map(|&x| bf16::from_f64(x))),
+        (Values::I(v), DType::I64) => Buffer::from_slice(v),
+        (Values::I(v), DType::I32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as i32)),
+        (Values::I(v), DType::U8) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as u8)),
+        (Values::B(v), DType::Bool) => Buffer::from_slice(v),
+        (v, d) => unreachable!("values in the wrong domain for {d}: {v:?}"),
+    }
+}
+
+/// Rounds floats to the precision of `dtype` and wraps integers to its width.
+fn round(values: Values, dtype: DType) -> Values {
+    match values {
+        Values::F(mut v) => {
+            let r: fn(f64) -> f64 = match dtype {
+                DType::F32 => |x| f64::from(x as f32),
+                DType::F16 => |x| f16::from_f64(x).to_f64(),
+                DType::BF16 => |x| bf16::from_f64(x).to_f64(),
+                _ => return Values::F(v),
+            };
+            v.iter_mut().for_each(|x| *x = r(*x));
+            Values::F(v)
+        }
+        Values::I(mut v) => {
+            let r: fn(i64) -> i64 = match dtype {
+                DType::I32 => |x| i64::from(x as i32),
+                DType::U8 => |x| i64::from(x as u8),
+                _ => return Values::I(v),
+            };
+            v.iter_mut().for_each(|x| *x = r(*x));
+            Values::I(v)
+        }
+        b => b,
+    }
+}
+
+fn eval(op: &Op, shape: &Shape, dtype: DType, args: &[&Values], shapes: &[&Shape], dtypes: &[DType]) -> Values {
+    let n = shape.numel();
+    match op {
+        Op::Input => unreachable!("inputs are bound, not evaluated"),
+        Op::Full(s) => fill(dtype, n, *s),
+        Op::Random { dist, key } => match dist {
+            RandomDist::Uniform => Values::F((0..n as u64).map(|i| random::uniform(*key, i)).collect()),
+            RandomDist::Normal => Values::F((0..n as u64).map(|i| random::normal(*key, i)).collect()),
+            RandomDist::Int { low, high } => {
+                Values::I((0..n as u64).map(|i| random::int(*key, i, *low, *high)).collect())
+            }
+        },
+        Op::Unary(u) => unary(*u, args[0]),
+        Op::Binary(b) => binary(*b, args[0], args[1]),
+        Op::Where => {
+            let Values::B(c) = args[0] else { unreachable!("where's condition is bool") };
+            match (args[1], args[2]) {
+                (Values::F(a), Values::F(b)) => Values::F(select(c, a, b)),
+                (Values::I(a), Values::I(b)) => Values::I(select(c, a, b)),
+                (Values::B(a), Values::B(b)) => Values::B(select(c, a, b)),
+                _ => unreachable!("where's branches share a dtype"),
+            }
+        }
+        Op::Cast(to) => cast(args[0], *to),
+        Op::Reduce { op, axes } => reduce(*op, axes, args[0], shapes[0], shape),
+        Op::View(view) => match args[0] {
+            Values::F(v) => Values::F(view.offsets().map(|o| v[o]).collect()),
+            Values::I(v) => Values::I(view.offsets().map(|o| v[o]).collect()),
+            Values::B(v) => Values::B(view.offsets().map(|o| v[o]).collect()),
+        },
+        Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
+    }
+}
+
+fn fill(dtype: DType, n: usize, s: Scalar) -> Values {
+    match dtype.category() {
+        kiln_ir::Category::Float => Values::F(vec![s.to_f64(); n]),
+        kiln_ir::Category::Int => Values::I(vec![s.to_i64(); n]),
+        kiln_ir::Category::Bool => Values::B(vec![s.to_bool(); n]),
+    }
+}
+
+fn select<T: Copy>(c: &[bool], a: &[T], b: &[T]) -> Vec<T> {
+    c.iter().zip(a.iter().zip(b)).map(|(&c, (&a, &b))| if c { a } else { b }).collect()
+}
+
+fn unary(op: UnaryOp, x: &Values) -> Values {
+    match x {
+        Values::F(v) => {
+            let f: fn(f64) -> f64 = match op {
+                UnaryOp::Neg => |x| -x,
+                UnaryOp::Abs => f64::abs,
+                UnaryOp::Sqrt => f64::sqrt,
+                UnaryOp::Exp => f64::exp,
+                UnaryOp::Log => f64::ln,
+                UnaryOp::Sin => f64::sin,
+                UnaryOp::Cos => f64::cos,
+                UnaryOp::Tanh => f64::tanh,
+                UnaryOp::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
+                UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
+                UnaryOp::Erf => libm::erf,
+                UnaryOp::Recip => |x| 1.0 / x,
+                UnaryOp::Floor => f64::floor,
+                UnaryOp::Ceil => f64::ceil,
+                UnaryOp::Round => f64::round_ties_even,
+                UnaryOp::Not => unreachable!("logical_not takes bool"),
+            };
+            Values::F(v.iter().map(|&x| f(x)).collect())
+        }
+        Values::I(v) => {
+            let f: fn(i64) -> i64 = match op {
+                UnaryOp::Neg => i64::wrapping_neg,
+                UnaryOp::Abs => i64::wrapping_abs,
+                UnaryOp::Relu => |x| x.max(0),
+                other => unreachable!("{} is float-only", other.name()),
+            };
+            Values::I(v.iter().map(|&x| f(x)).collect())
+        }
+        Values::B(v) => match op {
+            UnaryOp::Not => Values::B(v.iter().map(|&x| !x).collect()),
+            other => unreachable!("{} does not take bool", other.name()),
+        },
+    }
+}
+
+fn compare<T: PartialOrd>(op: BinaryOp, a: T, b: T) -> bool {
+    match op {
+        BinaryOp::Eq => a == b,
+        BinaryOp::Ne => a != b,
+        BinaryOp::Lt => a < b,
+        BinaryOp::Le => a <= b,
+        BinaryOp::Gt => a > b,
+        BinaryOp::Ge => a >= b,
+        other => unreachable!("{} is not a comparison", other.name()),
+    }
+}
+
+fn binary(op: BinaryOp, a: &Values, b: &Values) -> Values {
+    match (a, b) {
+        (Values::F(a), Values::F(b)) => {
+            if op.is_comparison() {
+                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
+            }
+            let f: fn(f64, f64) -> f64 = match op {
+                BinaryOp::Add => |x, y| x + y,
+                BinaryOp::Sub => |x, y| x - y,
+                BinaryOp::Mul => |x, y| x * y,
+                BinaryOp::Div => |x, y| x / y,
+                BinaryOp::Pow => f64::powf,
+                BinaryOp::Maximum => |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
+                BinaryOp::Minimum => |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
+                other => unreachable!("{} does not take floats", other.name()),
+            };
+            Values::F(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+        }
+        (Values::I(a), Values::I(b)) => {
+            if op.is_comparison() {
+                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
+            }
+            let f: fn(i64, i64) -> i64 = match op {
+                BinaryOp::Add => i64::wrapping_add,
+                BinaryOp::Sub => i64::wrapping_sub,
+                BinaryOp::Mul => i64::wrapping_mul,
+                BinaryOp::Maximum => i64::max,
+                BinaryOp::Minimum => i64::min,
+                other => unreachable!("{} does not take integers", other.name()),
+            };
+            Values::I(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+        }
+        (Values::B(a), Values::B(b)) => {
+            if op.is_comparison() {
+                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
+            }
+            let f: fn(bool, bool) -> bool = match op {
+                BinaryOp::And | BinaryOp::Minimum => |x, y| x && y,
+                BinaryOp::Or | BinaryOp::Maximum => |x, y| x || y,
+                other => unreachable!("{} does not take bools", other.name()),
+            };
+            Values::B(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+        }
+        _ => unreachable!("binary inputs share a dtype"),
+    }
+}
+
+fn cast(x: &Values, to: DType) -> Values {
+    use kiln_ir::Category as C;
+    match (x, to.category()) {
+        (Values::F(v), C::Float) => Values::F(v.clone()),
+        (Values::F(v), C::Int) => Values::I(v.iter().map(|&x| x as i64).collect()),
+        (Values::F(v), C::Bool) => Values::B(v.iter().map(|&x| x != 0.0).collect()),
+        (Values::I(v), C::Float) => Values::F(v.iter().map(|&x| x as f64).collect()),
+        (Values::I(v), C::Int) => Values::I(v.clone()),
+        (Values::I(v), C::Bool) => Values::B(v.iter().map(|&x| x != 0).collect()),
+        (Values::B(v), C::Float) => Values::F(v.iter().map(|&x| f64::from(u8::from(x))).collect()),
+        (Values::B(v), C::Int) => Values::I(v.iter().map(|&x| i64::from(x)).collect()),
+        (Values::B(v), C::Bool) => Values::B(v.clone()),
+    }
+}
+
+/// The flat index in the reduced (keepdim) output of each input element.
+fn reduced_index(in_shape: &Shape, out_shape: &Shape) -> impl Iterator<Item = usize> {
+    let out_strides = out_shape.contiguous_strides();
+    let strides: Vec<isize> =
+        in_shape.dims().iter().zip(out_shape.dims()).zip(&out_strides).map(|((&i, &o), &s)| if i == o { s } else { 0 }).collect();
+    let view = kiln_ir::View::from_parts(in_shape.clone(), strides, 0);
+    view.offsets().collect::<Vec<_>>().into_iter()
+}
+
+fn reduce(op: ReduceOp, axes: &[usize], x: &Values, in_shape: &Shape, out_shape: &Shape) -> Values {
+    let n = out_shape.numel();
+    match op {
+        ReduceOp::ArgMax | ReduceOp::ArgMin => {
+            let axis = axes[0];
+            let axis_stride = in_shape.contiguous_strides()[axis] as usize;
+            let axis_len = in_shape.dims()[axis];
+            let key = |v: &Values, i: usize| -> (bool, f64, i64) {
+                match v {
+                    Values::F(v) => (v[i].is_nan(), v[i], 0),
+                    Values::I(v) => (false, 0.0, v[i]),
+                    Values::B(v) => (false, 0.0, i64::from(v[i])),
+                }
+            };
+            let better = |new: (bool, f64, i64), best: (bool, f64, i64)| -> bool {
+                if best.0 {
+                    return false; // a NaN already won
+                }
+                if new.0 {
+                    return true;
+                }
+                match op {
+                    ReduceOp::ArgMax => new.1 > best.1 || new.2 > best.2,
+                    _ => new.1 < best.1 || new.2 < best.2,
+                }
+            };
+            let mut out = vec![0i64; n];
+            for (flat_out, first) in reduced_index(in_shape, out_shape).enumerate().filter_map(|(flat_in, o)| {
+                // The element with index 0 along the axis starts each scan.
+                ((flat_in / axis_stride) % axis_len == 0).then_some((o, flat_in))
+            }) {
+                let mut best = (0usize, key(x, first));
+                for k in 1..axis_len {
+                    let cand = key(x, first + k * axis_stride);
+                    if better(cand, best.1) {
+                        best = (k, cand);
+                    }
+                }
+                out[flat_out] = best.0 as i64;
+            }
+            Values::I(out)
+        }
+        _ => {
+            let index: Vec<usize> = reduced_index(in_shape, out_shape).collect();
+            match x {
+                Values::F(v) => {
+                    let (init, f): (f64, fn(f64, f64) -> f64) = match op {
+                        ReduceOp::Sum => (0.0, |a, b| a + b),
+                        ReduceOp::Prod => (1.0, |a, b| a * b),
+                        ReduceOp::Max => {
+                            (f64::NEG_INFINITY, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
+                        }
+                        _ => (f64::INFINITY, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }),
+                    };
+                    let mut out = vec![init; n];
+                    for (&o, &val) in index.iter().zip(v) {
+                        out[o] = f(out[o], val);
+                    }
+                    Values::F(out)
+                }
+                Values::I(v) => {
+                    let (init, f): (i64, fn(i64, i64) -> i64) = match op {
+                        ReduceOp::Sum => (0, i64::wrapping_add),
+                        ReduceOp::Prod => (1, i64::wrapping_mul),
+                        ReduceOp::Max => (i64::MIN, i64::max),
+                        _ => (i64::MAX, i64::min),
+                    };
+                    let mut out = vec![init; n];
+                    for (&o, &val) in index.iter().zip(v) {
+                        out[o] = f(out[o], val);
+                    }
+                    Values::I(out)
+                }
+                Values::B(v) => {
+                    let is_max = op == ReduceOp::Max;
+                    let mut out = vec![!is_max; n];
+                    for (&o, &val) in index.iter().zip(v) {
+                        out[o] = if is_max { out[o] || val } else { out[o] && val };
+                    }
+                    Values::B(out)
+                }
+            }
+        }
+    }
+}
+
+fn matmul(a: &Values, b: &Values, sa: &Shape, sb: &Shape, dtype: DType) -> Values {
+    let r = sa.rank();
+    let (m, k, n) = (sa.dims()[r - 2], sa.dims()[r - 1], sb.dims()[r - 1]);
+    let batch: usize = sa.dims()[..r - 2].iter().product();
+    match (a, b) {
+        (Values::F(a), Values::F(b)) => {
+            let mut out = vec![0.0; batch * m * n];
+            for p in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut acc = 0.0;
+                        for l in 0..k {
+                            acc += a[p * m * k + i * k + l] * b[p * k * n + l * n + j];
+                        }
+                        out[p * m * n + i * n + j] = acc;
+                    }
+                }
+            }
+            Values::F(out)
+        }
+        (Values::I(a), Values::I(b)) => {
+            let mut out = vec![0i64; batch * m * n];
+            for p in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut acc = 0i64;
+                        for l in 0..k {
+                            acc = acc.wrapping_add(a[p * m * k + i * k + l].wrapping_mul(b[p * k * n + l * n + j]));
+                        }
+                        out[p * m * n + i * n + j] = acc;
+                    }
+                }
+            }
+            Values::I(out)
+        }
+        _ => unreachable!("matmul of {dtype} is rejected at inference"),
+    }
+}
