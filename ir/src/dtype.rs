@@ -64,6 +64,18 @@ impl DType {
         self.category() == Category::Int
     }
 
+    /// Bits of significand precision of a float type (including the implicit bit); `None`
+    /// for integers and `Bool`.
+    pub fn mantissa_bits(self) -> Option<u32> {
+        match self {
+            DType::F64 => Some(53),
+            DType::F32 => Some(24),
+            DType::F16 => Some(11),
+            DType::BF16 => Some(8),
+            _ => None,
+        }
+    }
+
     /// The promotion category of this dtype.
     pub fn category(self) -> Category {
         match self {

@@ -20,16 +20,19 @@ pub fn bits(key: u64, index: u64) -> u64 {
     mix64(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GAMMA)))
 }
 
-/// A uniform value in `[0, 1)` with 53 random bits.
-pub fn uniform(key: u64, index: u64) -> f64 {
-    (bits(key, index) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+/// A uniform value in `[0, 1)` with `precision` random bits (at most 53): a multiple of
+/// `2^-precision`, so that a float type with that many significand bits holds it exactly and
+/// rounding can never produce 1.
+pub fn uniform(key: u64, index: u64, precision: u32) -> f64 {
+    let precision = precision.clamp(1, 53);
+    (bits(key, index) >> (64 - precision)) as f64 * (-f64::from(precision)).exp2()
 }
 
 /// A standard normal value (Box-Muller over two independent uniforms of the stream).
 pub fn normal(key: u64, index: u64) -> f64 {
     // 1 - u lies in (0, 1], so the logarithm is finite.
-    let u1 = 1.0 - uniform(key, 2 * index);
-    let u2 = uniform(key, 2 * index + 1);
+    let u1 = 1.0 - uniform(key, 2 * index, 53);
+    let u2 = uniform(key, 2 * index + 1, 53);
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
@@ -49,7 +52,8 @@ mod tests {
         let n = 200_000u64;
         let (mut su, mut sn, mut sn2) = (0.0, 0.0, 0.0);
         for i in 0..n {
-            let u = uniform(7, i);
+            let u = uniform(7, i, 53);
+            assert!(uniform(7, i, 24) < 1.0);
             assert!((0.0..1.0).contains(&u));
             su += u;
             let z = normal(7, i);

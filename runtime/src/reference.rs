@@ -160,7 +160,10 @@ fn eval(op: &Op, shape: &Shape, dtype: DType, args: &[&Values], shapes: &[&Shape
         Op::Input => unreachable!("inputs are bound, not evaluated"),
         Op::Full(s) => fill(dtype, n, *s),
         Op::Random { dist, key } => match dist {
-            RandomDist::Uniform => Values::F((0..n as u64).map(|i| random::uniform(*key, i)).collect()),
+            RandomDist::Uniform => {
+                let bits = dtype.mantissa_bits().unwrap_or(53);
+                Values::F((0..n as u64).map(|i| random::uniform(*key, i, bits)).collect())
+            }
             RandomDist::Normal => Values::F((0..n as u64).map(|i| random::normal(*key, i)).collect()),
             RandomDist::Int { low, high } => {
                 Values::I((0..n as u64).map(|i| random::int(*key, i, *low, *high)).collect())

@@ -1,0 +1,85 @@
+//! Lazy nodes: the recorded, not yet computed, program.
+
+use std::panic::Location;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kiln_ir::{DType, Op, Shape};
+use kiln_runtime::{Buffer, Device};
+
+/// One recorded op. It holds its inputs until it is realized; then it holds its buffer and
+/// lets its history go, so memory is bounded by what user handles can still reach.
+pub(crate) struct LazyNode {
+    pub(crate) op: Op,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+    /// The user's source line that recorded the op.
+    pub(crate) origin: &'static Location<'static>,
+    state: Mutex<State>,
+}
+
+pub(crate) enum State {
+    Pending(Vec<Arc<LazyNode>>),
+    Realized(Buffer),
+}
+
+impl LazyNode {
+    pub(crate) fn pending(
+        op: Op,
+        inputs: Vec<Arc<LazyNode>>,
+        shape: Shape,
+        dtype: DType,
+        device: Device,
+        origin: &'static Location<'static>,
+    ) -> Arc<LazyNode> {
+        Arc::new(LazyNode { op, shape, dtype, device, origin, state: Mutex::new(State::Pending(inputs)) })
+    }
+
+    pub(crate) fn realized(buffer: Buffer, shape: Shape, origin: &'static Location<'static>) -> Arc<LazyNode> {
+        Arc::new(LazyNode {
+            op: Op::Input,
+            dtype: buffer.dtype(),
+            device: buffer.device(),
+            shape,
+            origin,
+            state: Mutex::new(State::Realized(buffer)),
+        })
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // Every update replaces the state whole, so a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The buffer, once realized.
+    pub(crate) fn buffer(&self) -> Option<Buffer> {
+        match &*self.state() {
+            State::Realized(b) => Some(b.clone()),
+            State::Pending(_) => None,
+        }
+    }
+
+    /// Stores the computed buffer and drops the history.
+    pub(crate) fn set_realized(&self, buffer: Buffer) {
+        let old = std::mem::replace(&mut *self.state(), State::Realized(buffer));
+        drop(old);
+    }
+}
+
+impl Drop for LazyNode {
+    // Freeing a long chain recursively would overflow the stack (PyTorch issue #5534), so
+    // inputs whose last handle this node holds are unlinked onto an explicit stack.
+    fn drop(&mut self) {
+        let mut stack = match self.state.get_mut() {
+            Ok(State::Pending(inputs)) => std::mem::take(inputs),
+            _ => return,
+        };
+        while let Some(node) = stack.pop() {
+            if let Some(mut inner) = Arc::into_inner(node)
+                && let Ok(State::Pending(inputs)) = inner.state.get_mut()
+            {
+                stack.append(inputs);
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Printing tensors the way PyTorch does.
+//!
+//! The rules follow `torch/_tensor_str.py`: floats print with 4 decimals, in scientific
+//! notation when the magnitudes span more than 1000x or leave `[1e-4, 1e8)`, and as `1.` when
+//! every value is an integer; every element of a tensor is padded to one width; tensors with
+//! more than 1000 elements show the first and last 3 entries of each dimension around `...`;
+//! the dtype is printed when it is not the default of its kind (`f32`, `i64`, `bool`).
+
+use std::fmt;
+
+use kiln_ir::{Category, DType};
+
+use super::Tensor;
+
+const THRESHOLD: usize = 1000;
+const EDGE_ITEMS: usize = 3;
+const LINE_WIDTH: usize = 80;
+
+impl fmt::Display for Tensor {
+    /// Computes the tensor (a realization trigger) and prints it like PyTorch.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, -2.5, 3.25, 4.0], [2, 2]);
+    /// assert_eq!(x.to_string(), "tensor([[ 1.0000, -2.5000],\n        [ 3.2500,  4.0000]])");
+    /// assert_eq!(Tensor::arange(0i64, 3, 1).to_string(), "tensor([0, 1, 2])");
+    /// assert_eq!(Tensor::scalar(2.0f64).to_string(), "tensor(2., dtype=f64)");
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let body = match self.dtype().category() {
+            Category::Float => self.try_to_vec::<f64>().map(|v| render(self.dims(), &v, float_formatter(self.dims(), &v))),
+            Category::Int => self.try_to_vec::<i64>().map(|v| render(self.dims(), &v, |x: &i64| x.to_string())),
+            Category::Bool => self
+                .try_to_vec::<bool>()
+                .map(|v| render(self.dims(), &v, |x: &bool| if *x { "True".into() } else { "False".into() })),
+        };
+        let body = match body {
+            Ok(b) => b,
+            Err(e) => return write!(f, "tensor(<failed to compute: {e}>)"),
+        };
+        let mut suffix = Vec::new();
+        if self.numel() == 0 && self.ndim() != 1 {
+            suffix.push(format!("size={:?}", self.dims()));
+        }
+        if self.dtype() != DType::default_for(self.dtype().category()) {
+            suffix.push(format!("dtype={}", self.dtype()));
+        }
+        if self.device() != kiln_runtime::Device::Cpu {
+            suffix.push(format!("device='{}'", self.device()));
+        }
+        write!(f, "tensor({body}")?;
+        for s in suffix {
+            write!(f, ", {s}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Which elements of each dimension are shown: all, or the first and last `EDGE_ITEMS`.
+fn shown(dim: usize, summarize: bool) -> Vec<Option<usize>> {
+    if summarize && dim > 2 * EDGE_ITEMS {
+        let mut v: Vec<Option<usize>> = (0..EDGE_ITEMS).map(Some).collect();
+        v.push(None);
+        v.extend((dim - EDGE_ITEMS..dim).map(Some));
+        v
+    } else {
+        (0..dim).map(Some).collect()
+    }
+}
+
+/// The values that will be printed (for choosing a format from them only, as PyTorch does).
+fn shown_values<T: Copy>(dims: &[usize], data: &[T], summarize: bool) -> Vec<T> {
+    let mut out = Vec::new();
+    let strides = kiln_ir::Shape::from(dims).contiguous_strides();
+    let mut stack = vec![(0usize, 0usize)];
+    while let Some((depth, offset)) = stack.pop() {
+        if depth == dims.len() {
+            out.push(data[offset]);
+            continue;
+        }
+        for i in shown(dims[depth], summarize).into_iter().rev().flatten() {
+            stack.push((depth + 1, offset + i * strides[depth] as usize));
+        }
+    }
+    out
+}
+
+fn float_formatter(dims: &[usize], data: &[f64]) -> impl Fn(&f64) -> String {
+    let summarize = data.len() > THRESHOLD;
+    let values = shown_values(dims, data, summarize);
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite() && *v != 0.0).map(f64::abs).collect();
+    let int_mode = values.iter().filter(|v| v.is_finite()).all(|v| v.fract() == 0.0);
+    let (min, max) = finite.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let sci = !finite.is_empty()
+        && if int_mode { max > 1e8 } else { max / min > 1000.0 || max > 1e8 || min < 1e-4 };
+    move |&v: &f64| {
+        if v.is_nan() {
+            "nan".into()
+        } else if v.is_infinite() {
+            if v > 0.0 { "inf".into() } else { "-inf".into() }
+        } else if sci {
+            scientific(v)
+        } else if int_mode {
+            format!("{v:.0}.")
+        } else {
+            format!("{v:.4}")
+        }
+    }
+}
+
+/// `{:.4e}` as Python prints it: `1.2346e+04`, `-3.0000e-05`.
+fn scientific(v: f64) -> String {
+    let s = format!("{v:.4e}");
+    let (mantissa, exp) = s.split_once('e').expect("Rust's {:e} output has an exponent");
+    let exp: i32 = exp.parse().expect("Rust's {:e} exponent is an integer");
+    format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+}
+
+fn render<T: Copy>(dims: &[usize], data: &[T], fmt_one: impl Fn(&T) -> String) -> String {
+    if dims.is_empty() {
+        return fmt_one(&data[0]);
+    }
+    if data.is_empty() {
+        return "[]".into();
+    }
+    let summarize = data.len() > THRESHOLD;
+    let width = shown_values(dims, data, summarize).iter().map(|v| fmt_one(v).len()).max().unwrap_or(0);
+    let strides = kiln_ir::Shape::from(dims).contiguous_strides();
+    let mut out = String::new();
+    write_dim(&mut out, dims, &strides, data, 0, 0, summarize, width, &fmt_one);
+    out
+}
+
+#[allow(clippy::too_many_arguments, reason = "a private recursive helper over one print job")]
+fn write_dim<T: Copy>(
+    out: &mut String,
+    dims: &[usize],
+    strides: &[isize],
+    data: &[T],
+    depth: usize,
+    offset: usize,
+    summarize: bool,
+    width: usize,
+    fmt_one: &impl Fn(&T) -> String,
+) {
+    // The indent of a nested line: "tensor(" plus one column per open bracket.
+    let indent = " ".repeat(7 + depth + 1);
+    out.push('[');
+    let items = shown(dims[depth], summarize);
+    if depth + 1 == dims.len() {
+        let per_line = ((LINE_WIDTH - indent.len()) / (width + 2)).max(1);
+        for (n, item) in items.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+                out.push_str(if n % per_line == 0 { "\n" } else { " " });
+                if n % per_line == 0 {
+                    out.push_str(&indent);
+                }
+            }
+            match item {
+                Some(i) => out.push_str(&format!("{:>width$}", fmt_one(&data[offset + i * strides[depth] as usize]))),
+                None => out.push_str("..."),
+            }
+        }
+    } else {
+        let gap = "\n".repeat(dims.len() - depth - 1);
+        for (n, item) in items.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+                out.push_str(&gap);
+                out.push_str(&indent);
+            }
+            match item {
+                Some(i) => write_dim(
+                    out,
+                    dims,
+                    strides,
+                    data,
+                    depth + 1,
+                    offset + i * strides[depth] as usize,
+                    summarize,
+                    width,
+                    fmt_one,
+                ),
+                None => out.push_str("..."),
+            }
+        }
+    }
+    out.push(']');
+}

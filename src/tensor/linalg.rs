@@ -1,0 +1,185 @@
+//! Matrix products.
+
+use kiln_ir::{Op, Shape};
+
+use super::Tensor;
+use crate::error::ok;
+use crate::{Error, Result};
+
+impl Tensor {
+    /// The matrix product with PyTorch's rules: two vectors give their dot product; a vector
+    /// on the left (right) is treated as a row (column) and that dimension is removed from
+    /// the result; operands of rank 3 and more are batches of matrices whose batch
+    /// dimensions broadcast.
+    ///
+    /// # Panics
+    /// If the inner dimensions differ, batch dimensions do not broadcast, or the dtypes
+    /// differ; [`Tensor::try_matmul`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+    /// let b = Tensor::ones([3]);
+    /// assert_eq!(a.matmul(&b).to_vec::<f32>(), vec![6.0, 15.0]);
+    /// let batch = Tensor::ones([5, 3, 4]);
+    /// assert_eq!(a.matmul(&batch).dims(), &[5, 2, 4]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn matmul(&self, rhs: &Tensor) -> Tensor {
+        ok(self.try_matmul(rhs))
+    }
+
+    /// [`Tensor::matmul`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for incompatible shapes (zero-dimensional operands included),
+    /// [`Error::DType`] for differing or bool dtypes, [`Error::Device`] for two devices.
+    #[track_caller]
+    pub fn try_matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let (ra, rb) = (self.ndim(), rhs.ndim());
+        if ra == 0 || rb == 0 {
+            return Err(Error::shape(
+                "matmul",
+                format!(
+                    "both operands need at least one dimension, got shapes {} and {}; use * to multiply by a scalar",
+                    self.shape(),
+                    rhs.shape()
+                ),
+            ));
+        }
+        // Promote vectors to matrices, remembering which dimensions to drop again.
+        let a = if ra == 1 { self.unsqueeze(0) } else { self.clone() };
+        let b = if rb == 1 { rhs.unsqueeze(1) } else { rhs.clone() };
+        let (ar, br) = (a.ndim(), b.ndim());
+        let (m, k) = (a.dims()[ar - 2], a.dims()[ar - 1]);
+        let (k2, n) = (b.dims()[br - 2], b.dims()[br - 1]);
+        if k != k2 {
+            return Err(Error::shape(
+                "matmul",
+                format!("shapes {} and {} are not compatible: {k} != {k2}", self.shape(), rhs.shape()),
+            ));
+        }
+        let batch_a = Shape::from(&a.dims()[..ar - 2]);
+        let batch_b = Shape::from(&b.dims()[..br - 2]);
+        let batch = batch_a.broadcast(&batch_b, "matmul").map_err(|_| {
+            Error::shape(
+                "matmul",
+                format!(
+                    "batch dimensions {batch_a} and {batch_b} of shapes {} and {} cannot be broadcast together",
+                    self.shape(),
+                    rhs.shape()
+                ),
+            )
+        })?;
+        let with = |rows: usize, cols: usize| {
+            let mut d = batch.dims().to_vec();
+            d.extend([rows, cols]);
+            Shape::new(d)
+        };
+        let a = a.broadcast_to(&with(m, k));
+        let b = b.broadcast_to(&with(k, n));
+        let out = Tensor::from_op(Op::MatMul, &[&a, &b])?;
+        let rank = out.ndim() as i64;
+        Ok(match (ra, rb) {
+            (1, 1) => out.squeeze(-1).squeeze(-1),
+            (1, _) => out.squeeze(rank - 2),
+            (_, 1) => out.squeeze(rank - 1),
+            _ => out,
+        })
+    }
+
+    /// The product of two matrices (both of rank 2).
+    ///
+    /// # Panics
+    /// If either operand is not a matrix or the shapes do not fit; [`Tensor::try_mm`]
+    /// returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn mm(&self, rhs: &Tensor) -> Tensor {
+        ok(self.try_mm(rhs))
+    }
+
+    /// [`Tensor::mm`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_matmul`], and [`Error::Shape`] unless both operands have rank 2.
+    #[track_caller]
+    pub fn try_mm(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.expect_ranks("mm", rhs, 2)?;
+        self.try_matmul(rhs)
+    }
+
+    /// The batched product of `[b, n, m]` and `[b, m, p]` tensors.
+    ///
+    /// # Panics
+    /// If either operand is not of rank 3 or the shapes do not fit; [`Tensor::try_bmm`]
+    /// returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn bmm(&self, rhs: &Tensor) -> Tensor {
+        ok(self.try_bmm(rhs))
+    }
+
+    /// [`Tensor::bmm`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_matmul`], and [`Error::Shape`] unless both operands have rank 3 and
+    /// the same batch size.
+    #[track_caller]
+    pub fn try_bmm(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.expect_ranks("bmm", rhs, 3)?;
+        if self.dims()[0] != rhs.dims()[0] {
+            return Err(Error::shape(
+                "bmm",
+                format!(
+                    "batch sizes differ: shapes {} and {}; bmm does not broadcast (matmul does)",
+                    self.shape(),
+                    rhs.shape()
+                ),
+            ));
+        }
+        self.try_matmul(rhs)
+    }
+
+    /// The dot product of two vectors of one length, as a zero-dimensional tensor.
+    ///
+    /// # Panics
+    /// If either operand is not a vector or the lengths differ; [`Tensor::try_dot`] returns
+    /// the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![1i64, 2, 3], [3]);
+    /// assert_eq!(a.dot(&a).item::<i64>(), 14);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn dot(&self, rhs: &Tensor) -> Tensor {
+        ok(self.try_dot(rhs))
+    }
+
+    /// [`Tensor::dot`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_matmul`], and [`Error::Shape`] unless both operands are vectors.
+    #[track_caller]
+    pub fn try_dot(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.expect_ranks("dot", rhs, 1)?;
+        self.try_matmul(rhs)
+    }
+
+    fn expect_ranks(&self, op: &'static str, rhs: &Tensor, rank: usize) -> Result<()> {
+        if self.ndim() == rank && rhs.ndim() == rank {
+            return Ok(());
+        }
+        Err(Error::shape(
+            op,
+            format!(
+                "expects two tensors of rank {rank}, got shapes {} and {}; matmul handles other ranks",
+                self.shape(),
+                rhs.shape()
+            ),
+        ))
+    }
+}

@@ -1,0 +1,236 @@
+//! The tensor handle and its attributes.
+
+mod arith;
+mod create;
+mod display;
+mod linalg;
+mod movement;
+mod read;
+mod reduce;
+
+use std::panic::Location;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kiln_ir::{DType, Op, Shape, View};
+use kiln_runtime::{Buffer, Device};
+
+pub use arith::Operand;
+pub use reduce::Dims;
+
+use crate::lazy::LazyNode;
+use crate::{Error, Result};
+
+/// An n-dimensional array of one dtype on one device, recorded lazily.
+///
+/// Operations on tensors do not compute: they record a node of a graph and return at once,
+/// checking shapes, dtypes and devices on the way (so a mistake is reported at the line that
+/// made it). The graph runs when a value is needed: [`item`](Tensor::item),
+/// [`to_vec`](Tensor::to_vec), printing, or an explicit [`realize`](Tensor::realize).
+///
+/// A `Tensor` is a cheap handle: cloning it shares the data, and it is `Send + Sync`. Like a
+/// PyTorch tensor it is a *view* of a storage: [`permute`](Tensor::permute),
+/// [`transpose`](Tensor::transpose), [`expand`](Tensor::expand), [`narrow`](Tensor::narrow),
+/// [`view`](Tensor::view) and friends make new tensors over the same storage without
+/// recording any work, and [`stride`](Tensor::stride) and
+/// [`is_contiguous`](Tensor::is_contiguous) report the layout as PyTorch does.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+/// let y = (&x * 2.0 + 1.0).relu().sum_dim(1, false); // recorded, not computed
+/// assert_eq!(y.to_vec::<f32>(), vec![15.0, 33.0]);  // computed here
+/// assert_eq!(x.t().stride(), vec![1, 3]);
+/// ```
+#[derive(Clone)]
+pub struct Tensor(Arc<TensorInner>);
+
+struct TensorInner {
+    storage: Arc<Storage>,
+    view: View,
+}
+
+/// The data that views share: the node that produces it, dense and row-major.
+pub(crate) struct Storage {
+    node: Mutex<Arc<LazyNode>>,
+    dtype: DType,
+    device: Device,
+}
+
+impl Storage {
+    fn new(node: Arc<LazyNode>) -> Arc<Storage> {
+        Arc::new(Storage { dtype: node.dtype, device: node.device, node: Mutex::new(node) })
+    }
+
+    pub(crate) fn node(&self) -> Arc<LazyNode> {
+        self.node.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Tensor {
+    /// A tensor owning the result of a new node, viewed densely.
+    pub(crate) fn from_node(node: Arc<LazyNode>) -> Tensor {
+        let view = View::contiguous(node.shape.clone());
+        Tensor(Arc::new(TensorInner { storage: Storage::new(node), view }))
+    }
+
+    /// A tensor over an already computed buffer.
+    #[track_caller]
+    pub(crate) fn from_buffer(buffer: Buffer, shape: Shape) -> Tensor {
+        Tensor::from_node(LazyNode::realized(buffer, shape, Location::caller()))
+    }
+
+    /// Another view of the same storage.
+    pub(crate) fn with_view(&self, view: View) -> Tensor {
+        Tensor(Arc::new(TensorInner { storage: self.0.storage.clone(), view }))
+    }
+
+    pub(crate) fn storage(&self) -> &Arc<Storage> {
+        &self.0.storage
+    }
+
+    pub(crate) fn layout(&self) -> &View {
+        &self.0.view
+    }
+
+    /// The node whose dense, row-major result is this tensor's value: the storage's node
+    /// itself when the view covers it exactly, otherwise a `View` node reading it.
+    #[track_caller]
+    pub(crate) fn node(&self) -> Arc<LazyNode> {
+        let base = self.0.storage.node();
+        if self.0.view.is_identity_of(&base.shape) {
+            return base;
+        }
+        let (dtype, device) = (base.dtype, base.device);
+        LazyNode::pending(
+            Op::View(self.0.view.clone()),
+            vec![base],
+            self.0.view.shape().clone(),
+            dtype,
+            device,
+            Location::caller(),
+        )
+    }
+
+    /// Records `op` over `inputs` (which must share a device), inferring shape and dtype.
+    #[track_caller]
+    pub(crate) fn from_op(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+        let device = inputs.first().map_or(Device::Cpu, |t| t.device());
+        check_same_device(op.name(), inputs)?;
+        let nodes: Vec<Arc<LazyNode>> = inputs.iter().map(|t| t.node()).collect();
+        let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
+        let (shape, dtype) = op.infer(&typed)?;
+        Ok(Tensor::from_node(LazyNode::pending(op, nodes, shape, dtype, device, Location::caller())))
+    }
+
+    /// Records a leaf op (a fill) with the given shape and dtype.
+    #[track_caller]
+    pub(crate) fn from_leaf(op: Op, shape: Shape, dtype: DType) -> Result<Tensor> {
+        op.check_leaf(dtype)?;
+        Ok(Tensor::from_node(LazyNode::pending(op, Vec::new(), shape, dtype, Device::Cpu, Location::caller())))
+    }
+
+    // ----- attributes ---------------------------------------------------------------------
+
+    /// The shape.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// assert_eq!(Tensor::zeros([2, 3]).shape().dims(), &[2, 3]);
+    /// ```
+    pub fn shape(&self) -> &Shape {
+        self.0.view.shape()
+    }
+
+    /// The extent of each dimension.
+    pub fn dims(&self) -> &[usize] {
+        self.0.view.shape().dims()
+    }
+
+    /// The number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.0.view.shape().rank()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.view.shape().numel()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.storage.dtype
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.0.storage.device
+    }
+
+    /// The step, in elements, between neighbours along each dimension of the storage, as
+    /// PyTorch reports it (0 for a broadcast dimension).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([2, 3, 4]);
+    /// assert_eq!(x.stride(), vec![12, 4, 1]);
+    /// assert_eq!(x.permute(&[2, 0, 1]).stride(), vec![1, 12, 4]);
+    /// assert_eq!(Tensor::zeros([3, 1]).expand(&[3, 5]).stride(), vec![1, 0]);
+    /// ```
+    pub fn stride(&self) -> Vec<usize> {
+        self.0.view.strides().iter().map(|&s| s.unsigned_abs()).collect()
+    }
+
+    /// Whether the elements lie densely in row-major order in the storage.
+    pub fn is_contiguous(&self) -> bool {
+        self.0.view.is_contiguous()
+    }
+
+    /// Bytes per element.
+    pub fn element_size(&self) -> usize {
+        self.dtype().size_in_bytes()
+    }
+
+    /// The offset of the first element in the storage, in elements.
+    pub fn storage_offset(&self) -> usize {
+        self.0.view.offset()
+    }
+
+    /// Whether two tensors are views of one storage.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([2, 3]);
+    /// assert!(x.t().shares_storage_with(&x));
+    /// assert!(!x.contiguous().t().contiguous().shares_storage_with(&x));
+    /// ```
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({} {} on {}", self.shape(), self.dtype(), self.device())?;
+        if !self.is_contiguous() {
+            write!(f, ", strides {:?}", self.0.view.strides())?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// The devices of `inputs` agree, or an error naming both.
+pub(crate) fn check_same_device(op: &'static str, inputs: &[&Tensor]) -> Result<()> {
+    if let Some(first) = inputs.first()
+        && let Some(other) = inputs.iter().find(|t| t.device() != first.device())
+    {
+        return Err(Error::Device {
+            op,
+            detail: format!(
+                "expected all tensors on one device, found {} and {}; move one with .to(device)",
+                first.device(),
+                other.device()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Reading values: the realization triggers.
+
+use kiln_ir::Element;
+use kiln_runtime::Buffer;
+
+use super::Tensor;
+use crate::error::ok;
+use crate::{Error, Result};
+
+impl Tensor {
+    /// Computes this tensor now (and everything it depends on that is still pending),
+    /// returning it for chaining. Reading values does this implicitly.
+    ///
+    /// # Panics
+    /// When the computation fails (out of memory, say); [`Tensor::try_realize`] returns the
+    /// error.
+    #[track_caller]
+    pub fn realize(&self) -> &Tensor {
+        ok(self.try_realize());
+        self
+    }
+
+    /// [`Tensor::realize`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] when the computation fails; it names the op that failed and the
+    /// line that recorded it.
+    pub fn try_realize(&self) -> Result<()> {
+        Tensor::try_realize_all(&[self])
+    }
+
+    /// Computes several tensors together, sharing the work they have in common.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] when the computation fails.
+    pub fn try_realize_all(tensors: &[&Tensor]) -> Result<()> {
+        let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
+        crate::realize::realize(&nodes)
+    }
+
+    /// The storage's buffer, computing it if needed.
+    pub(crate) fn buffer(&self) -> Result<Buffer> {
+        let node = self.storage().node();
+        if let Some(b) = node.buffer() {
+            return Ok(b);
+        }
+        crate::realize::realize(std::slice::from_ref(&node))?;
+        node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))
+    }
+
+    /// The elements in row-major order, converted to `T` (Rust `as` semantics).
+    ///
+    /// # Panics
+    /// When the computation fails; [`Tensor::try_to_vec`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.5f32, 2.5, 3.5, 4.5], [2, 2]);
+    /// assert_eq!(x.t().to_vec::<f32>(), vec![1.5, 3.5, 2.5, 4.5]);
+    /// assert_eq!(x.to_vec::<i64>(), vec![1, 2, 3, 4]);
+    /// ```
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Vec<T> {
+        ok(self.try_to_vec())
+    }
+
+    /// [`Tensor::to_vec`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] when the computation fails.
+    pub fn try_to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.buffer()?.gather(self.layout()))
+    }
+
+    /// The value of a one-element tensor, converted to `T`.
+    ///
+    /// # Panics
+    /// When the tensor has more or fewer than one element, or the computation fails;
+    /// [`Tensor::try_item`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
+    /// assert_eq!(x.sum().item::<f32>(), 6.0);
+    /// ```
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> T {
+        ok(self.try_item())
+    }
+
+    /// [`Tensor::item`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless the tensor has exactly one element; [`Error::Runtime`] when
+    /// the computation fails.
+    pub fn try_item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::shape(
+                "item",
+                format!(
+                    "needs a tensor with one element, got shape {} ({} elements); reduce it first (e.g. .sum()) or use .to_vec()",
+                    self.shape(),
+                    self.numel()
+                ),
+            ));
+        }
+        let buffer = self.buffer()?;
+        Ok(T::from_scalar(buffer.get(self.layout().offset())))
+    }
+}

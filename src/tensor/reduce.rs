@@ -1,0 +1,281 @@
+//! Reductions: over all elements, or over a list of dimensions with `keepdim`.
+
+use kiln_ir::{DType, Op, ReduceOp, normalize_axis};
+
+use super::Tensor;
+use crate::error::ok;
+use crate::{Error, Result};
+
+/// One dimension or a list of them, for the `_dim` reductions: `1`, `-1`, `[0, 2]`,
+/// `&[0, 2][..]` or `vec![0, 2]`. Negative dimensions count from the end; an empty list
+/// means every dimension, as in PyTorch.
+pub trait Dims {
+    /// The dimensions as given.
+    fn to_dims(&self) -> Vec<i64>;
+}
+
+macro_rules! dims_impl {
+    ($($t:ty),*) => {$(
+        impl Dims for $t {
+            fn to_dims(&self) -> Vec<i64> {
+                vec![*self as i64]
+            }
+        }
+        impl<const N: usize> Dims for [$t; N] {
+            fn to_dims(&self) -> Vec<i64> {
+                self.iter().map(|&d| d as i64).collect()
+            }
+        }
+        impl Dims for &[$t] {
+            fn to_dims(&self) -> Vec<i64> {
+                self.iter().map(|&d| d as i64).collect()
+            }
+        }
+        impl Dims for Vec<$t> {
+            fn to_dims(&self) -> Vec<i64> {
+                self.iter().map(|&d| d as i64).collect()
+            }
+        }
+    )*};
+}
+dims_impl!(i64, i32, usize);
+
+impl Tensor {
+    /// Normalizes `dims` to sorted, distinct axes.
+    fn axes(&self, op: &'static str, dims: &impl Dims) -> Result<Vec<usize>> {
+        let given = dims.to_dims();
+        if given.is_empty() {
+            return Ok((0..self.ndim()).collect());
+        }
+        let mut axes = Vec::with_capacity(given.len());
+        for d in given {
+            let a = normalize_axis(op, d, self.ndim())?;
+            if axes.contains(&a) {
+                return Err(Error::index(op, format!("dimension {a} appears more than once in {:?}", dims.to_dims())));
+            }
+            axes.push(a);
+        }
+        axes.sort_unstable();
+        Ok(axes)
+    }
+
+    #[track_caller]
+    fn reduce(&self, op: ReduceOp, axes: Vec<usize>, keepdim: bool) -> Result<Tensor> {
+        let kept = Tensor::from_op(Op::Reduce { op, axes: axes.clone() }, &[self])?;
+        if keepdim {
+            return Ok(kept);
+        }
+        let mut view = kept.layout().clone();
+        for &a in axes.iter().rev() {
+            view = view.squeeze(a);
+        }
+        Ok(kept.with_view(view))
+    }
+
+    /// Integers and bools sum as `i64`, as in PyTorch.
+    #[track_caller]
+    fn for_sum(&self) -> Tensor {
+        if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::I64) }
+    }
+
+    /// The sum of all elements, as a zero-dimensional tensor (integers and bools sum as `i64`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2]);
+    /// assert_eq!(x.sum().item::<i64>(), 10);
+    /// assert_eq!(x.sum().dtype(), DType::I64);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn sum(&self) -> Tensor {
+        let x = self.for_sum();
+        ok(x.reduce(ReduceOp::Sum, (0..self.ndim()).collect(), false))
+    }
+
+    /// The sum over `dims`, keeping them as size 1 when `keepdim`.
+    ///
+    /// # Panics
+    /// If a dimension is out of range; [`Tensor::try_sum_dim`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::arange(0.0f32, 6.0, 1.0).view(&[2, 3]);
+    /// assert_eq!(x.sum_dim(0, false).to_vec::<f32>(), vec![3.0, 5.0, 7.0]);
+    /// assert_eq!(x.sum_dim([0, 1], true).dims(), &[1, 1]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn sum_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_sum_dim(dims, keepdim))
+    }
+
+    /// [`Tensor::sum_dim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when a dimension is out of range or repeated.
+    #[track_caller]
+    pub fn try_sum_dim(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let axes = self.axes("sum", &dims)?;
+        self.for_sum().reduce(ReduceOp::Sum, axes, keepdim)
+    }
+
+    /// The mean of all elements (float tensors only; NaN for an empty tensor).
+    ///
+    /// # Panics
+    /// On an integer or bool tensor; [`Tensor::try_mean`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn mean(&self) -> Tensor {
+        ok(self.try_mean())
+    }
+
+    /// [`Tensor::mean`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] on an integer or bool tensor.
+    #[track_caller]
+    pub fn try_mean(&self) -> Result<Tensor> {
+        self.try_mean_dim(Vec::<i64>::new(), false)
+    }
+
+    /// The mean over `dims` (float tensors only), keeping them as size 1 when `keepdim`.
+    ///
+    /// # Panics
+    /// On an integer tensor or a bad dimension; [`Tensor::try_mean_dim`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 5.0], [2, 2]);
+    /// assert_eq!(x.mean_dim(-1, true).to_vec::<f32>(), vec![1.5, 4.0]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn mean_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_mean_dim(dims, keepdim))
+    }
+
+    /// [`Tensor::mean_dim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] on an integer or bool tensor; [`Error::Index`] for a bad dimension.
+    #[track_caller]
+    pub fn try_mean_dim(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::dtype(
+                "mean",
+                format!("needs a float tensor, got {}; convert it first with .float()", self.dtype()),
+            ));
+        }
+        let axes = self.axes("mean", &dims)?;
+        let count: usize = axes.iter().map(|&a| self.dims()[a]).product();
+        let sum = self.reduce(ReduceOp::Sum, axes, keepdim)?;
+        sum.try_div(count as f64)
+    }
+
+    /// The largest element, as a zero-dimensional tensor (NaN if any element is NaN).
+    ///
+    /// # Panics
+    /// On an empty tensor; [`Tensor::try_max`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn max(&self) -> Tensor {
+        ok(self.try_max())
+    }
+
+    /// [`Tensor::max`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] on an empty tensor.
+    #[track_caller]
+    pub fn try_max(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, (0..self.ndim()).collect(), false)
+    }
+
+    /// The smallest element, as a zero-dimensional tensor (NaN if any element is NaN).
+    ///
+    /// # Panics
+    /// On an empty tensor; [`Tensor::try_min`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn min(&self) -> Tensor {
+        ok(self.try_min())
+    }
+
+    /// [`Tensor::min`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] on an empty tensor.
+    #[track_caller]
+    pub fn try_min(&self) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, (0..self.ndim()).collect(), false)
+    }
+
+    /// The largest elements along `dim` and their indices (`i64`; the first index on ties,
+    /// a NaN counts as largest).
+    ///
+    /// # Panics
+    /// On a bad dimension or an empty one; [`Tensor::try_max_dim`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, 7.0, 7.0, 4.0, 2.0, 0.0], [2, 3]);
+    /// let (values, indices) = x.max_dim(1, false);
+    /// assert_eq!(values.to_vec::<f32>(), vec![7.0, 4.0]);
+    /// assert_eq!(indices.to_vec::<i64>(), vec![1, 0]);
+    /// ```
+    #[track_caller]
+    pub fn max_dim(&self, dim: i64, keepdim: bool) -> (Tensor, Tensor) {
+        ok(self.try_max_dim(dim, keepdim))
+    }
+
+    /// [`Tensor::max_dim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    #[track_caller]
+    pub fn try_max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let axes = vec![normalize_axis("max_dim", dim, self.ndim())?];
+        Ok((self.reduce(ReduceOp::Max, axes.clone(), keepdim)?, self.reduce(ReduceOp::ArgMax, axes, keepdim)?))
+    }
+
+    /// The smallest elements along `dim` and their indices (`i64`; the first index on ties,
+    /// a NaN counts as smallest).
+    ///
+    /// # Panics
+    /// On a bad dimension or an empty one; [`Tensor::try_min_dim`] returns the error.
+    #[track_caller]
+    pub fn min_dim(&self, dim: i64, keepdim: bool) -> (Tensor, Tensor) {
+        ok(self.try_min_dim(dim, keepdim))
+    }
+
+    /// [`Tensor::min_dim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    #[track_caller]
+    pub fn try_min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let axes = vec![normalize_axis("min_dim", dim, self.ndim())?];
+        Ok((self.reduce(ReduceOp::Min, axes.clone(), keepdim)?, self.reduce(ReduceOp::ArgMin, axes, keepdim)?))
+    }
+
+    /// The index of the largest element along `dim` (`i64`).
+    ///
+    /// # Panics
+    /// On a bad dimension or an empty one.
+    #[must_use]
+    #[track_caller]
+    pub fn argmax(&self, dim: i64, keepdim: bool) -> Tensor {
+        ok(self.try_max_dim(dim, keepdim)).1
+    }
+
+    /// The index of the smallest element along `dim` (`i64`).
+    ///
+    /// # Panics
+    /// On a bad dimension or an empty one.
+    #[must_use]
+    #[track_caller]
+    pub fn argmin(&self, dim: i64, keepdim: bool) -> Tensor {
+        ok(self.try_min_dim(dim, keepdim)).1
+    }
+}
