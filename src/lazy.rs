@@ -32,10 +32,21 @@ impl LazyNode {
         device: Device,
         origin: &'static Location<'static>,
     ) -> Arc<LazyNode> {
-        Arc::new(LazyNode { op, shape, dtype, device, origin, state: Mutex::new(State::Pending(inputs)) })
+        Arc::new(LazyNode {
+            op,
+            shape,
+            dtype,
+            device,
+            origin,
+            state: Mutex::new(State::Pending(inputs)),
+        })
     }
 
-    pub(crate) fn realized(buffer: Buffer, shape: Shape, origin: &'static Location<'static>) -> Arc<LazyNode> {
+    pub(crate) fn realized(
+        buffer: Buffer,
+        shape: Shape,
+        origin: &'static Location<'static>,
+    ) -> Arc<LazyNode> {
         Arc::new(LazyNode {
             op: Op::Input,
             dtype: buffer.dtype(),

@@ -41,7 +41,8 @@ fn capture(targets: &[Arc<LazyNode>]) -> Captured {
     let mut index: HashMap<*const LazyNode, usize> = HashMap::new();
     let mut pending = 0;
     // (node, whether its inputs have been pushed already)
-    let mut stack: Vec<(Arc<LazyNode>, bool)> = targets.iter().rev().map(|t| (t.clone(), false)).collect();
+    let mut stack: Vec<(Arc<LazyNode>, bool)> =
+        targets.iter().rev().map(|t| (t.clone(), false)).collect();
     while let Some((node, expanded)) = stack.pop() {
         let key = Arc::as_ptr(&node);
         if index.contains_key(&key) {
@@ -91,7 +92,9 @@ fn build_graph(
                 buffers.push(b.clone());
                 None
             }
-            State::Pending(inputs) => Some(inputs.iter().map(|i| captured.index[&Arc::as_ptr(i)]).collect()),
+            State::Pending(inputs) => {
+                Some(inputs.iter().map(|i| captured.index[&Arc::as_ptr(i)]).collect())
+            }
         };
         let id = match args {
             None => graph.input(node.shape.clone(), node.dtype),

@@ -41,8 +41,16 @@ pub enum Category {
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool];
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ];
 
     /// Bytes per element.
     pub fn size_in_bytes(self) -> usize {
@@ -178,11 +186,7 @@ pub fn result_type(operands: &[Participant]) -> DType {
     };
     let top = operands.iter().map(category_of).max().unwrap_or(Category::Float);
     let fold = |pick: fn(&Participant) -> Option<DType>| {
-        operands
-            .iter()
-            .filter(|p| category_of(p) == top)
-            .filter_map(pick)
-            .reduce(DType::promote)
+        operands.iter().filter(|p| category_of(p) == top).filter_map(pick).reduce(DType::promote)
     };
     fold(|p| if let Participant::Tensor(d) = *p { Some(d) } else { None })
         .or_else(|| fold(|p| if let Participant::ZeroDim(d) = *p { Some(d) } else { None }))
@@ -339,6 +343,9 @@ mod tests {
         assert_eq!(u8::from_scalar(Scalar::I64(300)), 44);
         assert_eq!(i64::from_scalar(Scalar::F64(f64::NAN)), 0);
         assert!(bool::from_scalar(Scalar::F64(0.5)));
-        assert_eq!(f16::from_scalar(Scalar::F64(1.0 / 3.0)).to_f64(), f16::from_f64(1.0 / 3.0).to_f64());
+        assert_eq!(
+            f16::from_scalar(Scalar::F64(1.0 / 3.0)).to_f64(),
+            f16::from_f64(1.0 / 3.0).to_f64()
+        );
     }
 }

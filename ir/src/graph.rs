@@ -76,7 +76,10 @@ impl Graph {
     pub fn push(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId, IrError> {
         let mut typed = Vec::with_capacity(inputs.len());
         for &i in inputs {
-            let n = self.graph.node_weight(i).ok_or_else(|| IrError::InvalidGraph(format!("no node {i:?}")))?;
+            let n = self
+                .graph
+                .node_weight(i)
+                .ok_or_else(|| IrError::InvalidGraph(format!("no node {i:?}")))?;
             typed.push((&n.shape, n.dtype));
         }
         let (shape, dtype) = op.infer(&typed)?;
@@ -111,8 +114,11 @@ impl Graph {
 
     /// The inputs of `id`, in argument order.
     pub fn args(&self, id: NodeId) -> Vec<NodeId> {
-        let mut edges: Vec<(usize, NodeId)> =
-            self.graph.edges_directed(id, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        let mut edges: Vec<(usize, NodeId)> = self
+            .graph
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
         edges.sort_unstable();
         edges.into_iter().map(|(_, n)| n).collect()
     }
@@ -183,7 +189,8 @@ impl Graph {
                 continue;
             }
             let args = self.args(id);
-            let typed: Vec<_> = args.iter().map(|&a| (&self.graph[a].shape, self.graph[a].dtype)).collect();
+            let typed: Vec<_> =
+                args.iter().map(|&a| (&self.graph[a].shape, self.graph[a].dtype)).collect();
             let (shape, dtype) = node.op.infer(&typed)?;
             if shape != node.shape || dtype != node.dtype {
                 return Err(IrError::InvalidGraph(format!(
@@ -208,13 +215,15 @@ impl Graph {
         for id in self.topo_order() {
             let n = &self.graph[id];
             let style = if self.outputs.contains(&id) { ", style=bold" } else { "" };
-            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype).replace('"', "\\\"");
+            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype)
+                .replace('"', "\\\"");
             let _ = writeln!(s, "    n{} [label=\"{label}\"{style}];", id.index());
         }
         for id in self.topo_order() {
             let args = self.args(id);
             for (slot, a) in args.iter().enumerate() {
-                let label = if args.len() > 1 { format!(" [label=\"{slot}\"]") } else { String::new() };
+                let label =
+                    if args.len() > 1 { format!(" [label=\"{slot}\"]") } else { String::new() };
                 let _ = writeln!(s, "    n{} -> n{}{label};", a.index(), id.index());
             }
         }

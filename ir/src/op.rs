@@ -225,7 +225,10 @@ impl Op {
                     _ => dtype.is_float(),
                 };
                 if !ok {
-                    return Err(IrError::dtype(u.name(), format!("is not defined for {dtype} inputs")));
+                    return Err(IrError::dtype(
+                        u.name(),
+                        format!("is not defined for {dtype} inputs"),
+                    ));
                 }
                 Ok((shape.clone(), dtype))
             }
@@ -234,7 +237,10 @@ impl Op {
                 let (sb, db) = inputs[1];
                 same_shape(b.name(), sa, sb)?;
                 if da != db {
-                    return Err(IrError::dtype(b.name(), format!("inputs have dtypes {da} and {db}")));
+                    return Err(IrError::dtype(
+                        b.name(),
+                        format!("inputs have dtypes {da} and {db}"),
+                    ));
                 }
                 let ok = match b {
                     BinaryOp::Div | BinaryOp::Pow => da.is_float(),
@@ -243,7 +249,10 @@ impl Op {
                     _ => true,
                 };
                 if !ok {
-                    return Err(IrError::dtype(b.name(), format!("is not defined for {da} inputs")));
+                    return Err(IrError::dtype(
+                        b.name(),
+                        format!("is not defined for {da} inputs"),
+                    ));
                 }
                 Ok((sa.clone(), if b.is_comparison() { DType::Bool } else { da }))
             }
@@ -255,14 +264,18 @@ impl Op {
                 same_shape("where", sa, sb)?;
                 expect_dtype("where", dc, |d| d == DType::Bool, "a bool condition")?;
                 if da != db {
-                    return Err(IrError::dtype("where", format!("branches have dtypes {da} and {db}")));
+                    return Err(IrError::dtype(
+                        "where",
+                        format!("branches have dtypes {da} and {db}"),
+                    ));
                 }
                 Ok((sa.clone(), da))
             }
             Op::Cast(to) => Ok((inputs[0].0.clone(), *to)),
             Op::Reduce { op, axes } => {
                 let (shape, dtype) = inputs[0];
-                if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= shape.rank()) {
+                if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= shape.rank())
+                {
                     return Err(IrError::InvalidGraph(format!(
                         "{}: axes {axes:?} must be sorted, distinct and below rank {}",
                         op.name(),
@@ -276,7 +289,10 @@ impl Op {
                 match op {
                     ReduceOp::ArgMax | ReduceOp::ArgMin => {
                         if axes.len() != 1 {
-                            return Err(IrError::InvalidGraph(format!("{} reduces exactly one axis", op.name())));
+                            return Err(IrError::InvalidGraph(format!(
+                                "{} reduces exactly one axis",
+                                op.name()
+                            )));
                         }
                         if shape.dims()[axes[0]] == 0 {
                             return Err(IrError::shape(
@@ -290,14 +306,19 @@ impl Op {
                         if let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0) {
                             return Err(IrError::shape(
                                 op.name(),
-                                format!("cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"),
+                                format!(
+                                    "cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"
+                                ),
                             ));
                         }
                         Ok((Shape::new(dims), dtype))
                     }
                     ReduceOp::Sum | ReduceOp::Prod => {
                         if dtype == DType::Bool {
-                            return Err(IrError::dtype(op.name(), "is not defined for bool inputs"));
+                            return Err(IrError::dtype(
+                                op.name(),
+                                "is not defined for bool inputs",
+                            ));
                         }
                         Ok((Shape::new(dims), dtype))
                     }
@@ -320,7 +341,9 @@ impl Op {
                 if da != db {
                     return Err(IrError::dtype(
                         "matmul",
-                        format!("operands have dtypes {da} and {db}; cast one of them so they agree"),
+                        format!(
+                            "operands have dtypes {da} and {db}; cast one of them so they agree"
+                        ),
                     ));
                 }
                 if da == DType::Bool {
@@ -410,7 +433,10 @@ impl BinaryOp {
 
     /// Whether the op compares and gives `Bool`.
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
     }
 }
 
@@ -436,7 +462,12 @@ fn same_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<(), IrError> {
     }
 }
 
-fn expect_dtype(op: &'static str, got: DType, ok: impl Fn(DType) -> bool, want: &str) -> Result<(), IrError> {
+fn expect_dtype(
+    op: &'static str,
+    got: DType,
+    ok: impl Fn(DType) -> bool,
+    want: &str,
+) -> Result<(), IrError> {
     if ok(got) { Ok(()) } else { Err(IrError::dtype(op, format!("expected {want}, got {got}"))) }
 }
 
@@ -452,7 +483,10 @@ mod tests {
         assert_eq!((s, d), (Shape::from([2, 3, 5]), DType::F32));
         let bad = Shape::from([2, 5, 5]);
         let err = Op::MatMul.infer(&[(&a, DType::F32), (&bad, DType::F32)]).unwrap_err();
-        assert_eq!(err.to_string(), "matmul: shapes [2, 3, 4] and [2, 5, 5] are not compatible: 4 != 5");
+        assert_eq!(
+            err.to_string(),
+            "matmul: shapes [2, 3, 4] and [2, 5, 5] are not compatible: 4 != 5"
+        );
     }
 
     #[test]
@@ -460,7 +494,8 @@ mod tests {
         let s = Shape::from([3]);
         let (_, d) = Op::Binary(BinaryOp::Lt).infer(&[(&s, DType::I32), (&s, DType::I32)]).unwrap();
         assert_eq!(d, DType::Bool);
-        let err = Op::Binary(BinaryOp::Add).infer(&[(&s, DType::Bool), (&s, DType::Bool)]).unwrap_err();
+        let err =
+            Op::Binary(BinaryOp::Add).infer(&[(&s, DType::Bool), (&s, DType::Bool)]).unwrap_err();
         assert_eq!(err.to_string(), "add: is not defined for bool inputs");
         assert!(Op::Unary(UnaryOp::Exp).infer(&[(&s, DType::I64)]).is_err());
     }
@@ -471,6 +506,9 @@ mod tests {
         let op = Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 2] };
         assert_eq!(op.infer(&[(&s, DType::F64)]).unwrap().0, Shape::from([1, 3, 1]));
         let argmax = Op::Reduce { op: ReduceOp::ArgMax, axes: vec![1] };
-        assert_eq!(argmax.infer(&[(&s, DType::F16)]).unwrap(), (Shape::from([2, 1, 4]), DType::I64));
+        assert_eq!(
+            argmax.infer(&[(&s, DType::F16)]).unwrap(),
+            (Shape::from([2, 1, 4]), DType::I64)
+        );
     }
 }

@@ -100,7 +100,10 @@ pub fn normalize_axis(op: &'static str, dim: i64, rank: usize) -> Result<usize, 
         } else {
             format!("expected a dimension in -{r}..={}", r - 1)
         };
-        Err(IrError::index(op, format!("dimension {dim} is out of range for a tensor of rank {rank}: {range}")))
+        Err(IrError::index(
+            op,
+            format!("dimension {dim} is out of range for a tensor of rank {rank}: {range}"),
+        ))
     }
 }
 
@@ -185,6 +188,9 @@ mod tests {
         assert_eq!(s.normalize_dim("sum", -1).unwrap(), 2);
         assert_eq!(s.normalize_dim("sum", 0).unwrap(), 0);
         let err = s.normalize_dim("sum", 3).unwrap_err().to_string();
-        assert_eq!(err, "sum: dimension 3 is out of range for a tensor of rank 3: expected a dimension in -3..=2");
+        assert_eq!(
+            err,
+            "sum: dimension 3 is out of range for a tensor of rank 3: expected a dimension in -3..=2"
+        );
     }
 }

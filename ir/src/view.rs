@@ -134,7 +134,11 @@ impl View {
             return None;
         }
         if self.is_contiguous() || self.shape.numel() <= 1 {
-            return Some(View { shape: shape.clone(), strides: shape.contiguous_strides(), offset: self.offset });
+            return Some(View {
+                shape: shape.clone(),
+                strides: shape.contiguous_strides(),
+                offset: self.offset,
+            });
         }
         let old_dims = self.shape.dims();
         let new_dims = shape.dims();
@@ -164,13 +168,22 @@ impl View {
                 }
             }
         }
-        (view_d == -1).then(|| View { shape: shape.clone(), strides: new_strides, offset: self.offset })
+        (view_d == -1).then(|| View {
+            shape: shape.clone(),
+            strides: new_strides,
+            offset: self.offset,
+        })
     }
 
     /// The buffer offset of each element, in row-major order of the logical shape.
     pub fn offsets(&self) -> Offsets<'_> {
         let numel = self.shape.numel();
-        Offsets { view: self, index: vec![0; self.shape.rank()], next: self.offset as isize, remaining: numel }
+        Offsets {
+            view: self,
+            index: vec![0; self.shape.rank()],
+            next: self.offset as isize,
+            remaining: numel,
+        }
     }
 
     /// The smallest buffer length (in elements) that holds every element of this view.

@@ -12,14 +12,38 @@ use crate::{Device, RuntimeError, alloc};
 macro_rules! with_element_type {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
-            kiln_ir::DType::F32 => { type $t = f32; $body }
-            kiln_ir::DType::F64 => { type $t = f64; $body }
-            kiln_ir::DType::F16 => { type $t = half::f16; $body }
-            kiln_ir::DType::BF16 => { type $t = half::bf16; $body }
-            kiln_ir::DType::I64 => { type $t = i64; $body }
-            kiln_ir::DType::I32 => { type $t = i32; $body }
-            kiln_ir::DType::U8 => { type $t = u8; $body }
-            kiln_ir::DType::Bool => { type $t = bool; $body }
+            kiln_ir::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            kiln_ir::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            kiln_ir::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            kiln_ir::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            kiln_ir::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            kiln_ir::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            kiln_ir::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            kiln_ir::DType::Bool => {
+                type $t = bool;
+                $body
+            }
         }
     };
 }
@@ -57,14 +81,18 @@ impl Buffer {
     ///
     /// # Errors
     /// [`RuntimeError::OutOfMemory`] when the allocation fails.
-    pub fn from_iter<T: Element>(len: usize, values: impl IntoIterator<Item = T>) -> Result<Buffer, RuntimeError> {
+    pub fn from_iter<T: Element>(
+        len: usize,
+        values: impl IntoIterator<Item = T>,
+    ) -> Result<Buffer, RuntimeError> {
         let bytes = len
             .checked_mul(T::DTYPE.size_in_bytes())
             .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
         let (ptr, class) = if bytes == 0 {
             (NonNull::<u64>::dangling().cast::<u8>(), 0)
         } else {
-            alloc::allocate(bytes).ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
+            alloc::allocate(bytes)
+                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
         };
         let typed = ptr.cast::<T>();
         let mut written = 0;
@@ -132,7 +160,11 @@ impl Buffer {
     /// # Panics
     /// If the view reaches past the end of the buffer.
     pub fn gather<T: Element>(&self, view: &View) -> Vec<T> {
-        assert!(view.span() <= self.len(), "view {view} reaches past a buffer of {} elements", self.len());
+        assert!(
+            view.span() <= self.len(),
+            "view {view} reaches past a buffer of {} elements",
+            self.len()
+        );
         if let Some(data) = self.as_slice::<T>() {
             if view.is_contiguous() {
                 let start = view.offset();

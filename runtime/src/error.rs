@@ -14,7 +14,9 @@ use crate::Device;
 #[non_exhaustive]
 pub enum RuntimeError {
     /// An allocation failed even after the allocator released its cached buffers.
-    #[error("out of memory on {device}: could not allocate {bytes} bytes; free tensors you no longer need, or work on smaller pieces")]
+    #[error(
+        "out of memory on {device}: could not allocate {bytes} bytes; free tensors you no longer need, or work on smaller pieces"
+    )]
     OutOfMemory {
         /// The device.
         device: Device,

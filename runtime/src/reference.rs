@@ -14,7 +14,9 @@
 //! Intermediate values are freed after their last use.
 
 use half::{bf16, f16};
-use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, UnaryOp, random};
+use kiln_ir::{
+    BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, UnaryOp, random,
+};
 
 use crate::{Buffer, RunError, RuntimeError};
 
@@ -59,11 +61,13 @@ pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
     let mut results: Vec<Option<Buffer>> = vec![None; bound];
     for &id in &order {
         let node = graph.node(id);
-        let at = |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+        let at =
+            |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
         let args = graph.args(id);
         let computed = match &node.op {
             Op::Input => {
-                let index = input_of[id.index()].expect("every Input node is listed in graph.inputs()");
+                let index =
+                    input_of[id.index()].expect("every Input node is listed in graph.inputs()");
                 let buf = &inputs[index];
                 if buf.dtype() != node.dtype || buf.len() != node.shape.numel() {
                     return Err(at(RuntimeError::Binding {
@@ -75,8 +79,11 @@ pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
                 load(buf)
             }
             op => {
-                let arg_values: Vec<&Values> =
-                    args.iter().map(|a| values[a.index()].as_ref().expect("inputs are computed first")).collect();
+                reserve(node.shape.numel()).map_err(at)?;
+                let arg_values: Vec<&Values> = args
+                    .iter()
+                    .map(|a| values[a.index()].as_ref().expect("inputs are computed first"))
+                    .collect();
                 let arg_shapes: Vec<&Shape> = args.iter().map(|&a| &graph.node(a).shape).collect();
                 let arg_dtypes: Vec<DType> = args.iter().map(|&a| graph.node(a).dtype).collect();
                 eval(op, &node.shape, node.dtype, &arg_values, &arg_shapes, &arg_dtypes)
@@ -94,7 +101,22 @@ pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
             values[id.index()] = None;
         }
     }
-    Ok(graph.outputs().iter().map(|o| results[o.index()].clone().expect("outputs are stored when computed")).collect())
+    Ok(graph
+        .outputs()
+        .iter()
+        .map(|o| results[o.index()].clone().expect("outputs are stored when computed"))
+        .collect())
+}
+
+/// Checks that a node's values fit in memory before computing them: the loops below collect
+/// into ordinary vectors, whose allocation failure would abort the process rather than
+/// return an error.
+fn reserve(n: usize) -> Result<(), RuntimeError> {
+    let bytes = n.saturating_mul(std::mem::size_of::<f64>());
+    let mut probe: Vec<f64> = Vec::new();
+    probe
+        .try_reserve_exact(n)
+        .map_err(|_| RuntimeError::OutOfMemory { device: crate::Device::Cpu, bytes })
 }
 
 fn release(remaining: &mut [usize], values: &mut [Option<Values>], id: NodeId) {
@@ -118,8 +140,12 @@ fn store(values: &Values, dtype: DType) -> Result<Buffer, RuntimeError> {
     match (values, dtype) {
         (Values::F(v), DType::F32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as f32)),
         (Values::F(v), DType::F64) => Buffer::from_slice(v),
-        (Values::F(v), DType::F16) => Buffer::from_iter(v.len(), v.iter().map(|&x| f16::from_f64(x))),
-        (Values::F(v), DType::BF16) => Buffer::from_iter(v.len(), v.iter().map(|&x| bf16::from_f64(x))),
+        (Values::F(v), DType::F16) => {
+            Buffer::from_iter(v.len(), v.iter().map(|&x| f16::from_f64(x)))
+        }
+        (Values::F(v), DType::BF16) => {
+            Buffer::from_iter(v.len(), v.iter().map(|&x| bf16::from_f64(x)))
+        }
         (Values::I(v), DType::I64) => Buffer::from_slice(v),
         (Values::I(v), DType::I32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as i32)),
         (Values::I(v), DType::U8) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as u8)),
@@ -154,7 +180,14 @@ fn round(values: Values, dtype: DType) -> Values {
     }
 }
 
-fn eval(op: &Op, shape: &Shape, dtype: DType, args: &[&Values], shapes: &[&Shape], dtypes: &[DType]) -> Values {
+fn eval(
+    op: &Op,
+    shape: &Shape,
+    dtype: DType,
+    args: &[&Values],
+    shapes: &[&Shape],
+    dtypes: &[DType],
+) -> Values {
     let n = shape.numel();
     match op {
         Op::Input => unreachable!("inputs are bound, not evaluated"),
@@ -164,7 +197,9 @@ fn eval(op: &Op, shape: &Shape, dtype: DType, args: &[&Values], shapes: &[&Shape
                 let bits = dtype.mantissa_bits().unwrap_or(53);
                 Values::F((0..n as u64).map(|i| random::uniform(*key, i, bits)).collect())
             }
-            RandomDist::Normal => Values::F((0..n as u64).map(|i| random::normal(*key, i)).collect()),
+            RandomDist::Normal => {
+                Values::F((0..n as u64).map(|i| random::normal(*key, i)).collect())
+            }
             RandomDist::Int { low, high } => {
                 Values::I((0..n as u64).map(|i| random::int(*key, i, *low, *high)).collect())
             }
@@ -266,8 +301,12 @@ fn binary(op: BinaryOp, a: &Values, b: &Values) -> Values {
                 BinaryOp::Mul => |x, y| x * y,
                 BinaryOp::Div => |x, y| x / y,
                 BinaryOp::Pow => f64::powf,
-                BinaryOp::Maximum => |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
-                BinaryOp::Minimum => |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
+                BinaryOp::Maximum => {
+                    |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
+                }
+                BinaryOp::Minimum => {
+                    |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
+                }
                 other => unreachable!("{} does not take floats", other.name()),
             };
             Values::F(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
@@ -319,8 +358,13 @@ fn cast(x: &Values, to: DType) -> Values {
 /// The flat index in the reduced (keepdim) output of each input element.
 fn reduced_index(in_shape: &Shape, out_shape: &Shape) -> impl Iterator<Item = usize> {
     let out_strides = out_shape.contiguous_strides();
-    let strides: Vec<isize> =
-        in_shape.dims().iter().zip(out_shape.dims()).zip(&out_strides).map(|((&i, &o), &s)| if i == o { s } else { 0 }).collect();
+    let strides: Vec<isize> = in_shape
+        .dims()
+        .iter()
+        .zip(out_shape.dims())
+        .zip(&out_strides)
+        .map(|((&i, &o), &s)| if i == o { s } else { 0 })
+        .collect();
     let view = kiln_ir::View::from_parts(in_shape.clone(), strides, 0);
     view.offsets().collect::<Vec<_>>().into_iter()
 }
@@ -352,10 +396,12 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Values, in_shape: &Shape, out_shape:
                 }
             };
             let mut out = vec![0i64; n];
-            for (flat_out, first) in reduced_index(in_shape, out_shape).enumerate().filter_map(|(flat_in, o)| {
-                // The element with index 0 along the axis starts each scan.
-                ((flat_in / axis_stride) % axis_len == 0).then_some((o, flat_in))
-            }) {
+            for (flat_out, first) in
+                reduced_index(in_shape, out_shape).enumerate().filter_map(|(flat_in, o)| {
+                    // The element with index 0 along the axis starts each scan.
+                    (flat_in / axis_stride).is_multiple_of(axis_len).then_some((o, flat_in))
+                })
+            {
                 let mut best = (0usize, key(x, first));
                 for k in 1..axis_len {
                     let cand = key(x, first + k * axis_stride);
@@ -374,10 +420,12 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Values, in_shape: &Shape, out_shape:
                     let (init, f): (f64, fn(f64, f64) -> f64) = match op {
                         ReduceOp::Sum => (0.0, |a, b| a + b),
                         ReduceOp::Prod => (1.0, |a, b| a * b),
-                        ReduceOp::Max => {
-                            (f64::NEG_INFINITY, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
-                        }
-                        _ => (f64::INFINITY, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }),
+                        ReduceOp::Max => (f64::NEG_INFINITY, |a, b| {
+                            if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+                        }),
+                        _ => (f64::INFINITY, |a, b| {
+                            if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+                        }),
                     };
                     let mut out = vec![init; n];
                     for (&o, &val) in index.iter().zip(v) {
@@ -438,7 +486,9 @@ fn matmul(a: &Values, b: &Values, sa: &Shape, sb: &Shape, dtype: DType) -> Value
                     for j in 0..n {
                         let mut acc = 0i64;
                         for l in 0..k {
-                            acc = acc.wrapping_add(a[p * m * k + i * k + l].wrapping_mul(b[p * k * n + l * n + j]));
+                            acc = acc.wrapping_add(
+                                a[p * m * k + i * k + l].wrapping_mul(b[p * k * n + l * n + j]),
+                            );
                         }
                         out[p * m * n + i * n + j] = acc;
                     }

@@ -248,7 +248,10 @@ impl Tensor {
     #[track_caller]
     pub fn try_neg(&self) -> Result<Tensor> {
         if self.dtype() == DType::Bool {
-            return Err(Error::dtype("neg", "is not defined for bool tensors; to invert a mask use .logical_not()"));
+            return Err(Error::dtype(
+                "neg",
+                "is not defined for bool tensors; to invert a mask use .logical_not()",
+            ));
         }
         self.unary(UnaryOp::Neg)
     }
@@ -301,7 +304,11 @@ impl Tensor {
 
 fn clamp_scalar(dtype: DType, v: f64) -> Scalar {
     // An integral bound keeps an integer tensor integral, as PyTorch's clamp(int) does.
-    if !dtype.is_float() && v.fract() == 0.0 && v.abs() < 9.0e15 { Scalar::I64(v as i64) } else { Scalar::F64(v) }
+    if !dtype.is_float() && v.fract() == 0.0 && v.abs() < 9.0e15 {
+        Scalar::I64(v as i64)
+    } else {
+        Scalar::F64(v)
+    }
 }
 
 macro_rules! float_unary_methods {

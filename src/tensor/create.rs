@@ -164,9 +164,13 @@ impl Tensor {
             ((d + st - st.signum()) / st).max(0) as usize
         };
         let values: Vec<T> = if T::DTYPE.is_float() {
-            (0..n).map(|i| T::from_scalar(Scalar::F64(s.to_f64() + i as f64 * st.to_f64()))).collect()
+            (0..n)
+                .map(|i| T::from_scalar(Scalar::F64(s.to_f64() + i as f64 * st.to_f64())))
+                .collect()
         } else {
-            (0..n).map(|i| T::from_scalar(Scalar::I64(s.to_i64() + i as i64 * st.to_i64()))).collect()
+            (0..n)
+                .map(|i| T::from_scalar(Scalar::I64(s.to_i64() + i as i64 * st.to_i64())))
+                .collect()
         };
         Tensor::try_from_vec(values, [n])
     }
@@ -182,7 +186,13 @@ impl Tensor {
         let step = if steps > 1 { (end - start) / (steps - 1) as f64 } else { 0.0 };
         // Like PyTorch, compute the second half from the end so that `end` is exact.
         let values: Vec<f32> = (0..steps)
-            .map(|i| if i < steps / 2 { start + step * i as f64 } else { end - step * (steps - 1 - i) as f64 })
+            .map(|i| {
+                if i < steps / 2 || steps == 1 {
+                    start + step * i as f64
+                } else {
+                    end - step * (steps - 1 - i) as f64
+                }
+            })
             .map(|v| v as f32)
             .collect();
         Tensor::from_vec(values, [steps])
@@ -216,7 +226,11 @@ impl Tensor {
     #[track_caller]
     pub fn try_randint(low: i64, high: i64, shape: impl Into<Shape>) -> Result<Tensor> {
         let key = crate::random::next_key();
-        Tensor::from_leaf(Op::Random { dist: RandomDist::Int { low, high }, key }, shape.into(), DType::I64)
+        Tensor::from_leaf(
+            Op::Random { dist: RandomDist::Int { low, high }, key },
+            shape.into(),
+            DType::I64,
+        )
     }
 
     /// A random permutation of `0..n` (`i64`); see [`crate::manual_seed`].
@@ -286,7 +300,10 @@ impl Tensor {
         if !self.dtype().is_float() {
             return Err(Error::dtype(
                 op,
-                format!("needs a float tensor, got {}; cast it first, e.g. with .float()", self.dtype()),
+                format!(
+                    "needs a float tensor, got {}; cast it first, e.g. with .float()",
+                    self.dtype()
+                ),
             ));
         }
         let key = crate::random::next_key();
@@ -297,6 +314,8 @@ impl Tensor {
 fn arange_error<T: std::fmt::Display>(start: T, end: T, step: T) -> Error {
     Error::shape(
         "arange",
-        format!("step {step} cannot go from {start} to {end}: it must be non-zero and point toward end"),
+        format!(
+            "step {step} cannot go from {start} to {end}: it must be non-zero and point toward end"
+        ),
     )
 }

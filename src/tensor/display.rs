@@ -28,11 +28,15 @@ impl fmt::Display for Tensor {
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let body = match self.dtype().category() {
-            Category::Float => self.try_to_vec::<f64>().map(|v| render(self.dims(), &v, float_formatter(self.dims(), &v))),
-            Category::Int => self.try_to_vec::<i64>().map(|v| render(self.dims(), &v, |x: &i64| x.to_string())),
-            Category::Bool => self
-                .try_to_vec::<bool>()
-                .map(|v| render(self.dims(), &v, |x: &bool| if *x { "True".into() } else { "False".into() })),
+            Category::Float => self
+                .try_to_vec::<f64>()
+                .map(|v| render(self.dims(), &v, float_formatter(self.dims(), &v))),
+            Category::Int => {
+                self.try_to_vec::<i64>().map(|v| render(self.dims(), &v, |x: &i64| x.to_string()))
+            }
+            Category::Bool => self.try_to_vec::<bool>().map(|v| {
+                render(self.dims(), &v, |x: &bool| if *x { "True".into() } else { "False".into() })
+            }),
         };
         let body = match body {
             Ok(b) => b,
@@ -88,11 +92,12 @@ fn shown_values<T: Copy>(dims: &[usize], data: &[T], summarize: bool) -> Vec<T> 
 fn float_formatter(dims: &[usize], data: &[f64]) -> impl Fn(&f64) -> String {
     let summarize = data.len() > THRESHOLD;
     let values = shown_values(dims, data, summarize);
-    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite() && *v != 0.0).map(f64::abs).collect();
+    let finite: Vec<f64> =
+        values.iter().copied().filter(|v| v.is_finite() && *v != 0.0).map(f64::abs).collect();
     let int_mode = values.iter().filter(|v| v.is_finite()).all(|v| v.fract() == 0.0);
-    let (min, max) = finite.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    let sci = !finite.is_empty()
-        && if int_mode { max > 1e8 } else { max / min > 1000.0 || max > 1e8 || min < 1e-4 };
+    let (min, max) =
+        finite.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let sci = !finite.is_empty() && (max / min > 1000.0 || max > 1e8 || (!int_mode && min < 1e-4));
     move |&v: &f64| {
         if v.is_nan() {
             "nan".into()
@@ -124,7 +129,8 @@ fn render<T: Copy>(dims: &[usize], data: &[T], fmt_one: impl Fn(&T) -> String) -
         return "[]".into();
     }
     let summarize = data.len() > THRESHOLD;
-    let width = shown_values(dims, data, summarize).iter().map(|v| fmt_one(v).len()).max().unwrap_or(0);
+    let width =
+        shown_values(dims, data, summarize).iter().map(|v| fmt_one(v).len()).max().unwrap_or(0);
     let strides = kiln_ir::Shape::from(dims).contiguous_strides();
     let mut out = String::new();
     write_dim(&mut out, dims, &strides, data, 0, 0, summarize, width, &fmt_one);
@@ -143,12 +149,13 @@ fn write_dim<T: Copy>(
     width: usize,
     fmt_one: &impl Fn(&T) -> String,
 ) {
-    // The indent of a nested line: "tensor(" plus one column per open bracket.
+    // PyTorch's indent: "tensor(" plus one column per enclosing bracket; continuation lines
+    // start one column further in, under this dimension's first element.
     let indent = " ".repeat(7 + depth + 1);
     out.push('[');
     let items = shown(dims[depth], summarize);
     if depth + 1 == dims.len() {
-        let per_line = ((LINE_WIDTH - indent.len()) / (width + 2)).max(1);
+        let per_line = ((LINE_WIDTH - (7 + depth)) / (width + 2)).max(1);
         for (n, item) in items.iter().enumerate() {
             if n > 0 {
                 out.push(',');
@@ -158,8 +165,11 @@ fn write_dim<T: Copy>(
                 }
             }
             match item {
-                Some(i) => out.push_str(&format!("{:>width$}", fmt_one(&data[offset + i * strides[depth] as usize]))),
-                None => out.push_str("..."),
+                Some(i) => out.push_str(&format!(
+                    "{:>width$}",
+                    fmt_one(&data[offset + i * strides[depth] as usize])
+                )),
+                None => out.push_str(" ..."),
             }
         }
     } else {

@@ -57,7 +57,11 @@ impl Tensor {
         if k != k2 {
             return Err(Error::shape(
                 "matmul",
-                format!("shapes {} and {} are not compatible: {k} != {k2}", self.shape(), rhs.shape()),
+                format!(
+                    "shapes {} and {} are not compatible: {k} != {k2}",
+                    self.shape(),
+                    rhs.shape()
+                ),
             ));
         }
         let batch_a = Shape::from(&a.dims()[..ar - 2]);

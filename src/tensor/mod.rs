@@ -119,14 +119,28 @@ impl Tensor {
         let nodes: Vec<Arc<LazyNode>> = inputs.iter().map(|t| t.node()).collect();
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
         let (shape, dtype) = op.infer(&typed)?;
-        Ok(Tensor::from_node(LazyNode::pending(op, nodes, shape, dtype, device, Location::caller())))
+        Ok(Tensor::from_node(LazyNode::pending(
+            op,
+            nodes,
+            shape,
+            dtype,
+            device,
+            Location::caller(),
+        )))
     }
 
     /// Records a leaf op (a fill) with the given shape and dtype.
     #[track_caller]
     pub(crate) fn from_leaf(op: Op, shape: Shape, dtype: DType) -> Result<Tensor> {
         op.check_leaf(dtype)?;
-        Ok(Tensor::from_node(LazyNode::pending(op, Vec::new(), shape, dtype, Device::Cpu, Location::caller())))
+        Ok(Tensor::from_node(LazyNode::pending(
+            op,
+            Vec::new(),
+            shape,
+            dtype,
+            Device::Cpu,
+            Location::caller(),
+        )))
     }
 
     // ----- attributes ---------------------------------------------------------------------

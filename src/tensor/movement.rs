@@ -111,7 +111,10 @@ impl Tensor {
             Some(v) => self.restrided(v),
             None => {
                 let dense = self.contiguous();
-                let v = dense.layout().reshape(&shape).expect("a contiguous layout reshapes to any shape of its size");
+                let v = dense
+                    .layout()
+                    .reshape(&shape)
+                    .expect("a contiguous layout reshapes to any shape of its size");
                 dense.restrided(v)
             }
         })
@@ -146,7 +149,11 @@ impl Tensor {
         if dims.len() != rank {
             return Err(Error::shape(
                 "permute",
-                format!("got {} dimensions {dims:?} for a tensor of rank {rank} (shape {})", dims.len(), self.shape()),
+                format!(
+                    "got {} dimensions {dims:?} for a tensor of rank {rank} (shape {})",
+                    dims.len(),
+                    self.shape()
+                ),
             ));
         }
         let mut perm = Vec::with_capacity(rank);
@@ -154,7 +161,10 @@ impl Tensor {
         for &d in dims {
             let d = normalize_axis("permute", d, rank)?;
             if std::mem::replace(&mut seen[d], true) {
-                return Err(Error::index("permute", format!("dimension {d} appears twice in {dims:?}")));
+                return Err(Error::index(
+                    "permute",
+                    format!("dimension {d} appears twice in {dims:?}"),
+                ));
             }
             perm.push(d);
         }
@@ -207,7 +217,10 @@ impl Tensor {
             2 => self.try_transpose(0, 1),
             _ => Err(Error::shape(
                 "t",
-                format!("expects a tensor of rank 2 or less, got shape {}; use .transpose(d0, d1)", self.shape()),
+                format!(
+                    "expects a tensor of rank 2 or less, got shape {}; use .transpose(d0, d1)",
+                    self.shape()
+                ),
             )),
         }
     }
@@ -250,7 +263,11 @@ impl Tensor {
     #[track_caller]
     pub fn try_squeeze(&self, dim: i64) -> Result<Tensor> {
         let d = normalize_axis("squeeze", dim, self.ndim())?;
-        Ok(if self.dims()[d] == 1 { self.restrided(self.layout().squeeze(d)) } else { self.clone() })
+        Ok(if self.dims()[d] == 1 {
+            self.restrided(self.layout().squeeze(d))
+        } else {
+            self.clone()
+        })
     }
 
     /// Removes every dimension of size 1. Shares storage.
@@ -291,7 +308,12 @@ impl Tensor {
     #[track_caller]
     pub fn try_expand(&self, shape: &[i64]) -> Result<Tensor> {
         let rank = self.ndim();
-        let bad = |why: String| Error::shape("expand", format!("cannot expand shape {} to {shape:?}: {why}", self.shape()));
+        let bad = |why: String| {
+            Error::shape(
+                "expand",
+                format!("cannot expand shape {} to {shape:?}: {why}", self.shape()),
+            )
+        };
         if shape.len() < rank {
             return Err(bad(format!("the target needs at least {rank} dimensions")));
         }
@@ -301,7 +323,11 @@ impl Tensor {
             let old = if i >= extra { Some(self.dims()[i - extra]) } else { None };
             let new = match (s, old) {
                 (-1, Some(o)) => o,
-                (-1, None) => return Err(bad(format!("-1 is not allowed for the new leading dimension {i}"))),
+                (-1, None) => {
+                    return Err(bad(format!(
+                        "-1 is not allowed for the new leading dimension {i}"
+                    )));
+                }
                 (s, _) if s < 0 => return Err(bad(format!("size {s} is negative"))),
                 (s, Some(o)) if o != 1 && s as usize != o => {
                     return Err(bad(format!(
@@ -342,7 +368,11 @@ impl Tensor {
         if start.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::index(
                 "narrow",
-                format!("elements {start}..{} of dimension {d} are out of range for size {size} (shape {})", start.saturating_add(len), self.shape()),
+                format!(
+                    "elements {start}..{} of dimension {d} are out of range for size {size} (shape {})",
+                    start.saturating_add(len),
+                    self.shape()
+                ),
             ));
         }
         Ok(self.restrided(self.layout().narrow(d, start, len)))
@@ -357,7 +387,10 @@ fn infer_shape(op: &'static str, from: &Shape, target: &[i64]) -> Result<Shape> 
     for (i, &d) in target.iter().enumerate() {
         match d {
             -1 if infer_at.is_some() => {
-                return Err(Error::shape(op, format!("only one dimension can be -1, got {target:?}")));
+                return Err(Error::shape(
+                    op,
+                    format!("only one dimension can be -1, got {target:?}"),
+                ));
             }
             -1 => infer_at = Some(i),
             d if d < 0 => return Err(Error::shape(op, format!("invalid size {d} in {target:?}"))),
@@ -366,17 +399,21 @@ fn infer_shape(op: &'static str, from: &Shape, target: &[i64]) -> Result<Shape> 
     }
     let mut dims: Vec<usize> = target.iter().map(|&d| d.max(0) as usize).collect();
     if let Some(i) = infer_at {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(Error::shape(
                 op,
-                format!("shape {target:?} is invalid for a tensor of shape {from} ({numel} elements)"),
+                format!(
+                    "shape {target:?} is invalid for a tensor of shape {from} ({numel} elements)"
+                ),
             ));
         }
         dims[i] = numel / known;
     } else if known != numel {
         return Err(Error::shape(
             op,
-            format!("shape {target:?} has {known} elements but the tensor of shape {from} has {numel}"),
+            format!(
+                "shape {target:?} has {known} elements but the tensor of shape {from} has {numel}"
+            ),
         ));
     }
     Ok(Shape::new(dims))

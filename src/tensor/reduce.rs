@@ -51,7 +51,10 @@ impl Tensor {
         for d in given {
             let a = normalize_axis(op, d, self.ndim())?;
             if axes.contains(&a) {
-                return Err(Error::index(op, format!("dimension {a} appears more than once in {:?}", dims.to_dims())));
+                return Err(Error::index(
+                    op,
+                    format!("dimension {a} appears more than once in {:?}", dims.to_dims()),
+                ));
             }
             axes.push(a);
         }
@@ -164,7 +167,10 @@ impl Tensor {
         if !self.dtype().is_float() {
             return Err(Error::dtype(
                 "mean",
-                format!("needs a float tensor, got {}; convert it first with .float()", self.dtype()),
+                format!(
+                    "needs a float tensor, got {}; convert it first with .float()",
+                    self.dtype()
+                ),
             ));
         }
         let axes = self.axes("mean", &dims)?;
@@ -236,7 +242,10 @@ impl Tensor {
     #[track_caller]
     pub fn try_max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let axes = vec![normalize_axis("max_dim", dim, self.ndim())?];
-        Ok((self.reduce(ReduceOp::Max, axes.clone(), keepdim)?, self.reduce(ReduceOp::ArgMax, axes, keepdim)?))
+        Ok((
+            self.reduce(ReduceOp::Max, axes.clone(), keepdim)?,
+            self.reduce(ReduceOp::ArgMax, axes, keepdim)?,
+        ))
     }
 
     /// The smallest elements along `dim` and their indices (`i64`; the first index on ties,
@@ -256,7 +265,10 @@ impl Tensor {
     #[track_caller]
     pub fn try_min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let axes = vec![normalize_axis("min_dim", dim, self.ndim())?];
-        Ok((self.reduce(ReduceOp::Min, axes.clone(), keepdim)?, self.reduce(ReduceOp::ArgMin, axes, keepdim)?))
+        Ok((
+            self.reduce(ReduceOp::Min, axes.clone(), keepdim)?,
+            self.reduce(ReduceOp::ArgMin, axes, keepdim)?,
+        ))
     }
 
     /// The index of the largest element along `dim` (`i64`).

@@ -1,0 +1,224 @@
+//! Shared helpers: a seeded generator, inputs in several layouts, plain-f64 reference
+//! arithmetic, and dtype-aware comparisons.
+
+#![allow(dead_code, reason = "each test module uses a different subset")]
+
+use half::{bf16, f16};
+use kiln::prelude::*;
+
+/// SplitMix64, independent of kiln's own generator.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % (hi - lo) as u64) as i64
+    }
+}
+
+/// Rounds an f64 to the nearest value of `dtype` (Rust `as` semantics for integers).
+pub fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F64 => v,
+        DType::F32 => v as f32 as f64,
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::I64 => v as i64 as f64,
+        DType::I32 => v as i64 as i32 as f64,
+        DType::U8 => v as i64 as u8 as f64,
+        DType::Bool => f64::from(u8::from(v != 0.0)),
+    }
+}
+
+/// `n` random values exactly representable in `dtype`: floats in [-3, 3], signed integers in
+/// [-20, 20], u8 in [0, 40], bools.
+pub fn values(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
+    (0..n)
+        .map(|_| match dtype {
+            DType::Bool => rng.int(0, 2) as f64,
+            DType::U8 => rng.int(0, 41) as f64,
+            DType::I32 | DType::I64 => rng.int(-20, 21) as f64,
+            d => round_to(d, rng.uniform(-3.0, 3.0)),
+        })
+        .collect()
+}
+
+/// A tensor of `dtype` holding `data` (row-major for `shape`).
+pub fn tensor(data: &[f64], shape: &[usize], dtype: DType) -> Tensor {
+    let shape = shape.to_vec();
+    match dtype {
+        DType::F64 => Tensor::from_vec(data.to_vec(), shape),
+        DType::F32 => Tensor::from_vec(data.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape),
+        DType::F16 => {
+            Tensor::from_vec(data.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>(), shape)
+        }
+        DType::BF16 => {
+            Tensor::from_vec(data.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>(), shape)
+        }
+        DType::I64 => Tensor::from_vec(data.iter().map(|&v| v as i64).collect::<Vec<_>>(), shape),
+        DType::I32 => Tensor::from_vec(data.iter().map(|&v| v as i32).collect::<Vec<_>>(), shape),
+        DType::U8 => Tensor::from_vec(data.iter().map(|&v| v as u8).collect::<Vec<_>>(), shape),
+        DType::Bool => Tensor::from_vec(data.iter().map(|&v| v != 0.0).collect::<Vec<_>>(), shape),
+    }
+}
+
+/// How an input is laid out in its storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Dense, row-major.
+    Contiguous,
+    /// Stored with the dimensions reversed and permuted back: every stride differs.
+    Permuted,
+    /// A slice (offset and a gap in every row) of a larger storage.
+    Sliced,
+}
+
+pub const LAYOUTS: [Layout; 3] = [Layout::Contiguous, Layout::Permuted, Layout::Sliced];
+
+/// A tensor whose logical row-major values are `data`, stored in `layout`.
+pub fn make(data: &[f64], shape: &[usize], dtype: DType, layout: Layout) -> Tensor {
+    let rank = shape.len();
+    match layout {
+        Layout::Contiguous => tensor(data, shape, dtype),
+        Layout::Permuted if rank >= 2 => {
+            let rev: Vec<usize> = shape.iter().rev().copied().collect();
+            let mut storage = vec![0.0; data.len()];
+            for (flat, &v) in data.iter().enumerate() {
+                let idx = unravel(flat, shape);
+                let ridx: Vec<usize> = idx.iter().rev().copied().collect();
+                storage[ravel(&ridx, &rev)] = v;
+            }
+            let perm: Vec<i64> = (0..rank as i64).rev().collect();
+            let t = tensor(&storage, &rev, dtype).permute(&perm);
+            assert!(!t.is_contiguous() || shape.iter().filter(|&&d| d > 1).count() < 2);
+            t
+        }
+        Layout::Sliced if rank >= 1 => {
+            let mut padded_shape = shape.to_vec();
+            padded_shape[rank - 1] += 3;
+            let mut storage = vec![7.0; padded_shape.iter().product()];
+            for (flat, &v) in data.iter().enumerate() {
+                let mut idx = unravel(flat, shape);
+                idx[rank - 1] += 1;
+                storage[ravel(&idx, &padded_shape)] = v;
+            }
+            tensor(&storage, &padded_shape, dtype).narrow(-1, 1, shape[rank - 1])
+        }
+        _ => tensor(data, shape, dtype),
+    }
+}
+
+pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        if shape[d] > 0 {
+            idx[d] = flat % shape[d];
+            flat /= shape[d];
+        }
+    }
+    idx
+}
+
+pub fn ravel(idx: &[usize], shape: &[usize]) -> usize {
+    idx.iter().zip(shape).fold(0, |acc, (&i, &d)| acc * d + i)
+}
+
+/// NumPy broadcasting, written out independently of kiln.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { 1 };
+    (0..rank)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The flat index into an input of `shape` that output index `out_idx` reads under
+/// broadcasting.
+pub fn broadcast_index(out_idx: &[usize], shape: &[usize]) -> usize {
+    let skip = out_idx.len() - shape.len();
+    let idx: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if d == 1 { 0 } else { out_idx[skip + i] })
+        .collect();
+    ravel(&idx, shape)
+}
+
+/// The relative (and absolute, near zero) tolerance of values computed in `dtype`.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-6,
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+        _ => 0.0,
+    }
+}
+
+/// Compares element by element; NaNs must match NaNs and infinities must match exactly.
+#[track_caller]
+pub fn assert_close(got: &[f64], want: &[f64], dtype: DType, context: &str) {
+    assert_close_tol(got, want, tolerance(dtype), context);
+}
+
+/// [`assert_close`] with an explicit relative tolerance (0 means exact).
+#[track_caller]
+pub fn assert_close_tol(got: &[f64], want: &[f64], tol: f64, context: &str) {
+    assert_eq!(got.len(), want.len(), "{context}: lengths differ");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() || tol == 0.0 {
+            g == w
+        } else {
+            (g - w).abs() <= tol * w.abs().max(1.0)
+        };
+        assert!(ok, "{context}: element {i}: got {g}, want {w} (tolerance {tol})");
+    }
+}
+
+/// A tensor's values as f64, with its dtype checked.
+#[track_caller]
+pub fn read(t: &Tensor, dtype: DType) -> Vec<f64> {
+    assert_eq!(t.dtype(), dtype, "result dtype");
+    t.to_vec::<f64>()
+}
+
+/// The resident set size of this process, in bytes.
+pub fn rss_bytes() -> usize {
+    let statm =
+        std::fs::read_to_string("/proc/self/statm").expect("Linux exposes /proc/self/statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("statm has a resident field");
+    pages * 4096
+}
+
+/// Serializes the tests that draw from kiln's global random generator, so that one test's
+/// draws cannot fall between another's `manual_seed` and its own draws.
+pub fn random_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,106 @@
+//! Constructors and attributes.
+
+use half::{bf16, f16};
+use kiln::prelude::*;
+
+use crate::common::random_lock;
+
+#[test]
+fn from_data_keeps_values_and_dtype() {
+    let t = Tensor::from_vec(vec![1.5f64, -2.0, 3.25], [3]);
+    assert_eq!((t.dtype(), t.dims(), t.numel(), t.ndim()), (DType::F64, &[3usize][..], 3, 1));
+    assert_eq!(t.to_vec::<f64>(), vec![1.5, -2.0, 3.25]);
+    let h = Tensor::from_slice(&[f16::from_f32(0.5), f16::from_f32(2.0)], vec![2, 1]);
+    assert_eq!((h.dtype(), h.dims()), (DType::F16, &[2usize, 1][..]));
+    assert_eq!(h.to_vec::<f16>(), vec![f16::from_f32(0.5), f16::from_f32(2.0)]);
+    let b = Tensor::from_vec(vec![bf16::from_f32(1.0)], ());
+    assert_eq!((b.dtype(), b.ndim()), (DType::BF16, 0));
+    for (t, d) in [
+        (Tensor::from_vec(vec![1i32], [1]), DType::I32),
+        (Tensor::from_vec(vec![1u8], [1]), DType::U8),
+        (Tensor::from_vec(vec![true], [1]), DType::Bool),
+        (Tensor::scalar(3i64), DType::I64),
+    ] {
+        assert_eq!(t.dtype(), d);
+        assert_eq!(t.item::<i64>(), if d == DType::I64 { 3 } else { 1 });
+    }
+    assert_eq!(Tensor::from_slice(&[1.0f32; 6], &[2usize, 3][..]).dims(), &[2, 3]);
+}
+
+#[test]
+fn fills_and_ranges() {
+    assert_eq!(Tensor::zeros([2, 2]).to_vec::<f32>(), vec![0.0; 4]);
+    assert_eq!(Tensor::ones([3]).to_vec::<f32>(), vec![1.0; 3]);
+    assert_eq!(Tensor::ones([3]).dtype(), DType::F32);
+    assert_eq!(Tensor::full([2], true).to_vec::<bool>(), vec![true, true]);
+    assert_eq!(Tensor::full_dtype([2], 2.5, DType::F64).to_vec::<f64>(), vec![2.5, 2.5]);
+    let e = Tensor::eye(3).to_vec::<f32>();
+    assert_eq!(e, vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+    assert_eq!(Tensor::arange(0i64, 10, 2).to_vec::<i64>(), vec![0, 2, 4, 6, 8]);
+    assert_eq!(Tensor::arange(0i64, 10, 2).dtype(), DType::I64);
+    assert_eq!(Tensor::arange(5i32, -1, -2).to_vec::<i32>(), vec![5, 3, 1]);
+    assert_eq!(Tensor::arange(0.0f32, 1.0, 0.25).to_vec::<f32>(), vec![0.0, 0.25, 0.5, 0.75]);
+    assert_eq!(Tensor::arange(0.0f32, 1.0, 0.25).dtype(), DType::F32);
+    assert_eq!(Tensor::arange(3i64, 3, 1).numel(), 0);
+    assert_eq!(Tensor::arange(0.0f64, 1.0, 0.3).to_vec::<f64>().len(), 4);
+    let l = Tensor::linspace(-1.0, 1.0, 5).to_vec::<f32>();
+    assert_eq!(l, vec![-1.0, -0.5, 0.0, 0.5, 1.0]);
+    assert_eq!(Tensor::linspace(2.0, 3.0, 1).to_vec::<f32>(), vec![2.0]);
+    assert_eq!(Tensor::linspace(2.0, 3.0, 0).numel(), 0);
+}
+
+#[test]
+fn like_constructors_copy_shape_and_dtype() {
+    let _random = random_lock();
+    let x = Tensor::from_vec(vec![1.0f64; 6], [2, 3]);
+    for t in [x.zeros_like(), x.ones_like(), x.full_like(4), x.rand_like(), x.randn_like()] {
+        assert_eq!((t.dims(), t.dtype()), (&[2usize, 3][..], DType::F64));
+    }
+    assert_eq!(x.full_like(4).to_vec::<f64>(), vec![4.0; 6]);
+    let i = Tensor::from_vec(vec![1i32; 2], [2]);
+    assert_eq!(i.ones_like().to_vec::<i32>(), vec![1, 1]);
+    assert!(i.try_add(1).is_ok());
+}
+
+#[test]
+fn random_values_are_seeded_and_distributed() {
+    let _random = random_lock();
+    kiln::manual_seed(1234);
+    let a = Tensor::rand([10_000]).to_vec::<f32>();
+    let b = Tensor::rand([10_000]).to_vec::<f32>();
+    assert_ne!(a, b, "two calls draw different streams");
+    kiln::manual_seed(1234);
+    assert_eq!(Tensor::rand([10_000]).to_vec::<f32>(), a, "the seed replays the stream");
+    assert!(a.iter().all(|&v| (0.0..1.0).contains(&v)));
+    let mean = a.iter().map(|&v| f64::from(v)).sum::<f64>() / a.len() as f64;
+    assert!((mean - 0.5).abs() < 0.02, "uniform mean {mean}");
+
+    let n = Tensor::randn([20_000]).to_vec::<f64>();
+    let mean = n.iter().sum::<f64>() / n.len() as f64;
+    let var = n.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n.len() as f64;
+    assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "normal mean {mean} var {var}");
+
+    let r = Tensor::randint(-2, 3, [5000]);
+    assert_eq!(r.dtype(), DType::I64);
+    let r = r.to_vec::<i64>();
+    for v in -2..3 {
+        let count = r.iter().filter(|&&x| x == v).count();
+        assert!((800..1200).contains(&count), "randint value {v} drawn {count} times");
+    }
+    let mut p = Tensor::randperm(100).to_vec::<i64>();
+    assert_ne!(p, (0..100).collect::<Vec<_>>());
+    p.sort_unstable();
+    assert_eq!(p, (0..100).collect::<Vec<_>>());
+    // Half-precision uniform values never round up to 1.
+    let hx = Tensor::zeros([4096]).half().rand_like().to_vec::<f32>();
+    assert!(hx.iter().all(|&v| (0.0..1.0).contains(&v)));
+}
+
+#[test]
+fn tensors_are_send_and_sync_and_clone_cheaply() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tensor>();
+    let x = Tensor::arange(0i64, 4, 1);
+    let handle = std::thread::spawn(move || (&x * 2).sum().item::<i64>());
+    assert_eq!(handle.join().unwrap(), 12);
+}

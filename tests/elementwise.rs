@@ -1,0 +1,334 @@
+//! Elementwise ops against plain f64 loops: every dtype each op accepts, broadcasting,
+//! non-contiguous inputs, odd sizes and type promotion.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+const SHAPES: [&[usize]; 6] = [&[], &[1], &[17], &[3, 5], &[2, 3, 4], &[0, 3]];
+
+type Unary = (&'static str, fn(&Tensor) -> Tensor, fn(f64) -> f64);
+
+fn float_unaries() -> Vec<Unary> {
+    vec![
+        ("sqrt", |t| t.sqrt(), f64::sqrt),
+        ("exp", |t| t.exp(), f64::exp),
+        ("log", |t| t.log(), f64::ln),
+        ("sin", |t| t.sin(), f64::sin),
+        ("cos", |t| t.cos(), f64::cos),
+        ("tanh", |t| t.tanh(), f64::tanh),
+        ("sigmoid", |t| t.sigmoid(), |x| 1.0 / (1.0 + (-x).exp())),
+        ("gelu", |t| t.gelu(), |x| 0.5 * x * (1.0 + libm_erf(x / 2f64.sqrt()))),
+        ("reciprocal", |t| t.reciprocal(), |x| 1.0 / x),
+        ("floor", |t| t.floor(), f64::floor),
+        ("ceil", |t| t.ceil(), f64::ceil),
+        ("round", |t| t.round(), f64::round_ties_even),
+        ("square", |t| t.square(), |x| x * x),
+        ("pow(3)", |t| t.pow(3.0), |x| x.powi(3)),
+        ("pow(-0.5)", |t| t.pow(-0.5), |x| x.powf(-0.5)),
+        ("clamp", |t| t.clamp(-1.0, 0.5), |x| x.clamp(-1.0, 0.5)),
+        ("neg", |t| -t, |x| -x),
+        ("abs", |t| t.abs(), f64::abs),
+        ("relu", |t| t.relu(), |x| x.max(0.0)),
+    ]
+}
+
+/// erf by its series and continued fraction, written out independently of the library.
+fn libm_erf(x: f64) -> f64 {
+    // Abramowitz-Stegun 7.1.26 is too coarse for f64; integrate exp(-t^2) with Simpson's rule.
+    let n = 2000;
+    let h = x / n as f64;
+    let f = |t: f64| (-t * t).exp();
+    let mut s = f(0.0) + f(x);
+    for i in 1..n {
+        s += f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+    }
+    s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+#[test]
+fn float_unary_ops_match_f64_on_every_float_dtype_and_layout() {
+    let mut rng = Rng::new(1);
+    for (name, op, reference) in float_unaries() {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            for shape in SHAPES {
+                for layout in LAYOUTS {
+                    let n: usize = shape.iter().product();
+                    let data = values(&mut rng, n, dtype);
+                    let got = read(&op(&make(&data, shape, dtype, layout)), dtype);
+                    let want: Vec<f64> =
+                        data.iter().map(|&x| round_to(dtype, reference(x))).collect();
+                    // gelu is a chain of four ops, each rounded to the dtype.
+                    let tol = if name == "gelu" {
+                        4.0 * tolerance(dtype).max(1e-10)
+                    } else {
+                        tolerance(dtype)
+                    };
+                    assert_close_tol(
+                        &got,
+                        &want,
+                        tol,
+                        &format!("{name} {dtype} {shape:?} {layout:?}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn math_functions_of_integers_compute_in_f32() {
+    let mut rng = Rng::new(2);
+    for dtype in [DType::I64, DType::I32, DType::U8, DType::Bool] {
+        let data = values(&mut rng, 11, dtype);
+        let x = tensor(&data, &[11], dtype);
+        let got = read(&x.exp(), DType::F32);
+        let want: Vec<f64> = data.iter().map(|&v| round_to(DType::F32, v.exp())).collect();
+        assert_close(&got, &want, DType::F32, &format!("exp of {dtype}"));
+        let got = read(&x.pow(2.0), DType::F32);
+        let want: Vec<f64> = data.iter().map(|&v| v * v).collect();
+        assert_close(&got, &want, DType::F32, &format!("pow of {dtype}"));
+    }
+}
+
+#[test]
+fn integer_neg_abs_relu_keep_their_dtype() {
+    let mut rng = Rng::new(3);
+    for dtype in [DType::I64, DType::I32] {
+        for layout in LAYOUTS {
+            let data = values(&mut rng, 12, dtype);
+            let x = make(&data, &[3, 4], dtype, layout);
+            assert_eq!(read(&x.neg(), dtype), data.iter().map(|v| -v).collect::<Vec<_>>());
+            assert_eq!(read(&x.abs(), dtype), data.iter().map(|v| v.abs()).collect::<Vec<_>>());
+            assert_eq!(read(&x.relu(), dtype), data.iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
+            assert_eq!(
+                read(&x.clamp(-5.0, 5.0), dtype),
+                data.iter().map(|v| v.clamp(-5.0, 5.0)).collect::<Vec<_>>()
+            );
+        }
+    }
+    // u8 wraps like the C type: -3 is 253.
+    let x = Tensor::from_vec(vec![3u8, 0, 200], [3]);
+    assert_eq!(x.neg().to_vec::<u8>(), vec![253, 0, 56]);
+}
+
+type Binary = (&'static str, fn(&Tensor, &Tensor) -> Tensor, fn(f64, f64) -> f64);
+
+fn arithmetic() -> Vec<Binary> {
+    vec![
+        ("add", |a, b| a + b, |x, y| x + y),
+        ("sub", |a, b| a - b, |x, y| x - y),
+        ("mul", |a, b| a * b, |x, y| x * y),
+        ("maximum", |a, b| a.maximum(b), f64::max),
+        ("minimum", |a, b| a.minimum(b), f64::min),
+    ]
+}
+
+fn comparisons() -> Vec<Binary> {
+    fn b(v: bool) -> f64 {
+        f64::from(u8::from(v))
+    }
+    vec![
+        ("eq", |a, c| a.eq(c), |x, y| b(x == y)),
+        ("ne", |a, c| a.ne(c), |x, y| b(x != y)),
+        ("lt", |a, c| a.lt(c), |x, y| b(x < y)),
+        ("le", |a, c| a.le(c), |x, y| b(x <= y)),
+        ("gt", |a, c| a.gt(c), |x, y| b(x > y)),
+        ("ge", |a, c| a.ge(c), |x, y| b(x >= y)),
+    ]
+}
+
+const BROADCASTS: [(&[usize], &[usize]); 7] = [
+    (&[3, 4], &[3, 4]),
+    (&[3, 1], &[4]),
+    (&[2, 3, 4], &[3, 1]),
+    (&[5, 1, 7], &[6, 1]),
+    (&[], &[2, 3]),
+    (&[17], &[1]),
+    (&[0, 3], &[3]),
+];
+
+/// Runs `op` on every broadcast pair and layout, comparing with the reference computed in
+/// f64 and rounded to `out` (given the inputs' `dtype`).
+fn check_binary(op: &Binary, dtype: DType, out: DType, seed: u64) {
+    let (name, f, reference) = op;
+    let mut rng = Rng::new(seed);
+    for (sa, sb) in BROADCASTS {
+        for (la, lb) in [
+            (Layout::Contiguous, Layout::Contiguous),
+            (Layout::Permuted, Layout::Sliced),
+            (Layout::Sliced, Layout::Permuted),
+        ] {
+            let da = values(&mut rng, sa.iter().product(), dtype);
+            let db = values(&mut rng, sb.iter().product(), dtype);
+            let a = make(&da, sa, dtype, la);
+            let b = make(&db, sb, dtype, lb);
+            let shape = broadcast_shape(sa, sb).expect("test shapes broadcast");
+            let n: usize = shape.iter().product();
+            let want: Vec<f64> = (0..n)
+                .map(|flat| {
+                    let idx = unravel(flat, &shape);
+                    round_to(
+                        out,
+                        reference(da[broadcast_index(&idx, sa)], db[broadcast_index(&idx, sb)]),
+                    )
+                })
+                .collect();
+            let context = format!("{name} {dtype} {sa:?} {la:?} with {sb:?} {lb:?}");
+            let r = f(&a, &b);
+            assert_eq!(r.dims(), shape.as_slice(), "{context}");
+            assert_close(&read(&r, out), &want, out, &context);
+            // Swapped operands broadcast the same way.
+            let r = f(&b, &a);
+            let want: Vec<f64> = (0..n)
+                .map(|flat| {
+                    let idx = unravel(flat, &shape);
+                    round_to(
+                        out,
+                        reference(db[broadcast_index(&idx, sb)], da[broadcast_index(&idx, sa)]),
+                    )
+                })
+                .collect();
+            assert_close(&read(&r, out), &want, out, &format!("{context} (swapped)"));
+        }
+    }
+}
+
+#[test]
+fn arithmetic_broadcasts_on_every_numeric_dtype() {
+    for (i, op) in arithmetic().iter().enumerate() {
+        for dtype in
+            [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8]
+        {
+            check_binary(op, dtype, dtype, 100 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn division_is_true_division() {
+    let div: Binary = ("div", |a, b| a / b, |x, y| x / y);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        check_binary(&div, dtype, dtype, 7);
+    }
+    for dtype in [DType::I64, DType::I32, DType::U8] {
+        check_binary(&div, dtype, DType::F32, 8);
+    }
+}
+
+#[test]
+fn comparisons_give_bool_on_every_dtype() {
+    for (i, op) in comparisons().iter().enumerate() {
+        for dtype in DType::ALL {
+            check_binary(op, dtype, DType::Bool, 200 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn logical_ops_on_bools() {
+    let a = Tensor::from_vec(vec![true, true, false, false], [4]);
+    let b = Tensor::from_vec(vec![true, false, true, false], [4]);
+    assert_eq!(a.logical_and(&b).to_vec::<bool>(), vec![true, false, false, false]);
+    assert_eq!(a.logical_or(&b).to_vec::<bool>(), vec![true, true, true, false]);
+    assert_eq!(a.logical_not().to_vec::<bool>(), vec![false, false, true, true]);
+}
+
+#[test]
+fn promotion_follows_pytorch() {
+    let cases = [
+        (DType::I32, DType::F32, DType::F32),
+        (DType::F16, DType::F32, DType::F32),
+        (DType::F16, DType::BF16, DType::F32),
+        (DType::U8, DType::I64, DType::I64),
+        (DType::U8, DType::I32, DType::I32),
+        (DType::Bool, DType::F16, DType::F16),
+        (DType::Bool, DType::I32, DType::I32),
+        (DType::I64, DType::F64, DType::F64),
+        (DType::BF16, DType::F64, DType::F64),
+    ];
+    let mut rng = Rng::new(9);
+    for (da, db, want) in cases {
+        let va = values(&mut rng, 6, da);
+        let vb = values(&mut rng, 6, db);
+        let a = make(&va, &[2, 3], da, Layout::Permuted);
+        let b = tensor(&vb, &[2, 3], db);
+        let expect: Vec<f64> = va.iter().zip(&vb).map(|(x, y)| round_to(want, x * y)).collect();
+        assert_close(&read(&(&a * &b), want), &expect, want, &format!("{da} * {db}"));
+        assert_close(&read(&(&b * &a), want), &expect, want, &format!("{db} * {da}"));
+    }
+}
+
+#[test]
+fn scalars_promote_by_category_only() {
+    let h = Tensor::from_vec(vec![half::f16::from_f32(1.5), half::f16::from_f32(-2.0)], [2]);
+    assert_eq!((&h * 2.5).dtype(), DType::F16);
+    assert_eq!((&h * 2.5).to_vec::<f32>(), vec![3.75, -5.0]);
+    let i = Tensor::from_vec(vec![1i32, 2], [2]);
+    assert_eq!((&i + 1).dtype(), DType::I32);
+    assert_eq!((&i * 2.5).dtype(), DType::F32);
+    assert_eq!((&i * 2.5).to_vec::<f32>(), vec![2.5, 5.0]);
+    let b = Tensor::from_vec(vec![true, false], [2]);
+    assert_eq!((&b + 1).dtype(), DType::I64);
+    assert_eq!((&b + 1).to_vec::<i64>(), vec![2, 1]);
+    // A zero-dimensional tensor of a higher category decides the dtype.
+    let z = Tensor::scalar(0.5f64);
+    assert_eq!((&i * &z).dtype(), DType::F64);
+    // Of the same category, the dimensioned tensor decides.
+    let zi = Tensor::scalar(3i64);
+    assert_eq!((&i * &zi).dtype(), DType::I32);
+}
+
+#[test]
+fn scalar_operands_work_on_either_side() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 4.0], [3]);
+    assert_eq!((2.0 - &x).to_vec::<f32>(), vec![1.0, 0.0, -2.0]);
+    assert_eq!((8.0 / &x).to_vec::<f32>(), vec![8.0, 4.0, 2.0]);
+    assert_eq!((&x - 1).to_vec::<f32>(), vec![0.0, 1.0, 3.0]);
+    assert_eq!((3 * x.clone()).to_vec::<f32>(), vec![3.0, 6.0, 12.0]);
+    assert_eq!(x.add(1.0f32).to_vec::<f32>(), vec![2.0, 3.0, 5.0]);
+    assert_eq!(x.gt(1.5).to_vec::<bool>(), vec![false, true, true]);
+    assert_eq!(x.maximum(2.0).to_vec::<f32>(), vec![2.0, 2.0, 4.0]);
+}
+
+#[test]
+fn nan_propagates_through_maximum_relu_and_clamp() {
+    let x = Tensor::from_vec(vec![f32::NAN, 1.0, -1.0], [3]);
+    let m = x.maximum(0.0).to_vec::<f32>();
+    assert!(m[0].is_nan() && m[1] == 1.0 && m[2] == 0.0);
+    assert!(x.relu().to_vec::<f32>()[0].is_nan());
+    assert!(x.clamp(-0.5, 0.5).to_vec::<f32>()[0].is_nan());
+}
+
+#[test]
+fn casts_follow_as_semantics() {
+    let x = Tensor::from_vec(vec![-1.5f32, 0.0, 2.7, 300.0, f32::NAN], [5]);
+    assert_eq!(x.long().to_vec::<i64>(), vec![-1, 0, 2, 300, 0]);
+    assert_eq!(x.to_dtype(DType::U8).to_vec::<u8>(), vec![255, 0, 2, 44, 0]);
+    assert_eq!(x.bool().to_vec::<bool>(), vec![true, false, true, true, true]);
+    let h = x.half().to_vec::<f32>();
+    assert_eq!(&h[..4], &[-1.5, 0.0, half::f16::from_f32(2.7).to_f32(), 300.0]);
+    assert_eq!(x.bfloat16().to_vec::<f32>()[2], 2.703125);
+    assert_eq!(x.double().dtype(), DType::F64);
+    assert_eq!(Tensor::from_vec(vec![true, false], [2]).float().to_vec::<f32>(), vec![1.0, 0.0]);
+    assert_eq!(Tensor::from_vec(vec![70_000i64], [1]).int().to_vec::<i32>(), vec![70_000]);
+    // A cast to the same dtype is the same tensor.
+    assert!(x.float().shares_storage_with(&x));
+}
+
+#[test]
+fn long_chains_of_mixed_ops_agree_with_f64() {
+    let mut rng = Rng::new(11);
+    for layout in LAYOUTS {
+        let data = values(&mut rng, 35, DType::F64);
+        let x = make(&data, &[5, 7], DType::F64, layout);
+        let y = ((&x * 1.5 + 0.5).tanh() * x.sigmoid() + (&x - 0.2).relu()) / (x.square() + 1.0);
+        let want: Vec<f64> = data
+            .iter()
+            .map(|&v| {
+                ((v * 1.5 + 0.5).tanh() / (1.0 + (-v).exp()) + (v - 0.2).max(0.0)) / (v * v + 1.0)
+            })
+            .collect();
+        assert_close(&read(&y, DType::F64), &want, DType::F64, &format!("chain {layout:?}"));
+    }
+}

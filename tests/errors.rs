@@ -1,0 +1,201 @@
+//! Every mistake gives an error naming the op and the shapes or dtypes, at the line that
+//! made it, and the panicking forms panic with the same message.
+
+use kiln::prelude::*;
+
+fn message(r: kiln::Result<Tensor>) -> String {
+    r.expect_err("the call should fail").to_string()
+}
+
+#[test]
+fn shape_mistakes_name_the_op_and_shapes() {
+    let a = Tensor::zeros([2, 3]);
+    let b = Tensor::zeros([4, 3]);
+    assert_eq!(
+        message(a.try_add(&b)),
+        "add: shapes [2, 3] and [4, 3] cannot be broadcast together: dimension 0 of the result would need 2 and 4 to agree (sizes must be equal, or one of them 1)"
+    );
+    assert_eq!(
+        message(a.try_matmul(&b)),
+        "matmul: shapes [2, 3] and [4, 3] are not compatible: 3 != 4"
+    );
+    assert_eq!(
+        message(Tensor::zeros([2, 2, 3]).try_matmul(&Tensor::zeros([3, 3, 2]))),
+        "matmul: batch dimensions [2] and [3] of shapes [2, 2, 3] and [3, 3, 2] cannot be broadcast together"
+    );
+    assert!(
+        message(Tensor::scalar(1.0f32).try_matmul(&a))
+            .starts_with("matmul: both operands need at least one dimension")
+    );
+    assert!(
+        message(a.try_mm(&Tensor::zeros([3])))
+            .starts_with("mm: expects two tensors of rank 2, got shapes [2, 3] and [3]")
+    );
+    assert!(
+        message(Tensor::zeros([2, 3, 4]).try_bmm(&Tensor::zeros([3, 4, 5])))
+            .starts_with("bmm: batch sizes differ")
+    );
+    assert_eq!(
+        message(a.try_reshape(&[4, -1])),
+        "reshape: shape [4, -1] is invalid for a tensor of shape [2, 3] (6 elements)"
+    );
+    assert_eq!(
+        message(a.try_view(&[5])),
+        "view: shape [5] has 5 elements but the tensor of shape [2, 3] has 6"
+    );
+    assert_eq!(message(a.try_view(&[-1, -1])), "view: only one dimension can be -1, got [-1, -1]");
+    assert_eq!(
+        message(a.t().try_view(&[6])),
+        "view: a tensor of shape [3, 2] with strides [1, 3] cannot be viewed as [6] without copying; use .reshape(..), which copies when it must, or call .contiguous() first"
+    );
+    assert!(
+        message(a.try_expand(&[4, 3]))
+            .starts_with("expand: cannot expand shape [2, 3] to [4, 3]: dimension 0 has size 2")
+    );
+    assert!(
+        message(a.try_permute(&[0]))
+            .starts_with("permute: got 1 dimensions [0] for a tensor of rank 2")
+    );
+    assert!(
+        message(Tensor::zeros([2, 2, 2]).try_t())
+            .starts_with("t: expects a tensor of rank 2 or less, got shape [2, 2, 2]")
+    );
+    assert!(
+        message(Tensor::try_from_vec(vec![1.0f32; 5], [2, 3]))
+            .starts_with("from_vec: 5 values cannot fill shape [2, 3], which has 6 elements")
+    );
+    assert!(
+        message(Tensor::zeros([0, 2]).try_max())
+            .starts_with("max: cannot reduce dimension 0 of size 0 in [0, 2]")
+    );
+    let item = Tensor::zeros([2]).try_item::<f32>().unwrap_err().to_string();
+    assert!(
+        item.starts_with("item: needs a tensor with one element, got shape [2] (2 elements)"),
+        "{item}"
+    );
+}
+
+#[test]
+fn dims_and_indices_out_of_range() {
+    let a = Tensor::zeros([2, 3]);
+    assert_eq!(
+        message(a.try_sum_dim(2, false)),
+        "sum: dimension 2 is out of range for a tensor of rank 2: expected a dimension in -2..=1"
+    );
+    assert!(
+        message(a.try_sum_dim([1, -1], false))
+            .starts_with("sum: dimension 1 appears more than once")
+    );
+    assert!(
+        message(a.try_transpose(0, -3))
+            .starts_with("transpose: dimension -3 is out of range for a tensor of rank 2")
+    );
+    assert!(
+        message(a.try_unsqueeze(4))
+            .starts_with("unsqueeze: dimension 4 is out of range for a tensor of rank 3")
+    );
+    assert!(message(a.try_squeeze(2)).starts_with("squeeze: dimension 2 is out of range"));
+    assert!(message(a.try_permute(&[0, 0])).starts_with("permute: dimension 0 appears twice"));
+    assert_eq!(
+        message(a.try_narrow(1, 2, 2)),
+        "narrow: elements 2..4 of dimension 1 are out of range for size 3 (shape [2, 3])"
+    );
+    assert!(
+        Tensor::scalar(1.0f32)
+            .try_sum_dim(0, false)
+            .unwrap_err()
+            .to_string()
+            .contains("a scalar has no dimensions")
+    );
+    assert!(matches!(
+        a.try_max_dim(5, false).unwrap_err(),
+        kiln::Error::Index { op: "max_dim", .. }
+    ));
+}
+
+#[test]
+fn dtype_mistakes_name_the_dtypes() {
+    let i = Tensor::from_vec(vec![1i64, 2], [2]);
+    let f = Tensor::from_vec(vec![1.0f32, 2.0], [2]);
+    let b = Tensor::from_vec(vec![true, false], [2]);
+    assert_eq!(
+        message(i.try_mean()),
+        "mean: needs a float tensor, got i64; convert it first with .float()"
+    );
+    assert_eq!(
+        message(f.try_matmul(&f.double())),
+        "matmul: operands have dtypes f32 and f64; cast one of them so they agree"
+    );
+    assert_eq!(
+        message(b.try_add(&b)),
+        "add: is not defined for two bool operands; cast one with .long() or .float() first"
+    );
+    assert_eq!(
+        message(b.try_neg()),
+        "neg: is not defined for bool tensors; to invert a mask use .logical_not()"
+    );
+    assert_eq!(message(b.try_relu()), "relu: is not defined for bool inputs");
+    assert!(message(b.try_matmul(&b)).starts_with("matmul: is not defined for bool operands"));
+    assert!(
+        message(Tensor::try_arange(0i64, 10, 0))
+            .starts_with("arange: step 0 cannot go from 0 to 10")
+    );
+    assert!(
+        message(Tensor::try_arange(0.0f32, 1.0, -0.5))
+            .starts_with("arange: step -0.5 cannot go from 0 to 1")
+    );
+    assert_eq!(
+        message(Tensor::try_randint(3, 3, [2])),
+        "randint: low (3) must be less than high (3)"
+    );
+    assert!(matches!(i.try_mean().unwrap_err(), kiln::Error::DType { op: "mean", .. }));
+}
+
+#[test]
+fn panicking_forms_panic_with_the_message_at_the_callers_line() {
+    let a = Tensor::zeros([2, 3]);
+    let b = Tensor::zeros([4, 5]);
+    let line = line!() + 1;
+    let caught = std::panic::catch_unwind(|| a.matmul(&b));
+    let err = caught.expect_err("mismatched matmul panics");
+    let msg = err.downcast_ref::<String>().expect("the panic carries the error message");
+    assert_eq!(msg, "matmul: shapes [2, 3] and [4, 5] are not compatible: 3 != 4");
+    // The location of the panic is the caller's line, through #[track_caller]; checked by a
+    // panic hook so the test does not depend on the default hook's output format.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        *seen2.lock().unwrap() = info.location().map(|l| (l.file().to_string(), l.line()));
+    }));
+    let here = line!() + 1;
+    let _ = std::panic::catch_unwind(|| &a + &b);
+    std::panic::set_hook(previous);
+    let (file, at) = seen.lock().unwrap().clone().expect("the hook saw the panic");
+    assert!(file.ends_with("errors.rs"), "panic located in {file}");
+    assert_eq!(at, here);
+    let _ = line;
+}
+
+#[test]
+#[should_panic(expected = "sum: dimension 3 is out of range")]
+fn reductions_panic_on_bad_dims() {
+    let _ = Tensor::zeros([2, 3]).sum_dim(3, false);
+}
+
+#[test]
+fn runtime_failures_name_the_op_and_the_line_that_recorded_it() {
+    // 2^40 f32 values (4 TiB) cannot be allocated: the shape is fine, so recording succeeds
+    // and the failure surfaces when the value is computed, pointing back at this line.
+    let line = line!() + 1;
+    let huge = Tensor::ones([1 << 20, 1 << 20]) * 2.0;
+    let err = huge.sum().try_item::<f32>().unwrap_err();
+    let kiln::Error::Runtime(run) = &err else { panic!("expected a runtime error, got {err:?}") };
+    assert!(matches!(run.error, kiln::RuntimeError::OutOfMemory { .. }), "{err}");
+    let origin = run.origin.expect("the failing node records where it was made");
+    assert!(origin.file().ends_with("errors.rs"));
+    assert_eq!(origin.line(), line);
+    let text = err.to_string();
+    assert!(text.starts_with("out of memory on cpu: could not allocate"), "{text}");
+    assert!(text.contains(&format!("errors.rs:{line}")), "{text}");
+}

@@ -1,0 +1,117 @@
+//! Matrix products against a plain f64 triple loop, with PyTorch's rank and broadcasting
+//! rules, on contiguous and transposed operands.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// `a @ b` for row-major matrices.
+fn mm_ref(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn matrices_of_odd_sizes_in_every_layout() {
+    let mut rng = Rng::new(31);
+    for (m, k, n) in [(1, 1, 1), (3, 5, 2), (17, 9, 13), (4, 0, 3), (2, 3, 0)] {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32] {
+            for (la, lb) in [
+                (Layout::Contiguous, Layout::Contiguous),
+                (Layout::Permuted, Layout::Sliced),
+                (Layout::Sliced, Layout::Permuted),
+            ] {
+                let da = values(&mut rng, m * k, dtype);
+                let db = values(&mut rng, k * n, dtype);
+                let a = make(&da, &[m, k], dtype, la);
+                let b = make(&db, &[k, n], dtype, lb);
+                let want: Vec<f64> =
+                    mm_ref(&da, &db, m, k, n).iter().map(|&v| round_to(dtype, v)).collect();
+                let context = format!("mm {dtype} {m}x{k}x{n} {la:?} {lb:?}");
+                let got = a.mm(&b);
+                assert_eq!(got.dims(), &[m, n], "{context}");
+                assert_close_tol(
+                    &read(&got, dtype),
+                    &want,
+                    tolerance(dtype) * (k.max(1) as f64),
+                    &context,
+                );
+                assert_close_tol(
+                    &read(&a.matmul(&b), dtype),
+                    &want,
+                    tolerance(dtype) * (k.max(1) as f64),
+                    &context,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn vectors_batches_and_broadcasting_follow_pytorch() {
+    let mut rng = Rng::new(32);
+    // (a shape, b shape, result shape)
+    let cases: [(&[usize], &[usize], &[usize]); 8] = [
+        (&[4], &[4], &[]),
+        (&[4], &[4, 3], &[3]),
+        (&[2, 4], &[4], &[2]),
+        (&[5, 2, 4], &[4], &[5, 2]),
+        (&[4], &[5, 4, 3], &[5, 3]),
+        (&[5, 2, 4], &[4, 3], &[5, 2, 3]),
+        (&[2, 1, 2, 4], &[3, 4, 3], &[2, 3, 2, 3]),
+        (&[1, 2, 4], &[6, 4, 3], &[6, 2, 3]),
+    ];
+    for (sa, sb, so) in cases {
+        let da = values(&mut rng, sa.iter().product(), DType::F64);
+        let db = values(&mut rng, sb.iter().product(), DType::F64);
+        let got = make(&da, sa, DType::F64, Layout::Permuted).matmul(&make(
+            &db,
+            sb,
+            DType::F64,
+            Layout::Sliced,
+        ));
+        assert_eq!(got.dims(), so, "matmul {sa:?} {sb:?}");
+        // Reference: promote vectors, broadcast batch dims, multiply each pair of matrices.
+        let a_m: Vec<usize> = if sa.len() == 1 { vec![1, sa[0]] } else { sa.to_vec() };
+        let b_m: Vec<usize> = if sb.len() == 1 { vec![sb[0], 1] } else { sb.to_vec() };
+        let (m, k, n) = (a_m[a_m.len() - 2], a_m[a_m.len() - 1], b_m[b_m.len() - 1]);
+        let ba = &a_m[..a_m.len() - 2];
+        let bb = &b_m[..b_m.len() - 2];
+        let batch = broadcast_shape(ba, bb).unwrap();
+        let mut want = Vec::new();
+        for p in 0..batch.iter().product::<usize>() {
+            let idx = unravel(p, &batch);
+            let pa = if ba.is_empty() { 0 } else { broadcast_index(&idx, ba) };
+            let pb = if bb.is_empty() { 0 } else { broadcast_index(&idx, bb) };
+            want.extend(mm_ref(
+                &da[pa * m * k..(pa + 1) * m * k],
+                &db[pb * k * n..(pb + 1) * k * n],
+                m,
+                k,
+                n,
+            ));
+        }
+        assert_close(&read(&got, DType::F64), &want, DType::F64, &format!("matmul {sa:?} {sb:?}"));
+    }
+}
+
+#[test]
+fn bmm_and_dot() {
+    let mut rng = Rng::new(33);
+    let da = values(&mut rng, 2 * 3 * 4, DType::F32);
+    let db = values(&mut rng, 2 * 4 * 5, DType::F32);
+    let got = tensor(&da, &[2, 3, 4], DType::F32).bmm(&tensor(&db, &[2, 4, 5], DType::F32));
+    let mut want = mm_ref(&da[..12], &db[..20], 3, 4, 5);
+    want.extend(mm_ref(&da[12..], &db[20..], 3, 4, 5));
+    let want: Vec<f64> = want.iter().map(|&v| round_to(DType::F32, v)).collect();
+    assert_close_tol(&read(&got, DType::F32), &want, 1e-5, "bmm");
+    let v = values(&mut rng, 9, DType::F64);
+    let d = tensor(&v, &[9], DType::F64).dot(&tensor(&v, &[9], DType::F64));
+    assert_eq!(d.ndim(), 0);
+    assert_close(&[d.item::<f64>()], &[v.iter().map(|x| x * x).sum()], DType::F64, "dot");
+}

@@ -1,0 +1,13 @@
+#![allow(unreachable_pub, reason = "test helpers are shared between modules of one binary")]
+//! kiln's integration tests, one module per area, in one binary to keep link time down.
+
+mod common;
+
+mod construction;
+mod display;
+mod elementwise;
+mod errors;
+mod linalg;
+mod memory;
+mod movement;
+mod reductions;

@@ -1,0 +1,135 @@
+//! Movement ops: values against index arithmetic, strides and contiguity against PyTorch's,
+//! and storage sharing.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+fn iota(shape: &[usize]) -> (Vec<f64>, Tensor) {
+    let n: usize = shape.iter().product();
+    let data: Vec<f64> = (0..n).map(|v| v as f64).collect();
+    let t = tensor(&data, shape, DType::I64);
+    (data, t)
+}
+
+#[test]
+fn permute_matches_index_arithmetic() {
+    let shape = [2usize, 3, 4];
+    for layout in LAYOUTS {
+        let data: Vec<f64> = (0..24).map(|v| v as f64).collect();
+        let x = make(&data, &shape, DType::I64, layout);
+        for perm in [[0usize, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0], [0, 2, 1]] {
+            let p: Vec<i64> = perm.iter().map(|&d| d as i64).collect();
+            let y = x.permute(&p);
+            let out_shape: Vec<usize> = perm.iter().map(|&d| shape[d]).collect();
+            assert_eq!(y.dims(), out_shape.as_slice());
+            let want: Vec<f64> = (0..24)
+                .map(|flat| {
+                    let oi = unravel(flat, &out_shape);
+                    let mut ii = [0usize; 3];
+                    for (o, &d) in perm.iter().enumerate() {
+                        ii[d] = oi[o];
+                    }
+                    data[ravel(&ii, &shape)]
+                })
+                .collect();
+            assert_eq!(y.to_vec::<f64>(), want, "permute {perm:?} of {layout:?}");
+            assert!(y.shares_storage_with(&x));
+        }
+    }
+}
+
+#[test]
+fn strides_and_contiguity_match_pytorch() {
+    let (_, x) = iota(&[2, 3, 4]);
+    assert_eq!(x.stride(), vec![12, 4, 1]);
+    assert!(x.is_contiguous());
+    let t = x.transpose(0, 2);
+    assert_eq!((t.dims(), t.stride()), (&[4usize, 3, 2][..], vec![1, 4, 12]));
+    assert!(!t.is_contiguous());
+    assert_eq!(x.unsqueeze(1).stride(), vec![12, 12, 4, 1]);
+    assert_eq!(x.unsqueeze(-1).stride(), vec![12, 4, 1, 1]);
+    assert_eq!(x.narrow(2, 1, 2).stride(), vec![12, 4, 1]);
+    assert_eq!(x.narrow(2, 1, 2).storage_offset(), 1);
+    assert!(!x.narrow(2, 1, 2).is_contiguous());
+    assert!(x.narrow(0, 1, 1).is_contiguous());
+    let e = Tensor::zeros([3, 1]).expand(&[2, 3, 4]);
+    assert_eq!(e.stride(), vec![0, 1, 0]);
+    assert_eq!(e.element_size(), 4);
+    let c = t.contiguous();
+    assert_eq!(c.stride(), vec![6, 2, 1]);
+    assert!(!c.shares_storage_with(&x));
+    assert!(x.contiguous().shares_storage_with(&x));
+}
+
+#[test]
+fn view_and_reshape_share_storage_when_they_can() {
+    let (data, x) = iota(&[4, 6]);
+    let v = x.view(&[2, -1, 3]);
+    assert_eq!(v.dims(), &[2, 4, 3]);
+    assert!(v.shares_storage_with(&x));
+    assert_eq!(v.to_vec::<f64>(), data);
+    // Splitting a dimension of a transposed tensor is still a view.
+    let t = x.t(); // [6, 4], strides [1, 6]
+    let split = t.view(&[2, 3, 4]);
+    assert!(split.shares_storage_with(&x));
+    assert_eq!(split.stride(), vec![3, 1, 6]);
+    // Flattening it needs a copy: view refuses, reshape copies.
+    assert!(t.try_view(&[24]).is_err());
+    let r = t.reshape(&[24]);
+    assert!(!r.shares_storage_with(&x));
+    let want: Vec<f64> = (0..24).map(|i| data[(i % 4) * 6 + i / 4]).collect();
+    assert_eq!(r.to_vec::<f64>(), want);
+    assert_eq!(t.flatten().to_vec::<f64>(), want);
+    assert_eq!(x.flatten().dims(), &[24]);
+    assert!(x.flatten().shares_storage_with(&x));
+}
+
+#[test]
+fn squeeze_unsqueeze_expand_narrow_t() {
+    let (data, x) = iota(&[3, 1, 4]);
+    assert_eq!(x.squeeze(1).dims(), &[3, 4]);
+    assert_eq!(x.squeeze(0).dims(), &[3, 1, 4], "squeezing a dimension of size 3 is a no-op");
+    assert_eq!(x.squeeze_all().dims(), &[3, 4]);
+    assert_eq!(x.unsqueeze(0).dims(), &[1, 3, 1, 4]);
+    assert_eq!(x.unsqueeze(3).dims(), &[3, 1, 4, 1]);
+    let e = x.expand(&[2, 3, 5, 4]);
+    let want: Vec<f64> = (0..2 * 3 * 5 * 4)
+        .map(|flat| {
+            let i = unravel(flat, &[2, 3, 5, 4]);
+            data[i[1] * 4 + i[3]]
+        })
+        .collect();
+    assert_eq!(e.to_vec::<f64>(), want);
+    let n = x.narrow(-1, 1, 2).narrow(0, 1, 2);
+    assert_eq!(n.to_vec::<f64>(), vec![5.0, 6.0, 9.0, 10.0]);
+    let (_, m) = iota(&[2, 3]);
+    assert_eq!(m.t().to_vec::<i64>(), vec![0, 3, 1, 4, 2, 5]);
+    let v = Tensor::arange(0i64, 3, 1);
+    assert_eq!(v.t().dims(), &[3]);
+}
+
+#[test]
+fn views_of_pending_results_compute_once() {
+    let x = Tensor::arange(0.0f64, 12.0, 1.0).view(&[3, 4]);
+    let y = (&x * 2.0).exp();
+    let yt = y.t();
+    let z = (&yt + 1.0).sum();
+    let total: f64 = (0..12).map(|v| (2.0 * v as f64).exp() + 1.0).sum();
+    assert!((z.item::<f64>() - total).abs() < 1e-9 * total);
+    // y was referenced by a live handle while z was computed, so it was stored then.
+    let want: Vec<f64> = (0..12).map(|v| (2.0 * v as f64).exp()).collect();
+    assert_eq!(y.to_vec::<f64>(), want);
+}
+
+#[test]
+fn zero_size_tensors_move_and_compute() {
+    let x = Tensor::zeros([0, 3]);
+    assert_eq!(x.t().dims(), &[3, 0]);
+    assert_eq!(x.reshape(&[3, 1, 0]).dims(), &[3, 1, 0]);
+    // As in PyTorch, -1 is ambiguous next to a zero-size dimension.
+    assert!(x.try_reshape(&[3, -1, 0]).is_err());
+    assert_eq!((&x + 1.0).to_vec::<f32>(), Vec::<f32>::new());
+    assert_eq!(x.sum().item::<f32>(), 0.0);
+    assert_eq!(x.sum_dim(0, false).to_vec::<f32>(), vec![0.0, 0.0, 0.0]);
+}

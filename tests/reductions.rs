@@ -1,0 +1,174 @@
+//! Reductions against plain f64 loops, over every subset of dimensions, with and without
+//! `keepdim`, on contiguous and non-contiguous inputs.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// Reduces `data` (shape `shape`) over `axes` with `f`, starting from `init`; the result has
+/// the reduced axes kept as size 1.
+fn reference(
+    data: &[f64],
+    shape: &[usize],
+    axes: &[usize],
+    init: f64,
+    f: impl Fn(f64, f64) -> f64,
+) -> (Vec<usize>, Vec<f64>) {
+    let out_shape: Vec<usize> =
+        shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let mut out = vec![init; out_shape.iter().product()];
+    for (flat, &v) in data.iter().enumerate() {
+        let mut idx = unravel(flat, shape);
+        for &a in axes {
+            idx[a] = 0;
+        }
+        let o = ravel(&idx, &out_shape);
+        out[o] = f(out[o], v);
+    }
+    (out_shape, out)
+}
+
+fn squeezed(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+    shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+}
+
+fn subsets(rank: usize) -> Vec<Vec<usize>> {
+    (1..1u32 << rank).map(|m| (0..rank).filter(|&i| m & (1 << i) != 0).collect()).collect()
+}
+
+#[test]
+fn sum_over_every_subset_of_dims() {
+    let mut rng = Rng::new(21);
+    for shape in [&[5usize][..], &[3, 4], &[2, 3, 5], &[4, 1, 3], &[3, 0]] {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::U8, DType::Bool] {
+            for layout in LAYOUTS {
+                let data = values(&mut rng, shape.iter().product(), dtype);
+                let x = make(&data, shape, dtype, layout);
+                let out_dtype = if dtype.is_float() { dtype } else { DType::I64 };
+                for axes in subsets(shape.len()) {
+                    let (kept, want) = reference(&data, shape, &axes, 0.0, |a, b| a + b);
+                    let want: Vec<f64> = want.iter().map(|&v| round_to(out_dtype, v)).collect();
+                    let dims: Vec<i64> =
+                        axes.iter().map(|&a| a as i64 - shape.len() as i64).collect();
+                    let context = format!("sum {dtype} {shape:?} {layout:?} over {axes:?}");
+                    let k = x.sum_dim(dims.clone(), true);
+                    assert_eq!(k.dims(), kept.as_slice(), "{context}");
+                    // A float sum of n values rounds once in the reference and once per
+                    // partial sum at most in kiln.
+                    let tol = tolerance(out_dtype) * shape.iter().product::<usize>().max(1) as f64;
+                    assert_close_tol(&read(&k, out_dtype), &want, tol, &context);
+                    let s = x.sum_dim(dims, false);
+                    assert_eq!(s.dims(), squeezed(shape, &axes).as_slice(), "{context}");
+                    assert_close_tol(&read(&s, out_dtype), &want, tol, &context);
+                }
+                let total: f64 = data.iter().sum();
+                let all = x.sum();
+                assert_eq!(all.ndim(), 0);
+                assert_close_tol(
+                    &read(&all, out_dtype),
+                    &[round_to(out_dtype, total)],
+                    tolerance(out_dtype) * 64.0,
+                    "sum()",
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mean_of_floats() {
+    let mut rng = Rng::new(22);
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for layout in LAYOUTS {
+            let shape = [4usize, 6];
+            let data = values(&mut rng, 24, dtype);
+            let x = make(&data, &shape, dtype, layout);
+            for axes in subsets(2) {
+                let n: usize = axes.iter().map(|&a| shape[a]).product();
+                let (_, sums) = reference(&data, &shape, &axes, 0.0, |a, b| a + b);
+                let want: Vec<f64> = sums.iter().map(|s| round_to(dtype, s / n as f64)).collect();
+                let dims: Vec<usize> = axes.clone();
+                let got = read(&x.mean_dim(dims, false), dtype);
+                assert_close_tol(
+                    &got,
+                    &want,
+                    tolerance(dtype) * 8.0,
+                    &format!("mean {dtype} {layout:?} {axes:?}"),
+                );
+            }
+            let want = round_to(dtype, data.iter().sum::<f64>() / 24.0);
+            assert_close_tol(&read(&x.mean(), dtype), &[want], tolerance(dtype) * 8.0, "mean()");
+        }
+    }
+    assert!(Tensor::zeros([0]).mean().item::<f32>().is_nan());
+}
+
+#[test]
+fn max_min_and_their_indices() {
+    let mut rng = Rng::new(23);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32, DType::U8] {
+        for layout in LAYOUTS {
+            let shape = [3usize, 5, 4];
+            let data = values(&mut rng, 60, dtype);
+            let x = make(&data, &shape, dtype, layout);
+            assert_eq!(
+                read(&x.max(), dtype),
+                vec![data.iter().copied().fold(f64::NEG_INFINITY, f64::max)]
+            );
+            assert_eq!(
+                read(&x.min(), dtype),
+                vec![data.iter().copied().fold(f64::INFINITY, f64::min)]
+            );
+            for dim in 0..3 {
+                let (_, maxes) = reference(&data, &shape, &[dim], f64::NEG_INFINITY, f64::max);
+                let (_, mins) = reference(&data, &shape, &[dim], f64::INFINITY, f64::min);
+                let (v, i) = x.max_dim(dim as i64, false);
+                assert_eq!(read(&v, dtype), maxes, "max_dim {dtype} {layout:?} {dim}");
+                let (vmin, imin) = x.min_dim(dim as i64 - 3, true);
+                assert_eq!(vmin.dims()[dim], 1);
+                assert_eq!(read(&vmin, dtype), mins);
+                // The index is the first position along `dim` holding the extreme value.
+                let idx = i.to_vec::<i64>();
+                let idx_min = imin.to_vec::<i64>();
+                let out_shape = squeezed(&shape, &[dim]);
+                for (o, (&k, &kmin)) in idx.iter().zip(&idx_min).enumerate() {
+                    let mut full = unravel(o, &out_shape);
+                    full.insert(dim, 0);
+                    let along: Vec<f64> = (0..shape[dim])
+                        .map(|j| {
+                            full[dim] = j;
+                            data[ravel(&full, &shape)]
+                        })
+                        .collect();
+                    let first_max = along.iter().position(|&a| a == maxes[o]).unwrap() as i64;
+                    let first_min = along.iter().position(|&a| a == mins[o]).unwrap() as i64;
+                    assert_eq!(
+                        (k, kmin),
+                        (first_max, first_min),
+                        "indices {dtype} {layout:?} dim {dim} at {o}"
+                    );
+                }
+                assert_eq!(x.argmax(dim as i64, false).to_vec::<i64>(), idx);
+                assert_eq!(x.argmin(dim as i64, true).to_vec::<i64>(), idx_min);
+            }
+        }
+    }
+}
+
+#[test]
+fn max_propagates_nan_and_argmax_points_at_it() {
+    let x = Tensor::from_vec(vec![1.0f32, f32::NAN, 3.0, 2.0], [2, 2]);
+    assert!(x.max().item::<f32>().is_nan());
+    let (v, i) = x.max_dim(1, false);
+    let v = v.to_vec::<f32>();
+    assert!(v[0].is_nan() && v[1] == 3.0);
+    assert_eq!(i.to_vec::<i64>(), vec![1, 0]);
+}
+
+#[test]
+fn sums_of_integers_wrap_like_i64() {
+    let x = Tensor::from_vec(vec![i64::MAX, 1], [2]);
+    assert_eq!(x.sum().item::<i64>(), i64::MIN);
+    let b = Tensor::from_vec(vec![true, true, false], [3]);
+    assert_eq!(b.sum().item::<i64>(), 2);
+}
