@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod debug;
 mod error;
 mod lazy;
 mod random;

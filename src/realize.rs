@@ -26,6 +26,12 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
     Ok(())
 }
 
+/// The graph that realizing `targets` would run, without running it.
+pub(crate) fn pending_graph(targets: &[Arc<LazyNode>]) -> Result<Graph> {
+    let captured = capture(targets);
+    Ok(build_graph(&captured, targets)?.0)
+}
+
 struct Captured {
     /// The nodes in topological order (inputs first).
     nodes: Vec<Arc<LazyNode>>,

@@ -7,6 +7,7 @@ mod construction;
 mod display;
 mod elementwise;
 mod errors;
+mod graph;
 mod linalg;
 mod memory;
 mod movement;

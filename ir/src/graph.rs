@@ -1,6 +1,5 @@
 //! The graph of ops that one realization runs, built on petgraph.
 
-use std::fmt::Write as _;
 use std::panic::Location;
 
 use petgraph::Direction;
@@ -208,26 +207,24 @@ impl Graph {
         Ok(())
     }
 
-    /// The graph in Graphviz DOT: one box per node with its op, shape and dtype; outputs
-    /// drawn bold; edges labelled with the argument position when an op has several.
+    /// The graph in Graphviz DOT (through petgraph's `Dot`): one box per node with its
+    /// index, op, shape and dtype; outputs drawn bold; edges labelled with the argument
+    /// position when an op has several.
     pub fn to_dot(&self) -> String {
-        let mut s = String::from("digraph kiln {\n    node [shape=box, fontname=\"monospace\"];\n");
-        for id in self.topo_order() {
-            let n = &self.graph[id];
+        use petgraph::dot::{Config, Dot};
+        let node_attrs = |_, (id, n): (NodeId, &Node)| {
             let style = if self.outputs.contains(&id) { ", style=bold" } else { "" };
-            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype)
-                .replace('"', "\\\"");
-            let _ = writeln!(s, "    n{} [label=\"{label}\"{style}];", id.index());
-        }
-        for id in self.topo_order() {
-            let args = self.args(id);
-            for (slot, a) in args.iter().enumerate() {
-                let label =
-                    if args.len() > 1 { format!(" [label=\"{slot}\"]") } else { String::new() };
-                let _ = writeln!(s, "    n{} -> n{}{label};", a.index(), id.index());
+            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype).replace('"', "\\\"");
+            format!("label=\"{label}\", shape=box{style}")
+        };
+        let edge_attrs = |_, e: petgraph::stable_graph::EdgeReference<'_, usize>| {
+            if self.graph.edges_directed(e.target(), Direction::Incoming).count() > 1 {
+                format!("label=\"{}\"", e.weight())
+            } else {
+                String::new()
             }
-        }
-        s.push_str("}\n");
-        s
+        };
+        let dot = Dot::with_attr_getters(&self.graph, &[Config::NodeNoLabel, Config::EdgeNoLabel], &edge_attrs, &node_attrs);
+        format!("{dot:?}")
     }
 }
