@@ -18,6 +18,9 @@ pub fn graph_dot(tensors: &[&Tensor]) -> String {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
     match crate::realize::pending_graph(&nodes) {
         Ok(g) => g.to_dot(),
-        Err(e) => format!("digraph kiln {{\n    error [label=\"{}\"];\n}}\n", e.to_string().replace('"', "\\\"")),
+        Err(e) => format!(
+            "digraph kiln {{\n    error [label=\"{}\"];\n}}\n",
+            e.to_string().replace('"', "\\\"")
+        ),
     }
 }

@@ -59,6 +59,15 @@ pub enum Error {
         /// The devices involved and the fix.
         detail: String,
     },
+    /// Misuse of autograd: backward through a freed graph, gradients of a tensor that does
+    /// not require them, changing the flag of a non-leaf.
+    #[error("{op}: {detail}")]
+    Autograd {
+        /// The call.
+        op: &'static str,
+        /// What went wrong and the fix.
+        detail: String,
+    },
     /// A failure while running a graph: out of memory, an unavailable backend.
     #[error(transparent)]
     Runtime(#[from] RunError),

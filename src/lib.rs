@@ -26,6 +26,9 @@
 //!   promotion), math functions, comparisons, reductions, matrix products and views.
 //! - [`DType`], [`Shape`], [`Device`]: element types, shapes and devices.
 //! - [`Error`]: every failure, with `try_` forms of every fallible operation.
+//! - [`autograd`]: symbolic reverse-mode differentiation: [`Tensor::backward`], [`grad`]
+//!   (higher-order too), [`no_grad`].
+//! - [`debug`]: the recorded graph as Graphviz DOT.
 //! - [`manual_seed`]: deterministic random numbers.
 //!
 //! ## Design
@@ -40,6 +43,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod autograd;
 pub mod debug;
 mod error;
 mod lazy;
@@ -47,6 +51,10 @@ mod random;
 mod realize;
 mod tensor;
 
+pub use autograd::{
+    BackwardOptions, GradModeGuard, NoGradGuard, enable_grad, grad, inference_mode,
+    is_grad_enabled, no_grad, try_grad,
+};
 pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{Device, RunError, RuntimeError};
@@ -55,5 +63,7 @@ pub use tensor::{Dims, Operand, Tensor};
 
 /// The names most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
-    pub use crate::{DType, Device, Error, Result, Shape, Tensor};
+    pub use crate::{
+        BackwardOptions, DType, Device, Error, NoGradGuard, Result, Shape, Tensor, no_grad,
+    };
 }

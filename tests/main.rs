@@ -3,6 +3,7 @@
 
 mod common;
 
+mod autograd;
 mod construction;
 mod display;
 mod elementwise;

@@ -214,7 +214,8 @@ impl Graph {
         use petgraph::dot::{Config, Dot};
         let node_attrs = |_, (id, n): (NodeId, &Node)| {
             let style = if self.outputs.contains(&id) { ", style=bold" } else { "" };
-            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype).replace('"', "\\\"");
+            let label = format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype)
+                .replace('"', "\\\"");
             format!("label=\"{label}\", shape=box{style}")
         };
         let edge_attrs = |_, e: petgraph::stable_graph::EdgeReference<'_, usize>| {
@@ -224,7 +225,12 @@ impl Graph {
                 String::new()
             }
         };
-        let dot = Dot::with_attr_getters(&self.graph, &[Config::NodeNoLabel, Config::EdgeNoLabel], &edge_attrs, &node_attrs);
+        let dot = Dot::with_attr_getters(
+            &self.graph,
+            &[Config::NodeNoLabel, Config::EdgeNoLabel],
+            &edge_attrs,
+            &node_attrs,
+        );
         format!("{dot:?}")
     }
 }

@@ -8,12 +8,14 @@
 //! - [`Op`]: the closed set of primitive ops, with shape and dtype inference ([`Op::infer`]).
 //! - [`Graph`]: a petgraph dataflow graph of ops, with a deterministic topological order,
 //!   verification and Graphviz export.
+//! - [`autodiff`]: the gradient rule of every op, written against an abstract builder.
 //! - [`random`]: the counter-based generator behind random fills.
 //!
 //! This crate has no `unsafe`, no threads and no IO: backends and the runtime build on it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod autodiff;
 mod dtype;
 mod error;
 mod graph;

@@ -149,6 +149,15 @@ pub enum Op {
     /// Reads the input's dense row-major buffer through a view: permutes, broadcasts, slices
     /// and reshapes are all this one op, and become index arithmetic when fused.
     View(View),
+    /// The adjoint of [`Op::View`]: a zero tensor of `shape` into which every input element
+    /// is added at the position the view maps it to. Elements that a broadcast view reads
+    /// several times receive the sum of their copies. This is the gradient of a view.
+    Unview {
+        /// The view whose adjoint this is; its shape is the input's shape.
+        view: View,
+        /// The result's shape (the shape the view reads from).
+        shape: Shape,
+    },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
 }
@@ -166,6 +175,7 @@ impl Op {
             Op::Cast(_) => "cast",
             Op::Reduce { op, .. } => op.name(),
             Op::View(_) => "view",
+            Op::Unview { .. } => "unview",
             Op::MatMul => "matmul",
         }
     }
@@ -179,7 +189,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input | Op::Full(_) | Op::Random { .. } => 0,
-            Op::Unary(_) | Op::Cast(_) | Op::Reduce { .. } | Op::View(_) => 1,
+            Op::Unary(_) | Op::Cast(_) | Op::Reduce { .. } | Op::View(_) | Op::Unview { .. } => 1,
             Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
         }
@@ -335,6 +345,16 @@ impl Op {
                 }
                 Ok((view.shape().clone(), dtype))
             }
+            Op::Unview { view, shape } => {
+                let (input, dtype) = inputs[0];
+                if input != view.shape() || view.span() > shape.numel() {
+                    return Err(IrError::InvalidGraph(format!(
+                        "unview of {view} takes {} into {shape}, got an input of shape {input}",
+                        view.shape()
+                    )));
+                }
+                Ok((shape.clone(), dtype))
+            }
             Op::MatMul => {
                 let (sa, da) = inputs[0];
                 let (sb, db) = inputs[1];
@@ -380,6 +400,9 @@ impl fmt::Display for Op {
             Op::Cast(d) => write!(f, "cast({d})"),
             Op::Reduce { op, axes } => write!(f, "{}{axes:?}", op.name()),
             Op::View(v) => write!(f, "view(strides {:?}, offset {})", v.strides(), v.offset()),
+            Op::Unview { view, .. } => {
+                write!(f, "unview(strides {:?}, offset {})", view.strides(), view.offset())
+            }
             other => f.write_str(other.name()),
         }
     }

@@ -222,6 +222,23 @@ fn eval(
             Values::I(v) => Values::I(view.offsets().map(|o| v[o]).collect()),
             Values::B(v) => Values::B(view.offsets().map(|o| v[o]).collect()),
         },
+        Op::Unview { view, .. } => match args[0] {
+            Values::F(v) => {
+                let mut out = vec![0.0; n];
+                view.offsets().zip(v).for_each(|(o, &x)| out[o] += x);
+                Values::F(out)
+            }
+            Values::I(v) => {
+                let mut out = vec![0i64; n];
+                view.offsets().zip(v).for_each(|(o, &x)| out[o] = out[o].wrapping_add(x));
+                Values::I(out)
+            }
+            Values::B(v) => {
+                let mut out = vec![false; n];
+                view.offsets().zip(v).for_each(|(o, &x)| out[o] |= x);
+                Values::B(out)
+            }
+        },
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
     }
 }

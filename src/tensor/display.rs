@@ -52,6 +52,11 @@ impl fmt::Display for Tensor {
         if self.device() != kiln_runtime::Device::Cpu {
             suffix.push(format!("device='{}'", self.device()));
         }
+        match self.grad_fn_name() {
+            Some(name) => suffix.push(format!("grad_fn=<{name}>")),
+            None if self.requires_grad() => suffix.push("requires_grad=True".into()),
+            None => {}
+        }
         write!(f, "tensor({body}")?;
         for s in suffix {
             write!(f, ", {s}")?;

@@ -17,6 +17,7 @@ use kiln_runtime::{Buffer, Device};
 pub use arith::Operand;
 pub use reduce::Dims;
 
+use crate::autograd::AutogradMeta;
 use crate::lazy::LazyNode;
 use crate::{Error, Result};
 
@@ -42,11 +43,12 @@ use crate::{Error, Result};
 /// assert_eq!(x.t().stride(), vec![1, 3]);
 /// ```
 #[derive(Clone)]
-pub struct Tensor(Arc<TensorInner>);
+pub struct Tensor(pub(crate) Arc<TensorInner>);
 
-struct TensorInner {
+pub(crate) struct TensorInner {
     storage: Arc<Storage>,
     view: View,
+    pub(crate) autograd: Mutex<AutogradMeta>,
 }
 
 /// The data that views share: the node that produces it, dense and row-major.
@@ -70,7 +72,11 @@ impl Tensor {
     /// A tensor owning the result of a new node, viewed densely.
     pub(crate) fn from_node(node: Arc<LazyNode>) -> Tensor {
         let view = View::contiguous(node.shape.clone());
-        Tensor(Arc::new(TensorInner { storage: Storage::new(node), view }))
+        Tensor(Arc::new(TensorInner {
+            storage: Storage::new(node),
+            view,
+            autograd: Mutex::default(),
+        }))
     }
 
     /// A tensor over an already computed buffer.
@@ -79,9 +85,13 @@ impl Tensor {
         Tensor::from_node(LazyNode::realized(buffer, shape, Location::caller()))
     }
 
-    /// Another view of the same storage.
+    /// Another view of the same storage, with no autograd history.
     pub(crate) fn with_view(&self, view: View) -> Tensor {
-        Tensor(Arc::new(TensorInner { storage: self.0.storage.clone(), view }))
+        Tensor(Arc::new(TensorInner {
+            storage: self.0.storage.clone(),
+            view,
+            autograd: Mutex::default(),
+        }))
     }
 
     pub(crate) fn storage(&self) -> &Arc<Storage> {
@@ -119,14 +129,19 @@ impl Tensor {
         let nodes: Vec<Arc<LazyNode>> = inputs.iter().map(|t| t.node()).collect();
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
         let (shape, dtype) = op.infer(&typed)?;
-        Ok(Tensor::from_node(LazyNode::pending(
+        let grad_op = crate::autograd::wants_grad(&op, dtype, inputs).then(|| op.clone());
+        let out = Tensor::from_node(LazyNode::pending(
             op,
             nodes,
             shape,
             dtype,
             device,
             Location::caller(),
-        )))
+        ));
+        if let Some(op) = grad_op {
+            crate::autograd::attach(&out, op, inputs);
+        }
+        Ok(out)
     }
 
     /// Records a leaf op (a fill) with the given shape and dtype.

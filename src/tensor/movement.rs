@@ -1,15 +1,23 @@
 //! Movement ops: new views of the same storage, and copies where a view is impossible.
 
-use kiln_ir::{Shape, View, normalize_axis};
+use kiln_ir::{Op, Shape, View, normalize_axis};
 
 use super::Tensor;
 use crate::error::ok;
 use crate::{Error, Result};
 
 impl Tensor {
-    /// A view with `view`'s layout over the same storage (no work recorded).
-    fn restrided(&self, view: View) -> Tensor {
-        self.with_view(view)
+    /// A new view of the same storage, with layout `f(layout)`. No data op is recorded; for
+    /// autograd the view is the `View` op that `f` makes of a dense tensor of this shape.
+    #[track_caller]
+    pub(crate) fn restrided(&self, f: impl Fn(&View) -> View) -> Tensor {
+        let out = self.with_view(f(self.layout()));
+        crate::autograd::record(
+            &out,
+            || Op::View(f(&View::contiguous(self.shape().clone()))),
+            &[self],
+        );
+        out
     }
 
     /// Broadcasts to `shape`, which the caller has checked.
@@ -17,7 +25,7 @@ impl Tensor {
         if self.shape() == shape {
             return self.clone();
         }
-        self.restrided(self.layout().expand(shape))
+        self.restrided(|v| v.expand(shape))
     }
 
     /// A dense copy in a new storage, or this tensor itself when it is already contiguous
@@ -38,7 +46,9 @@ impl Tensor {
         if self.is_contiguous() {
             return self.clone();
         }
-        Tensor::from_node(self.node())
+        let out = Tensor::from_node(self.node());
+        crate::autograd::record(&out, || Op::View(View::contiguous(self.shape().clone())), &[self]);
+        out
     }
 
     /// The same elements with a new shape, sharing storage; one dimension may be `-1` and is
@@ -71,7 +81,7 @@ impl Tensor {
     pub fn try_view(&self, shape: &[i64]) -> Result<Tensor> {
         let shape = infer_shape("view", self.shape(), shape)?;
         match self.layout().reshape(&shape) {
-            Some(v) => Ok(self.restrided(v)),
+            Some(_) => Ok(self.restrided(|v| v.reshape(&shape).expect("checked just above"))),
             None => Err(Error::shape(
                 "view",
                 format!(
@@ -107,16 +117,10 @@ impl Tensor {
     #[track_caller]
     pub fn try_reshape(&self, shape: &[i64]) -> Result<Tensor> {
         let shape = infer_shape("reshape", self.shape(), shape)?;
+        let reshape = |v: &View| v.reshape(&shape).expect("checked, or contiguous, so it reshapes");
         Ok(match self.layout().reshape(&shape) {
-            Some(v) => self.restrided(v),
-            None => {
-                let dense = self.contiguous();
-                let v = dense
-                    .layout()
-                    .reshape(&shape)
-                    .expect("a contiguous layout reshapes to any shape of its size");
-                dense.restrided(v)
-            }
+            Some(_) => self.restrided(reshape),
+            None => self.contiguous().restrided(reshape),
         })
     }
 
@@ -168,7 +172,7 @@ impl Tensor {
             }
             perm.push(d);
         }
-        Ok(self.restrided(self.layout().permute(&perm)))
+        Ok(self.restrided(|v| v.permute(&perm)))
     }
 
     /// Swaps two dimensions (negative counts from the end). Shares storage.
@@ -192,7 +196,7 @@ impl Tensor {
         let b = normalize_axis("transpose", dim1, rank)?;
         let mut perm: Vec<usize> = (0..rank).collect();
         perm.swap(a, b);
-        Ok(self.restrided(self.layout().permute(&perm)))
+        Ok(self.restrided(|v| v.permute(&perm)))
     }
 
     /// The transpose of a matrix (tensors of rank 0 and 1 are returned as they are).
@@ -242,7 +246,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_unsqueeze(&self, dim: i64) -> Result<Tensor> {
         let d = normalize_axis("unsqueeze", dim, self.ndim() + 1)?;
-        Ok(self.restrided(self.layout().unsqueeze(d)))
+        Ok(self.restrided(|v| v.unsqueeze(d)))
     }
 
     /// Removes dimension `dim` if its size is 1 (otherwise returns the tensor unchanged, as
@@ -263,23 +267,15 @@ impl Tensor {
     #[track_caller]
     pub fn try_squeeze(&self, dim: i64) -> Result<Tensor> {
         let d = normalize_axis("squeeze", dim, self.ndim())?;
-        Ok(if self.dims()[d] == 1 {
-            self.restrided(self.layout().squeeze(d))
-        } else {
-            self.clone()
-        })
+        Ok(if self.dims()[d] == 1 { self.restrided(|v| v.squeeze(d)) } else { self.clone() })
     }
 
     /// Removes every dimension of size 1. Shares storage.
     #[must_use]
+    #[track_caller]
     pub fn squeeze_all(&self) -> Tensor {
-        let mut view = self.layout().clone();
-        for d in (0..self.ndim()).rev() {
-            if self.dims()[d] == 1 {
-                view = view.squeeze(d);
-            }
-        }
-        self.restrided(view)
+        let ones: Vec<usize> = (0..self.ndim()).filter(|&d| self.dims()[d] == 1).collect();
+        self.restrided(|v| ones.iter().rev().fold(v.clone(), |v, &d| v.squeeze(d)))
     }
 
     /// Broadcasts to `shape` without copying (broadcast dimensions get stride 0); `-1` keeps
@@ -375,7 +371,7 @@ impl Tensor {
                 ),
             ));
         }
-        Ok(self.restrided(self.layout().narrow(d, start, len)))
+        Ok(self.restrided(|v| v.narrow(d, start, len)))
     }
 }
 

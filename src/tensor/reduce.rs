@@ -68,11 +68,7 @@ impl Tensor {
         if keepdim {
             return Ok(kept);
         }
-        let mut view = kept.layout().clone();
-        for &a in axes.iter().rev() {
-            view = view.squeeze(a);
-        }
-        Ok(kept.with_view(view))
+        Ok(kept.restrided(|v| axes.iter().rev().fold(v.clone(), |v, &a| v.squeeze(a))))
     }
 
     /// Integers and bools sum as `i64`, as in PyTorch.

@@ -1,0 +1,343 @@
+//! Vector-Jacobian products: the gradient rule of every primitive op, as more ops.
+//!
+//! The rules are written against [`GradBuilder`], an abstract way of recording ops, so they
+//! know nothing of tensors or buffers: the tensor layer implements the builder over lazy
+//! tensors, which makes every gradient itself a recorded (and differentiable) program. That
+//! is what gives higher-order derivatives for free.
+//!
+//! Conventions follow PyTorch's `derivatives.yaml` where it makes a choice: `relu` and `abs`
+//! have gradient 0 at 0; `maximum`/`minimum` split the gradient evenly on ties; `max`/`min`
+//! reductions divide it evenly among the tied extremes; `pow` has no gradient through a zero
+//! exponent, and none through the exponent where the base is 0 and the exponent is
+//! non-negative.
+
+use crate::{BinaryOp, DType, IrError, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
+
+/// Records ops for gradient rules. Implemented by the tensor layer over lazy tensors.
+pub trait GradBuilder {
+    /// A value: the handle the builder records ops on.
+    type Node: Clone;
+    /// The builder's error; shape and dtype inference errors convert into it.
+    type Error: From<IrError>;
+
+    /// The shape of a value.
+    fn shape(&self, n: &Self::Node) -> Shape;
+    /// The dtype of a value.
+    fn dtype(&self, n: &Self::Node) -> DType;
+    /// Records `op` over `inputs`.
+    fn op(&mut self, op: Op, inputs: &[Self::Node]) -> Result<Self::Node, Self::Error>;
+    /// Records a leaf op (`Full`) of the given shape and dtype.
+    fn leaf(&mut self, op: Op, shape: Shape, dtype: DType) -> Result<Self::Node, Self::Error>;
+}
+
+/// The gradient of each input of `op`, given the op's inputs and the gradient `grad` of its
+/// result (same shape and dtype as the result). `None` means the input gets no gradient
+/// (indices, masks, integer inputs, ops that are piecewise constant).
+///
+/// # Errors
+/// Whatever the builder reports while recording.
+pub fn vjp<B: GradBuilder>(
+    b: &mut B,
+    op: &Op,
+    inputs: &[B::Node],
+    grad: &B::Node,
+) -> Result<Vec<Option<B::Node>>, B::Error> {
+    let g = grad.clone();
+    let mut r = Rules { b };
+    Ok(match op {
+        Op::Input | Op::Full(_) | Op::Random { .. } => Vec::new(),
+        Op::Unary(u) => vec![r.unary(*u, &inputs[0], g)?],
+        Op::Binary(bop) => {
+            let (x, y) = (&inputs[0], &inputs[1]);
+            r.binary(*bop, x, y, g)?
+        }
+        Op::Where => {
+            let (c, a) = (&inputs[0], &inputs[1]);
+            let zero = r.full_like(0.0, a)?;
+            vec![None, Some(r.select(c, &g, &zero)?), Some(r.select(c, &zero, &g)?)]
+        }
+        Op::Cast(_) => {
+            let from = r.b.dtype(&inputs[0]);
+            if from.is_float() { vec![Some(r.b.op(Op::Cast(from), &[g])?)] } else { vec![None] }
+        }
+        Op::Reduce { op, axes } => vec![r.reduce(*op, axes, &inputs[0], g)?],
+        Op::View(view) => {
+            let shape = r.b.shape(&inputs[0]);
+            vec![Some(r.b.op(Op::Unview { view: view.clone(), shape }, &[g])?)]
+        }
+        Op::Unview { view, .. } => vec![Some(r.b.op(Op::View(view.clone()), &[g])?)],
+        Op::MatMul => {
+            let (x, y) = (&inputs[0], &inputs[1]);
+            let xt = r.transpose_last(x)?;
+            let yt = r.transpose_last(y)?;
+            vec![Some(r.b.op(Op::MatMul, &[g.clone(), yt])?), Some(r.b.op(Op::MatMul, &[xt, g])?)]
+        }
+    })
+}
+
+/// Whether `op` passes gradients to any input at all.
+pub fn is_differentiable(op: &Op) -> bool {
+    match op {
+        Op::Input | Op::Full(_) | Op::Random { .. } => false,
+        Op::Unary(u) => {
+            !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
+        }
+        Op::Binary(b) => !b.is_comparison() && !matches!(b, BinaryOp::And | BinaryOp::Or),
+        Op::Reduce { op, .. } => !matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin),
+        Op::Cast(to) => to.is_float(),
+        Op::Where | Op::View(_) | Op::Unview { .. } | Op::MatMul => true,
+    }
+}
+
+/// The rules, with small helpers that keep them readable.
+struct Rules<'a, B: GradBuilder> {
+    b: &'a mut B,
+}
+
+impl<B: GradBuilder> Rules<'_, B> {
+    fn un(&mut self, op: UnaryOp, x: &B::Node) -> Result<B::Node, B::Error> {
+        self.b.op(Op::Unary(op), std::slice::from_ref(x))
+    }
+
+    fn bin(&mut self, op: BinaryOp, x: &B::Node, y: &B::Node) -> Result<B::Node, B::Error> {
+        self.b.op(Op::Binary(op), &[x.clone(), y.clone()])
+    }
+
+    fn mul(&mut self, x: &B::Node, y: &B::Node) -> Result<B::Node, B::Error> {
+        self.bin(BinaryOp::Mul, x, y)
+    }
+
+    fn full_like(&mut self, v: f64, like: &B::Node) -> Result<B::Node, B::Error> {
+        let (shape, dtype) = (self.b.shape(like), self.b.dtype(like));
+        self.b.leaf(Op::Full(Scalar::F64(v)), shape, dtype)
+    }
+
+    /// `x * v` for a constant `v`.
+    fn scale(&mut self, x: &B::Node, v: f64) -> Result<B::Node, B::Error> {
+        let c = self.full_like(v, x)?;
+        self.mul(x, &c)
+    }
+
+    fn select(&mut self, c: &B::Node, a: &B::Node, b: &B::Node) -> Result<B::Node, B::Error> {
+        self.b.op(Op::Where, &[c.clone(), a.clone(), b.clone()])
+    }
+
+    /// `g` where `mask`, 0 elsewhere.
+    fn masked(&mut self, mask: &B::Node, g: &B::Node) -> Result<B::Node, B::Error> {
+        let zero = self.full_like(0.0, g)?;
+        self.select(mask, g, &zero)
+    }
+
+    fn cmp_const(&mut self, op: BinaryOp, x: &B::Node, v: f64) -> Result<B::Node, B::Error> {
+        let c = self.full_like(v, x)?;
+        self.bin(op, x, &c)
+    }
+
+    fn transpose_last(&mut self, x: &B::Node) -> Result<B::Node, B::Error> {
+        let shape = self.b.shape(x);
+        let r = shape.rank();
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        self.b.op(Op::View(View::contiguous(shape).permute(&perm)), std::slice::from_ref(x))
+    }
+
+    /// Broadcasts a reduced value (reduced axes kept as 1) back to `shape`.
+    fn expand_to(&mut self, x: &B::Node, shape: &Shape) -> Result<B::Node, B::Error> {
+        let view = View::contiguous(self.b.shape(x)).expand(shape);
+        self.b.op(Op::View(view), std::slice::from_ref(x))
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: &B::Node, g: B::Node) -> Result<Option<B::Node>, B::Error> {
+        if !self.b.dtype(x).is_float() && !matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu)
+        {
+            return Ok(None);
+        }
+        Ok(Some(match op {
+            UnaryOp::Neg => self.un(UnaryOp::Neg, &g)?,
+            UnaryOp::Abs => {
+                // sign(x) * g, with sign(0) = 0.
+                let pos = self.cmp_const(BinaryOp::Gt, x, 0.0)?;
+                let neg = self.cmp_const(BinaryOp::Lt, x, 0.0)?;
+                let ng = self.un(UnaryOp::Neg, &g)?;
+                let zero = self.full_like(0.0, &g)?;
+                let low = self.select(&neg, &ng, &zero)?;
+                self.select(&pos, &g, &low)?
+            }
+            UnaryOp::Sqrt => {
+                let s = self.un(UnaryOp::Sqrt, x)?;
+                let two_s = self.scale(&s, 2.0)?;
+                self.bin(BinaryOp::Div, &g, &two_s)?
+            }
+            UnaryOp::Exp => {
+                let e = self.un(UnaryOp::Exp, x)?;
+                self.mul(&g, &e)?
+            }
+            UnaryOp::Log => self.bin(BinaryOp::Div, &g, x)?,
+            UnaryOp::Sin => {
+                let c = self.un(UnaryOp::Cos, x)?;
+                self.mul(&g, &c)?
+            }
+            UnaryOp::Cos => {
+                let s = self.un(UnaryOp::Sin, x)?;
+                let ns = self.un(UnaryOp::Neg, &s)?;
+                self.mul(&g, &ns)?
+            }
+            UnaryOp::Tanh => {
+                // 1 - tanh(x)^2
+                let t = self.un(UnaryOp::Tanh, x)?;
+                let t2 = self.mul(&t, &t)?;
+                let one = self.full_like(1.0, x)?;
+                let d = self.bin(BinaryOp::Sub, &one, &t2)?;
+                self.mul(&g, &d)?
+            }
+            UnaryOp::Sigmoid => {
+                // s * (1 - s)
+                let s = self.un(UnaryOp::Sigmoid, x)?;
+                let one = self.full_like(1.0, x)?;
+                let c = self.bin(BinaryOp::Sub, &one, &s)?;
+                let d = self.mul(&s, &c)?;
+                self.mul(&g, &d)?
+            }
+            UnaryOp::Relu => {
+                let pos = self.cmp_const(BinaryOp::Gt, x, 0.0)?;
+                self.masked(&pos, &g)?
+            }
+            UnaryOp::Erf => {
+                // 2/sqrt(pi) * exp(-x^2)
+                let x2 = self.mul(x, x)?;
+                let nx2 = self.un(UnaryOp::Neg, &x2)?;
+                let e = self.un(UnaryOp::Exp, &nx2)?;
+                let d = self.scale(&e, std::f64::consts::FRAC_2_SQRT_PI)?;
+                self.mul(&g, &d)?
+            }
+            UnaryOp::Recip => {
+                // -g / x^2
+                let x2 = self.mul(x, x)?;
+                let q = self.bin(BinaryOp::Div, &g, &x2)?;
+                self.un(UnaryOp::Neg, &q)?
+            }
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => self.full_like(0.0, x)?,
+            UnaryOp::Not => return Ok(None),
+        }))
+    }
+
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        x: &B::Node,
+        y: &B::Node,
+        g: B::Node,
+    ) -> Result<Vec<Option<B::Node>>, B::Error> {
+        if !self.b.dtype(x).is_float() {
+            return Ok(vec![None, None]);
+        }
+        Ok(match op {
+            BinaryOp::Add => vec![Some(g.clone()), Some(g)],
+            BinaryOp::Sub => vec![Some(g.clone()), Some(self.un(UnaryOp::Neg, &g)?)],
+            BinaryOp::Mul => vec![Some(self.mul(&g, y)?), Some(self.mul(&g, x)?)],
+            BinaryOp::Div => {
+                // d/dx = g / y; d/dy = -g * x / y^2 = -(g / y) * (x / y)
+                let gx = self.bin(BinaryOp::Div, &g, y)?;
+                let q = self.bin(BinaryOp::Div, x, y)?;
+                let t = self.mul(&gx, &q)?;
+                vec![Some(gx), Some(self.un(UnaryOp::Neg, &t)?)]
+            }
+            BinaryOp::Pow => {
+                // d/dx = g * y * x^(y-1), 0 where y == 0
+                let one = self.full_like(1.0, y)?;
+                let ym1 = self.bin(BinaryOp::Sub, y, &one)?;
+                let p = self.bin(BinaryOp::Pow, x, &ym1)?;
+                let d = self.mul(y, &p)?;
+                let gd = self.mul(&g, &d)?;
+                let y_zero = self.cmp_const(BinaryOp::Eq, y, 0.0)?;
+                let zero = self.full_like(0.0, &g)?;
+                let gx = self.select(&y_zero, &zero, &gd)?;
+                // d/dy = g * x^y * ln(x), 0 where x == 0 and y >= 0
+                let r = self.bin(BinaryOp::Pow, x, y)?;
+                let l = self.un(UnaryOp::Log, x)?;
+                let rl = self.mul(&r, &l)?;
+                let gr = self.mul(&g, &rl)?;
+                let x_zero = self.cmp_const(BinaryOp::Eq, x, 0.0)?;
+                let y_nonneg = self.cmp_const(BinaryOp::Ge, y, 0.0)?;
+                let both = self.bin(BinaryOp::And, &x_zero, &y_nonneg)?;
+                let gy = self.select(&both, &zero, &gr)?;
+                vec![Some(gx), Some(gy)]
+            }
+            BinaryOp::Maximum | BinaryOp::Minimum => {
+                // The winner takes g; on a tie each side takes g / 2.
+                let wins = if op == BinaryOp::Maximum { BinaryOp::Gt } else { BinaryOp::Lt };
+                let x_wins = self.bin(wins, x, y)?;
+                let y_wins = self.bin(wins, y, x)?;
+                let tie = self.bin(BinaryOp::Eq, x, y)?;
+                let half = self.scale(&g, 0.5)?;
+                let zero = self.full_like(0.0, &g)?;
+                let tie_part = self.select(&tie, &half, &zero)?;
+                let gx = self.select(&x_wins, &g, &tie_part)?;
+                let gy = self.select(&y_wins, &g, &tie_part)?;
+                vec![Some(gx), Some(gy)]
+            }
+            _ => vec![None, None],
+        })
+    }
+
+    fn reduce(
+        &mut self,
+        op: ReduceOp,
+        axes: &[usize],
+        x: &B::Node,
+        g: B::Node,
+    ) -> Result<Option<B::Node>, B::Error> {
+        let shape = self.b.shape(x);
+        if !self.b.dtype(x).is_float() {
+            return Ok(None);
+        }
+        Ok(match op {
+            ReduceOp::Sum => Some(self.expand_to(&g, &shape)?),
+            ReduceOp::Max | ReduceOp::Min => {
+                // Evenly among the elements equal to the extreme.
+                let m =
+                    self.b.op(Op::Reduce { op, axes: axes.to_vec() }, std::slice::from_ref(x))?;
+                let me = self.expand_to(&m, &shape)?;
+                let hit = self.bin(BinaryOp::Eq, x, &me)?;
+                let dtype = self.b.dtype(x);
+                let hits = self.b.op(Op::Cast(dtype), &[hit])?;
+                let count = self.b.op(
+                    Op::Reduce { op: ReduceOp::Sum, axes: axes.to_vec() },
+                    std::slice::from_ref(&hits),
+                )?;
+                let share = self.bin(BinaryOp::Div, &g, &count)?;
+                let se = self.expand_to(&share, &shape)?;
+                Some(self.mul(&se, &hits)?)
+            }
+            ReduceOp::Prod => {
+                // The product of the other elements. With no zero along the axes that is
+                // prod / x; with exactly one zero, only the zero gets a gradient (the product
+                // of the others); with two or more, every gradient is 0.
+                let one = self.full_like(1.0, x)?;
+                let is_zero = self.cmp_const(BinaryOp::Eq, x, 0.0)?;
+                let nz = self.select(&is_zero, &one, x)?;
+                let prod_nz = self.b.op(
+                    Op::Reduce { op: ReduceOp::Prod, axes: axes.to_vec() },
+                    std::slice::from_ref(&nz),
+                )?;
+                let dtype = self.b.dtype(x);
+                let zeros_f = self.b.op(Op::Cast(dtype), std::slice::from_ref(&is_zero))?;
+                let zero_count =
+                    self.b.op(Op::Reduce { op: ReduceOp::Sum, axes: axes.to_vec() }, &[zeros_f])?;
+                let pe = self.expand_to(&prod_nz, &shape)?;
+                let ze = self.expand_to(&zero_count, &shape)?;
+                // No zeros: prod / x. One zero: the zero's gradient is prod of the others.
+                let plain = self.bin(BinaryOp::Div, &pe, &nz)?;
+                let none = self.cmp_const(BinaryOp::Eq, &ze, 0.0)?;
+                let one_zero = self.cmp_const(BinaryOp::Eq, &ze, 1.0)?;
+                let zero = self.full_like(0.0, x)?;
+                let at_zero = self.select(&one_zero, &pe, &zero)?;
+                let at_zero = self.select(&is_zero, &at_zero, &zero)?;
+                let d = self.select(&none, &plain, &at_zero)?;
+                let ge = self.expand_to(&g, &shape)?;
+                Some(self.mul(&ge, &d)?)
+            }
+            ReduceOp::ArgMax | ReduceOp::ArgMin => None,
+        })
+    }
+}

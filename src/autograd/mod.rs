@@ -1,0 +1,524 @@
+//! Symbolic autograd: backward adds gradient ops to the lazy graph.
+//!
+//! Every differentiable op on a tensor that requires grad attaches a [`GradNode`] to its
+//! result: the primitive op and its input tensors. `backward` walks these nodes in reverse
+//! topological order and applies each op's rule from [`kiln_ir::autodiff`], recording the
+//! gradient computation as ordinary lazy tensor ops; the leaf gradients are then realized
+//! together, so the backward pass is one graph. With `create_graph` the gradient ops record
+//! history themselves, which is all that higher-order derivatives need.
+
+mod check;
+mod mode;
+
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use kiln_ir::autodiff::{self, GradBuilder};
+use kiln_ir::{DType, Op, Shape};
+
+pub use check::gradcheck;
+pub use mode::{GradModeGuard, NoGradGuard, enable_grad, inference_mode, is_grad_enabled, no_grad};
+
+use crate::error::ok;
+use crate::tensor::TensorInner;
+use crate::{Error, Result, Tensor};
+
+/// A tensor's autograd state.
+#[derive(Default)]
+pub(crate) struct AutogradMeta {
+    /// Set by `requires_grad_` on a leaf.
+    requires_grad: bool,
+    /// The op that produced a non-leaf tensor.
+    grad_fn: Option<Arc<GradNode>>,
+    /// The accumulated gradient (leaves, and non-leaves that `retain_grad`).
+    grad: Option<Tensor>,
+    retain_grad: bool,
+}
+
+/// One differentiable op in the autograd graph.
+pub(crate) struct GradNode {
+    op: Op,
+    /// The op's inputs; `None` once a backward pass without `retain_graph` freed them.
+    inputs: Mutex<Option<Vec<Tensor>>>,
+    /// The tensor this node produced, for `retain_grad`.
+    output: Weak<TensorInner>,
+    /// Where the op was recorded.
+    origin: &'static Location<'static>,
+}
+
+impl GradNode {
+    fn inputs(&self) -> MutexGuard<'_, Option<Vec<Tensor>>> {
+        self.inputs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for GradNode {
+    // A long chain of results would otherwise be freed recursively (through each tensor's
+    // grad_fn), overflowing the stack: unlink it onto an explicit stack instead.
+    fn drop(&mut self) {
+        let mut stack: Vec<Tensor> =
+            self.inputs.get_mut().map(Option::take).ok().flatten().unwrap_or_default();
+        while let Some(t) = stack.pop() {
+            let Some(inner) = Arc::into_inner(t.0) else { continue };
+            let meta = inner.autograd.into_inner().unwrap_or_else(PoisonError::into_inner);
+            stack.extend(meta.grad);
+            if let Some(mut node) = meta.grad_fn.and_then(Arc::into_inner) {
+                stack.extend(
+                    node.inputs.get_mut().map(Option::take).ok().flatten().unwrap_or_default(),
+                );
+            }
+        }
+    }
+}
+
+fn meta(t: &Tensor) -> MutexGuard<'_, AutogradMeta> {
+    t.0.autograd.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether a new result of `op` over `inputs` must record a [`GradNode`].
+pub(crate) fn wants_grad(op: &Op, out_dtype: DType, inputs: &[&Tensor]) -> bool {
+    is_grad_enabled()
+        && out_dtype.is_float()
+        && autodiff::is_differentiable(op)
+        && inputs.iter().any(|t| t.requires_grad())
+}
+
+/// Attaches a [`GradNode`] for `op` over `inputs` to `out`.
+#[track_caller]
+pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
+    let node = GradNode {
+        op,
+        inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
+        output: Arc::downgrade(&out.0),
+        origin: Location::caller(),
+    };
+    meta(out).grad_fn = Some(Arc::new(node));
+}
+
+/// Attaches a [`GradNode`] if `wants_grad`, building the op only then.
+#[track_caller]
+pub(crate) fn record(out: &Tensor, op: impl FnOnce() -> Op, inputs: &[&Tensor]) {
+    if is_grad_enabled() && out.dtype().is_float() && inputs.iter().any(|t| t.requires_grad()) {
+        attach(out, op(), inputs);
+    }
+}
+
+/// Options of [`Tensor::backward_with`], as in PyTorch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// Keep the graph's saved tensors so that it can be differentiated again.
+    pub retain_graph: bool,
+    /// Record the gradient computation itself, so gradients can be differentiated
+    /// (higher-order derivatives). Implies `retain_graph`.
+    pub create_graph: bool,
+}
+
+/// Records gradient ops as lazy tensors.
+struct TensorBuilder;
+
+impl GradBuilder for TensorBuilder {
+    type Node = Tensor;
+    type Error = Error;
+
+    fn shape(&self, n: &Tensor) -> Shape {
+        n.shape().clone()
+    }
+
+    fn dtype(&self, n: &Tensor) -> DType {
+        n.dtype()
+    }
+
+    #[track_caller]
+    fn op(&mut self, op: Op, inputs: &[Tensor]) -> Result<Tensor> {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        Tensor::from_op(op, &refs)
+    }
+
+    #[track_caller]
+    fn leaf(&mut self, op: Op, shape: Shape, dtype: DType) -> Result<Tensor> {
+        Tensor::from_leaf(op, shape, dtype)
+    }
+}
+
+/// The key of a tensor's handle (leaves are identified by it).
+fn key(t: &Tensor) -> *const TensorInner {
+    Arc::as_ptr(&t.0)
+}
+
+fn add_grad(slot: Option<Tensor>, g: Tensor) -> Result<Tensor> {
+    match slot {
+        None => Ok(g),
+        Some(acc) => acc.try_add(&g),
+    }
+}
+
+/// The gradients flowing into each node and leaf during one backward pass.
+struct Pass {
+    /// Total gradient of each node's output, by node address.
+    nodes: HashMap<*const GradNode, Tensor>,
+    /// Gradient of each leaf, in first-seen order.
+    leaves: Vec<(Tensor, Tensor)>,
+    leaf_index: HashMap<*const TensorInner, usize>,
+    /// Gradients of the wanted non-leaf tensors, by their node.
+    captured: HashMap<*const GradNode, Tensor>,
+}
+
+impl Pass {
+    fn route(&mut self, t: &Tensor, g: Tensor) -> Result<()> {
+        match t.grad_fn() {
+            Some(f) => {
+                let k = Arc::as_ptr(&f);
+                let acc = self.nodes.remove(&k);
+                self.nodes.insert(k, add_grad(acc, g)?);
+            }
+            None => match self.leaf_index.get(&key(t)) {
+                Some(&i) => {
+                    let acc = self.leaves[i].1.clone();
+                    self.leaves[i].1 = acc.try_add(&g)?;
+                }
+                None => {
+                    self.leaf_index.insert(key(t), self.leaves.len());
+                    self.leaves.push((t.clone(), g));
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
+/// Runs a backward pass from `roots` (each with its seed gradient). Returns the gradients of
+/// `wanted` if given (without touching `.grad`), else accumulates into the leaves' `.grad`.
+fn run_backward(
+    roots: &[(Tensor, Tensor)],
+    opts: BackwardOptions,
+    wanted: Option<&[&Tensor]>,
+    op: &'static str,
+) -> Result<Vec<Tensor>> {
+    let retain_graph = opts.retain_graph || opts.create_graph;
+    let _mode = GradModeGuard::new(opts.create_graph);
+
+    // Reverse topological order of the nodes reachable from the roots (iterative DFS).
+    let mut order: Vec<Arc<GradNode>> = Vec::new();
+    let mut seen: HashMap<*const GradNode, ()> = HashMap::new();
+    let mut stack: Vec<(Arc<GradNode>, bool)> =
+        roots.iter().filter_map(|(t, _)| t.grad_fn()).map(|f| (f, false)).collect();
+    while let Some((node, expanded)) = stack.pop() {
+        let k = Arc::as_ptr(&node);
+        if expanded {
+            order.push(node);
+            continue;
+        }
+        if seen.insert(k, ()).is_some() {
+            continue;
+        }
+        let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, &node))?;
+        stack.push((node, true));
+        for t in inputs.iter().rev() {
+            if let Some(f) = t.grad_fn()
+                && !seen.contains_key(&Arc::as_ptr(&f))
+            {
+                stack.push((f, false));
+            }
+        }
+    }
+
+    let mut pass = Pass {
+        nodes: HashMap::new(),
+        leaves: Vec::new(),
+        leaf_index: HashMap::new(),
+        captured: HashMap::new(),
+    };
+    for (root, seed) in roots {
+        pass.route(root, seed.clone())?;
+    }
+    let wanted_nodes: Vec<*const GradNode> =
+        wanted.unwrap_or(&[]).iter().filter_map(|t| t.grad_fn()).map(|f| Arc::as_ptr(&f)).collect();
+
+    for node in order.iter().rev() {
+        let k = Arc::as_ptr(node);
+        let Some(g) = pass.nodes.remove(&k) else { continue };
+        if wanted_nodes.contains(&k) {
+            pass.captured.insert(k, g.clone());
+        }
+        if wanted.is_none()
+            && let Some(out) = node.output.upgrade()
+        {
+            let mut m = out.autograd.lock().unwrap_or_else(PoisonError::into_inner);
+            if m.retain_grad {
+                let previous = m.grad.take();
+                drop(m);
+                let total = add_grad(previous.map(|p| p.detach()), g.detach())?;
+                out.autograd.lock().unwrap_or_else(PoisonError::into_inner).grad = Some(total);
+            }
+        }
+        let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, node))?;
+        let grads = autodiff::vjp(&mut TensorBuilder, &node.op, &inputs, &g)?;
+        for (input, gi) in inputs.iter().zip(grads) {
+            if let Some(gi) = gi
+                && input.requires_grad()
+            {
+                pass.route(input, gi)?;
+            }
+        }
+    }
+    if !retain_graph {
+        for node in &order {
+            *node.inputs() = None;
+        }
+    }
+
+    if let Some(wanted) = wanted {
+        let mut out = Vec::with_capacity(wanted.len());
+        for (i, t) in wanted.iter().enumerate() {
+            let g = match t.grad_fn() {
+                Some(f) => pass.captured.remove(&Arc::as_ptr(&f)),
+                None => pass.leaf_index.get(&key(t)).map(|&j| pass.leaves[j].1.clone()),
+            };
+            out.push(g.ok_or_else(|| Error::Autograd {
+                op,
+                detail: format!(
+                    "input {i} (shape {}) was not used to compute the outputs, so it has no gradient",
+                    t.shape()
+                ),
+            })?);
+        }
+        let refs: Vec<&Tensor> = out.iter().collect();
+        Tensor::try_realize_all(&refs)?;
+        return Ok(out);
+    }
+
+    let mut updated = Vec::with_capacity(pass.leaves.len());
+    for (leaf, g) in pass.leaves {
+        if !leaf.requires_grad() {
+            continue;
+        }
+        let previous = meta(&leaf).grad.take();
+        let total = add_grad(previous, g)?;
+        meta(&leaf).grad = Some(total.clone());
+        updated.push(total);
+    }
+    let refs: Vec<&Tensor> = updated.iter().collect();
+    Tensor::try_realize_all(&refs)?;
+    Ok(Vec::new())
+}
+
+fn freed_error(op: &'static str, node: &GradNode) -> Error {
+    Error::Autograd {
+        op,
+        detail: format!(
+            "trying to backward through the graph a second time: the tensors saved by `{}` (recorded at {}) were freed by the first backward; pass retain_graph: true to the first call if you need to backward twice",
+            node.op.name(),
+            node.origin
+        ),
+    }
+}
+
+/// The seed gradient of a root: ones for a one-element output, else `gradient`, checked.
+fn seed(output: &Tensor, gradient: Option<&Tensor>, op: &'static str) -> Result<Tensor> {
+    if !output.requires_grad() {
+        return Err(Error::Autograd {
+            op,
+            detail: format!(
+                "the output (shape {}) does not require grad and has no grad_fn: nothing it was computed from requires grad; call .requires_grad_(true) on the leaves you want gradients for",
+                output.shape()
+            ),
+        });
+    }
+    match gradient {
+        Some(g) if g.shape() != output.shape() => Err(Error::shape(
+            op,
+            format!(
+                "the gradient has shape {} but the output has shape {}; they must match",
+                g.shape(),
+                output.shape()
+            ),
+        )),
+        Some(g) => Ok(g.to_dtype(output.dtype())),
+        None if output.numel() == 1 => Ok(no_grad(|| output.ones_like())),
+        None => Err(Error::Autograd {
+            op,
+            detail: format!(
+                "a gradient can be created implicitly only for one-element outputs, but the output has shape {}; pass one with .backward_with(Some(&gradient), options)",
+                output.shape()
+            ),
+        }),
+    }
+}
+
+/// The gradients of the sums of `outputs` with respect to each of `inputs`, as PyTorch's
+/// `torch.autograd.grad` computes them: `.grad` fields are not touched. With `create_graph`
+/// the gradients record their own history, so they can be differentiated again.
+///
+/// # Panics
+/// As [`try_grad`] fails.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::scalar(3.0f64).requires_grad_(true);
+/// let y = x.pow(3.0);
+/// let dy = kiln::grad(&[&y], &[&x], true)[0].clone();   // 3x^2 = 27
+/// let d2y = kiln::grad(&[&dy], &[&x], false)[0].clone(); // 6x = 18
+/// assert_eq!((dy.item::<f64>(), d2y.item::<f64>()), (27.0, 18.0));
+/// ```
+#[track_caller]
+pub fn grad(outputs: &[&Tensor], inputs: &[&Tensor], create_graph: bool) -> Vec<Tensor> {
+    ok(try_grad(outputs, inputs, create_graph))
+}
+
+/// [`grad`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Autograd`] when an output does not require grad or is not a one-element tensor,
+/// when an input was not used to compute the outputs, or when the graph was freed by an
+/// earlier backward.
+pub fn try_grad(
+    outputs: &[&Tensor],
+    inputs: &[&Tensor],
+    create_graph: bool,
+) -> Result<Vec<Tensor>> {
+    let roots: Vec<(Tensor, Tensor)> =
+        outputs.iter().map(|&o| Ok((o.clone(), seed(o, None, "grad")?))).collect::<Result<_>>()?;
+    let opts = BackwardOptions { retain_graph: create_graph, create_graph };
+    run_backward(&roots, opts, Some(inputs), "grad")
+}
+
+impl Tensor {
+    /// Sets whether this leaf tensor records operations for autograd, and returns it.
+    ///
+    /// # Panics
+    /// On a non-leaf tensor or a non-float tensor; [`Tensor::try_requires_grad_`] returns
+    /// the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::scalar(2.0f32).requires_grad_(true);
+    /// let y = &x * &x + &x * 3.0 + 1.0;
+    /// y.backward();
+    /// assert_eq!(x.grad().unwrap().item::<f32>(), 7.0);
+    /// ```
+    #[track_caller]
+    pub fn requires_grad_(&self, requires_grad: bool) -> Tensor {
+        ok(self.try_requires_grad_(requires_grad))
+    }
+
+    /// [`Tensor::requires_grad_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Autograd`] on a non-leaf tensor, [`Error::DType`] on a non-float tensor.
+    pub fn try_requires_grad_(&self, requires_grad: bool) -> Result<Tensor> {
+        if !self.is_leaf() {
+            return Err(Error::Autograd {
+                op: "requires_grad_",
+                detail: "can only change the flag of leaf tensors; to use a computed tensor without its history, call .detach() first".into(),
+            });
+        }
+        if requires_grad && !self.dtype().is_float() {
+            return Err(Error::dtype(
+                "requires_grad_",
+                format!("only floating-point tensors can require gradients, got {}", self.dtype()),
+            ));
+        }
+        meta(self).requires_grad = requires_grad;
+        Ok(self.clone())
+    }
+
+    /// Whether gradients flow to or through this tensor.
+    pub fn requires_grad(&self) -> bool {
+        let m = meta(self);
+        m.requires_grad || m.grad_fn.is_some()
+    }
+
+    /// Whether this tensor was made by the user rather than by a recorded op (the tensors
+    /// whose `.grad()` backward fills).
+    pub fn is_leaf(&self) -> bool {
+        meta(self).grad_fn.is_none()
+    }
+
+    pub(crate) fn grad_fn(&self) -> Option<Arc<GradNode>> {
+        meta(self).grad_fn.clone()
+    }
+
+    /// The name of the op that made this tensor, for display (`None` for leaves).
+    pub(crate) fn grad_fn_name(&self) -> Option<&'static str> {
+        meta(self).grad_fn.as_ref().map(|f| f.op.name())
+    }
+
+    /// The gradient accumulated by backward passes: on leaves that require grad, and on
+    /// non-leaves after [`Tensor::retain_grad`]. `None` before the first backward.
+    pub fn grad(&self) -> Option<Tensor> {
+        meta(self).grad.clone()
+    }
+
+    /// Clears the accumulated gradient (PyTorch's `grad = None`).
+    pub fn zero_grad(&self) {
+        meta(self).grad = None;
+    }
+
+    /// Replaces the accumulated gradient.
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        meta(self).grad = grad;
+    }
+
+    /// Asks backward to fill `.grad()` of this non-leaf tensor too.
+    pub fn retain_grad(&self) {
+        meta(self).retain_grad = true;
+    }
+
+    /// The same data with no autograd history, sharing storage.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::ones([2]).requires_grad_(true);
+    /// let y = (&x * 2.0).detach();
+    /// assert!(!y.requires_grad() && y.is_leaf());
+    /// ```
+    #[must_use]
+    pub fn detach(&self) -> Tensor {
+        self.with_view(self.layout().clone())
+    }
+
+    /// Computes the gradient of this one-element tensor with respect to every leaf that
+    /// requires grad, accumulating into their `.grad()`. The graph's saved tensors are freed.
+    ///
+    /// # Panics
+    /// As [`Tensor::try_backward`] fails.
+    #[track_caller]
+    pub fn backward(&self) {
+        ok(self.try_backward());
+    }
+
+    /// [`Tensor::backward`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Autograd`] when the tensor does not require grad, has more than one element,
+    /// or its graph was freed by an earlier backward; [`Error::Runtime`] when computing the
+    /// gradients fails.
+    pub fn try_backward(&self) -> Result<()> {
+        self.try_backward_with(None, BackwardOptions::default())
+    }
+
+    /// Backward with an explicit output gradient (needed for outputs of more than one
+    /// element) and options.
+    ///
+    /// # Panics
+    /// As [`Tensor::try_backward_with`] fails.
+    #[track_caller]
+    pub fn backward_with(&self, gradient: Option<&Tensor>, options: BackwardOptions) {
+        ok(self.try_backward_with(gradient, options));
+    }
+
+    /// [`Tensor::backward_with`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_backward`], and [`Error::Shape`] when the gradient's shape differs
+    /// from the output's.
+    pub fn try_backward_with(
+        &self,
+        gradient: Option<&Tensor>,
+        options: BackwardOptions,
+    ) -> Result<()> {
+        let seed = seed(self, gradient, "backward")?;
+        run_backward(&[(self.clone(), seed)], options, None, "backward").map(|_| ())
+    }
+}

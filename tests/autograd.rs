@@ -1,0 +1,327 @@
+//! Autograd: finite-difference checks of every differentiable op (broadcasting and
+//! non-contiguous inputs included), higher-order gradients, and PyTorch's rules.
+
+use kiln::BackwardOptions;
+use kiln::autograd::gradcheck;
+use kiln::prelude::*;
+
+use crate::common::*;
+
+fn input(rng: &mut Rng, shape: &[usize], layout: Layout) -> Tensor {
+    let data = values(rng, shape.iter().product(), DType::F64);
+    make(&data, shape, DType::F64, layout)
+}
+
+fn positive(rng: &mut Rng, shape: &[usize], layout: Layout) -> Tensor {
+    let data: Vec<f64> = (0..shape.iter().product()).map(|_| rng.uniform(0.5, 2.5)).collect();
+    make(&data, shape, DType::F64, layout)
+}
+
+type F = fn(&[Tensor]) -> Tensor;
+
+#[test]
+fn unary_ops_pass_gradcheck() {
+    let mut rng = Rng::new(41);
+    let cases: Vec<(&str, F, bool)> = vec![
+        ("neg", |x| -&x[0], false),
+        ("abs", |x| x[0].abs(), false),
+        ("sqrt", |x| x[0].sqrt(), true),
+        ("exp", |x| x[0].exp(), false),
+        ("log", |x| x[0].log(), true),
+        ("sin", |x| x[0].sin(), false),
+        ("cos", |x| x[0].cos(), false),
+        ("tanh", |x| x[0].tanh(), false),
+        ("sigmoid", |x| x[0].sigmoid(), false),
+        ("relu", |x| x[0].relu(), false),
+        ("gelu", |x| x[0].gelu(), false),
+        ("erf", |x| x[0].erf(), false),
+        ("reciprocal", |x| x[0].reciprocal(), true),
+        ("square", |x| x[0].square(), false),
+        ("pow(2.5)", |x| x[0].pow(2.5), true),
+        ("pow(-1.5)", |x| x[0].pow(-1.5), true),
+        ("clamp", |x| x[0].clamp(-1.0, 1.0), false),
+        ("float cast round trip", |x| x[0].float().double(), false),
+    ];
+    for (name, f, needs_positive) in cases {
+        for layout in LAYOUTS {
+            let x = if needs_positive {
+                positive(&mut rng, &[3, 4], layout)
+            } else {
+                input(&mut rng, &[3, 4], layout)
+            };
+            let tol = if name == "float cast round trip" { 1e-4 } else { 1e-6 };
+            let eps = if name == "float cast round trip" { 1e-3 } else { 1e-6 };
+            gradcheck(f, &[x], eps, tol).unwrap_or_else(|e| panic!("{name} {layout:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn binary_ops_pass_gradcheck_with_broadcasting() {
+    let mut rng = Rng::new(42);
+    let cases: Vec<(&str, F)> = vec![
+        ("add", |x| &x[0] + &x[1]),
+        ("sub", |x| &x[0] - &x[1]),
+        ("mul", |x| &x[0] * &x[1]),
+        ("div", |x| &x[0] / &x[1]),
+        ("maximum", |x| x[0].maximum(&x[1])),
+        ("minimum", |x| x[0].minimum(&x[1])),
+        ("scalar ops", |x| (2.0 - &x[0]) * 3.0 / (&x[1] * &x[1] + 1.0)),
+    ];
+    for (name, f) in cases {
+        for (sa, sb) in [
+            (&[3usize, 4][..], &[3usize, 4][..]),
+            (&[3, 1], &[4]),
+            (&[2, 3, 4], &[3, 1]),
+            (&[], &[2, 3]),
+        ] {
+            for layout in [Layout::Contiguous, Layout::Permuted, Layout::Sliced] {
+                let a = input(&mut rng, sa, layout);
+                let b = if name == "div" {
+                    positive(&mut rng, sb, layout)
+                } else {
+                    input(&mut rng, sb, layout)
+                };
+                gradcheck(f, &[a, b], 1e-6, 1e-6)
+                    .unwrap_or_else(|e| panic!("{name} {sa:?} {sb:?} {layout:?}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn reductions_and_movement_pass_gradcheck() {
+    let mut rng = Rng::new(43);
+    let cases: Vec<(&str, F)> = vec![
+        ("sum", |x| x[0].sum()),
+        ("sum_dim", |x| x[0].sum_dim([0, 2], false)),
+        ("sum_dim keepdim", |x| x[0].sum_dim(1, true) * &x[0]),
+        ("mean", |x| x[0].mean()),
+        ("mean_dim", |x| x[0].mean_dim(-1, false)),
+        ("max", |x| x[0].max()),
+        ("max_dim", |x| x[0].max_dim(1, false).0),
+        ("min_dim", |x| x[0].min_dim(0, true).0),
+        ("min", |x| x[0].min()),
+        ("permute", |x| x[0].permute(&[2, 0, 1]).exp()),
+        ("transpose", |x| x[0].transpose(0, 2) * 2.0),
+        ("reshape", |x| x[0].reshape(&[4, -1]).sin()),
+        ("view", |x| x[0].contiguous().view(&[6, 4]).cos()),
+        ("flatten", |x| x[0].permute(&[1, 0, 2]).flatten().square()),
+        ("expand", |x| x[0].narrow(1, 0, 1).expand(&[2, 5, 4]).tanh()),
+        ("narrow", |x| x[0].narrow(2, 1, 2).exp()),
+        ("squeeze/unsqueeze", |x| {
+            x[0].unsqueeze(1).narrow(3, 1, 1).squeeze(-1).squeeze(1).sigmoid()
+        }),
+        ("squeeze_all", |x| x[0].narrow(0, 1, 1).squeeze_all() * 3.0),
+        ("contiguous", |x| x[0].t_last().contiguous().relu()),
+    ];
+    for (name, f) in cases {
+        for layout in LAYOUTS {
+            let x = input(&mut rng, &[2, 3, 4], layout);
+            gradcheck(f, &[x], 1e-6, 1e-6).unwrap_or_else(|e| panic!("{name} {layout:?}: {e}"));
+        }
+    }
+}
+
+trait TLast {
+    fn t_last(&self) -> Tensor;
+}
+
+impl TLast for Tensor {
+    fn t_last(&self) -> Tensor {
+        self.transpose(-1, -2)
+    }
+}
+
+#[test]
+fn matmul_passes_gradcheck_in_every_form() {
+    let mut rng = Rng::new(44);
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[3, 4], &[4, 2]),
+        (&[4], &[4]),
+        (&[4], &[4, 3]),
+        (&[2, 4], &[4]),
+        (&[2, 3, 4], &[4, 5]),
+        (&[2, 1, 3, 4], &[3, 4, 2]),
+    ];
+    for (sa, sb) in shapes {
+        for layout in [Layout::Contiguous, Layout::Permuted] {
+            let a = input(&mut rng, sa, layout);
+            let b = input(&mut rng, sb, Layout::Sliced);
+            gradcheck(|x| x[0].matmul(&x[1]), &[a, b], 1e-6, 1e-6)
+                .unwrap_or_else(|e| panic!("matmul {sa:?} {sb:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn second_derivatives_of_math_and_matmul() {
+    let mut rng = Rng::new(45);
+    // gradcheck of the gradient: d/dx of (d/dx sum f(x)).
+    let cases: Vec<(&str, F)> = vec![
+        ("exp", |x| x[0].exp()),
+        ("tanh", |x| x[0].tanh()),
+        ("sigmoid", |x| x[0].sigmoid()),
+        ("sin", |x| x[0].sin()),
+        ("gelu", |x| x[0].gelu()),
+        ("x^3", |x| x[0].pow(3.0)),
+        ("x*x.t()", |x| x[0].matmul(&x[0].t()).square()),
+    ];
+    for (name, f) in cases {
+        let x = input(&mut rng, &[3, 3], Layout::Permuted);
+        let first_grad = |xs: &[Tensor]| kiln::grad(&[&f(xs).sum()], &[&xs[0]], true)[0].clone();
+        gradcheck(first_grad, &[x], 1e-6, 1e-5)
+            .unwrap_or_else(|e| panic!("second derivative of {name}: {e}"));
+    }
+}
+
+#[test]
+fn classic_first_lessons() {
+    // dy/dx of x^2 + 3x + 1 at 2 is 7.
+    let x = Tensor::scalar(2.0f32).requires_grad_(true);
+    (&x * &x + &x * 3.0 + 1.0).backward();
+    assert_eq!(x.grad().unwrap().item::<f32>(), 7.0);
+    // Gradients accumulate across backward calls until zero_grad.
+    for _ in 0..2 {
+        (&x * &x + &x * 3.0 + 1.0).backward();
+    }
+    assert_eq!(x.grad().unwrap().item::<f32>(), 21.0);
+    x.zero_grad();
+    assert!(x.grad().is_none());
+    (&x * &x).backward();
+    assert_eq!(x.grad().unwrap().item::<f32>(), 4.0);
+    // d2/dx2 of x^3 at 3 is 18.
+    let x = Tensor::scalar(3.0f64).requires_grad_(true);
+    let dy = kiln::grad(&[&x.pow(3.0)], &[&x], true).remove(0);
+    assert_eq!(dy.item::<f64>(), 27.0);
+    dy.backward();
+    assert_eq!(x.grad().unwrap().item::<f64>(), 18.0);
+}
+
+#[test]
+fn leaf_rules_and_errors() {
+    let x = Tensor::ones([2, 2]).requires_grad_(true);
+    assert!(x.is_leaf() && x.requires_grad());
+    let y = (&x * 2.0).sum();
+    assert!(!y.is_leaf() && y.requires_grad());
+    let z = &x * 2.0;
+    assert!(z.grad().is_none());
+    let err = z.try_requires_grad_(false).unwrap_err().to_string();
+    assert!(err.starts_with("requires_grad_: can only change the flag of leaf tensors"), "{err}");
+    let err = Tensor::from_vec(vec![1i64], [1]).try_requires_grad_(true).unwrap_err().to_string();
+    assert_eq!(err, "requires_grad_: only floating-point tensors can require gradients, got i64");
+    // Non-scalar outputs need an explicit gradient.
+    let err = z.try_backward().unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "backward: a gradient can be created implicitly only for one-element outputs"
+        ),
+        "{err}"
+    );
+    z.backward_with(Some(&Tensor::full([2, 2], 0.5)), BackwardOptions::default());
+    assert_eq!(x.grad().unwrap().to_vec::<f32>(), vec![1.0; 4]);
+    // A second backward without retain_graph fails and says what to do.
+    let w = Tensor::ones([3]).requires_grad_(true);
+    let loss = w.exp().sum();
+    loss.backward();
+    let err = loss.try_backward().unwrap_err().to_string();
+    assert!(
+        err.contains("backward through the graph a second time") && err.contains("retain_graph"),
+        "{err}"
+    );
+    // With retain_graph it works and accumulates.
+    let loss = w.exp().sum();
+    loss.backward_with(None, BackwardOptions { retain_graph: true, create_graph: false });
+    loss.backward();
+    let e = 1f32.exp();
+    assert!(w.grad().unwrap().to_vec::<f32>().iter().all(|g| (g - 3.0 * e).abs() < 1e-5));
+    // A tensor that does not require grad cannot start a backward pass.
+    let err = Tensor::ones([1]).try_backward().unwrap_err().to_string();
+    assert!(err.starts_with("backward: the output (shape [1]) does not require grad"), "{err}");
+    // Integer results (comparisons, argmax) carry no gradient.
+    assert!(!x.gt(0.5).requires_grad());
+    assert!(!x.argmax(0, false).requires_grad());
+}
+
+#[test]
+fn retain_grad_detach_and_no_grad() {
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], [2]).requires_grad_(true);
+    let h = &x * 3.0;
+    h.retain_grad();
+    let y = h.square().sum();
+    y.backward();
+    assert_eq!(h.grad().unwrap().to_vec::<f64>(), vec![6.0, 12.0]);
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![18.0, 36.0]);
+    let d = h.detach();
+    assert!(d.is_leaf() && !d.requires_grad() && d.shares_storage_with(&h));
+    let inside = kiln::no_grad(|| {
+        assert!(!kiln::is_grad_enabled());
+        let nested = kiln::enable_grad(|| (&x * 2.0).requires_grad());
+        assert!(nested);
+        &x * 2.0
+    });
+    assert!(!inside.requires_grad());
+    assert!(kiln::is_grad_enabled());
+    {
+        let _guard = NoGradGuard::disable();
+        assert!(!(&x + 1.0).requires_grad());
+    }
+    assert!((&x + 1.0).requires_grad());
+    // The mode is restored when a panic unwinds through no_grad.
+    let _ = std::panic::catch_unwind(|| kiln::no_grad(|| panic!("inside")));
+    assert!(kiln::is_grad_enabled());
+    assert!(!kiln::inference_mode(|| (&x * 2.0).requires_grad()));
+}
+
+#[test]
+fn grad_rejects_unused_inputs() {
+    let x = Tensor::ones([2]).requires_grad_(true);
+    let unused = Tensor::ones([2]).requires_grad_(true);
+    let err = kiln::try_grad(&[&x.sum()], &[&x, &unused], false).unwrap_err().to_string();
+    assert!(err.starts_with("grad: input 1 (shape [2]) was not used"), "{err}");
+}
+
+#[test]
+fn display_shows_autograd_state() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], [2]).requires_grad_(true);
+    assert_eq!(x.to_string(), "tensor([1., 2.], requires_grad=True)");
+    assert_eq!((&x * 2.0).to_string(), "tensor([2., 4.], grad_fn=<mul>)");
+}
+
+#[test]
+fn training_loops_keep_memory_flat_and_deep_graphs_backprop() {
+    let worker = std::thread::Builder::new().stack_size(512 * 1024).spawn(|| {
+        // A 20,000-op chain differentiates and drops without recursion.
+        let x = Tensor::scalar(0.5f64).requires_grad_(true);
+        let mut y = x.clone();
+        for _ in 0..20_000 {
+            y = &y * 1.0 + 0.0;
+        }
+        y.backward();
+        assert_eq!(x.grad().unwrap().item::<f64>(), 1.0);
+    });
+    worker.expect("spawn").join().expect("deep backward on a 512 KiB stack");
+
+    let w = Tensor::from_vec(vec![0.1f32; 16], [4, 4]).requires_grad_(true);
+    let data = Tensor::from_vec((0..32).map(|v| v as f32 / 32.0).collect::<Vec<_>>(), [8, 4]);
+    let step = |w: &Tensor| {
+        let loss = data.matmul(w).tanh().square().mean();
+        loss.backward();
+        let g = w.grad().unwrap();
+        w.zero_grad();
+        kiln::no_grad(|| (w - &g * 0.01).detach().requires_grad_(true))
+    };
+    let mut w = step(&w);
+    for _ in 0..500 {
+        w = step(&w);
+    }
+    let before = rss_bytes();
+    for _ in 0..10_000 {
+        w = step(&w);
+    }
+    let after = rss_bytes();
+    assert!(
+        after < before + 8 * 1024 * 1024,
+        "resident memory grew from {before} to {after} bytes"
+    );
+}
