@@ -325,3 +325,41 @@ fn training_loops_keep_memory_flat_and_deep_graphs_backprop() {
         "resident memory grew from {before} to {after} bytes"
     );
 }
+
+#[test]
+fn max_gradients_follow_pytorch_on_ties() {
+    let x = Tensor::from_vec(vec![1.0f64, 3.0, 3.0, 2.0, 0.0, 2.0], [2, 3]).requires_grad_(true);
+    // max_dim routes the gradient to the returned (first) index only.
+    let (values, indices) = x.max_dim(1, false);
+    assert_eq!(indices.to_vec::<i64>(), vec![1, 0]);
+    values.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![0.0, 1.0, 0.0, 1.0, 0.0, 0.0]);
+    x.zero_grad();
+    // max() over everything shares the gradient evenly among the tied maxima.
+    x.max().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![0.0, 0.5, 0.5, 0.0, 0.0, 0.0]);
+    x.zero_grad();
+    x.min_dim(0, true).0.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![1.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+}
+
+#[test]
+fn where_and_pow_edge_cases_pass_gradcheck() {
+    let mut rng = Rng::new(46);
+    for layout in LAYOUTS {
+        let a = input(&mut rng, &[3, 4], layout);
+        let b = input(&mut rng, &[4], Layout::Contiguous);
+        gradcheck(|x| Tensor::where_(&x[0].gt(&x[1]), &x[0], &(&x[1] * 2.0)), &[a, b], 1e-6, 1e-6)
+            .unwrap_or_else(|e| panic!("where {layout:?}: {e}"));
+    }
+    // Negative bases with integer exponents, and the gradient at 0.
+    let x = Tensor::from_vec(vec![-2.0f64, -0.5, 1.5], [3]);
+    gradcheck(|x| x[0].pow(3.0), &[x.clone()], 1e-6, 1e-6).unwrap();
+    gradcheck(|x| x[0].pow(-2.0), &[x], 1e-6, 1e-6).unwrap();
+    let z = Tensor::zeros([2]).double().requires_grad_(true);
+    z.pow(2.0).sum().backward();
+    assert_eq!(z.grad().unwrap().to_vec::<f64>(), vec![0.0, 0.0]);
+    let z = Tensor::zeros([1]).double().requires_grad_(true);
+    z.pow(0.0).sum().backward();
+    assert_eq!(z.grad().unwrap().to_vec::<f64>(), vec![0.0], "no gradient through a zero exponent");
+}

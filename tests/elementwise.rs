@@ -332,3 +332,26 @@ fn long_chains_of_mixed_ops_agree_with_f64() {
         assert_close(&read(&y, DType::F64), &want, DType::F64, &format!("chain {layout:?}"));
     }
 }
+
+#[test]
+fn where_broadcasts_and_promotes() {
+    let mut rng = Rng::new(12);
+    for layout in LAYOUTS {
+        let c = values(&mut rng, 12, DType::Bool);
+        let a = values(&mut rng, 4, DType::I32);
+        let b = values(&mut rng, 3, DType::F16);
+        let r = Tensor::where_(
+            &make(&c, &[3, 4], DType::Bool, layout),
+            &tensor(&a, &[4], DType::I32),
+            &tensor(&b, &[3, 1], DType::F16),
+        );
+        let want: Vec<f64> =
+            (0..12).map(|i| if c[i] != 0.0 { a[i % 4] } else { b[i / 4] }).collect();
+        assert_close(&read(&r, DType::F16), &want, DType::F16, &format!("where {layout:?}"));
+    }
+    let x = Tensor::from_vec(vec![1i64, -2], [2]);
+    assert_eq!(Tensor::where_(&x.lt(0), 0, &x).to_vec::<i64>(), vec![1, 0]);
+    assert_eq!(Tensor::where_(&x.lt(0), 0.5, &x).dtype(), DType::F32);
+    let err = Tensor::try_where_(&x, &x, &x).unwrap_err().to_string();
+    assert!(err.starts_with("where: the condition must be a bool tensor, got i64"), "{err}");
+}

@@ -302,6 +302,64 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Elementwise `if cond { a } else { b }`, broadcasting all three; `a` and `b` (tensors or
+    /// scalars) are promoted to a common dtype.
+    ///
+    /// # Panics
+    /// If `cond` is not `Bool` or the shapes do not broadcast; [`Tensor::try_where_`] returns
+    /// the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-1.0f32, 2.0, -3.0], [3]);
+    /// assert_eq!(Tensor::where_(&x.gt(0.0), &x, 0.0).to_vec::<f32>(), vec![0.0, 2.0, 0.0]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn where_<'a, 'b>(
+        cond: &Tensor,
+        a: impl Into<Operand<'a>>,
+        b: impl Into<Operand<'b>>,
+    ) -> Tensor {
+        ok(Tensor::try_where_(cond, a, b))
+    }
+
+    /// [`Tensor::where_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] when `cond` is not `Bool`; [`Error::Shape`] when the shapes do not
+    /// broadcast; [`Error::Device`] for tensors on two devices.
+    #[track_caller]
+    pub fn try_where_<'a, 'b>(
+        cond: &Tensor,
+        a: impl Into<Operand<'a>>,
+        b: impl Into<Operand<'b>>,
+    ) -> Result<Tensor> {
+        if cond.dtype() != DType::Bool {
+            return Err(Error::dtype(
+                "where",
+                format!(
+                    "the condition must be a bool tensor, got {}; compare first (e.g. x.gt(0.0))",
+                    cond.dtype()
+                ),
+            ));
+        }
+        let (a, b) = (a.into(), b.into());
+        let dtype = result_type(&[a.participant(), b.participant()]);
+        let tensor = |o: Operand<'_>| match o {
+            Operand::Tensor(t) => t.into_owned(),
+            Operand::Scalar(s) => Tensor::full_dtype((), s, dtype),
+        };
+        let (a, b) = (tensor(a), tensor(b));
+        let shape = cond.shape().broadcast(a.shape(), "where")?.broadcast(b.shape(), "where")?;
+        let c = cond.broadcast_to(&shape);
+        let a = a.to_dtype(dtype).broadcast_to(&shape);
+        let b = b.to_dtype(dtype).broadcast_to(&shape);
+        Tensor::from_op(Op::Where, &[&c, &a, &b])
+    }
+}
+
 fn clamp_scalar(dtype: DType, v: f64) -> Scalar {
     // An integral bound keeps an integer tensor integral, as PyTorch's clamp(int) does.
     if !dtype.is_float() && v.fract() == 0.0 && v.abs() < 9.0e15 {

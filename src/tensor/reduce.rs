@@ -237,11 +237,37 @@ impl Tensor {
     /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
     #[track_caller]
     pub fn try_max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        let axes = vec![normalize_axis("max_dim", dim, self.ndim())?];
-        Ok((
-            self.reduce(ReduceOp::Max, axes.clone(), keepdim)?,
-            self.reduce(ReduceOp::ArgMax, axes, keepdim)?,
-        ))
+        self.extreme_dim(ReduceOp::Max, ReduceOp::ArgMax, "max_dim", dim, keepdim)
+    }
+
+    /// The extreme values along `dim` and their indices. When gradients are recorded the
+    /// values are selected by the indices, so that (as in PyTorch) the gradient flows only to
+    /// the returned index, also on ties.
+    #[track_caller]
+    fn extreme_dim(
+        &self,
+        value: ReduceOp,
+        index: ReduceOp,
+        op: &'static str,
+        dim: i64,
+        keepdim: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let axis = normalize_axis(op, dim, self.ndim())?;
+        let indices = self.reduce(index, vec![axis], true)?;
+        let values = if self.requires_grad() && crate::is_grad_enabled() {
+            let mut positions_shape = vec![1; self.ndim()];
+            positions_shape[axis] = self.dims()[axis];
+            let positions = Tensor::arange(0i64, self.dims()[axis] as i64, 1)
+                .try_reshape(&positions_shape.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
+            let hit = positions.try_eq(&indices)?;
+            Tensor::try_where_(&hit, self, 0.0)?.try_sum_dim(axis, true)?
+        } else {
+            self.reduce(value, vec![axis], true)?
+        };
+        if keepdim {
+            return Ok((values, indices));
+        }
+        Ok((values.try_squeeze(axis as i64)?, indices.try_squeeze(axis as i64)?))
     }
 
     /// The smallest elements along `dim` and their indices (`i64`; the first index on ties,
@@ -260,11 +286,7 @@ impl Tensor {
     /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
     #[track_caller]
     pub fn try_min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        let axes = vec![normalize_axis("min_dim", dim, self.ndim())?];
-        Ok((
-            self.reduce(ReduceOp::Min, axes.clone(), keepdim)?,
-            self.reduce(ReduceOp::ArgMin, axes, keepdim)?,
-        ))
+        self.extreme_dim(ReduceOp::Min, ReduceOp::ArgMin, "min_dim", dim, keepdim)
     }
 
     /// The index of the largest element along `dim` (`i64`).
