@@ -342,8 +342,8 @@ fn where_broadcasts_and_promotes() {
         let b = values(&mut rng, 3, DType::F16);
         let r = Tensor::where_(
             &make(&c, &[3, 4], DType::Bool, layout),
-            &tensor(&a, &[4], DType::I32),
-            &tensor(&b, &[3, 1], DType::F16),
+            tensor(&a, &[4], DType::I32),
+            tensor(&b, &[3, 1], DType::F16),
         );
         let want: Vec<f64> =
             (0..12).map(|i| if c[i] != 0.0 { a[i % 4] } else { b[i / 4] }).collect();
