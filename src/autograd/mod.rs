@@ -1,6 +1,6 @@
 //! Symbolic autograd: backward adds gradient ops to the lazy graph.
 //!
-//! Every differentiable op on a tensor that requires grad attaches a [`GradNode`] to its
+//! Every differentiable op on a tensor that requires grad attaches a grad node to its
 //! result: the primitive op and its input tensors. `backward` walks these nodes in reverse
 //! topological order and applies each op's rule from [`kiln_ir::autodiff`], recording the
 //! gradient computation as ordinary lazy tensor ops; the leaf gradients are then realized
