@@ -59,11 +59,14 @@ pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{Device, RunError, RuntimeError};
 pub use random::manual_seed;
-pub use tensor::{Dims, Operand, Tensor};
+pub use tensor::{
+    Dims, Ellipsis, IndexOp, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,
+};
 
 /// The names most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BackwardOptions, DType, Device, Error, NoGradGuard, Result, Shape, Tensor, no_grad,
+        BackwardOptions, DType, Device, Ellipsis, Error, IndexOp, NewAxis, NoGradGuard, Result,
+        Shape, Tensor, no_grad,
     };
 }

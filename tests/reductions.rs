@@ -172,3 +172,147 @@ fn sums_of_integers_wrap_like_i64() {
     let b = Tensor::from_vec(vec![true, true, false], [3]);
     assert_eq!(b.sum().item::<i64>(), 2);
 }
+
+#[test]
+fn var_std_prod_amax_amin_over_dims() {
+    let mut rng = Rng::new(24);
+    let shape = [3usize, 4, 5];
+    for layout in LAYOUTS {
+        let data = values(&mut rng, 60, DType::F64);
+        let x = make(&data, &shape, DType::F64, layout);
+        for axes in subsets(3) {
+            let n: usize = axes.iter().map(|&a| shape[a]).product();
+            let (_, sums) = reference(&data, &shape, &axes, 0.0, |a, b| a + b);
+            let (kept, _) = reference(&data, &shape, &axes, 0.0, |a, b| a + b);
+            let mean: Vec<f64> = sums.iter().map(|s| s / n as f64).collect();
+            let mut ss = vec![0.0; mean.len()];
+            for (flat, &v) in data.iter().enumerate() {
+                let mut idx = unravel(flat, &shape);
+                for &a in &axes {
+                    idx[a] = 0;
+                }
+                let o = ravel(&idx, &kept);
+                ss[o] += (v - mean[o]).powi(2);
+            }
+            let var: Vec<f64> = ss.iter().map(|s| s / (n as f64 - 1.0)).collect();
+            let pop: Vec<f64> = ss.iter().map(|s| s / n as f64).collect();
+            let dims: Vec<usize> = axes.clone();
+            let ctx = format!("{layout:?} {axes:?}");
+            assert_close_tol(
+                &x.var_dim(dims.clone(), false).to_vec::<f64>(),
+                &var,
+                1e-10,
+                &format!("var {ctx}"),
+            );
+            assert_close_tol(
+                &x.std_dim(dims.clone(), true).to_vec::<f64>(),
+                &var.iter().map(|v| v.sqrt()).collect::<Vec<_>>(),
+                1e-10,
+                &ctx,
+            );
+            assert_close_tol(
+                &x.try_var_dim_correction(dims.clone(), 0.0, false).unwrap().to_vec::<f64>(),
+                &pop,
+                1e-10,
+                &ctx,
+            );
+            let (_, prods) = reference(&data, &shape, &axes, 1.0, |a, b| a * b);
+            assert_close_tol(
+                &x.prod_dim(dims.clone(), false).to_vec::<f64>(),
+                &prods,
+                1e-10,
+                &format!("prod {ctx}"),
+            );
+            let (_, maxes) = reference(&data, &shape, &axes, f64::NEG_INFINITY, f64::max);
+            let (_, mins) = reference(&data, &shape, &axes, f64::INFINITY, f64::min);
+            assert_eq!(x.amax(dims.clone(), false).to_vec::<f64>(), maxes);
+            assert_eq!(x.amin(dims, true).to_vec::<f64>(), mins);
+        }
+        let total_var = {
+            let m = data.iter().sum::<f64>() / 60.0;
+            data.iter().map(|v| (v - m).powi(2)).sum::<f64>() / 59.0
+        };
+        assert!((x.var().item::<f64>() - total_var).abs() < 1e-10);
+        assert!((x.std().item::<f64>() - total_var.sqrt()).abs() < 1e-10);
+    }
+    assert_eq!(Tensor::from_vec(vec![2i32, 3, 4], [3]).prod().item::<i64>(), 24);
+}
+
+#[test]
+fn softmax_log_softmax_logsumexp_are_stable_and_right() {
+    let mut rng = Rng::new(25);
+    for layout in LAYOUTS {
+        let data: Vec<f64> = (0..12).map(|_| rng.uniform(-30.0, 30.0)).collect();
+        let x = make(&data, &[3, 4], DType::F64, layout);
+        for dim in [0usize, 1] {
+            let (out_shape, maxes) = reference(&data, &[3, 4], &[dim], f64::NEG_INFINITY, f64::max);
+            let mut sums = vec![0.0; maxes.len()];
+            for (flat, &v) in data.iter().enumerate() {
+                let mut idx = unravel(flat, &[3, 4]);
+                idx[dim] = 0;
+                let o = ravel(&idx, &out_shape);
+                sums[o] += (v - maxes[o]).exp();
+            }
+            let at = |flat: usize| {
+                let mut idx = unravel(flat, &[3, 4]);
+                idx[dim] = 0;
+                ravel(&idx, &out_shape)
+            };
+            let sm: Vec<f64> =
+                (0..12).map(|f| (data[f] - maxes[at(f)]).exp() / sums[at(f)]).collect();
+            let lsm: Vec<f64> =
+                (0..12).map(|f| data[f] - maxes[at(f)] - sums[at(f)].ln()).collect();
+            let lse: Vec<f64> = maxes.iter().zip(&sums).map(|(m, s)| m + s.ln()).collect();
+            assert_close_tol(&x.softmax(dim as i64).to_vec::<f64>(), &sm, 1e-12, "softmax");
+            assert_close_tol(
+                &x.log_softmax(dim as i64).to_vec::<f64>(),
+                &lsm,
+                1e-12,
+                "log_softmax",
+            );
+            assert_close_tol(
+                &x.logsumexp(dim as i64, false).to_vec::<f64>(),
+                &lse,
+                1e-12,
+                "logsumexp",
+            );
+        }
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let big = tensor(&[1000.0, 1000.0], &[2], dtype);
+        assert_eq!(big.softmax(0).to_vec::<f64>(), vec![0.5, 0.5], "{dtype}");
+        let lsm = big.log_softmax(0).to_vec::<f64>();
+        assert!(lsm.iter().all(|v| (v + std::f64::consts::LN_2).abs() < 1e-2), "{dtype}: {lsm:?}");
+    }
+    let neg = Tensor::from_vec(vec![f32::NEG_INFINITY, 0.0], [2]);
+    assert_eq!(neg.softmax(0).to_vec::<f32>(), vec![0.0, 1.0]);
+    assert_eq!(Tensor::from_vec(vec![0i64, 0], [2]).softmax(0).to_vec::<f32>(), vec![0.5, 0.5]);
+}
+
+#[test]
+fn cumsum_all_any() {
+    let mut rng = Rng::new(26);
+    for layout in LAYOUTS {
+        for dtype in [DType::F64, DType::I32] {
+            let data = values(&mut rng, 12, dtype);
+            let x = make(&data, &[3, 4], dtype, layout);
+            let out = if dtype.is_float() { dtype } else { DType::I64 };
+            let rows = read(&x.cumsum(1), out);
+            let cols = read(&x.cumsum(0), out);
+            let want_rows: Vec<f64> =
+                (0..12).map(|f| (f / 4 * 4..=f).map(|g| data[g]).sum()).collect();
+            let want_cols: Vec<f64> =
+                (0..12).map(|f| (0..=f / 4).map(|r| data[r * 4 + f % 4]).sum()).collect();
+            assert_close(&rows, &want_rows, out, &format!("cumsum rows {dtype} {layout:?}"));
+            assert_close(&cols, &want_cols, out, &format!("cumsum cols {dtype} {layout:?}"));
+        }
+    }
+    let b = Tensor::from_vec(vec![true, false, true, true], [2, 2]);
+    assert!(!b.all().item::<bool>());
+    assert!(b.any().item::<bool>());
+    assert_eq!(b.all_dim(1, false).to_vec::<bool>(), vec![false, true]);
+    assert_eq!(b.any_dim(0, true).to_vec::<bool>(), vec![true, true]);
+    assert!(Tensor::zeros([0]).all().item::<bool>());
+    assert!(!Tensor::zeros([0]).any().item::<bool>());
+    assert!(Tensor::from_vec(vec![0.5f32, -1.0], [2]).all().item::<bool>());
+}

@@ -66,6 +66,57 @@ pub fn vjp<B: GradBuilder>(
             vec![Some(r.b.op(Op::Unview { view: view.clone(), shape }, &[g])?)]
         }
         Op::Unview { view, .. } => vec![Some(r.b.op(Op::View(view.clone()), &[g])?)],
+        Op::Assign(view) => {
+            let zeros =
+                r.b.leaf(Op::Full(Scalar::F64(0.0)), view.shape().clone(), r.b.dtype(&g))?;
+            let g_base = r.b.op(Op::Assign(view.clone()), &[g.clone(), zeros])?;
+            let g_values = r.b.op(Op::View(view.clone()), &[g])?;
+            vec![Some(g_base), Some(g_values)]
+        }
+        Op::Gather { axis } => {
+            let (x, index) = (&inputs[0], &inputs[1]);
+            let zeros = r.full_like(0.0, x)?;
+            vec![
+                Some(r.b.op(
+                    Op::Scatter { axis: *axis, accumulate: true },
+                    &[zeros, index.clone(), g],
+                )?),
+                None,
+            ]
+        }
+        Op::Scatter { axis, accumulate } => {
+            let (index, src) = (&inputs[1], &inputs[2]);
+            let g_base = if *accumulate {
+                g.clone()
+            } else {
+                let zeros =
+                    r.b.leaf(Op::Full(Scalar::F64(0.0)), r.b.shape(index), r.b.dtype(&g))?;
+                r.b.op(
+                    Op::Scatter { axis: *axis, accumulate: false },
+                    &[g.clone(), index.clone(), zeros],
+                )?
+            };
+            let picked = r.b.op(Op::Gather { axis: *axis }, &[g, index.clone()])?;
+            let (src_shape, index_shape) = (r.b.shape(src), r.b.shape(index));
+            let g_src = if src_shape == index_shape {
+                picked
+            } else {
+                // Elements of src beyond the index's extent were not scattered: gradient 0.
+                let mut view = View::contiguous(src_shape.clone());
+                for (d, &n) in index_shape.dims().iter().enumerate() {
+                    view = view.narrow(d, 0, n);
+                }
+                r.b.op(Op::Unview { view, shape: src_shape }, &[picked])?
+            };
+            vec![Some(g_base), None, Some(g_src)]
+        }
+        Op::CumSum { axis } => {
+            // The gradient of a running sum is the running sum from the other end.
+            let flip = View::contiguous(r.b.shape(&g)).flip(*axis);
+            let flipped = r.b.op(Op::View(flip.clone()), &[g])?;
+            let summed = r.b.op(Op::CumSum { axis: *axis }, &[flipped])?;
+            vec![Some(r.b.op(Op::View(flip), &[summed])?)]
+        }
         Op::MatMul => {
             let (x, y) = (&inputs[0], &inputs[1]);
             let xt = r.transpose_last(x)?;
@@ -85,7 +136,32 @@ pub fn is_differentiable(op: &Op) -> bool {
         Op::Binary(b) => !b.is_comparison() && !matches!(b, BinaryOp::And | BinaryOp::Or),
         Op::Reduce { op, .. } => !matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin),
         Op::Cast(to) => to.is_float(),
-        Op::Where | Op::View(_) | Op::Unview { .. } | Op::MatMul => true,
+        Op::Where
+        | Op::View(_)
+        | Op::Unview { .. }
+        | Op::Assign(_)
+        | Op::Gather { .. }
+        | Op::Scatter { .. }
+        | Op::CumSum { .. }
+        | Op::MatMul => true,
+    }
+}
+
+/// Whether the gradient rule of `op` reads the *value* of input `i` (rather than only its
+/// shape). A tensor whose value a rule reads must not change before backward runs.
+pub fn reads_input(op: &Op, i: usize) -> bool {
+    match op {
+        Op::Input | Op::Full(_) | Op::Random { .. } => false,
+        Op::Unary(u) => !matches!(
+            u,
+            UnaryOp::Neg | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not
+        ),
+        Op::Binary(b) => !matches!(b, BinaryOp::Add | BinaryOp::Sub),
+        Op::Where => i == 0,
+        Op::Cast(_) | Op::View(_) | Op::Unview { .. } | Op::Assign(_) | Op::CumSum { .. } => false,
+        Op::Reduce { op, .. } => !matches!(op, ReduceOp::Sum),
+        Op::Gather { .. } | Op::Scatter { .. } => i == 1,
+        Op::MatMul => true,
     }
 }
 

@@ -158,6 +158,32 @@ pub enum Op {
         /// The result's shape (the shape the view reads from).
         shape: Shape,
     },
+    /// Writes `values` (second input, of `view`'s shape) into a copy of `base` (first input)
+    /// at the positions `view` selects, which must be distinct. This is how an in-place
+    /// write through a view updates its storage.
+    Assign(View),
+    /// `out[p] = x[p with p[axis] = index[p]]`: the input's elements picked along `axis` by
+    /// an `I64` index tensor of the same rank (PyTorch's `gather`). The result has the
+    /// index's shape. Indices outside the axis are a run-time error.
+    Gather {
+        /// The axis the indices select along.
+        axis: usize,
+    },
+    /// A copy of `base` where, for every position `p` of `index`, the element at
+    /// `p with p[axis] = index[p]` is replaced by (or, with `accumulate`, increased by)
+    /// `src[p]` (PyTorch's `scatter` and `scatter_add`). Where several positions replace the
+    /// same element, the last in row-major order wins.
+    Scatter {
+        /// The axis the indices select along.
+        axis: usize,
+        /// Add instead of replacing.
+        accumulate: bool,
+    },
+    /// Running sum along `axis`.
+    CumSum {
+        /// The axis summed along.
+        axis: usize,
+    },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
 }
@@ -176,6 +202,11 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::View(_) => "view",
             Op::Unview { .. } => "unview",
+            Op::Assign(_) => "assign",
+            Op::Gather { .. } => "gather",
+            Op::Scatter { accumulate: false, .. } => "scatter",
+            Op::Scatter { accumulate: true, .. } => "scatter_add",
+            Op::CumSum { .. } => "cumsum",
             Op::MatMul => "matmul",
         }
     }
@@ -189,9 +220,14 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input | Op::Full(_) | Op::Random { .. } => 0,
-            Op::Unary(_) | Op::Cast(_) | Op::Reduce { .. } | Op::View(_) | Op::Unview { .. } => 1,
-            Op::Binary(_) | Op::MatMul => 2,
-            Op::Where => 3,
+            Op::Unary(_)
+            | Op::Cast(_)
+            | Op::Reduce { .. }
+            | Op::View(_)
+            | Op::Unview { .. }
+            | Op::CumSum { .. } => 1,
+            Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } => 2,
+            Op::Where | Op::Scatter { .. } => 3,
         }
     }
 
@@ -313,7 +349,10 @@ impl Op {
                         Ok((Shape::new(dims), DType::I64))
                     }
                     ReduceOp::Max | ReduceOp::Min => {
-                        if let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0) {
+                        // Bools have identities (false for max, true for min): any/all of nothing.
+                        if dtype != DType::Bool
+                            && let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0)
+                        {
                             return Err(IrError::shape(
                                 op.name(),
                                 format!(
@@ -352,6 +391,61 @@ impl Op {
                         "unview of {view} takes {} into {shape}, got an input of shape {input}",
                         view.shape()
                     )));
+                }
+                Ok((shape.clone(), dtype))
+            }
+            Op::Assign(view) => {
+                let (base, dtype) = inputs[0];
+                let (values, vdtype) = inputs[1];
+                if values != view.shape() || vdtype != dtype || view.span() > base.numel() {
+                    return Err(IrError::InvalidGraph(format!(
+                        "assign through {view} into {base} {dtype} got values {values} {vdtype}"
+                    )));
+                }
+                Ok((base.clone(), dtype))
+            }
+            Op::Gather { axis } => {
+                let (x, dtype) = inputs[0];
+                let (index, idtype) = inputs[1];
+                check_index("gather", *axis, x, index, idtype)?;
+                Ok((index.clone(), dtype))
+            }
+            Op::Scatter { axis, accumulate } => {
+                let op = if *accumulate { "scatter_add" } else { "scatter" };
+                let (base, dtype) = inputs[0];
+                let (index, idtype) = inputs[1];
+                let (src, sdtype) = inputs[2];
+                check_index(op, *axis, base, index, idtype)?;
+                if index.rank() != src.rank()
+                    || index.dims().iter().zip(src.dims()).any(|(i, s)| i > s)
+                {
+                    return Err(IrError::shape(
+                        op,
+                        format!(
+                            "index of shape {index} does not fit in src of shape {src}: every dimension must be at most src's"
+                        ),
+                    ));
+                }
+                if sdtype != dtype {
+                    return Err(IrError::dtype(
+                        op,
+                        format!("src has dtype {sdtype} but the tensor has {dtype}"),
+                    ));
+                }
+                if *accumulate && dtype == DType::Bool {
+                    return Err(IrError::dtype(op, "is not defined for bool tensors"));
+                }
+                Ok((base.clone(), dtype))
+            }
+            Op::CumSum { axis } => {
+                let (shape, dtype) = inputs[0];
+                if *axis >= shape.rank() {
+                    return Err(IrError::InvalidGraph(format!(
+                        "cumsum over axis {axis} of {shape}"
+                    )));
+                }
+                if dtype == DType::Bool {
+                    return Err(IrError::dtype("cumsum", "is not defined for bool inputs"));
                 }
                 Ok((shape.clone(), dtype))
             }
@@ -475,6 +569,46 @@ impl ReduceOp {
             ReduceOp::ArgMin => "argmin",
         }
     }
+}
+
+/// The rules `gather` and `scatter` share: an `I64` index of the tensor's rank, no larger
+/// than it outside `axis`.
+fn check_index(
+    op: &'static str,
+    axis: usize,
+    x: &Shape,
+    index: &Shape,
+    dtype: DType,
+) -> Result<(), IrError> {
+    if dtype != DType::I64 {
+        return Err(IrError::dtype(
+            op,
+            format!("the index must be an i64 tensor, got {dtype}; convert it with .long()"),
+        ));
+    }
+    if axis >= x.rank() {
+        return Err(IrError::index(
+            op,
+            format!("dimension {axis} is out of range for a tensor of rank {}", x.rank()),
+        ));
+    }
+    if index.rank() != x.rank() {
+        return Err(IrError::shape(
+            op,
+            format!(
+                "the index (shape {index}) must have as many dimensions as the tensor (shape {x})"
+            ),
+        ));
+    }
+    if let Some(d) = (0..x.rank()).find(|&d| d != axis && index.dims()[d] > x.dims()[d]) {
+        return Err(IrError::shape(
+            op,
+            format!(
+                "the index (shape {index}) is larger than the tensor (shape {x}) in dimension {d}; outside dimension {axis} it must be at most as large"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn same_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<(), IrError> {

@@ -70,6 +70,28 @@ impl View {
         true
     }
 
+    /// Whether every element sits at its own offset (no broadcast or otherwise overlapping
+    /// dimensions), so that writing through the view is well defined.
+    pub fn is_non_overlapping(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .dims()
+            .iter()
+            .zip(&self.strides)
+            .filter(|(d, _)| **d > 1)
+            .map(|(&d, &s)| (s.unsigned_abs(), d))
+            .collect();
+        dims.sort_unstable();
+        let mut reach = 0usize; // the largest offset difference the smaller dims span
+        for (stride, size) in dims {
+            if stride <= reach {
+                return false;
+            }
+            reach += stride * (size - 1);
+        }
+        true
+    }
+
     /// Whether this view reads all of a dense buffer of `shape` in order: the identity.
     pub fn is_identity_of(&self, shape: &Shape) -> bool {
         self.offset == 0 && &self.shape == shape && self.is_contiguous()
@@ -104,6 +126,15 @@ impl View {
         dims[dim] = len;
         let offset = if len == 0 { self.offset } else { self.offset_at(dim, start) };
         View { shape: Shape::new(dims), strides: self.strides.clone(), offset }
+    }
+
+    /// Reverses dimension `dim`: a negative stride, starting from its last element.
+    pub fn flip(&self, dim: usize) -> View {
+        let n = self.shape.dims()[dim];
+        let mut strides = self.strides.clone();
+        let offset = if n == 0 { self.offset } else { self.offset_at(dim, n - 1) };
+        strides[dim] = -strides[dim];
+        View { shape: self.shape.clone(), strides, offset }
     }
 
     /// Inserts a dimension of size 1 at `dim` (in `0..=rank`).
@@ -288,6 +319,28 @@ mod tests {
         // Size-1 dimensions can be inserted anywhere.
         let u = t.reshape(&Shape::from([3, 1, 2])).expect("inserting a 1 is a view");
         assert_eq!(offsets(&u), offsets(&t));
+    }
+
+    #[test]
+    fn overlap_is_detected() {
+        let base = View::contiguous(Shape::from([3, 4]));
+        assert!(base.is_non_overlapping());
+        assert!(base.permute(&[1, 0]).narrow(0, 1, 2).is_non_overlapping());
+        assert!(
+            !View::contiguous(Shape::from([3, 1]))
+                .expand(&Shape::from([3, 2]))
+                .is_non_overlapping()
+        );
+        assert!(!View::from_parts(Shape::from([3, 3]), vec![1, 1], 0).is_non_overlapping());
+    }
+
+    #[test]
+    fn flip_reverses_one_dimension() {
+        let v = View::contiguous(Shape::from([2, 3])).flip(1);
+        assert_eq!(offsets(&v), vec![2, 1, 0, 5, 4, 3]);
+        assert_eq!(v.span(), 6);
+        assert!(!v.is_contiguous());
+        assert_eq!(offsets(&v.flip(1)), vec![0, 1, 2, 3, 4, 5]);
     }
 
     #[test]

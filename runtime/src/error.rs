@@ -31,6 +31,19 @@ pub enum RuntimeError {
         /// What was looked for and not found.
         reason: String,
     },
+    /// An index tensor holds a value outside the dimension it indexes (found when computing,
+    /// since indices are data).
+    #[error("{op}: index {index} is out of bounds for dimension {axis} with size {size}")]
+    IndexOutOfRange {
+        /// The op that read the index.
+        op: &'static str,
+        /// The offending index.
+        index: i64,
+        /// The dimension it indexes.
+        axis: usize,
+        /// The dimension's size.
+        size: usize,
+    },
     /// A buffer bound to a graph input does not match it: a bug in the caller.
     #[error("input {index} of the graph expects {expected}, the buffer bound to it holds {got}")]
     Binding {

@@ -64,7 +64,7 @@ pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
         let at =
             |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
         let args = graph.args(id);
-        let computed = match &node.op {
+        let computed: Values = match &node.op {
             Op::Input => {
                 let index =
                     input_of[id.index()].expect("every Input node is listed in graph.inputs()");
@@ -87,6 +87,7 @@ pub fn run(graph: &Graph, inputs: &[Buffer]) -> Result<Vec<Buffer>, RunError> {
                 let arg_shapes: Vec<&Shape> = args.iter().map(|&a| &graph.node(a).shape).collect();
                 let arg_dtypes: Vec<DType> = args.iter().map(|&a| graph.node(a).dtype).collect();
                 eval(op, &node.shape, node.dtype, &arg_values, &arg_shapes, &arg_dtypes)
+                    .map_err(at)?
             }
         };
         let computed = round(computed, node.dtype);
@@ -187,9 +188,9 @@ fn eval(
     args: &[&Values],
     shapes: &[&Shape],
     dtypes: &[DType],
-) -> Values {
+) -> Result<Values, RuntimeError> {
     let n = shape.numel();
-    match op {
+    Ok(match op {
         Op::Input => unreachable!("inputs are bound, not evaluated"),
         Op::Full(s) => fill(dtype, n, *s),
         Op::Random { dist, key } => match dist {
@@ -239,8 +240,102 @@ fn eval(
                 Values::B(out)
             }
         },
+        Op::Assign(view) => {
+            let mut out = args[0].clone();
+            match (&mut out, args[1]) {
+                (Values::F(o), Values::F(v)) => view.offsets().zip(v).for_each(|(p, &x)| o[p] = x),
+                (Values::I(o), Values::I(v)) => view.offsets().zip(v).for_each(|(p, &x)| o[p] = x),
+                (Values::B(o), Values::B(v)) => view.offsets().zip(v).for_each(|(p, &x)| o[p] = x),
+                _ => unreachable!("assign's inputs share a dtype"),
+            }
+            out
+        }
+        Op::Gather { axis } => {
+            let Values::I(index) = args[1] else { unreachable!("gather's index is i64") };
+            let targets = index_targets("gather", *axis, shapes[0], shapes[1], index)?;
+            match args[0] {
+                Values::F(x) => Values::F(targets.iter().map(|&t| x[t]).collect()),
+                Values::I(x) => Values::I(targets.iter().map(|&t| x[t]).collect()),
+                Values::B(x) => Values::B(targets.iter().map(|&t| x[t]).collect()),
+            }
+        }
+        Op::Scatter { axis, accumulate } => {
+            let name = if *accumulate { "scatter_add" } else { "scatter" };
+            let Values::I(index) = args[1] else { unreachable!("scatter's index is i64") };
+            let targets = index_targets(name, *axis, shapes[0], shapes[1], index)?;
+            // src may be larger than the index: read it at the index's positions.
+            let src_view = src_positions(shapes[1], shapes[2]);
+            let mut out = args[0].clone();
+            match (&mut out, args[2]) {
+                (Values::F(o), Values::F(s)) => {
+                    for (&t, p) in targets.iter().zip(src_view.offsets()) {
+                        o[t] = if *accumulate { o[t] + s[p] } else { s[p] };
+                    }
+                }
+                (Values::I(o), Values::I(s)) => {
+                    for (&t, p) in targets.iter().zip(src_view.offsets()) {
+                        o[t] = if *accumulate { o[t].wrapping_add(s[p]) } else { s[p] };
+                    }
+                }
+                (Values::B(o), Values::B(s)) => {
+                    for (&t, p) in targets.iter().zip(src_view.offsets()) {
+                        o[t] = s[p];
+                    }
+                }
+                _ => unreachable!("scatter's tensor and src share a dtype"),
+            }
+            out
+        }
+        Op::CumSum { axis } => {
+            let stride = shape.contiguous_strides()[*axis] as usize;
+            let len = shape.dims()[*axis];
+            let mut out = args[0].clone();
+            // Walk each line along the axis from its first element.
+            for start in (0..n).filter(|i| (i / stride).is_multiple_of(len.max(1))) {
+                for k in 1..len {
+                    let (prev, cur) = (start + (k - 1) * stride, start + k * stride);
+                    match &mut out {
+                        Values::F(v) => v[cur] += v[prev],
+                        Values::I(v) => v[cur] = v[cur].wrapping_add(v[prev]),
+                        Values::B(_) => unreachable!("cumsum rejects bools"),
+                    }
+                }
+            }
+            out
+        }
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
-    }
+    })
+}
+
+/// For each position of `index` (row-major), the flat offset in a dense tensor of shape `x`
+/// that it selects: the position itself with coordinate `axis` replaced by the index value.
+fn index_targets(
+    op: &'static str,
+    axis: usize,
+    x: &Shape,
+    index: &Shape,
+    values: &[i64],
+) -> Result<Vec<usize>, RuntimeError> {
+    let size = x.dims()[axis];
+    let x_strides = x.contiguous_strides();
+    // The offset in x of each index position with its axis coordinate set to 0.
+    let mut strides = x_strides.clone();
+    strides[axis] = 0;
+    let base = kiln_ir::View::from_parts(index.clone(), strides, 0);
+    base.offsets()
+        .zip(values)
+        .map(|(b, &i)| {
+            if i < 0 || i as usize >= size {
+                return Err(RuntimeError::IndexOutOfRange { op, index: i, axis, size });
+            }
+            Ok(b + i as usize * x_strides[axis] as usize)
+        })
+        .collect()
+}
+
+/// The positions of a dense `src` read at each position of `index` (same rank, no larger).
+fn src_positions(index: &Shape, src: &Shape) -> kiln_ir::View {
+    kiln_ir::View::from_parts(index.clone(), src.contiguous_strides(), 0)
 }
 
 fn fill(dtype: DType, n: usize, s: Scalar) -> Values {

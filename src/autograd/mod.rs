@@ -41,6 +41,8 @@ pub(crate) struct GradNode {
     op: Op,
     /// The op's inputs; `None` once a backward pass without `retain_graph` freed them.
     inputs: Mutex<Option<Vec<Tensor>>>,
+    /// The storage version of each input when the op was recorded.
+    versions: Vec<u64>,
     /// The tensor this node produced, for `retain_grad`.
     output: Weak<TensorInner>,
     /// Where the op was recorded.
@@ -90,10 +92,31 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
     let node = GradNode {
         op,
         inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
+        versions: inputs.iter().map(|t| t.storage().version()).collect(),
         output: Arc::downgrade(&out.0),
         origin: Location::caller(),
     };
     meta(out).grad_fn = Some(Arc::new(node));
+}
+
+/// The autograd state a snapshot of `t` starts with: the same flag and history.
+pub(crate) fn snapshot_meta(t: &Tensor) -> AutogradMeta {
+    let m = meta(t);
+    AutogradMeta {
+        requires_grad: m.requires_grad,
+        grad_fn: m.grad_fn.clone(),
+        grad: None,
+        retain_grad: false,
+    }
+}
+
+/// Makes `target`'s history that of `value` (after an in-place write put `value` into it).
+pub(crate) fn adopt_history(target: &Tensor, value: &Tensor) {
+    let grad_fn = meta(value).grad_fn.clone();
+    let mut m = meta(target);
+    if grad_fn.is_some() {
+        m.grad_fn = grad_fn;
+    }
 }
 
 /// Attaches a [`GradNode`] if `wants_grad`, building the op only then.
@@ -253,6 +276,7 @@ fn run_backward(
             }
         }
         let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, node))?;
+        check_versions(op, node, &inputs)?;
         let grads = autodiff::vjp(&mut TensorBuilder, &node.op, &inputs, &g)?;
         for (input, gi) in inputs.iter().zip(grads) {
             if let Some(gi) = gi
@@ -301,6 +325,26 @@ fn run_backward(
     let refs: Vec<&Tensor> = updated.iter().collect();
     Tensor::try_realize_all(&refs)?;
     Ok(Vec::new())
+}
+
+/// Fails if an input whose value the gradient rule reads was modified in place after the op
+/// was recorded (its values are gone, so the gradient would be wrong).
+fn check_versions(op: &'static str, node: &GradNode, inputs: &[Tensor]) -> Result<()> {
+    for (i, (t, &saved)) in inputs.iter().zip(&node.versions).enumerate() {
+        let now = t.storage().version();
+        if now != saved && autodiff::reads_input(&node.op, i) {
+            return Err(Error::Autograd {
+                op,
+                detail: format!(
+                    "input {i} (shape {}) of `{}` (recorded at {}) was modified by an in-place operation: it is at version {now}, the gradient needs version {saved}; use the out-of-place form (add instead of add_), or .copy() the tensor before modifying it",
+                    t.shape(),
+                    node.op.name(),
+                    node.origin
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn freed_error(op: &'static str, node: &GradNode) -> Error {

@@ -3,18 +3,25 @@
 mod arith;
 mod create;
 mod display;
+mod einsum;
+mod index;
+mod inplace;
 mod linalg;
 mod movement;
 mod read;
 mod reduce;
+mod select;
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kiln_ir::{DType, Op, Shape, View};
 use kiln_runtime::{Buffer, Device};
 
 pub use arith::Operand;
+pub use einsum::{einsum, try_einsum};
+pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
 
 use crate::autograd::AutogradMeta;
@@ -52,19 +59,41 @@ pub(crate) struct TensorInner {
 }
 
 /// The data that views share: the node that produces it, dense and row-major.
+///
+/// In-place ops replace the node with a functional update of it (so every view sees the new
+/// values, lazily) and bump `version`, which autograd checks for the tensors it saved.
 pub(crate) struct Storage {
     node: Mutex<Arc<LazyNode>>,
+    version: AtomicU64,
     dtype: DType,
     device: Device,
 }
 
 impl Storage {
     fn new(node: Arc<LazyNode>) -> Arc<Storage> {
-        Arc::new(Storage { dtype: node.dtype, device: node.device, node: Mutex::new(node) })
+        Arc::new(Storage {
+            dtype: node.dtype,
+            device: node.device,
+            node: Mutex::new(node),
+            version: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn node(&self) -> Arc<LazyNode> {
         self.node.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Installs the node of an in-place write and bumps the version.
+    pub(crate) fn replace(&self, node: Arc<LazyNode>) {
+        let old =
+            std::mem::replace(&mut *self.node.lock().unwrap_or_else(PoisonError::into_inner), node);
+        self.version.fetch_add(1, Ordering::SeqCst);
+        drop(old);
+    }
+
+    /// How many in-place writes the storage has seen.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
     }
 }
 
@@ -92,6 +121,14 @@ impl Tensor {
             view,
             autograd: Mutex::default(),
         }))
+    }
+
+    /// A handle to this tensor's current value that later in-place writes do not reach: the
+    /// same node in a storage of its own, with this tensor's autograd history.
+    pub(crate) fn snapshot(&self) -> Tensor {
+        let storage = Storage::new(self.0.storage.node());
+        let autograd = Mutex::new(crate::autograd::snapshot_meta(self));
+        Tensor(Arc::new(TensorInner { storage, view: self.0.view.clone(), autograd }))
     }
 
     pub(crate) fn storage(&self) -> &Arc<Storage> {

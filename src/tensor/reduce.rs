@@ -309,3 +309,324 @@ impl Tensor {
         ok(self.try_min_dim(dim, keepdim)).1
     }
 }
+
+impl Tensor {
+    /// The product of all elements (integers and bools multiply as `i64`).
+    #[must_use]
+    #[track_caller]
+    pub fn prod(&self) -> Tensor {
+        ok(self.for_sum().reduce(ReduceOp::Prod, (0..self.ndim()).collect(), false))
+    }
+
+    /// The product over `dims`, keeping them as size 1 when `keepdim`.
+    ///
+    /// # Panics
+    /// If a dimension is out of range; [`Tensor::try_prod_dim`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn prod_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_prod_dim(dims, keepdim))
+    }
+
+    /// [`Tensor::prod_dim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when a dimension is out of range or repeated.
+    #[track_caller]
+    pub fn try_prod_dim(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let axes = self.axes("prod", &dims)?;
+        self.for_sum().reduce(ReduceOp::Prod, axes, keepdim)
+    }
+
+    /// The largest elements over `dims` (several at once), keeping them when `keepdim`. The
+    /// gradient is shared evenly among tied maxima, as in PyTorch.
+    ///
+    /// # Panics
+    /// On a bad or empty dimension; [`Tensor::try_amax`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn amax(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_amax(dims, keepdim))
+    }
+
+    /// [`Tensor::amax`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    #[track_caller]
+    pub fn try_amax(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let axes = self.axes("amax", &dims)?;
+        self.reduce(ReduceOp::Max, axes, keepdim)
+    }
+
+    /// The smallest elements over `dims`, keeping them when `keepdim`.
+    ///
+    /// # Panics
+    /// On a bad or empty dimension; [`Tensor::try_amin`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn amin(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_amin(dims, keepdim))
+    }
+
+    /// [`Tensor::amin`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    #[track_caller]
+    pub fn try_amin(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let axes = self.axes("amin", &dims)?;
+        self.reduce(ReduceOp::Min, axes, keepdim)
+    }
+
+    /// The unbiased variance of all elements (`correction = 1`, as in PyTorch).
+    ///
+    /// # Panics
+    /// On a non-float tensor.
+    #[must_use]
+    #[track_caller]
+    pub fn var(&self) -> Tensor {
+        ok(self.try_var_dim_correction(Vec::<i64>::new(), 1.0, false))
+    }
+
+    /// The unbiased variance over `dims`.
+    ///
+    /// # Panics
+    /// On a non-float tensor or a bad dimension.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    /// assert_eq!(x.var_dim(1, false).to_vec::<f32>(), vec![0.5, 0.5]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn var_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_var_dim_correction(dims, 1.0, keepdim))
+    }
+
+    /// The variance over `dims` with `sum((x - mean)^2) / (n - correction)`: 1 is the
+    /// unbiased estimate, 0 the population variance.
+    ///
+    /// # Errors
+    /// [`Error::DType`] on a non-float tensor; [`Error::Index`] for a bad dimension.
+    #[track_caller]
+    pub fn try_var_dim_correction(
+        &self,
+        dims: impl Dims,
+        correction: f64,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::dtype(
+                "var",
+                format!(
+                    "needs a float tensor, got {}; convert it first with .float()",
+                    self.dtype()
+                ),
+            ));
+        }
+        let axes = self.axes("var", &dims)?;
+        let n: usize = axes.iter().map(|&a| self.dims()[a]).product();
+        let mean = self.try_mean_dim(axes.clone(), true)?;
+        let centered = self.try_sub(&mean)?;
+        let ss = centered.try_mul(&centered)?.try_sum_dim(axes, keepdim)?;
+        ss.try_div((n as f64 - correction).max(0.0))
+    }
+
+    /// The unbiased standard deviation of all elements.
+    ///
+    /// # Panics
+    /// On a non-float tensor.
+    #[must_use]
+    #[track_caller]
+    pub fn std(&self) -> Tensor {
+        self.var().sqrt()
+    }
+
+    /// The unbiased standard deviation over `dims`.
+    ///
+    /// # Panics
+    /// On a non-float tensor or a bad dimension.
+    #[must_use]
+    #[track_caller]
+    pub fn std_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        self.var_dim(dims, keepdim).sqrt()
+    }
+
+    /// The standard deviation over `dims` with a correction (see
+    /// [`Tensor::try_var_dim_correction`]).
+    ///
+    /// # Errors
+    /// As [`Tensor::try_var_dim_correction`].
+    #[track_caller]
+    pub fn try_std_dim_correction(
+        &self,
+        dims: impl Dims,
+        correction: f64,
+        keepdim: bool,
+    ) -> Result<Tensor> {
+        Ok(self.try_var_dim_correction(dims, correction, keepdim)?.sqrt())
+    }
+
+    /// `log(sum(exp(x)))` over `dims`, computed stably (shifted by the maximum).
+    ///
+    /// # Panics
+    /// On a bad or empty dimension; [`Tensor::try_logsumexp`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1000.0f32, 1000.0], [2]);
+    /// assert!((x.logsumexp(0, false).item::<f32>() - (1000.0 + 2f32.ln())).abs() < 1e-3);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        ok(self.try_logsumexp(dims, keepdim))
+    }
+
+    /// [`Tensor::logsumexp`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    #[track_caller]
+    pub fn try_logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
+        let axes = x.axes("logsumexp", &dims)?;
+        let shift = x.stable_shift(&axes)?;
+        let lse =
+            x.try_sub(&shift)?.exp().try_sum_dim(axes.clone(), true)?.log().try_add(&shift)?;
+        if keepdim {
+            Ok(lse)
+        } else {
+            Ok(lse.restrided(|v| axes.iter().rev().fold(v.clone(), |v, &a| v.squeeze(a))))
+        }
+    }
+
+    /// The maximum over `axes` (kept), with infinities replaced by 0 and no gradient: the
+    /// shift that keeps `exp` from overflowing.
+    #[track_caller]
+    fn stable_shift(&self, axes: &[usize]) -> Result<Tensor> {
+        let m = self.detach().reduce(ReduceOp::Max, axes.to_vec(), true)?;
+        let finite = m.abs().try_lt(f64::INFINITY)?;
+        Tensor::try_where_(&finite, &m, 0.0)
+    }
+
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably: inputs of 1000 give 0.5/0.5,
+    /// not NaN.
+    ///
+    /// # Panics
+    /// If `dim` is out of range; [`Tensor::try_softmax`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1000.0f32, 1000.0], [2]);
+    /// assert_eq!(x.softmax(0).to_vec::<f32>(), vec![0.5, 0.5]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn softmax(&self, dim: i64) -> Tensor {
+        ok(self.try_softmax(dim))
+    }
+
+    /// [`Tensor::softmax`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when `dim` is out of range.
+    #[track_caller]
+    pub fn try_softmax(&self, dim: i64) -> Result<Tensor> {
+        let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
+        let axis = normalize_axis("softmax", dim, x.ndim())?;
+        if x.numel() == 0 {
+            return Ok(x);
+        }
+        let e = x.try_sub(&x.stable_shift(&[axis])?)?.exp();
+        e.try_div(&e.try_sum_dim(axis, true)?)
+    }
+
+    /// `log(softmax(x))` along `dim`, computed stably as `x - logsumexp(x)`.
+    ///
+    /// # Panics
+    /// If `dim` is out of range; [`Tensor::try_log_softmax`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn log_softmax(&self, dim: i64) -> Tensor {
+        ok(self.try_log_softmax(dim))
+    }
+
+    /// [`Tensor::log_softmax`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when `dim` is out of range.
+    #[track_caller]
+    pub fn try_log_softmax(&self, dim: i64) -> Result<Tensor> {
+        let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
+        let axis = normalize_axis("log_softmax", dim, x.ndim())?;
+        if x.numel() == 0 {
+            return Ok(x);
+        }
+        let shifted = x.try_sub(&x.stable_shift(&[axis])?)?;
+        shifted.try_sub(shifted.exp().try_sum_dim(axis, true)?.log())
+    }
+
+    /// The running sum along `dim` (integers and bools sum as `i64`).
+    ///
+    /// # Panics
+    /// If `dim` is out of range; [`Tensor::try_cumsum`] returns the error.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// assert_eq!(Tensor::arange(1i64, 5, 1).cumsum(0).to_vec::<i64>(), vec![1, 3, 6, 10]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn cumsum(&self, dim: i64) -> Tensor {
+        ok(self.try_cumsum(dim))
+    }
+
+    /// [`Tensor::cumsum`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when `dim` is out of range.
+    #[track_caller]
+    pub fn try_cumsum(&self, dim: i64) -> Result<Tensor> {
+        let axis = normalize_axis("cumsum", dim, self.ndim())?;
+        Tensor::from_op(Op::CumSum { axis }, &[&self.for_sum()])
+    }
+
+    /// Whether every element is non-zero (`true` for an empty tensor).
+    #[must_use]
+    #[track_caller]
+    pub fn all(&self) -> Tensor {
+        ok(self.bool().reduce(ReduceOp::Min, (0..self.ndim()).collect(), false))
+    }
+
+    /// Whether any element is non-zero (`false` for an empty tensor).
+    #[must_use]
+    #[track_caller]
+    pub fn any(&self) -> Tensor {
+        ok(self.bool().reduce(ReduceOp::Max, (0..self.ndim()).collect(), false))
+    }
+
+    /// Whether every element over `dims` is non-zero.
+    ///
+    /// # Panics
+    /// If a dimension is out of range.
+    #[must_use]
+    #[track_caller]
+    pub fn all_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        let axes = ok(self.axes("all", &dims));
+        ok(self.bool().reduce(ReduceOp::Min, axes, keepdim))
+    }
+
+    /// Whether any element over `dims` is non-zero.
+    ///
+    /// # Panics
+    /// If a dimension is out of range.
+    #[must_use]
+    #[track_caller]
+    pub fn any_dim(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        let axes = ok(self.axes("any", &dims));
+        ok(self.bool().reduce(ReduceOp::Max, axes, keepdim))
+    }
+}

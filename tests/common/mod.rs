@@ -204,18 +204,6 @@ pub fn read(t: &Tensor, dtype: DType) -> Vec<f64> {
     t.to_vec::<f64>()
 }
 
-/// The resident set size of this process, in bytes.
-pub fn rss_bytes() -> usize {
-    let statm =
-        std::fs::read_to_string("/proc/self/statm").expect("Linux exposes /proc/self/statm");
-    let pages: usize = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("statm has a resident field");
-    pages * 4096
-}
-
 /// Serializes the tests that draw from kiln's global random generator, so that one test's
 /// draws cannot fall between another's `manual_seed` and its own draws.
 pub fn random_lock() -> std::sync::MutexGuard<'static, ()> {

@@ -1,0 +1,235 @@
+//! In-place ops: functional updates of the storage that every view sees.
+//!
+//! `x.add_(y)` computes `x + y` like the out-of-place op, then installs the result as the new
+//! value of `x`'s storage, through `x`'s view when it covers only part of it. Nothing is
+//! computed at once: the storage's node becomes an `Assign` of the new values into the old
+//! ones, so every alias reads the update, and tensors recorded earlier keep reading the old
+//! values, as they would have in eager PyTorch.
+
+use std::panic::Location;
+
+use kiln_ir::{Op, Scalar};
+
+use super::{Operand, Tensor};
+use crate::error::ok;
+use crate::lazy::LazyNode;
+use crate::{Error, Result};
+
+impl Tensor {
+    /// Writes `value(old)` into this tensor, where `old` is its current value.
+    #[track_caller]
+    fn write(
+        &self,
+        op: &'static str,
+        value: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let grad_on = crate::is_grad_enabled();
+        if grad_on && self.is_leaf() && self.requires_grad() {
+            return Err(Error::Autograd {
+                op,
+                detail: "a leaf tensor that requires grad cannot be modified in place; do it inside kiln::no_grad(..), or on a .detach()ed tensor".into(),
+            });
+        }
+        if !self.layout().is_non_overlapping() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "several elements of this tensor (shape {}, strides {:?}) share one memory location, so an in-place write is ambiguous; .copy() it first",
+                    self.shape(),
+                    self.stride()
+                ),
+            ));
+        }
+        let old = self.snapshot();
+        let new = value(&old)?;
+        if new.shape() != self.shape() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "the result has shape {} and cannot be written into a tensor of shape {}",
+                    new.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        if new.dtype().category() > self.dtype().category() {
+            return Err(Error::dtype(
+                op,
+                format!(
+                    "the result type {} cannot be cast to the tensor's type {} in place",
+                    new.dtype(),
+                    self.dtype()
+                ),
+            ));
+        }
+        let new = new.to_dtype(self.dtype());
+        let whole = self.layout().is_identity_of(&self.storage().node().shape);
+        if grad_on && new.requires_grad() && !whole {
+            return Err(Error::Autograd {
+                op,
+                detail: format!(
+                    "in-place writes into part of a storage (this view of shape {}) are not differentiable yet; use out-of-place ops such as Tensor::where_ or Tensor::cat",
+                    self.shape()
+                ),
+            });
+        }
+        let base = self.storage().node();
+        let node = if whole {
+            new.node()
+        } else {
+            LazyNode::pending(
+                Op::Assign(self.layout().clone()),
+                vec![base.clone(), new.node()],
+                base.shape.clone(),
+                base.dtype,
+                base.device,
+                Location::caller(),
+            )
+        };
+        self.storage().replace(node);
+        if grad_on {
+            crate::autograd::adopt_history(self, &new);
+        }
+        Ok(self.clone())
+    }
+
+    /// A copy with its own storage (PyTorch's `clone()`; Rust's `clone` shares the handle).
+    /// Gradients flow through it.
+    #[must_use]
+    #[track_caller]
+    pub fn copy(&self) -> Tensor {
+        let out = Tensor::from_node(self.node());
+        crate::autograd::record(
+            &out,
+            || Op::View(kiln_ir::View::contiguous(self.shape().clone())),
+            &[self],
+        );
+        out
+    }
+}
+
+macro_rules! inplace_binary {
+    ($($(#[$doc:meta])* $name:ident, $try_name:ident => $method:ident;)*) => {
+        impl Tensor {$(
+            $(#[$doc])*
+            ///
+            /// # Panics
+            #[doc = concat!("As [`Tensor::", stringify!($try_name), "`] fails.")]
+            #[track_caller]
+            pub fn $name<'a>(&self, rhs: impl Into<Operand<'a>>) -> Tensor {
+                ok(self.$try_name(rhs))
+            }
+
+            #[doc = concat!("[`Tensor::", stringify!($name), "`], returning an error instead of panicking.")]
+            ///
+            /// # Errors
+            /// [`Error::Shape`] when the result would not have this tensor's shape,
+            /// [`Error::DType`] when it would need a higher category (a float written into
+            /// an integer tensor), [`Error::Autograd`] on a leaf that requires grad.
+            #[track_caller]
+            pub fn $try_name<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+                let rhs = rhs.into();
+                self.write(stringify!($name), |old| old.$method(rhs))
+            }
+        )*}
+    };
+}
+
+inplace_binary! {
+    /// `self += rhs` in place (broadcasting `rhs`), returning `self`.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([2, 3]);
+    /// x.narrow(1, 1, 1).add_(5.0);   // writes through the view into x
+    /// assert_eq!(x.to_vec::<f32>(), vec![0.0, 5.0, 0.0, 0.0, 5.0, 0.0]);
+    /// ```
+    add_, try_add_ => try_add;
+    /// `self -= rhs` in place, returning `self`.
+    sub_, try_sub_ => try_sub;
+    /// `self *= rhs` in place, returning `self`.
+    mul_, try_mul_ => try_mul;
+    /// `self /= rhs` in place (true division: integer tensors cannot hold the result), returning `self`.
+    div_, try_div_ => try_div;
+}
+
+impl Tensor {
+    /// Clamps to `[min, max]` in place, returning `self`.
+    ///
+    /// # Panics
+    /// On a leaf that requires grad.
+    #[track_caller]
+    pub fn clamp_(&self, min: f64, max: f64) -> Tensor {
+        ok(self.write("clamp_", |old| Ok(old.clamp(min, max))))
+    }
+
+    /// `max(self, 0)` in place, returning `self`.
+    ///
+    /// # Panics
+    /// On a bool tensor or a leaf that requires grad.
+    #[track_caller]
+    pub fn relu_(&self) -> Tensor {
+        ok(self.write("relu_", Tensor::try_relu))
+    }
+
+    /// Sets every element to zero, returning `self`.
+    ///
+    /// # Panics
+    /// On a leaf that requires grad.
+    #[track_caller]
+    pub fn zero_(&self) -> Tensor {
+        self.fill_(0)
+    }
+
+    /// Sets every element to `value` (converted to this tensor's dtype with Rust `as`
+    /// semantics, as PyTorch's `fill_` does), returning `self`.
+    ///
+    /// # Panics
+    /// On a leaf that requires grad.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([3, 4]);
+    /// x.view(&[4, 3]).i((0, 0)).fill_(999.0);
+    /// assert_eq!(x.to_vec::<f32>()[0], 999.0);
+    /// ```
+    #[track_caller]
+    pub fn fill_(&self, value: impl Into<Scalar>) -> Tensor {
+        let value = value.into();
+        ok(self.write("fill_", |old| Ok(Tensor::full_dtype(old.shape(), value, old.dtype()))))
+    }
+
+    /// Copies `src` into this tensor (broadcasting it, and converting it to this tensor's
+    /// dtype), returning `self`.
+    ///
+    /// # Panics
+    /// As [`Tensor::try_copy_`] fails.
+    #[track_caller]
+    pub fn copy_(&self, src: &Tensor) -> Tensor {
+        ok(self.try_copy_(src))
+    }
+
+    /// [`Tensor::copy_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `src` does not broadcast to this tensor's shape;
+    /// [`Error::Autograd`] on a leaf that requires grad.
+    #[track_caller]
+    pub fn try_copy_(&self, src: &Tensor) -> Result<Tensor> {
+        let shape = self.shape().clone();
+        let dtype = self.dtype();
+        self.write("copy_", |_| {
+            let target = src.shape().broadcast(&shape, "copy_")?;
+            if target != shape {
+                return Err(Error::shape(
+                    "copy_",
+                    format!(
+                        "src of shape {} cannot be broadcast to the tensor's shape {shape}",
+                        src.shape()
+                    ),
+                ));
+            }
+            Ok(src.to_dtype(dtype).broadcast_to(&shape))
+        })
+    }
+}

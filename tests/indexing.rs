@@ -1,0 +1,256 @@
+//! Indexing and selection against index arithmetic.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+fn iota(shape: &[usize]) -> (Vec<f64>, Tensor) {
+    let data: Vec<f64> = (0..shape.iter().product::<usize>()).map(|v| v as f64).collect();
+    let t = tensor(&data, shape, DType::I64);
+    (data, t)
+}
+
+#[test]
+fn integer_range_ellipsis_and_new_axis_indices() {
+    for layout in LAYOUTS {
+        let data: Vec<f64> = (0..24).map(|v| v as f64).collect();
+        let x = make(&data, &[2, 3, 4], DType::I64, layout);
+        let at = |i: usize, j: usize, k: usize| data[i * 12 + j * 4 + k];
+        assert_eq!(
+            x.i(1).to_vec::<f64>(),
+            (0..12).map(|r| at(1, r / 4, r % 4)).collect::<Vec<_>>()
+        );
+        assert_eq!(x.i(-1).to_vec::<f64>(), x.i(1).to_vec::<f64>());
+        assert_eq!(x.i((0, 1..3, -1)).to_vec::<f64>(), vec![at(0, 1, 3), at(0, 2, 3)]);
+        assert_eq!(
+            x.i((.., 2)).to_vec::<f64>(),
+            (0..8).map(|r| at(r / 4, 2, r % 4)).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            x.i((Ellipsis, 1)).to_vec::<f64>(),
+            (0..6).map(|r| at(r / 3, r % 3, 1)).collect::<Vec<_>>()
+        );
+        assert_eq!(x.i((1, Ellipsis, 2..)).dims(), &[3, 2]);
+        assert_eq!(x.i((..1, ..=1, 1..=2)).dims(), &[1, 2, 2]);
+        assert_eq!(x.i((NewAxis, 0, .., NewAxis)).dims(), &[1, 3, 1, 4]);
+        assert_eq!(x.i((.., -2.., ..-1)).dims(), &[2, 2, 3]);
+        // Slices clamp like Python's.
+        assert_eq!(x.i((0, 0, 2..100)).to_vec::<f64>(), vec![at(0, 0, 2), at(0, 0, 3)]);
+        let (hi, lo) = (3, 1);
+        assert_eq!(x.i((0, 0, hi..lo)).numel(), 0, "a reversed range is empty");
+        assert!(x.i((0, 1..3)).shares_storage_with(&x));
+    }
+    let (_, x) = iota(&[2, 3]);
+    assert_eq!(x.select(1, -1).to_vec::<i64>(), vec![2, 5]);
+    assert_eq!(x.i((1usize, 0usize)).item::<i64>(), 3);
+}
+
+#[test]
+fn index_errors() {
+    let (_, x) = iota(&[2, 3]);
+    assert_eq!(
+        x.try_i(2).unwrap_err().to_string(),
+        "i: index 2 is out of range for dimension 0 of size 2 (shape [2, 3])"
+    );
+    assert_eq!(
+        x.try_i((0, -4)).unwrap_err().to_string(),
+        "i: index -4 is out of range for dimension 0 of size 3 (shape [2, 3])"
+    );
+    assert_eq!(
+        x.try_i((0, 0, 0)).unwrap_err().to_string(),
+        "i: too many indices (3) for a tensor of rank 2 (shape [2, 3])"
+    );
+    assert_eq!(
+        x.try_i((Ellipsis, 0, Ellipsis)).unwrap_err().to_string(),
+        "i: an index can contain at most one Ellipsis"
+    );
+    assert!(
+        x.try_select(2, 0)
+            .unwrap_err()
+            .to_string()
+            .starts_with("select: dimension 2 is out of range")
+    );
+}
+
+#[test]
+fn gather_scatter_and_index_select_match_loops() {
+    let mut rng = Rng::new(52);
+    for layout in LAYOUTS {
+        let data = values(&mut rng, 12, DType::F32);
+        let x = make(&data, &[3, 4], DType::F32, layout);
+        let idx: Vec<i64> = (0..6).map(|_| rng.int(0, 4)).collect();
+        let index = Tensor::from_vec(idx.clone(), [3, 2]);
+        let g = x.gather(1, &index).to_vec::<f64>();
+        assert_eq!(
+            g,
+            (0..6).map(|p| data[(p / 2) * 4 + idx[p] as usize]).collect::<Vec<_>>(),
+            "gather {layout:?}"
+        );
+        let rows: Vec<i64> = vec![2, 0, 2, 1];
+        let sel = x.index_select(0, &Tensor::from_vec(rows.clone(), [4])).to_vec::<f64>();
+        assert_eq!(
+            sel,
+            (0..16).map(|p| data[rows[p / 4] as usize * 4 + p % 4]).collect::<Vec<_>>()
+        );
+        let cols = x.index_select(-1, &Tensor::from_vec(vec![3i32, 3], [2])).to_vec::<f64>();
+        assert_eq!(cols, (0..6).map(|p| data[(p / 2) * 4 + 3]).collect::<Vec<_>>());
+        // scatter_add accumulates repeated positions; scatter keeps the last write.
+        let src = values(&mut rng, 6, DType::F32);
+        let s = tensor(&src, &[3, 2], DType::F32);
+        let added = x.scatter_add(1, &index, &s).to_vec::<f64>();
+        let replaced = x.scatter(1, &index, &s).to_vec::<f64>();
+        let mut want_add = data.clone();
+        let mut want_rep = data.clone();
+        for p in 0..6 {
+            let t = (p / 2) * 4 + idx[p] as usize;
+            want_add[t] += src[p];
+            want_rep[t] = src[p];
+        }
+        assert_close(
+            &added,
+            &want_add.iter().map(|&v| round_to(DType::F32, v)).collect::<Vec<_>>(),
+            DType::F32,
+            "scatter_add",
+        );
+        assert_eq!(replaced, want_rep);
+        let filled =
+            x.scatter(0, &Tensor::from_vec(vec![1i64, 0, 2, 1], [1, 4]), 9.0).to_vec::<f64>();
+        let mut want = data.clone();
+        for (c, r) in [1usize, 0, 2, 1].iter().enumerate() {
+            want[r * 4 + c] = 9.0;
+        }
+        assert_eq!(filled, want);
+    }
+}
+
+#[test]
+fn out_of_range_indices_fail_when_computed_naming_the_line() {
+    let x = Tensor::zeros([2, 3]);
+    let line = line!() + 1;
+    let g = x.gather(1, &Tensor::from_vec(vec![0i64, 3], [2, 1]));
+    let err = g.try_to_vec::<f32>().unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with("gather: index 3 is out of bounds for dimension 1 with size 3"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("indexing.rs:{line}")), "{text}");
+    let err = x
+        .index_select(0, &Tensor::from_vec(vec![-1i64], [1]))
+        .try_to_vec::<f32>()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("gather: index -1 is out of bounds for dimension 0 with size 2"),
+        "{err}"
+    );
+    assert!(
+        x.try_gather(0, &Tensor::zeros([2, 3]))
+            .unwrap_err()
+            .to_string()
+            .starts_with("gather: indices must be an integer tensor")
+    );
+    assert!(
+        x.try_gather(0, &Tensor::from_vec(vec![0i64], [1]))
+            .unwrap_err()
+            .to_string()
+            .starts_with("gather: the index (shape [1]) must have as many dimensions")
+    );
+    assert!(
+        x.try_gather(0, &Tensor::from_vec(vec![0i64; 8], [1, 8]))
+            .unwrap_err()
+            .to_string()
+            .contains("larger than the tensor")
+    );
+}
+
+#[test]
+fn masks() {
+    let mut rng = Rng::new(53);
+    for layout in LAYOUTS {
+        let data = values(&mut rng, 12, DType::F64);
+        let x = make(&data, &[3, 4], DType::F64, layout);
+        let m: Vec<bool> = data.iter().map(|v| *v > 0.0).collect();
+        let got = x.masked_select(&x.gt(0.0)).to_vec::<f64>();
+        assert_eq!(got, data.iter().copied().filter(|v| *v > 0.0).collect::<Vec<_>>());
+        let filled = x.masked_fill(&x.gt(0.0), -7.0).to_vec::<f64>();
+        assert_eq!(
+            filled,
+            data.iter().zip(&m).map(|(v, m)| if *m { -7.0 } else { *v }).collect::<Vec<_>>()
+        );
+        // A broadcast mask.
+        let row_mask = Tensor::from_vec(vec![true, false, false, true], [4]);
+        let got = x.masked_select(&row_mask).to_vec::<f64>();
+        assert_eq!(
+            got,
+            (0..12).filter(|i| i % 4 == 0 || i % 4 == 3).map(|i| data[i]).collect::<Vec<_>>()
+        );
+    }
+    let x = Tensor::zeros([2, 2]);
+    assert!(
+        x.try_masked_fill(&Tensor::from_vec(vec![1i64, 0], [2]), 1.0)
+            .unwrap_err()
+            .to_string()
+            .starts_with("masked_fill: the mask must be a bool tensor, got i64")
+    );
+    assert!(
+        x.try_masked_select(&Tensor::from_vec(vec![true; 3], [3]))
+            .unwrap_err()
+            .to_string()
+            .starts_with("masked_select: shapes [2, 2] and [3] cannot be broadcast")
+    );
+    assert!(
+        x.try_masked_fill(&Tensor::from_vec(vec![true; 12], [3, 2, 2]), 1.0)
+            .unwrap_err()
+            .to_string()
+            .starts_with("masked_fill: a mask of shape [3, 2, 2] does not broadcast")
+    );
+}
+
+#[test]
+fn cat_stack_split_chunk_repeat_flip_triangles() {
+    let (da, a) = iota(&[2, 3]);
+    let b = Tensor::from_vec(vec![100.0f32, 101.0], [2, 1]);
+    let c = Tensor::cat(&[&a.t(), &a.t()], 0);
+    assert_eq!(c.dims(), &[6, 2]);
+    let at = a.t().to_vec::<f64>();
+    assert_eq!(c.to_vec::<f64>(), [at.clone(), at].concat());
+    let mixed = Tensor::cat(&[&a, &b], 1);
+    assert_eq!(mixed.dtype(), DType::F32);
+    assert_eq!(mixed.to_vec::<f64>(), vec![0.0, 1.0, 2.0, 100.0, 3.0, 4.0, 5.0, 101.0]);
+    assert_eq!(Tensor::cat(&[&a, &Tensor::zeros([0, 3]).long()], 0).to_vec::<f64>(), da);
+    let s = Tensor::stack(&[&a, &a], 1);
+    assert_eq!(s.dims(), &[2, 2, 3]);
+    assert_eq!(s.i((1, 0)).to_vec::<i64>(), vec![3, 4, 5]);
+    assert_eq!(Tensor::stack(&[&a, &a], -1).dims(), &[2, 3, 2]);
+    let parts = Tensor::arange(0i64, 7, 1).chunk(3, 0);
+    assert_eq!(parts.iter().map(Tensor::numel).collect::<Vec<_>>(), vec![3, 3, 1]);
+    assert!(parts[1].shares_storage_with(&parts[0]));
+    assert_eq!(
+        a.split(2, 1).iter().map(|p| p.dims().to_vec()).collect::<Vec<_>>(),
+        vec![vec![2, 2], vec![2, 1]]
+    );
+    let r = a.repeat(&[2, 1, 2]);
+    assert_eq!(r.dims(), &[2, 2, 6]);
+    assert_eq!(r.i((1, 1)).to_vec::<i64>(), vec![3, 4, 5, 3, 4, 5]);
+    assert_eq!(a.flip(&[0, 1]).to_vec::<i64>(), vec![5, 4, 3, 2, 1, 0]);
+    assert_eq!(a.t().flip(&[-1]).to_vec::<i64>(), vec![3, 0, 4, 1, 5, 2]);
+    let m = Tensor::ones([3, 4]);
+    assert_eq!(m.tril(0).to_vec::<f32>(), vec![1., 0., 0., 0., 1., 1., 0., 0., 1., 1., 1., 0.]);
+    assert_eq!(m.triu(1).to_vec::<f32>(), vec![0., 1., 1., 1., 0., 0., 1., 1., 0., 0., 0., 1.]);
+    assert_eq!(m.tril(-1).sum().item::<f32>(), 3.0);
+    // Errors.
+    let err = Tensor::try_cat(&[&a, &Tensor::zeros([3, 3]).long()], 1).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "cat: tensor 1 has shape [3, 3] but tensor 0 has shape [2, 3]; all dimensions except 1 must match"
+    );
+    assert!(Tensor::try_cat(&[], 0).is_err());
+    assert!(
+        Tensor::try_stack(&[&a, &a.t()], 0)
+            .unwrap_err()
+            .to_string()
+            .starts_with("stack: tensor 1 has shape [3, 2]")
+    );
+    assert!(a.try_repeat(&[2]).is_err());
+}

@@ -1,0 +1,120 @@
+//! In-place ops and aliasing: writes through views reach the base and every other alias,
+//! lazily, with PyTorch's semantics.
+
+use kiln::prelude::*;
+
+use crate::common::*;
+
+type Case = (&'static str, fn(&Tensor, &Tensor) -> Tensor, fn(f64, f64) -> f64);
+
+#[test]
+fn in_place_ops_match_the_out_of_place_ones() {
+    let mut rng = Rng::new(51);
+    for layout in LAYOUTS {
+        let a = values(&mut rng, 12, DType::F64);
+        let b = values(&mut rng, 4, DType::F64);
+        let cases: [Case; 4] = [
+            ("add_", |x, y| x.add_(y), |x, y| x + y),
+            ("sub_", |x, y| x.sub_(y), |x, y| x - y),
+            ("mul_", |x, y| x.mul_(y), |x, y| x * y),
+            ("div_", |x, y| x.div_(y), |x, y| x / y),
+        ];
+        for (name, f, r) in cases {
+            let x = make(&a, &[3, 4], DType::F64, layout);
+            let returned = f(&x, &tensor(&b, &[4], DType::F64));
+            let want: Vec<f64> = (0..12).map(|i| r(a[i], b[i % 4])).collect();
+            assert_close(&x.to_vec::<f64>(), &want, DType::F64, &format!("{name} {layout:?}"));
+            assert!(returned.shares_storage_with(&x));
+        }
+        let x = make(&a, &[3, 4], DType::F64, layout);
+        x.clamp_(-1.0, 1.0);
+        assert_eq!(x.to_vec::<f64>(), a.iter().map(|v| v.clamp(-1.0, 1.0)).collect::<Vec<_>>());
+        let x = make(&a, &[3, 4], DType::F64, layout);
+        x.relu_();
+        assert_eq!(x.to_vec::<f64>(), a.iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
+        let x = make(&a, &[3, 4], DType::F64, layout);
+        x.zero_();
+        assert_eq!(x.to_vec::<f64>(), vec![0.0; 12]);
+        x.fill_(2.5);
+        assert_eq!(x.to_vec::<f64>(), vec![2.5; 12]);
+        x.copy_(&tensor(&b, &[4], DType::F64));
+        assert_eq!(x.to_vec::<f64>(), (0..12).map(|i| b[i % 4]).collect::<Vec<_>>());
+        x.add_(1).mul_(2);
+        assert_eq!(x.to_vec::<f64>(), (0..12).map(|i| (b[i % 4] + 1.0) * 2.0).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn writing_through_a_view_changes_the_base() {
+    let base = Tensor::zeros([3, 4]);
+    base.view(&[4, 3]).i((0, 0)).fill_(999.0);
+    assert_eq!(base.to_vec::<f32>()[0], 999.0);
+    // Through a transposed, sliced view.
+    let x = Tensor::arange(0i64, 12, 1).view(&[3, 4]);
+    x.t().i((1..3, 0)).add_(100);
+    assert_eq!(x.to_vec::<i64>(), vec![0, 101, 102, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    // Every alias sees the write, including ones made before it.
+    let x = Tensor::zeros([2, 3]);
+    let row = x.i(1);
+    let col = x.i((.., 2));
+    x.i((1, 2)).fill_(7.0);
+    assert_eq!(row.to_vec::<f32>(), vec![0.0, 0.0, 7.0]);
+    assert_eq!(col.to_vec::<f32>(), vec![0.0, 7.0]);
+}
+
+#[test]
+fn a_result_recorded_before_a_write_keeps_the_old_values() {
+    // Write the base, then read a view recorded earlier in the same lazy graph.
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    let v = x.t();
+    let before = v.exp(); // pending, reads the values as they are now
+    x.add_(10.0);
+    let after = v.exp();
+    assert_eq!(before.to_vec::<f32>(), [1.0f32, 3.0, 2.0, 4.0].map(f32::exp).to_vec());
+    assert_eq!(after.to_vec::<f32>(), [11.0f32, 13.0, 12.0, 14.0].map(f32::exp).to_vec());
+}
+
+#[test]
+fn two_views_written_alternately() {
+    let x = Tensor::zeros([4]);
+    let left = x.narrow(0, 0, 3);
+    let right = x.narrow(0, 1, 3);
+    left.add_(1.0);
+    right.mul_(10.0);
+    left.add_(1.0);
+    right.add_(&left);
+    // After: left += 1 -> [1,1,1,0]; right *= 10 -> [1,10,10,0]; left += 1 -> [2,11,11,0];
+    // right += left (read before the write: [2,11,11]) -> [2,13,22,11].
+    assert_eq!(x.to_vec::<f32>(), vec![2.0, 13.0, 22.0, 11.0]);
+    assert_eq!(left.to_vec::<f32>(), vec![2.0, 13.0, 22.0]);
+}
+
+#[test]
+fn in_place_errors() {
+    let i = Tensor::from_vec(vec![1i64, 2], [2]);
+    let err = i.try_div_(2).unwrap_err().to_string();
+    assert_eq!(err, "div_: the result type f32 cannot be cast to the tensor's type i64 in place");
+    let x = Tensor::zeros([3]);
+    let err = x.try_add_(Tensor::zeros([2, 3])).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "add_: the result has shape [2, 3] and cannot be written into a tensor of shape [3]"
+    );
+    let e = Tensor::zeros([3, 1]).expand(&[3, 4]);
+    let err = e.try_add_(1.0).unwrap_err().to_string();
+    assert!(err.starts_with("add_: several elements of this tensor (shape [3, 4], strides [1, 0]) share one memory location"), "{err}");
+    let err = x.try_copy_(&Tensor::zeros([4])).unwrap_err().to_string();
+    assert!(err.starts_with("copy_: shapes [4] and [3] cannot be broadcast"), "{err}");
+    // An integer tensor keeps its dtype; a float fill is truncated, as in PyTorch.
+    assert_eq!(i.fill_(2.7).to_vec::<i64>(), vec![2, 2]);
+}
+
+#[test]
+fn copy_makes_an_independent_storage() {
+    let x = Tensor::arange(0.0f32, 3.0, 1.0);
+    let c = x.copy();
+    assert!(!c.shares_storage_with(&x));
+    c.add_(1.0);
+    assert_eq!(x.to_vec::<f32>(), vec![0.0, 1.0, 2.0]);
+    assert_eq!(c.to_vec::<f32>(), vec![1.0, 2.0, 3.0]);
+}

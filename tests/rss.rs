@@ -1,0 +1,102 @@
+//! Resident memory stays flat over long loops. This binary holds only these checks, run one
+//! after another in one test: resident memory is per process, so other tests running
+//! alongside would blur the measurement.
+
+use kiln::prelude::*;
+
+/// The resident set size of this process, in bytes.
+fn rss_bytes() -> usize {
+    let statm =
+        std::fs::read_to_string("/proc/self/statm").expect("Linux exposes /proc/self/statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("statm has a resident field");
+    pages * 4096
+}
+
+#[test]
+fn memory_stays_flat() {
+    realizing_a_graph_many_times_keeps_memory_flat();
+    long_in_place_loops_realize_once_and_stay_flat();
+    training_loops_keep_memory_flat_and_deep_graphs_backprop();
+}
+
+fn realizing_a_graph_many_times_keeps_memory_flat() {
+    let step = || {
+        let x = Tensor::arange(0.0f32, 64.0, 1.0).view(&[8, 8]);
+        let mut y = &x * 0.5;
+        for _ in 0..18 {
+            y = (&y + 1.0).relu();
+        }
+        y.t().sum().item::<f32>()
+    };
+    let expected = step();
+    for _ in 0..5_000 {
+        step();
+    }
+    let before = rss_bytes();
+    for _ in 0..100_000 {
+        assert_eq!(step(), expected);
+    }
+    let after = rss_bytes();
+    // Allow for allocator noise, but not for growth proportional to the iterations (each
+    // iteration touches over 5 KiB, so a leak would add hundreds of MiB).
+    assert!(
+        after < before + 8 * 1024 * 1024,
+        "resident memory grew from {before} to {after} bytes"
+    );
+}
+
+fn long_in_place_loops_realize_once_and_stay_flat() {
+    let x = Tensor::zeros([8]);
+    for _ in 0..20_000 {
+        x.add_(1.0);
+    }
+    assert_eq!(x.to_vec::<f32>(), vec![20_000.0; 8]);
+    let before = rss_bytes();
+    for _ in 0..20_000 {
+        x.i(3).add_(1.0);
+        x.realize();
+    }
+    assert!(rss_bytes() < before + 8 * 1024 * 1024);
+    assert_eq!(x.to_vec::<f32>()[3], 40_000.0);
+}
+
+fn training_loops_keep_memory_flat_and_deep_graphs_backprop() {
+    let worker = std::thread::Builder::new().stack_size(512 * 1024).spawn(|| {
+        // A 20,000-op chain differentiates and drops without recursion.
+        let x = Tensor::scalar(0.5f64).requires_grad_(true);
+        let mut y = x.clone();
+        for _ in 0..20_000 {
+            y = &y * 1.0 + 0.0;
+        }
+        y.backward();
+        assert_eq!(x.grad().expect("backward filled the gradient").item::<f64>(), 1.0);
+    });
+    worker.expect("spawn").join().expect("deep backward on a 512 KiB stack");
+
+    let w = Tensor::from_vec(vec![0.1f32; 16], [4, 4]).requires_grad_(true);
+    let data = Tensor::from_vec((0..32).map(|v| v as f32 / 32.0).collect::<Vec<_>>(), [8, 4]);
+    let step = |w: &Tensor| {
+        let loss = data.matmul(w).tanh().square().mean();
+        loss.backward();
+        let g = w.grad().expect("backward filled the gradient");
+        w.zero_grad();
+        kiln::no_grad(|| (w - &g * 0.01).detach().requires_grad_(true))
+    };
+    let mut w = step(&w);
+    for _ in 0..500 {
+        w = step(&w);
+    }
+    let before = rss_bytes();
+    for _ in 0..10_000 {
+        w = step(&w);
+    }
+    let after = rss_bytes();
+    assert!(
+        after < before + 8 * 1024 * 1024,
+        "resident memory grew from {before} to {after} bytes"
+    );
+}
