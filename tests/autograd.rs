@@ -325,3 +325,145 @@ fn where_and_pow_edge_cases_pass_gradcheck() {
     z.pow(0.0).sum().backward();
     assert_eq!(z.grad().unwrap().to_vec::<f64>(), vec![0.0], "no gradient through a zero exponent");
 }
+
+#[test]
+fn selection_ops_pass_gradcheck() {
+    let mut rng = Rng::new(47);
+    let idx = Tensor::from_vec(vec![2i64, 0, 1, 1, 3, 0], [3, 2]);
+    let rows = Tensor::from_vec(vec![2i64, 0, 2], [3]);
+    let cases: Vec<(&str, F)> = vec![
+        ("i(..)", |x| x[0].i((1.., 1..3)).exp()),
+        ("select", |x| x[0].select(1, -1).square()),
+        ("gather", |x| x[0].gather(1, &Tensor::from_vec(vec![2i64, 0, 1, 1, 3, 0], [3, 2])).exp()),
+        ("index_select", |x| x[0].index_select(0, &Tensor::from_vec(vec![2i64, 0, 2], [3])).sin()),
+        ("masked_select", |x| x[0].masked_select(&x[0].gt(0.0)).square()),
+        ("masked_fill", |x| x[0].masked_fill(&x[0].lt(0.0), 1.5) * &x[0]),
+        ("cat", |x| Tensor::cat(&[&x[0], &x[0].exp(), &x[0].narrow(0, 0, 1)], 0).tanh()),
+        ("stack", |x| Tensor::stack(&[&x[0], &x[0].t().t()], 1).sigmoid()),
+        ("split", |x| {
+            let parts = x[0].split(2, 1);
+            &parts[0] * &parts[1]
+        }),
+        ("repeat", |x| x[0].repeat(&[2, 1, 2]).square()),
+        ("flip", |x| x[0].flip(&[0, 1]) * &x[0]),
+        ("tril", |x| x[0].tril(0).exp()),
+        ("triu", |x| x[0].triu(1) * 3.0),
+        // Distinct positions per row: with repeated positions the gradient of scatter is
+        // undefined (PyTorch's too).
+        ("scatter base and src", |x| {
+            x[0].scatter(
+                1,
+                &Tensor::from_vec(vec![2i64, 0, 1, 3, 3, 0], [3, 2]),
+                &x[0].narrow(1, 0, 2).exp(),
+            )
+        }),
+        ("scatter_add", |x| {
+            x[0].scatter_add(
+                1,
+                &Tensor::from_vec(vec![2i64, 2, 1, 1, 3, 0], [3, 2]),
+                &x[0].square(),
+            )
+        }),
+    ];
+    let _ = (&idx, &rows);
+    for (name, f) in cases {
+        for layout in LAYOUTS {
+            let x = input(&mut rng, &[3, 4], layout);
+            gradcheck(f, &[x], 1e-6, 1e-6).unwrap_or_else(|e| panic!("{name} {layout:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn composite_reductions_pass_gradcheck() {
+    let mut rng = Rng::new(48);
+    let cases: Vec<(&str, F)> = vec![
+        ("softmax", |x| x[0].softmax(1) * &x[0]),
+        ("softmax dim 0", |x| x[0].softmax(0).square()),
+        ("log_softmax", |x| x[0].log_softmax(-1) * &x[0]),
+        ("logsumexp", |x| x[0].logsumexp([0, 1], false)),
+        ("var", |x| x[0].var_dim(1, true) * &x[0]),
+        ("std", |x| x[0].std()),
+        ("prod", |x| x[0].prod_dim(1, false)),
+        ("amax", |x| x[0].amax([0, 1], false)),
+        ("amin", |x| x[0].amin(0, true) * &x[0]),
+        ("cumsum", |x| x[0].cumsum(1) * &x[0]),
+        ("einsum ij,jk", |x| kiln::einsum("ij,kj->ik", &[&x[0], &x[0]])),
+        ("einsum three", |x| {
+            kiln::einsum("ij,jk,ki->", &[&x[0], &x[0].t(), &x[0].narrow(1, 0, 3)])
+        }),
+        ("einsum diagonal", |x| kiln::einsum("ii->i", &[&x[0].narrow(1, 0, 3)]).exp()),
+    ];
+    for (name, f) in cases {
+        for layout in LAYOUTS {
+            let x = input(&mut rng, &[3, 4], layout);
+            gradcheck(f, &[x], 1e-6, 1e-6).unwrap_or_else(|e| panic!("{name} {layout:?}: {e}"));
+        }
+    }
+    // prod with zeros: exactly one zero gets the product of the others, two zeros give 0.
+    let x = Tensor::from_vec(vec![2.0f64, 0.0, 3.0, 0.0, 0.0, 5.0], [2, 3]).requires_grad_(true);
+    x.prod_dim(1, false).sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![0.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
+    gradcheck(|x| x[0].prod(), &[Tensor::from_vec(vec![2.0f64, 0.0, 3.0], [3])], 1e-6, 1e-6)
+        .unwrap();
+    // Second derivatives of softmax.
+    let x = input(&mut rng, &[2, 3], Layout::Permuted);
+    let first = |xs: &[Tensor]| {
+        kiln::grad(&[&(xs[0].softmax(1) * &xs[0]).sum()], &[&xs[0]], true).remove(0)
+    };
+    gradcheck(first, &[x], 1e-6, 1e-5).unwrap();
+}
+
+#[test]
+fn in_place_autograd_rules() {
+    // In place on a leaf that requires grad is an error, with the fix.
+    let w = Tensor::ones([2]).requires_grad_(true);
+    let err = w.try_add_(1.0).unwrap_err().to_string();
+    assert!(
+        err.starts_with("add_: a leaf tensor that requires grad cannot be modified in place"),
+        "{err}"
+    );
+    kiln::no_grad(|| w.add_(1.0));
+    assert_eq!(w.to_vec::<f32>(), vec![2.0, 2.0]);
+    // In place on a non-leaf rewrites its history: d/dx sum((2x * 3) * x) = 12x.
+    let x = Tensor::from_vec(vec![1.0f64, -2.0], [2]).requires_grad_(true);
+    let y = &x * 2.0;
+    y.mul_(3.0);
+    y.mul_(&x);
+    assert!(!y.is_leaf());
+    y.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![12.0, -24.0]);
+    // A leaf that does not require grad becomes part of the graph when written with one that does.
+    let acc = Tensor::zeros([2]).double();
+    acc.add_(&(&x * 5.0));
+    assert!(acc.requires_grad() && !acc.is_leaf());
+    x.zero_grad();
+    acc.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![5.0, 5.0]);
+    // Modifying a tensor that backward needs makes backward fail, naming the op and versions.
+    let x = Tensor::ones([2]).requires_grad_(true);
+    let y = &x * 2.0;
+    let z = &y * &y;
+    y.add_(1.0);
+    let err = z.sum().try_backward().unwrap_err().to_string();
+    assert!(err.contains("of `mul`") && err.contains("modified by an in-place operation"), "{err}");
+    assert!(err.contains("version 1") && err.contains("version 0"), "{err}");
+    // Ops that do not read their inputs' values are unaffected (as in PyTorch).
+    let x = Tensor::ones([2]).requires_grad_(true);
+    let y = &x * 2.0;
+    let z = &y + 1.0;
+    y.add_(1.0);
+    z.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>(), vec![2.0, 2.0]);
+    // Writing into part of a tensor that requires grad is not differentiable yet: a clear error.
+    let h = &Tensor::ones([3]).requires_grad_(true) * 2.0;
+    let err = h.narrow(0, 0, 1).try_fill_(0.0).unwrap_err().to_string();
+    assert!(err.starts_with("fill_: in-place writes into part of a storage"), "{err}");
+    // Overwriting a whole non-leaf with a constant cuts the gradient to zero.
+    let x = Tensor::ones([2]).double().requires_grad_(true);
+    let y = &x * 2.0;
+    y.fill_(5.0);
+    assert!(y.requires_grad());
+    (&y * &x).sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![5.0, 5.0]);
+}

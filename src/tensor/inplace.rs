@@ -62,7 +62,12 @@ impl Tensor {
                 ),
             ));
         }
-        let new = new.to_dtype(self.dtype());
+        let mut new = new.to_dtype(self.dtype());
+        if grad_on && old.requires_grad() && !new.requires_grad() {
+            // A constant overwrote a value with history: keep the tensor in the graph with a
+            // zero gradient to that history, as PyTorch's FillBackward does.
+            new = Tensor::try_where_(&Tensor::full(new.shape(), true), &new, &old)?;
+        }
         let whole = self.layout().is_identity_of(&self.storage().node().shape);
         if grad_on && new.requires_grad() && !whole {
             return Err(Error::Autograd {
@@ -157,25 +162,44 @@ impl Tensor {
     /// Clamps to `[min, max]` in place, returning `self`.
     ///
     /// # Panics
-    /// On a leaf that requires grad.
+    /// As [`Tensor::try_clamp_`] fails.
     #[track_caller]
     pub fn clamp_(&self, min: f64, max: f64) -> Tensor {
-        ok(self.write("clamp_", |old| Ok(old.clamp(min, max))))
+        ok(self.try_clamp_(min, max))
+    }
+
+    /// [`Tensor::clamp_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] when fractional bounds would make an integer tensor float;
+    /// [`Error::Autograd`] on a leaf that requires grad.
+    #[track_caller]
+    pub fn try_clamp_(&self, min: f64, max: f64) -> Result<Tensor> {
+        self.write("clamp_", |old| Ok(old.clamp(min, max)))
     }
 
     /// `max(self, 0)` in place, returning `self`.
     ///
     /// # Panics
-    /// On a bool tensor or a leaf that requires grad.
+    /// As [`Tensor::try_relu_`] fails.
     #[track_caller]
     pub fn relu_(&self) -> Tensor {
-        ok(self.write("relu_", Tensor::try_relu))
+        ok(self.try_relu_())
+    }
+
+    /// [`Tensor::relu_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] on a bool tensor; [`Error::Autograd`] on a leaf that requires grad.
+    #[track_caller]
+    pub fn try_relu_(&self) -> Result<Tensor> {
+        self.write("relu_", Tensor::try_relu)
     }
 
     /// Sets every element to zero, returning `self`.
     ///
     /// # Panics
-    /// On a leaf that requires grad.
+    /// As [`Tensor::try_fill_`] fails.
     #[track_caller]
     pub fn zero_(&self) -> Tensor {
         self.fill_(0)
@@ -185,7 +209,7 @@ impl Tensor {
     /// semantics, as PyTorch's `fill_` does), returning `self`.
     ///
     /// # Panics
-    /// On a leaf that requires grad.
+    /// As [`Tensor::try_fill_`] fails.
     ///
     /// ```
     /// # use kiln::prelude::*;
@@ -195,8 +219,18 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn fill_(&self, value: impl Into<Scalar>) -> Tensor {
+        ok(self.try_fill_(value))
+    }
+
+    /// [`Tensor::fill_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Autograd`] on a leaf that requires grad, or on part of a tensor that requires
+    /// grad; [`Error::Shape`] on a broadcast view.
+    #[track_caller]
+    pub fn try_fill_(&self, value: impl Into<Scalar>) -> Result<Tensor> {
         let value = value.into();
-        ok(self.write("fill_", |old| Ok(Tensor::full_dtype(old.shape(), value, old.dtype()))))
+        self.write("fill_", |old| Ok(Tensor::full_dtype(old.shape(), value, old.dtype())))
     }
 
     /// Copies `src` into this tensor (broadcasting it, and converting it to this tensor's
