@@ -22,22 +22,62 @@
 //! ```
 //!
 //! ## Map
-//! - [`Tensor`]: the handle; constructors, arithmetic (with broadcasting and PyTorch's type
-//!   promotion), math functions, comparisons, reductions, matrix products and views.
+//! - [`Tensor`]: the handle; constructors, arithmetic, math functions, comparisons,
+//!   reductions (`sum`, `mean`, `var`, `softmax`, `logsumexp`, `cumsum`, ...), matrix
+//!   products and [`einsum`], views, [`IndexOp::i`] indexing, selection (`gather`, `scatter`,
+//!   `masked_select`, `cat`, ...) and in-place ops (`add_`, `fill_`, `copy_`, ...).
 //! - [`DType`], [`Shape`], [`Device`]: element types, shapes and devices.
 //! - [`Error`]: every failure, with `try_` forms of every fallible operation.
 //! - [`autograd`]: symbolic reverse-mode differentiation: [`Tensor::backward`], [`grad`]
-//!   (higher-order too), [`no_grad`].
+//!   (higher-order too), [`no_grad`], [`autograd::gradcheck`].
 //! - [`debug`]: the recorded graph as Graphviz DOT.
 //! - [`manual_seed`]: deterministic random numbers.
 //!
+//! ## Type promotion
+//! Binary ops, `where_` and `cat` follow PyTorch's rules ([`kiln_ir::result_type`]): the
+//! operands meet in the highest category among them (`bool < integer < float`); within it,
+//! tensors with dimensions decide, then zero-dimensional tensors, and Rust scalar literals
+//! decide only the category. So `f16_tensor * 2.5` stays `f16`, `i32_tensor + 1` stays
+//! `i32`, `i64_tensor * 2.5` is `f32`, `f16` with `bf16` is `f32`, and `u8` with `i32` is
+//! `i32`. Division and `pow` of integers give `f32`; comparisons give `bool`; math functions
+//! (`exp`, `sqrt`, ...) of integer tensors give `f32`; sums and products of integers and bools
+//! give `i64`. Casts ([`Tensor::to_dtype`]) follow Rust's `as`: float to integer truncates
+//! toward zero and saturates (NaN gives 0), narrowing integers wrap, non-zero is `true`.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! let i = Tensor::from_vec(vec![1i32, 2], [2]);
+//! assert_eq!((&i + 1).dtype(), DType::I32);
+//! assert_eq!((&i * 2.5).dtype(), DType::F32);
+//! assert_eq!((&i / &i).dtype(), DType::F32);
+//! assert_eq!(i.gt(1).dtype(), DType::Bool);
+//! assert_eq!((&i.half() + &i.bfloat16()).dtype(), DType::F32);
+//! ```
+//!
+//! ## Views and in-place operations
+//! A tensor is a view (shape, strides, offset) of a storage, as in PyTorch: `view`,
+//! `reshape` (when it can), `permute`, `transpose`, `t`, `expand`, `narrow`, `select`,
+//! `squeeze`, `unsqueeze` and `i(..)` make new views and record nothing. An in-place op
+//! (`add_`, `fill_`, ...) replaces the storage's value with a functional update of it, so
+//! every alias sees the write, lazily, while results recorded earlier keep the values they
+//! saw, exactly as in eager PyTorch. Each write bumps the storage's version; autograd
+//! refuses to differentiate through a value it needed that was overwritten.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! let x = Tensor::zeros([3, 4]);
+//! let before = x.sum();                  // recorded before the write
+//! x.view(&[4, 3]).i((0, 0)).fill_(999.0);
+//! assert_eq!(x.to_vec::<f32>()[0], 999.0);
+//! assert_eq!(before.item::<f32>(), 0.0);
+//! ```
+//!
 //! ## Design
-//! A tensor is a view (shape, strides, offset) of a storage, as in PyTorch: movement ops make
-//! new views and record nothing. Each storage is produced by a node of the lazy graph; a node
-//! keeps its inputs until it is realized and then keeps only its buffer, so dropping tensors
-//! frees everything they alone kept alive, and long chains are freed without recursion.
-//! Every node records the source line of the user's call (`#[track_caller]`), so an error
-//! found while running the graph names the line that recorded the failing op.
+//! Each storage is produced by a node of the lazy graph; a node keeps its inputs until it is
+//! realized and then keeps only its buffer, so dropping tensors frees everything they alone
+//! kept alive, and long chains are freed without recursion. Every node records the source
+//! line of the user's call (`#[track_caller]`), so an error found while running the graph
+//! names the line that recorded the failing op.
 //!
 //! Graphs currently run on the reference executor, one op at a time; see `ARCHITECTURE.md`.
 #![forbid(unsafe_code)]
@@ -52,8 +92,8 @@ mod realize;
 mod tensor;
 
 pub use autograd::{
-    BackwardOptions, GradModeGuard, NoGradGuard, enable_grad, grad, inference_mode,
-    is_grad_enabled, no_grad, try_grad,
+    BackwardOptions, GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, grad,
+    inference_mode, is_grad_enabled, no_grad, try_grad,
 };
 pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Scalar, Shape};

@@ -263,7 +263,9 @@ fn retain_grad_detach_and_no_grad() {
     assert!(!inside.requires_grad());
     assert!(kiln::is_grad_enabled());
     {
-        let _guard = NoGradGuard::disable();
+        let _guard = NoGradGuard::new();
+        assert!(!(&x + 1.0).requires_grad());
+        let _inner = kiln::InferenceModeGuard::new();
         assert!(!(&x + 1.0).requires_grad());
     }
     assert!((&x + 1.0).requires_grad());

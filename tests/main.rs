@@ -10,6 +10,7 @@ mod einsum;
 mod elementwise;
 mod errors;
 mod graph;
+mod higher_order;
 mod indexing;
 mod inplace;
 mod linalg;

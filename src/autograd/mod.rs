@@ -18,7 +18,10 @@ use kiln_ir::autodiff::{self, GradBuilder};
 use kiln_ir::{DType, Op, Shape};
 
 pub use check::gradcheck;
-pub use mode::{GradModeGuard, NoGradGuard, enable_grad, inference_mode, is_grad_enabled, no_grad};
+pub use mode::{
+    GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, inference_mode, is_grad_enabled,
+    no_grad,
+};
 
 use crate::error::ok;
 use crate::tensor::TensorInner;

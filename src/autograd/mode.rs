@@ -35,13 +35,48 @@ impl Drop for GradModeGuard {
     }
 }
 
-/// A guard that disables gradient recording until dropped: `let _g = NoGradGuard::new();`.
-pub type NoGradGuard = GradModeGuard;
+/// Disables gradient recording until dropped (restoring the previous mode, also on panic):
+/// the guard form of [`no_grad`].
+///
+/// ```
+/// use kiln::prelude::*;
+/// let w = Tensor::ones([2]).requires_grad_(true);
+/// {
+///     let _guard = NoGradGuard::new();
+///     assert!(!(&w * 2.0).requires_grad());
+/// }
+/// assert!((&w * 2.0).requires_grad());
+/// ```
+#[must_use = "gradients are disabled only while the guard lives"]
+pub struct NoGradGuard(#[allow(dead_code, reason = "held for its Drop")] GradModeGuard);
 
 impl NoGradGuard {
     /// Disables gradient recording until the guard is dropped.
-    pub fn disable() -> NoGradGuard {
-        GradModeGuard::new(false)
+    pub fn new() -> NoGradGuard {
+        NoGradGuard(GradModeGuard::new(false))
+    }
+}
+
+impl Default for NoGradGuard {
+    fn default() -> NoGradGuard {
+        NoGradGuard::new()
+    }
+}
+
+/// The guard form of [`inference_mode`]: no autograd history until dropped.
+#[must_use = "inference mode lasts only while the guard lives"]
+pub struct InferenceModeGuard(#[allow(dead_code, reason = "held for its Drop")] GradModeGuard);
+
+impl InferenceModeGuard {
+    /// Enters inference mode until the guard is dropped.
+    pub fn new() -> InferenceModeGuard {
+        InferenceModeGuard(GradModeGuard::new(false))
+    }
+}
+
+impl Default for InferenceModeGuard {
+    fn default() -> InferenceModeGuard {
+        InferenceModeGuard::new()
     }
 }
 
@@ -56,7 +91,7 @@ impl NoGradGuard {
 /// assert!((&w * 2.0).requires_grad());
 /// ```
 pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
-    let _guard = NoGradGuard::disable();
+    let _guard = NoGradGuard::new();
     f()
 }
 

@@ -1,12 +1,5 @@
 //! Elementwise arithmetic, math functions, comparisons, casts and the operator traits.
-//!
-//! # Type promotion
-//! Binary ops follow PyTorch's rules ([`kiln_ir::result_type`]): the operands meet in the
-//! highest category among them (`bool < integer < float`); within it, tensors with
-//! dimensions decide, then zero-dimensional tensors, and Rust scalar literals decide only
-//! the category (so `f16_tensor * 2.5` stays `f16`, and `i64_tensor * 2.5` is `f32`).
-//! Division and `pow` of integers give `f32`; comparisons give `Bool`; math functions
-//! (`exp`, `sqrt`, ...) of integer tensors give `f32`.
+//! The promotion rules are described in the crate documentation.
 
 use std::borrow::Cow;
 use std::ops;
