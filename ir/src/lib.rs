@@ -8,6 +8,8 @@
 //! - [`Op`]: the closed set of primitive ops, with shape and dtype inference ([`Op::infer`]).
 //! - [`Graph`]: a petgraph dataflow graph of ops, with a deterministic topological order,
 //!   verification and Graphviz export.
+//! - [`fuse`] and [`kernel`]: the partition of a graph into fused elementwise kernels, and
+//!   the machine-free description of one kernel that code generators lower.
 //! - [`autodiff`]: the gradient rule of every op, written against an abstract builder.
 //! - [`random`]: the counter-based generator behind random fills.
 //!
@@ -18,7 +20,9 @@
 pub mod autodiff;
 mod dtype;
 mod error;
+pub mod fuse;
 mod graph;
+pub mod kernel;
 mod op;
 pub mod random;
 mod shape;

@@ -1,0 +1,387 @@
+//! Fusion: partition a graph into fused elementwise kernels and the ops that run on their
+//! own.
+//!
+//! The rule is small and states every cut:
+//! - Elementwise ops (`Unary`, `Binary`, `Where`, `Cast`) fuse into the kernel of the value
+//!   that consumes them.
+//! - Constants (`Full`) become kernel parameters and views of computed buffers become index
+//!   maps, wherever they are used: both are free to recompute, so they are never stored.
+//! - A value is stored (a kernel boundary) when it is a result the caller wants
+//!   ([`Cut::Output`]), when several ops consume it ([`Cut::Shared`]: recomputing a chain is
+//!   not free, and storing once costs one write), when a non-elementwise op consumes it
+//!   ([`Cut::Feeds`]), or when it is read through a view ([`Cut::View`]: a view of an
+//!   expression is not an index map into a buffer).
+//!
+//! The partition depends only on the graph, so the same program gives the same kernels with
+//! the same names on every run.
+
+use std::collections::HashMap;
+
+use crate::kernel::{Expr, ExprKind, Kernel, KernelInput};
+use crate::{Graph, NodeId, Op, Scalar, View};
+
+/// Whether to fuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FusionPolicy {
+    /// Fuse elementwise chains (the default).
+    #[default]
+    On,
+    /// One kernel per op: the unfused baseline, for comparison.
+    Off,
+}
+
+/// Why a value was stored instead of fused into its consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// The caller asked for it (or a live tensor holds it).
+    Output,
+    /// Several ops consume it.
+    Shared,
+    /// An op that is not elementwise consumes it (named).
+    Feeds(&'static str),
+    /// It is read through a view, which is an index map only over a stored buffer.
+    View,
+    /// Fusion is off.
+    Unfused,
+    /// The kernel reached the size limit ([`MAX_KERNEL_OPS`]).
+    Size,
+}
+
+/// The most ops one kernel fuses; longer chains are cut into several kernels, which keeps
+/// compile times bounded (and code generation free of deep recursion).
+pub const MAX_KERNEL_OPS: usize = 96;
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::Output => f.write_str("a result that is kept"),
+            Cut::Shared => f.write_str("used by several ops"),
+            Cut::Feeds(op) => write!(f, "feeds {op}"),
+            Cut::View => f.write_str("read through a view"),
+            Cut::Unfused => f.write_str("fusion is off"),
+            Cut::Size => write!(f, "the kernel reached {MAX_KERNEL_OPS} ops"),
+        }
+    }
+}
+
+/// A fused kernel and how it binds to the graph.
+#[derive(Clone, Debug)]
+pub struct KernelStep {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// The node whose buffer each kernel input reads.
+    pub inputs: Vec<NodeId>,
+    /// The parameter values, in order.
+    pub params: Vec<Scalar>,
+    /// The node each kernel output computes.
+    pub outputs: Vec<NodeId>,
+    /// Every graph node the kernel computes (outputs included), in topological order.
+    pub fused: Vec<NodeId>,
+    /// Why the output was stored.
+    pub cut: Cut,
+}
+
+/// One step of a plan.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// Run a fused kernel.
+    Kernel(KernelStep),
+    /// Run one op that is not elementwise (a reduction, matmul, gather, ...).
+    Node(NodeId),
+}
+
+/// How to run a graph: its steps in dependency order.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// The steps.
+    pub steps: Vec<Step>,
+}
+
+fn is_elementwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
+}
+
+/// Whether a node is folded into its consumers (never stored on its own account).
+fn is_free(op: &Op) -> bool {
+    matches!(op, Op::Full(_) | Op::View(_))
+}
+
+/// Partitions `graph` into a plan.
+pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
+    let order = graph.topo_order();
+    let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for &n in &order {
+        for a in graph.args(n) {
+            consumers.entry(a).or_default().push(n);
+        }
+    }
+    let consumers_of = |n: NodeId| consumers.get(&n).map_or(&[][..], Vec::as_slice);
+
+    // Decide which fusable values are stored, and why. `size` counts the ops a value's
+    // kernel would hold if it were stored now.
+    let mut stored: HashMap<NodeId, Cut> = HashMap::new();
+    let mut size: HashMap<NodeId, usize> = HashMap::new();
+    for &n in &order {
+        let op = &graph.node(n).op;
+        if !is_elementwise(op) && !is_free(op) {
+            continue;
+        }
+        let own = usize::from(is_elementwise(op))
+            + graph
+                .args(n)
+                .iter()
+                .filter(|a| !stored.contains_key(a))
+                .filter_map(|a| size.get(a))
+                .sum::<usize>();
+        size.insert(n, own);
+        let cons = consumers_of(n);
+        let cut = if graph.outputs().contains(&n) {
+            Some(Cut::Output)
+        } else if let Some(&c) = cons
+            .iter()
+            .find(|&&c| !is_elementwise(&graph.node(c).op) && !is_free(&graph.node(c).op))
+        {
+            Some(Cut::Feeds(graph.node(c).op.name()))
+        } else if is_free(op) {
+            None
+        } else if cons.iter().any(|&c| matches!(graph.node(c).op, Op::View(_))) {
+            Some(Cut::View)
+        } else if policy == FusionPolicy::Off {
+            Some(Cut::Unfused)
+        } else if cons.len() > 1 {
+            Some(Cut::Shared)
+        } else if own >= MAX_KERNEL_OPS {
+            Some(Cut::Size)
+        } else {
+            None
+        };
+        if let Some(cut) = cut {
+            stored.insert(n, cut);
+        }
+    }
+
+    let mut steps = Vec::new();
+    for &n in &order {
+        let op = &graph.node(n).op;
+        if matches!(op, Op::Input) {
+            continue;
+        }
+        if let Some(&cut) = stored.get(&n) {
+            steps.push(Step::Kernel(build_kernel(graph, n, cut, &stored)));
+        } else if !is_elementwise(op) && !is_free(op) {
+            steps.push(Step::Node(n));
+        }
+    }
+    Plan { steps }
+}
+
+/// Whether `n`'s value is a buffer when a kernel reads it.
+fn is_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
+    let op = &graph.node(n).op;
+    stored.contains_key(&n) || (!is_elementwise(op) && !is_free(op))
+}
+
+struct Builder<'a> {
+    graph: &'a Graph,
+    stored: &'a HashMap<NodeId, Cut>,
+    kernel: Kernel,
+    inputs: Vec<NodeId>,
+    params: Vec<Scalar>,
+    fused: Vec<NodeId>,
+    memo: HashMap<NodeId, usize>,
+    loads: HashMap<(NodeId, View), usize>,
+}
+
+fn build_kernel(
+    graph: &Graph,
+    root: NodeId,
+    cut: Cut,
+    stored: &HashMap<NodeId, Cut>,
+) -> KernelStep {
+    let node = graph.node(root);
+    let mut b = Builder {
+        graph,
+        stored,
+        kernel: Kernel {
+            shape: node.shape.clone(),
+            inputs: Vec::new(),
+            exprs: Vec::new(),
+            outputs: Vec::new(),
+            params: 0,
+        },
+        inputs: Vec::new(),
+        params: Vec::new(),
+        fused: Vec::new(),
+        memo: HashMap::new(),
+        loads: HashMap::new(),
+    };
+    let out = b.expr(root, true);
+    b.kernel.outputs.push(out);
+    b.kernel.params = b.params.len();
+    KernelStep {
+        kernel: b.kernel,
+        inputs: b.inputs,
+        params: b.params,
+        outputs: vec![root],
+        fused: b.fused,
+        cut,
+    }
+}
+
+impl Builder<'_> {
+    fn push(&mut self, kind: ExprKind, dtype: crate::DType) -> usize {
+        self.kernel.exprs.push(Expr { kind, dtype });
+        self.kernel.exprs.len() - 1
+    }
+
+    fn load(&mut self, buffer: NodeId, view: View) -> usize {
+        let dtype = self.graph.node(buffer).dtype;
+        let input = match self.loads.get(&(buffer, view.clone())) {
+            Some(&i) => i,
+            None => {
+                self.kernel.inputs.push(KernelInput { dtype, view: view.clone() });
+                self.inputs.push(buffer);
+                self.loads.insert((buffer, view), self.inputs.len() - 1);
+                self.inputs.len() - 1
+            }
+        };
+        self.push(ExprKind::Load(input), dtype)
+    }
+
+    /// The expression for node `n` over the kernel's domain; `root` marks the stored value
+    /// itself (which is computed here even though it is stored).
+    fn expr(&mut self, n: NodeId, root: bool) -> usize {
+        if let Some(&e) = self.memo.get(&n) {
+            return e;
+        }
+        let graph = self.graph;
+        let node = graph.node(n);
+        let e = if !root && is_buffer(graph, n, self.stored) {
+            self.load(n, View::contiguous(node.shape.clone()))
+        } else {
+            match &node.op {
+                Op::Full(v) => {
+                    self.params.push(*v);
+                    self.push(ExprKind::Param(self.params.len() - 1), node.dtype)
+                }
+                Op::View(view) => {
+                    let src = graph.args(n)[0];
+                    match &graph.node(src).op {
+                        Op::Full(v) => {
+                            self.params.push(*v);
+                            self.push(ExprKind::Param(self.params.len() - 1), node.dtype)
+                        }
+                        _ => self.load(src, view.clone()),
+                    }
+                }
+                op => {
+                    let args: Vec<usize> =
+                        graph.args(n).into_iter().map(|a| self.expr(a, false)).collect();
+                    let kind = match op {
+                        Op::Unary(u) => ExprKind::Unary(*u, args[0]),
+                        Op::Binary(b) => ExprKind::Binary(*b, args[0], args[1]),
+                        Op::Where => ExprKind::Where(args[0], args[1], args[2]),
+                        Op::Cast(_) => ExprKind::Cast(args[0]),
+                        other => unreachable!("{} is not elementwise", other.name()),
+                    };
+                    self.push(kind, node.dtype)
+                }
+            }
+        };
+        if root || !is_buffer(graph, n, self.stored) {
+            self.fused.push(n);
+        }
+        self.memo.insert(n, e);
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BinaryOp, DType, Shape, UnaryOp};
+
+    fn chain() -> (Graph, NodeId) {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([4, 3]), DType::F32);
+        let row = g.input(Shape::from([3]), DType::F32);
+        let rv = g
+            .push(Op::View(View::contiguous(Shape::from([3])).expand(&Shape::from([4, 3]))), &[row])
+            .unwrap();
+        let half = g.leaf(Op::Full(Scalar::F64(0.5)), Shape::from([]), DType::F32).unwrap();
+        let hv = g
+            .push(Op::View(View::contiguous(Shape::from([])).expand(&Shape::from([4, 3]))), &[half])
+            .unwrap();
+        let a = g.push(Op::Binary(BinaryOp::Mul), &[x, hv]).unwrap();
+        let b = g.push(Op::Binary(BinaryOp::Add), &[a, rv]).unwrap();
+        let c = g.push(Op::Unary(UnaryOp::Relu), &[b]).unwrap();
+        g.mark_output(c);
+        (g, c)
+    }
+
+    #[test]
+    fn an_elementwise_chain_is_one_kernel() {
+        let (g, c) = chain();
+        let plan = partition(&g, FusionPolicy::On);
+        assert_eq!(plan.steps.len(), 1);
+        let Step::Kernel(k) = &plan.steps[0] else { panic!("a kernel") };
+        assert_eq!(k.outputs, vec![c]);
+        assert_eq!(k.kernel.inputs.len(), 2);
+        assert_eq!(k.kernel.params, 1);
+        assert_eq!(k.params, vec![Scalar::F64(0.5)]);
+        assert_eq!(k.kernel.op_count(), 3);
+        assert_eq!(k.cut, Cut::Output);
+    }
+
+    #[test]
+    fn fusion_off_gives_one_kernel_per_op() {
+        let (g, _) = chain();
+        let plan = partition(&g, FusionPolicy::Off);
+        assert_eq!(plan.steps.len(), 3);
+        assert!(
+            plan.steps.iter().all(|s| matches!(s, Step::Kernel(k) if k.kernel.op_count() == 1))
+        );
+    }
+
+    #[test]
+    fn long_chains_are_cut_by_size() {
+        let mut g = Graph::new();
+        let mut x = g.input(Shape::from([8]), DType::F32);
+        for _ in 0..1000 {
+            x = g.push(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+        }
+        g.mark_output(x);
+        let plan = partition(&g, FusionPolicy::On);
+        assert!(
+            plan.steps
+                .iter()
+                .all(|s| matches!(s, Step::Kernel(k) if k.kernel.op_count() <= MAX_KERNEL_OPS))
+        );
+        assert_eq!(plan.steps.len(), 1000usize.div_ceil(MAX_KERNEL_OPS));
+    }
+
+    #[test]
+    fn shared_values_and_reductions_cut() {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2, 3]), DType::F64);
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let s = g.push(Op::Reduce { op: crate::ReduceOp::Sum, axes: vec![1] }, &[e]).unwrap();
+        let v = g
+            .push(
+                Op::View(View::contiguous(Shape::from([2, 1])).expand(&Shape::from([2, 3]))),
+                &[s],
+            )
+            .unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Div), &[e, v]).unwrap();
+        g.mark_output(d);
+        let plan = partition(&g, FusionPolicy::On);
+        // exp (stored: it feeds the sum), the sum, then the division reading both.
+        assert_eq!(plan.steps.len(), 3);
+        let Step::Kernel(k0) = &plan.steps[0] else { panic!("a kernel first") };
+        assert_eq!(k0.cut, Cut::Feeds("sum"));
+        assert!(matches!(plan.steps[1], Step::Node(n) if n == s));
+        let Step::Kernel(k2) = &plan.steps[2] else { panic!("a kernel last") };
+        assert_eq!(k2.inputs, vec![e, s]);
+        assert_eq!(k2.kernel.inputs[1].view.strides(), &[1, 0]);
+    }
+}

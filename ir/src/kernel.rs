@@ -1,0 +1,303 @@
+//! Kernel IR: one fused elementwise kernel, described without reference to any machine.
+//!
+//! A kernel iterates over a domain (a shape). Each input is a buffer read through a strided
+//! index map ([`View`]) over that domain, so broadcasts, permutes and slices cost index
+//! arithmetic, not copies. The body is a list of scalar expressions in SSA form; each output
+//! is one expression stored densely in row-major order. Scalar constants are kernel
+//! *parameters*, passed when the kernel runs, so a value that changes every step (a learning
+//! rate) does not change the code or its cache key.
+
+use std::fmt;
+
+use crate::{BinaryOp, DType, Scalar, Shape, UnaryOp, View};
+
+/// A buffer a kernel reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelInput {
+    /// The element type.
+    pub dtype: DType,
+    /// Where each element of the domain is read (shape = the kernel's domain).
+    pub view: View,
+}
+
+/// One scalar operation of a kernel's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExprKind {
+    /// The element of input `i` at the current position.
+    Load(usize),
+    /// Parameter `i`, converted to the expression's dtype.
+    Param(usize),
+    /// A function of one value.
+    Unary(UnaryOp, usize),
+    /// A function of two values of one dtype.
+    Binary(BinaryOp, usize, usize),
+    /// `if c { a } else { b }`.
+    Where(usize, usize, usize),
+    /// A conversion to the expression's dtype.
+    Cast(usize),
+}
+
+/// An expression and the dtype of its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Expr {
+    /// What is computed.
+    pub kind: ExprKind,
+    /// The value's dtype.
+    pub dtype: DType,
+}
+
+/// A fused elementwise kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// The iteration domain: every output's shape.
+    pub shape: Shape,
+    /// The buffers read.
+    pub inputs: Vec<KernelInput>,
+    /// The body, in dependency order: an expression refers only to earlier ones.
+    pub exprs: Vec<Expr>,
+    /// The expressions stored, each densely in row-major order.
+    pub outputs: Vec<usize>,
+    /// How many parameters the body reads.
+    pub params: usize,
+}
+
+impl Kernel {
+    /// A short stable name for logs and generated symbols: `k_` and 16 hex digits of a
+    /// hash of the kernel's text (which holds everything that changes the code).
+    pub fn name(&self) -> String {
+        format!("k_{:016x}", fnv1a(self.to_string().as_bytes()))
+    }
+
+    /// The key a compiled kernel is cached under: the kernel's full text, so that two
+    /// kernels share compiled code exactly when they would generate the same code.
+    pub fn key(&self) -> String {
+        self.to_string()
+    }
+
+    /// The number of scalar ops in the body (loads and parameters excluded).
+    pub fn op_count(&self) -> usize {
+        self.exprs
+            .iter()
+            .filter(|e| !matches!(e.kind, ExprKind::Load(_) | ExprKind::Param(_)))
+            .count()
+    }
+}
+
+/// 64-bit FNV-1a: stable across runs and platforms (unlike `std`'s hasher).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "kernel over {} ({} params)", self.shape, self.params)?;
+        for (i, input) in self.inputs.iter().enumerate() {
+            writeln!(
+                f,
+                "  in{i}: {} strides {:?} offset {}",
+                input.dtype,
+                input.view.strides(),
+                input.view.offset()
+            )?;
+        }
+        for (i, e) in self.exprs.iter().enumerate() {
+            let body = match e.kind {
+                ExprKind::Load(k) => format!("load in{k}"),
+                ExprKind::Param(k) => format!("param{k}"),
+                ExprKind::Unary(op, a) => format!("{} %{a}", op.name()),
+                ExprKind::Binary(op, a, b) => format!("{} %{a}, %{b}", op.name()),
+                ExprKind::Where(c, a, b) => format!("where %{c}, %{a}, %{b}"),
+                ExprKind::Cast(a) => format!("cast %{a}"),
+            };
+            writeln!(f, "  %{i}: {} = {body}", e.dtype)?;
+        }
+        let outs: Vec<String> = self.outputs.iter().map(|o| format!("%{o}")).collect();
+        write!(f, "  out: {}", outs.join(", "))
+    }
+}
+
+/// Evaluates a kernel in f64 (integers in i64 through f64, which is exact for the values
+/// kernels see in tests): the oracle for generated code. `inputs[i]` is input `i`'s buffer
+/// as f64; `params` are the parameter values. Returns each output's values.
+pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec<Vec<f64>> {
+    let n = kernel.shape.numel();
+    let mut outs = vec![Vec::with_capacity(n); kernel.outputs.len()];
+    let offsets: Vec<Vec<usize>> =
+        kernel.inputs.iter().map(|i| i.view.offsets().collect()).collect();
+    let mut vals = vec![0.0f64; kernel.exprs.len()];
+    for pos in 0..n {
+        for (i, e) in kernel.exprs.iter().enumerate() {
+            let v = match e.kind {
+                ExprKind::Load(k) => inputs[k][offsets[k][pos]],
+                ExprKind::Param(k) => round(e.dtype, params[k].to_f64()),
+                ExprKind::Unary(op, a) => unary(op, vals[a], e.dtype),
+                ExprKind::Binary(op, a, b) => binary(op, vals[a], vals[b], kernel.exprs[a].dtype),
+                ExprKind::Where(c, a, b) => {
+                    if vals[c] != 0.0 {
+                        vals[a]
+                    } else {
+                        vals[b]
+                    }
+                }
+                ExprKind::Cast(a) => cast(vals[a], kernel.exprs[a].dtype, e.dtype),
+            };
+            vals[i] = round(e.dtype, v);
+        }
+        for (o, &e) in outs.iter_mut().zip(&kernel.outputs) {
+            o.push(vals[e]);
+        }
+    }
+    outs
+}
+
+fn round(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => f64::from(v as f32),
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::I32 => f64::from(v as i64 as i32),
+        DType::U8 => f64::from(v as i64 as u8),
+        DType::I64 => v.trunc(),
+        DType::Bool => f64::from(u8::from(v != 0.0)),
+        DType::F64 => v,
+    }
+}
+
+fn cast(v: f64, from: DType, to: DType) -> f64 {
+    match (from.is_float(), to) {
+        (_, DType::Bool) => f64::from(u8::from(v != 0.0)),
+        (true, t) if !t.is_float() => {
+            if v.is_nan() {
+                0.0
+            } else {
+                v.trunc()
+            }
+        }
+        _ => v,
+    }
+}
+
+fn unary(op: UnaryOp, x: f64, dtype: DType) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        UnaryOp::Erf => erf(x),
+        UnaryOp::Recip => 1.0 / x,
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Not => f64::from(u8::from(x == 0.0 && dtype == DType::Bool)),
+    }
+}
+
+fn binary(op: BinaryOp, a: f64, b: f64, dtype: DType) -> f64 {
+    let flag = |c: bool| f64::from(u8::from(c));
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Maximum if dtype.is_float() && (a.is_nan() || b.is_nan()) => f64::NAN,
+        BinaryOp::Minimum if dtype.is_float() && (a.is_nan() || b.is_nan()) => f64::NAN,
+        BinaryOp::Maximum => a.max(b),
+        BinaryOp::Minimum => a.min(b),
+        BinaryOp::Eq => flag(a == b),
+        BinaryOp::Ne => flag(a != b),
+        BinaryOp::Lt => flag(a < b),
+        BinaryOp::Le => flag(a <= b),
+        BinaryOp::Gt => flag(a > b),
+        BinaryOp::Ge => flag(a >= b),
+        BinaryOp::And => flag(a != 0.0 && b != 0.0),
+        BinaryOp::Or => flag(a != 0.0 || b != 0.0),
+    }
+}
+
+/// The error function to near f64 precision (W. J. Cody's rational approximations are what
+/// libm uses; this series/continued-fraction pair is accurate to about 1e-15).
+pub fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let mut term = ax;
+        let mut sum = ax;
+        let x2 = ax * ax;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -x2 / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        // Continued fraction for erfc, evaluated backwards.
+        let mut f = 0.0;
+        for k in (1..60).rev() {
+            f = f64::from(k) / 2.0 / (ax + f);
+        }
+        1.0 - (-ax * ax).exp() / (ax + f) / std::f64::consts::PI.sqrt()
+    };
+    if x < 0.0 { -r } else { r }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (3.0, 0.999_977_909_503_001_4),
+        ] {
+            assert!((erf(x) - want).abs() < 1e-14, "erf({x})");
+            assert!((erf(-x) + want).abs() < 1e-14);
+        }
+    }
+
+    #[test]
+    fn text_and_names_are_stable() {
+        let k = Kernel {
+            shape: Shape::from([2, 3]),
+            inputs: vec![KernelInput {
+                dtype: DType::F32,
+                view: View::contiguous(Shape::from([3])).expand(&Shape::from([2, 3])),
+            }],
+            exprs: vec![
+                Expr { kind: ExprKind::Load(0), dtype: DType::F32 },
+                Expr { kind: ExprKind::Param(0), dtype: DType::F32 },
+                Expr { kind: ExprKind::Binary(BinaryOp::Mul, 0, 1), dtype: DType::F32 },
+            ],
+            outputs: vec![2],
+            params: 1,
+        };
+        assert_eq!(
+            k.to_string(),
+            "kernel over [2, 3] (1 params)\n  in0: f32 strides [0, 1] offset 0\n  %0: f32 = load in0\n  %1: f32 = param0\n  %2: f32 = mul %0, %1\n  out: %2"
+        );
+        assert_eq!(k.name(), k.clone().name());
+        let out = interpret(&k, &[vec![1.0, 2.0, 3.0]], &[Scalar::F64(2.0)]);
+        assert_eq!(out, vec![vec![2.0, 4.0, 6.0, 2.0, 4.0, 6.0]]);
+    }
+}
