@@ -1,0 +1,101 @@
+//! Functions that generated kernels call: math without a Cranelift instruction, and the
+//! 16-bit float conversions. Each is registered with the JIT by name.
+
+use cranelift_codegen::ir::{AbiParam, Signature, types};
+use cranelift_jit::JITModule;
+use cranelift_module::Module;
+use half::{bf16, f16};
+
+extern "C" fn kiln_exp(x: f64) -> f64 {
+    x.exp()
+}
+
+extern "C" fn kiln_log(x: f64) -> f64 {
+    x.ln()
+}
+
+extern "C" fn kiln_sin(x: f64) -> f64 {
+    x.sin()
+}
+
+extern "C" fn kiln_cos(x: f64) -> f64 {
+    x.cos()
+}
+
+extern "C" fn kiln_tanh(x: f64) -> f64 {
+    x.tanh()
+}
+
+extern "C" fn kiln_sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+extern "C" fn kiln_erf(x: f64) -> f64 {
+    kiln_ir::kernel::erf(x)
+}
+
+extern "C" fn kiln_pow(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+
+extern "C" fn kiln_round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+extern "C" fn kiln_round_bf16(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+extern "C" fn kiln_f16_to_f32(bits: u32) -> f32 {
+    f16::from_bits(bits as u16).to_f32()
+}
+
+extern "C" fn kiln_f32_to_f16(x: f32) -> u32 {
+    u32::from(f16::from_f32(x).to_bits())
+}
+
+extern "C" fn kiln_f32_to_bf16(x: f32) -> u32 {
+    u32::from(bf16::from_f32(x).to_bits())
+}
+
+/// Every helper's name and address, for `JITBuilder::symbol`.
+pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
+    vec![
+        ("kiln_exp", kiln_exp as *const u8),
+        ("kiln_log", kiln_log as *const u8),
+        ("kiln_sin", kiln_sin as *const u8),
+        ("kiln_cos", kiln_cos as *const u8),
+        ("kiln_tanh", kiln_tanh as *const u8),
+        ("kiln_sigmoid", kiln_sigmoid as *const u8),
+        ("kiln_erf", kiln_erf as *const u8),
+        ("kiln_pow", kiln_pow as *const u8),
+        ("kiln_round_f16", kiln_round_f16 as *const u8),
+        ("kiln_round_bf16", kiln_round_bf16 as *const u8),
+        ("kiln_f16_to_f32", kiln_f16_to_f32 as *const u8),
+        ("kiln_f32_to_f16", kiln_f32_to_f16 as *const u8),
+        ("kiln_f32_to_bf16", kiln_f32_to_bf16 as *const u8),
+    ]
+}
+
+/// Every helper's Cranelift signature.
+pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
+    let sig = |params: &[types::Type], ret: types::Type| {
+        let mut s = module.make_signature();
+        s.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        s.returns.push(AbiParam::new(ret));
+        s
+    };
+    let f64_1 = sig(&[types::F64], types::F64);
+    let mut out: Vec<(&'static str, Signature)> =
+        ["kiln_exp", "kiln_log", "kiln_sin", "kiln_cos", "kiln_tanh", "kiln_sigmoid", "kiln_erf"]
+            .into_iter()
+            .map(|n| (n, f64_1.clone()))
+            .collect();
+    out.push(("kiln_pow", sig(&[types::F64, types::F64], types::F64)));
+    out.push(("kiln_round_f16", sig(&[types::F32], types::F32)));
+    out.push(("kiln_round_bf16", sig(&[types::F32], types::F32)));
+    out.push(("kiln_f16_to_f32", sig(&[types::I32], types::F32)));
+    out.push(("kiln_f32_to_f16", sig(&[types::F32], types::I32)));
+    out.push(("kiln_f32_to_bf16", sig(&[types::F32], types::I32)));
+    out
+}

@@ -1,0 +1,785 @@
+//! The CPU back end: a [`Kernel`] lowered to Cranelift IR and compiled to machine code.
+//!
+//! The generated function has the signature
+//! `extern "C" fn(bufs: *const *mut u8, params: *const f64, start: u64, end: u64)` and computes
+//! the flat output positions `start..end` of the kernel's domain, so the runtime can split a
+//! kernel across threads. `bufs` holds the input pointers, then the output pointers.
+//!
+//! The domain is first *coalesced*: dimensions of size 1 are dropped and neighbours that every
+//! input walks contiguously are merged, so that a dense tensor is one long row. Each row
+//! computes its inputs' base addresses once (a division per row, not per element), then runs
+//! an inner loop: four `f32` (or two `f64`) lanes at a time when every value of the kernel is
+//! of one float type and every input is contiguous or broadcast along the row, followed by a
+//! scalar tail (and the scalar loop alone otherwise).
+//!
+//! Values compute in registers of their dtype's width: `f32` and `f64` as such, `f16` and
+//! `bf16` as `f32` rounded back after every op (so results equal the reference executor's),
+//! integers as `i64` wrapped to their width after every op, bools as `i8`. Functions without
+//! a Cranelift instruction (`exp`, `log`, `tanh`, `sin`, `cos`, `pow`, `erf`, `sigmoid`) call
+//! the f64 functions of Rust's standard library, correctly rounded to the dtype afterwards.
+
+mod helpers;
+
+use std::collections::HashMap;
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, BlockArg, InstBuilder, MemFlagsData, Type, UserFuncName, Value, types,
+};
+use cranelift_codegen::isa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module, default_libcall_names};
+use kiln_ir::kernel::{ExprKind, Kernel};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
+
+use crate::CodegenError;
+
+/// The entry point of a compiled kernel.
+pub type Entry = unsafe extern "C" fn(*const *mut u8, *const f64, u64, u64);
+
+/// A compiled kernel: its machine code (owned by its own JIT module, so that the cache can
+/// drop kernels one by one) and its text.
+pub struct CpuKernel {
+    module: Option<JITModule>,
+    entry: Entry,
+    clif: String,
+    vectorized: bool,
+}
+
+// SAFETY: the module's code is immutable once finalized and the entry point is a plain
+// function pointer; sharing them across threads is what running a kernel in parallel does.
+unsafe impl Send for CpuKernel {}
+// SAFETY: as above.
+unsafe impl Sync for CpuKernel {}
+
+impl CpuKernel {
+    /// The entry point; see the module docs for its contract.
+    pub fn entry(&self) -> Entry {
+        self.entry
+    }
+
+    /// The Cranelift IR of the kernel, as text.
+    pub fn clif(&self) -> &str {
+        &self.clif
+    }
+
+    /// Whether the inner loop runs on SIMD vectors.
+    pub fn vectorized(&self) -> bool {
+        self.vectorized
+    }
+}
+
+impl Drop for CpuKernel {
+    fn drop(&mut self) {
+        if let Some(module) = self.module.take() {
+            // SAFETY: the only pointer into this module's code is `entry`, which dies with
+            // `self`; no call can be running since callers borrow `self` while calling.
+            unsafe { module.free_memory() };
+        }
+    }
+}
+
+/// The layout the generated loops walk: coalesced dimensions (row-major, the last is the
+/// row) and each input's strides over them, in elements.
+#[derive(Debug)]
+struct Walk {
+    dims: Vec<usize>,
+    strides: Vec<Vec<i64>>,
+    offsets: Vec<i64>,
+}
+
+fn coalesce(kernel: &Kernel) -> Walk {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut strides: Vec<Vec<i64>> = vec![Vec::new(); kernel.inputs.len()];
+    for (d, &size) in kernel.shape.dims().iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let mergeable = !dims.is_empty()
+            && kernel.inputs.iter().zip(&strides).all(|(input, s)| {
+                let inner = input.view.strides()[d] as i64;
+                *s.last().expect("dims is not empty") == inner * size as i64
+            });
+        if mergeable {
+            *dims.last_mut().expect("dims is not empty") *= size;
+            for (input, s) in kernel.inputs.iter().zip(strides.iter_mut()) {
+                *s.last_mut().expect("dims is not empty") = input.view.strides()[d] as i64;
+            }
+        } else {
+            dims.push(size);
+            for (input, s) in kernel.inputs.iter().zip(strides.iter_mut()) {
+                s.push(input.view.strides()[d] as i64);
+            }
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        strides.iter_mut().for_each(|s| s.push(0));
+    }
+    let offsets = kernel.inputs.iter().map(|i| i.view.offset() as i64).collect();
+    Walk { dims, strides, offsets }
+}
+
+/// How a kernel's values are held in registers.
+fn scalar_type(dtype: DType) -> Type {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => types::F32,
+        DType::F64 => types::F64,
+        DType::I64 | DType::I32 | DType::U8 => types::I64,
+        DType::Bool => types::I8,
+    }
+}
+
+/// The lane type when the whole kernel can run on vectors of one float type.
+fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
+    let float =
+        kernel.inputs.first().map(|i| i.dtype).or_else(|| kernel.exprs.first().map(|e| e.dtype))?;
+    let lanes = match float {
+        DType::F32 => types::F32X4,
+        DType::F64 => types::F64X2,
+        _ => return None,
+    };
+    let inner_ok = walk.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
+    let inputs_ok = kernel.inputs.iter().all(|i| i.dtype == float);
+    let exprs_ok = kernel.exprs.iter().all(|e| match e.kind {
+        ExprKind::Load(_) | ExprKind::Param(_) => e.dtype == float,
+        ExprKind::Unary(op, _) => match op {
+            UnaryOp::Not => e.dtype == DType::Bool,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Relu
+            | UnaryOp::Recip
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round => e.dtype == float,
+            _ => false,
+        },
+        ExprKind::Binary(op, a, _) => {
+            let arg = kernel.exprs[a].dtype;
+            match op {
+                BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum => e.dtype == float,
+                BinaryOp::And | BinaryOp::Or => arg == DType::Bool,
+                BinaryOp::Pow => false,
+                _ => arg == float,
+            }
+        }
+        ExprKind::Where(_, a, _) => kernel.exprs[a].dtype == float,
+        ExprKind::Cast(_) => false,
+    });
+    let outputs_ok = kernel.outputs.iter().all(|&o| kernel.exprs[o].dtype == float);
+    (inner_ok && inputs_ok && exprs_ok && outputs_ok).then_some((float, lanes))
+}
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+/// Compiles `kernel` for the host CPU.
+///
+/// # Errors
+/// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
+/// module) or the host is not supported.
+pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
+    let isa = host_isa()?;
+    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+    for (name, ptr) in helpers::symbols() {
+        builder.symbol(name, ptr);
+    }
+    let mut module = JITModule::new(builder);
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(&kernel.name(), Linkage::Export, &sig)
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    ctx.func.signature = sig;
+    ctx.func.name = UserFuncName::testcase(kernel.name());
+
+    let walk = coalesce(kernel);
+    let vector = vector_type(kernel, &walk);
+    let mut helper_ids = HashMap::new();
+    for (name, sig) in helpers::signatures(&module) {
+        let hid = module
+            .declare_function(name, Linkage::Import, &sig)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+        helper_ids.insert(name, hid);
+    }
+    let target = module.target_config();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let mut helper_refs = HashMap::new();
+        for (name, hid) in &helper_ids {
+            helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
+        }
+        let mut t = Translator { kernel, walk: &walk, vector, helpers: helper_refs, b: &mut b };
+        t.body();
+        b.seal_all_blocks();
+        b.finalize(target);
+    }
+    let clif = ctx.func.display().to_string();
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| CodegenError::Cranelift(format!("{e:?}\n{clif}")))?;
+    module.clear_context(&mut ctx);
+    module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    let code = module.get_finalized_function(id);
+    // SAFETY: `code` is the finalized function declared above with exactly this signature.
+    let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
+    Ok(CpuKernel { module: Some(module), entry, clif, vectorized: vector.is_some() })
+}
+
+fn host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v).map_err(|e| CodegenError::Cranelift(e.to_string()))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    set(&mut flags, "is_pic", "false")?;
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    let isa = cranelift_native::builder()
+        .map_err(|e| CodegenError::Cranelift(format!("unsupported host: {e}")))?;
+    isa.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Cranelift(e.to_string()))
+}
+
+struct Translator<'a, 'b> {
+    kernel: &'a Kernel,
+    walk: &'a Walk,
+    vector: Option<(DType, Type)>,
+    helpers: HashMap<&'static str, cranelift_codegen::ir::FuncRef>,
+    b: &'a mut FunctionBuilder<'b>,
+}
+
+impl Translator<'_, '_> {
+    fn iconst(&mut self, v: i64) -> Value {
+        self.b.ins().iconst(types::I64, v)
+    }
+
+    fn body(&mut self) {
+        let k = self.kernel;
+        let entry = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.switch_to_block(entry);
+        let [bufs, params, start, end] =
+            self.b.block_params(entry).try_into().expect("four parameters");
+
+        // Hoisted: buffer pointers and parameters (scalar and, for vectors, splatted).
+        let n_in = k.inputs.len();
+        let ins: Vec<Value> = (0..n_in)
+            .map(|i| self.b.ins().load(types::I64, flags(), bufs, (8 * i) as i32))
+            .collect();
+        let outs: Vec<Value> = (0..k.outputs.len())
+            .map(|o| self.b.ins().load(types::I64, flags(), bufs, (8 * (n_in + o)) as i32))
+            .collect();
+        let mut param_scalar: HashMap<usize, Value> = HashMap::new();
+        let mut param_vector: HashMap<usize, Value> = HashMap::new();
+        for (e, expr) in k.exprs.iter().enumerate() {
+            if let ExprKind::Param(p) = expr.kind {
+                let raw = self.b.ins().load(types::F64, flags(), params, (8 * p) as i32);
+                let v = self.from_f64(raw, expr.dtype);
+                if let Some((_, lanes)) = self.vector {
+                    let v = self.b.ins().splat(lanes, v);
+                    param_vector.insert(e, v);
+                }
+                param_scalar.insert(e, v);
+            }
+        }
+
+        let head = self.b.create_block();
+        let i_var = self.b.append_block_param(head, types::I64);
+        let row = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(head, &[BlockArg::Value(start)]);
+
+        // head(i): while i < end
+        self.b.switch_to_block(head);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i_var, end);
+        self.b.ins().brif(more, row, &[], exit, &[]);
+
+        // row: locate the row of position i and the bases of every input.
+        self.b.switch_to_block(row);
+        let dims = self.walk.dims.clone();
+        let inner = *dims.last().expect("at least one dimension") as i64;
+        let inner_v = self.iconst(inner);
+        let row_index = self.b.ins().udiv(i_var, inner_v);
+        let j0 = self.b.ins().urem(i_var, inner_v);
+        let left = self.b.ins().isub(end, i_var);
+        let reach = self.b.ins().iadd(j0, left);
+        let shorter = self.b.ins().icmp(IntCC::UnsignedLessThan, reach, inner_v);
+        let jend = self.b.ins().select(shorter, reach, inner_v);
+        // Coordinates of the row in the outer dimensions, innermost first.
+        let mut coords = Vec::new();
+        let mut rest = row_index;
+        for &d in dims[..dims.len() - 1].iter().rev() {
+            let dv = self.iconst(d as i64);
+            coords.push(self.b.ins().urem(rest, dv));
+            rest = self.b.ins().udiv(rest, dv);
+        }
+        coords.reverse();
+        let mut bases = Vec::with_capacity(n_in);
+        for (idx, input) in k.inputs.iter().enumerate() {
+            let mut off = self.iconst(self.walk.offsets[idx]);
+            for (c, &s) in coords.iter().zip(&self.walk.strides[idx]) {
+                let scaled = self.b.ins().imul_imm_s(*c, s);
+                off = self.b.ins().iadd(off, scaled);
+            }
+            let bytes = self.b.ins().imul_imm_s(off, input.dtype.size_in_bytes() as i64);
+            bases.push(self.b.ins().iadd(ins[idx], bytes));
+        }
+        let row_start = self.b.ins().isub(i_var, j0);
+        let out_bases: Vec<Value> = k
+            .outputs
+            .iter()
+            .zip(&outs)
+            .map(|(&o, &p)| {
+                let bytes =
+                    self.b.ins().imul_imm_s(row_start, k.exprs[o].dtype.size_in_bytes() as i64);
+                self.b.ins().iadd(p, bytes)
+            })
+            .collect();
+
+        let scalar_head = self.b.create_block();
+        let j_scalar = self.b.append_block_param(scalar_head, types::I64);
+        let row_done = self.b.create_block();
+
+        if let Some((_, lanes)) = self.vector {
+            let width = i64::from(lanes.lane_count());
+            let vec_head = self.b.create_block();
+            let jv = self.b.append_block_param(vec_head, types::I64);
+            let vec_body = self.b.create_block();
+            self.b.ins().jump(vec_head, &[BlockArg::Value(j0)]);
+            self.b.switch_to_block(vec_head);
+            let next = self.b.ins().iadd_imm_s(jv, width);
+            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, jend);
+            self.b.ins().brif(fits, vec_body, &[], scalar_head, &[BlockArg::Value(jv)]);
+            self.b.switch_to_block(vec_body);
+            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            for (o, &e) in k.outputs.iter().enumerate() {
+                let size = k.exprs[e].dtype.size_in_bytes() as i64;
+                let off = self.b.ins().imul_imm_s(jv, size);
+                let addr = self.b.ins().iadd(out_bases[o], off);
+                self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
+            }
+            self.b.ins().jump(vec_head, &[BlockArg::Value(next)]);
+        } else {
+            self.b.ins().jump(scalar_head, &[BlockArg::Value(j0)]);
+        }
+
+        // scalar_head(j): while j < jend
+        self.b.switch_to_block(scalar_head);
+        let scalar_body = self.b.create_block();
+        let go = self.b.ins().icmp(IntCC::UnsignedLessThan, j_scalar, jend);
+        self.b.ins().brif(go, scalar_body, &[], row_done, &[]);
+        self.b.switch_to_block(scalar_body);
+        let values = self.compute_scalar(j_scalar, &bases, &param_scalar);
+        for (o, &e) in k.outputs.iter().enumerate() {
+            let dtype = k.exprs[e].dtype;
+            let off = self.b.ins().imul_imm_s(j_scalar, dtype.size_in_bytes() as i64);
+            let addr = self.b.ins().iadd(out_bases[o], off);
+            self.store(values[e], dtype, addr);
+        }
+        let j_next = self.b.ins().iadd_imm_s(j_scalar, 1);
+        self.b.ins().jump(scalar_head, &[BlockArg::Value(j_next)]);
+
+        // row_done: advance i past this row's piece.
+        self.b.switch_to_block(row_done);
+        let done = self.b.ins().isub(jend, j0);
+        let i_next = self.b.ins().iadd(i_var, done);
+        self.b.ins().jump(head, &[BlockArg::Value(i_next)]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
+
+    /// The address of element `j` of the row for input `idx`.
+    fn element_addr(&mut self, idx: usize, j: Value, bases: &[Value]) -> Value {
+        let stride = *self.walk.strides[idx].last().expect("at least one dimension");
+        let size = self.kernel.inputs[idx].dtype.size_in_bytes() as i64;
+        if stride == 0 {
+            return bases[idx];
+        }
+        let off = self.b.ins().imul_imm_s(j, stride * size);
+        self.b.ins().iadd(bases[idx], off)
+    }
+
+    fn compute_vector(
+        &mut self,
+        j: Value,
+        bases: &[Value],
+        params: &HashMap<usize, Value>,
+        lanes: Type,
+    ) -> Vec<Value> {
+        let k = self.kernel;
+        let mask_type = if lanes == types::F32X4 { types::I32X4 } else { types::I64X2 };
+        let mut vals: Vec<Value> = Vec::with_capacity(k.exprs.len());
+        for (e, expr) in k.exprs.iter().enumerate() {
+            let v = match expr.kind {
+                ExprKind::Load(idx) => {
+                    let addr = self.element_addr(idx, j, bases);
+                    if *self.walk.strides[idx].last().expect("a row") == 0 {
+                        let s = self.b.ins().load(
+                            lanes.lane_type(),
+                            MemFlagsData::new().with_notrap(),
+                            addr,
+                            0,
+                        );
+                        self.b.ins().splat(lanes, s)
+                    } else {
+                        self.b.ins().load(lanes, MemFlagsData::new().with_notrap(), addr, 0)
+                    }
+                }
+                ExprKind::Param(_) => params[&e],
+                ExprKind::Unary(op, a) => {
+                    let x = vals[a];
+                    match op {
+                        UnaryOp::Neg => self.b.ins().fneg(x),
+                        UnaryOp::Abs => self.b.ins().fabs(x),
+                        UnaryOp::Sqrt => self.b.ins().sqrt(x),
+                        UnaryOp::Floor => self.b.ins().floor(x),
+                        UnaryOp::Ceil => self.b.ins().ceil(x),
+                        UnaryOp::Round => self.b.ins().nearest(x),
+                        UnaryOp::Recip => {
+                            let one = self.float_const(1.0, lanes.lane_type());
+                            let ones = self.b.ins().splat(lanes, one);
+                            self.b.ins().fdiv(ones, x)
+                        }
+                        UnaryOp::Relu => {
+                            let zero = self.float_const(0.0, lanes.lane_type());
+                            let zeros = self.b.ins().splat(lanes, zero);
+                            let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zeros);
+                            let mask = self.b.ins().bitcast(lanes, MemFlagsData::new(), neg);
+                            self.b.ins().bitselect(mask, zeros, x)
+                        }
+                        UnaryOp::Not => self.b.ins().bnot(x),
+                        other => unreachable!("{} is not vectorized", other.name()),
+                    }
+                }
+                ExprKind::Binary(op, a, c) => {
+                    let (x, y) = (vals[a], vals[c]);
+                    match op {
+                        BinaryOp::Add => self.b.ins().fadd(x, y),
+                        BinaryOp::Sub => self.b.ins().fsub(x, y),
+                        BinaryOp::Mul => self.b.ins().fmul(x, y),
+                        BinaryOp::Div => self.b.ins().fdiv(x, y),
+                        BinaryOp::Maximum => self.b.ins().fmax(x, y),
+                        BinaryOp::Minimum => self.b.ins().fmin(x, y),
+                        BinaryOp::And => self.b.ins().band(x, y),
+                        BinaryOp::Or => self.b.ins().bor(x, y),
+                        cmp => {
+                            let cc = float_cc(cmp);
+                            let m = self.b.ins().fcmp(cc, x, y);
+                            debug_assert_eq!(self.b.func.dfg.value_type(m), mask_type);
+                            m
+                        }
+                    }
+                }
+                ExprKind::Where(c, a, d) => {
+                    let mask = self.b.ins().bitcast(lanes, MemFlagsData::new(), vals[c]);
+                    self.b.ins().bitselect(mask, vals[a], vals[d])
+                }
+                ExprKind::Cast(_) => unreachable!("casts are not vectorized"),
+            };
+            vals.push(v);
+        }
+        vals
+    }
+
+    fn compute_scalar(
+        &mut self,
+        j: Value,
+        bases: &[Value],
+        params: &HashMap<usize, Value>,
+    ) -> Vec<Value> {
+        let k = self.kernel;
+        let mut vals: Vec<Value> = Vec::with_capacity(k.exprs.len());
+        for (e, expr) in k.exprs.iter().enumerate() {
+            let dtype = expr.dtype;
+            let v = match expr.kind {
+                ExprKind::Load(idx) => {
+                    let addr = self.element_addr(idx, j, bases);
+                    self.load(dtype, addr)
+                }
+                ExprKind::Param(_) => params[&e],
+                ExprKind::Unary(op, a) => self.unary(op, vals[a], dtype),
+                ExprKind::Binary(op, a, c) => {
+                    self.binary(op, vals[a], vals[c], k.exprs[a].dtype, dtype)
+                }
+                ExprKind::Where(c, a, d) => self.b.ins().select(vals[c], vals[a], vals[d]),
+                ExprKind::Cast(a) => self.cast(vals[a], k.exprs[a].dtype, dtype),
+            };
+            vals.push(v);
+        }
+        vals
+    }
+
+    fn float_const(&mut self, v: f64, ty: Type) -> Value {
+        if ty == types::F32 { self.b.ins().f32const(v as f32) } else { self.b.ins().f64const(v) }
+    }
+
+    fn call(&mut self, name: &'static str, args: &[Value]) -> Value {
+        let f = self.helpers[name];
+        let call = self.b.ins().call(f, args);
+        self.b.inst_results(call)[0]
+    }
+
+    /// Rounds a value held in a wider register to its dtype, as the reference does after
+    /// every op: f16/bf16 through their precision, narrow integers by wrapping.
+    fn narrow(&mut self, v: Value, dtype: DType) -> Value {
+        match dtype {
+            DType::F16 => self.call("kiln_round_f16", &[v]),
+            DType::BF16 => self.call("kiln_round_bf16", &[v]),
+            DType::I32 => {
+                let r = self.b.ins().ireduce(types::I32, v);
+                self.b.ins().sextend(types::I64, r)
+            }
+            DType::U8 => self.b.ins().band_imm_u(v, 0xff),
+            _ => v,
+        }
+    }
+
+    fn from_f64(&mut self, raw: Value, dtype: DType) -> Value {
+        match dtype {
+            DType::F64 => raw,
+            DType::F32 => self.b.ins().fdemote(types::F32, raw),
+            DType::F16 | DType::BF16 => {
+                let f = self.b.ins().fdemote(types::F32, raw);
+                self.narrow(f, dtype)
+            }
+            DType::Bool => {
+                let zero = self.b.ins().f64const(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, raw, zero)
+            }
+            _ => {
+                let i = self.b.ins().fcvt_to_sint_sat(types::I64, raw);
+                self.narrow(i, dtype)
+            }
+        }
+    }
+
+    fn load(&mut self, dtype: DType, addr: Value) -> Value {
+        let fl = MemFlagsData::new().with_notrap();
+        match dtype {
+            DType::F32 => self.b.ins().load(types::F32, fl, addr, 0),
+            DType::F64 => self.b.ins().load(types::F64, fl, addr, 0),
+            DType::F16 => {
+                let bits = self.b.ins().uload16(types::I32, fl, addr, 0);
+                self.call("kiln_f16_to_f32", &[bits])
+            }
+            DType::BF16 => {
+                let bits = self.b.ins().uload16(types::I32, fl, addr, 0);
+                let wide = self.b.ins().ishl_imm_u(bits, 16);
+                self.b.ins().bitcast(types::F32, MemFlagsData::new(), wide)
+            }
+            DType::I64 => self.b.ins().load(types::I64, fl, addr, 0),
+            DType::I32 => self.b.ins().sload32(fl, addr, 0),
+            DType::U8 => self.b.ins().uload8(types::I64, fl, addr, 0),
+            DType::Bool => self.b.ins().load(types::I8, fl, addr, 0),
+        }
+    }
+
+    fn store(&mut self, v: Value, dtype: DType, addr: Value) {
+        let fl = MemFlagsData::new().with_notrap();
+        match dtype {
+            DType::F32 | DType::F64 | DType::I64 | DType::Bool => {
+                self.b.ins().store(fl, v, addr, 0);
+            }
+            DType::F16 => {
+                let bits = self.call("kiln_f32_to_f16", &[v]);
+                self.b.ins().istore16(fl, bits, addr, 0);
+            }
+            DType::BF16 => {
+                let bits = self.call("kiln_f32_to_bf16", &[v]);
+                self.b.ins().istore16(fl, bits, addr, 0);
+            }
+            DType::I32 => {
+                self.b.ins().istore32(fl, v, addr, 0);
+            }
+            DType::U8 => {
+                self.b.ins().istore8(fl, v, addr, 0);
+            }
+        }
+    }
+
+    /// A float function computed in f64 by a helper, rounded back to `dtype`.
+    fn via_f64(&mut self, name: &'static str, args: &[Value], dtype: DType) -> Value {
+        let wide: Vec<Value> = args
+            .iter()
+            .map(|&a| if dtype == DType::F64 { a } else { self.b.ins().fpromote(types::F64, a) })
+            .collect();
+        let r = self.call(name, &wide);
+        if dtype == DType::F64 {
+            return r;
+        }
+        let f = self.b.ins().fdemote(types::F32, r);
+        self.narrow(f, dtype)
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Value {
+        if dtype == DType::Bool {
+            // logical_not of a bool (0 or 1).
+            return self.b.ins().bxor_imm_u(x, 1);
+        }
+        if !dtype.is_float() {
+            let v = match op {
+                UnaryOp::Neg => self.b.ins().ineg(x),
+                UnaryOp::Abs => self.b.ins().iabs(x),
+                UnaryOp::Relu => {
+                    let zero = self.iconst(0);
+                    self.b.ins().smax(x, zero)
+                }
+                other => unreachable!("{} is float-only", other.name()),
+            };
+            return self.narrow(v, dtype);
+        }
+        let ty = scalar_type(dtype);
+        let v = match op {
+            UnaryOp::Neg => self.b.ins().fneg(x),
+            UnaryOp::Abs => self.b.ins().fabs(x),
+            UnaryOp::Sqrt => self.b.ins().sqrt(x),
+            UnaryOp::Floor => self.b.ins().floor(x),
+            UnaryOp::Ceil => self.b.ins().ceil(x),
+            UnaryOp::Round => self.b.ins().nearest(x),
+            UnaryOp::Recip => {
+                let one = self.float_const(1.0, ty);
+                self.b.ins().fdiv(one, x)
+            }
+            UnaryOp::Relu => {
+                let zero = self.float_const(0.0, ty);
+                let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+                self.b.ins().select(neg, zero, x)
+            }
+            UnaryOp::Exp => return self.via_f64("kiln_exp", &[x], dtype),
+            UnaryOp::Log => return self.via_f64("kiln_log", &[x], dtype),
+            UnaryOp::Sin => return self.via_f64("kiln_sin", &[x], dtype),
+            UnaryOp::Cos => return self.via_f64("kiln_cos", &[x], dtype),
+            UnaryOp::Tanh => return self.via_f64("kiln_tanh", &[x], dtype),
+            UnaryOp::Sigmoid => return self.via_f64("kiln_sigmoid", &[x], dtype),
+            UnaryOp::Erf => return self.via_f64("kiln_erf", &[x], dtype),
+            UnaryOp::Not => unreachable!("logical_not takes bools"),
+        };
+        self.narrow(v, dtype)
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: Value, y: Value, arg: DType, dtype: DType) -> Value {
+        if op.is_comparison() {
+            return if arg.is_float() {
+                self.b.ins().fcmp(float_cc(op), x, y)
+            } else {
+                self.b.ins().icmp(int_cc(op), x, y)
+            };
+        }
+        if arg == DType::Bool {
+            return match op {
+                BinaryOp::And | BinaryOp::Minimum => self.b.ins().band(x, y),
+                BinaryOp::Or | BinaryOp::Maximum => self.b.ins().bor(x, y),
+                other => unreachable!("{} does not take bools", other.name()),
+            };
+        }
+        if !arg.is_float() {
+            let v = match op {
+                BinaryOp::Add => self.b.ins().iadd(x, y),
+                BinaryOp::Sub => self.b.ins().isub(x, y),
+                BinaryOp::Mul => self.b.ins().imul(x, y),
+                BinaryOp::Maximum => self.b.ins().smax(x, y),
+                BinaryOp::Minimum => self.b.ins().smin(x, y),
+                other => unreachable!("{} does not take integers", other.name()),
+            };
+            return self.narrow(v, dtype);
+        }
+        let v = match op {
+            BinaryOp::Add => self.b.ins().fadd(x, y),
+            BinaryOp::Sub => self.b.ins().fsub(x, y),
+            BinaryOp::Mul => self.b.ins().fmul(x, y),
+            BinaryOp::Div => self.b.ins().fdiv(x, y),
+            BinaryOp::Maximum => self.b.ins().fmax(x, y),
+            BinaryOp::Minimum => self.b.ins().fmin(x, y),
+            BinaryOp::Pow => return self.via_f64("kiln_pow", &[x, y], dtype),
+            other => unreachable!("{} does not take floats", other.name()),
+        };
+        self.narrow(v, dtype)
+    }
+
+    fn cast(&mut self, v: Value, from: DType, to: DType) -> Value {
+        if from == to {
+            return v;
+        }
+        match (from, to) {
+            (_, DType::Bool) => {
+                if from.is_float() {
+                    let zero = self.float_const(0.0, scalar_type(from));
+                    self.b.ins().fcmp(FloatCC::NotEqual, v, zero)
+                } else {
+                    self.b.ins().icmp_imm_s(IntCC::NotEqual, v, 0)
+                }
+            }
+            (DType::Bool, t) if t.is_float() => {
+                let wide = self.b.ins().uextend(types::I64, v);
+                let f = self.b.ins().fcvt_from_sint(scalar_type(t), wide);
+                self.narrow(f, t)
+            }
+            (DType::Bool, _) => self.b.ins().uextend(types::I64, v),
+            (f, t) if f.is_float() && t.is_float() => {
+                let (fty, tty) = (scalar_type(f), scalar_type(t));
+                let w = if fty == tty {
+                    v
+                } else if tty == types::F64 {
+                    self.b.ins().fpromote(types::F64, v)
+                } else {
+                    self.b.ins().fdemote(types::F32, v)
+                };
+                self.narrow(w, t)
+            }
+            (f, t) if f.is_float() => {
+                let i = self.b.ins().fcvt_to_sint_sat(types::I64, v);
+                self.narrow(i, t)
+            }
+            (_, t) if t.is_float() => {
+                let f = self.b.ins().fcvt_from_sint(scalar_type(t), v);
+                self.narrow(f, t)
+            }
+            (_, t) => self.narrow(v, t),
+        }
+    }
+}
+
+fn float_cc(op: BinaryOp) -> FloatCC {
+    match op {
+        BinaryOp::Eq => FloatCC::Equal,
+        BinaryOp::Ne => FloatCC::NotEqual,
+        BinaryOp::Lt => FloatCC::LessThan,
+        BinaryOp::Le => FloatCC::LessThanOrEqual,
+        BinaryOp::Gt => FloatCC::GreaterThan,
+        BinaryOp::Ge => FloatCC::GreaterThanOrEqual,
+        other => unreachable!("{} is not a comparison", other.name()),
+    }
+}
+
+fn int_cc(op: BinaryOp) -> IntCC {
+    match op {
+        BinaryOp::Eq => IntCC::Equal,
+        BinaryOp::Ne => IntCC::NotEqual,
+        BinaryOp::Lt => IntCC::SignedLessThan,
+        BinaryOp::Le => IntCC::SignedLessThanOrEqual,
+        BinaryOp::Gt => IntCC::SignedGreaterThan,
+        BinaryOp::Ge => IntCC::SignedGreaterThanOrEqual,
+        other => unreachable!("{} is not a comparison", other.name()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! Generated kernels against the kernel interpreter, on odd sizes, broadcasts, permuted and
+//! offset views, and every dtype.
+
+use half::{bf16, f16};
+use kiln_ir::fuse::{FusionPolicy, Step, partition};
+use kiln_ir::kernel::{Kernel, interpret};
+use kiln_ir::{BinaryOp, DType, Graph, Op, Scalar, Shape, UnaryOp, View};
+
+use super::compile;
+
+fn to_bytes(values: &[f64], dtype: DType) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &v in values {
+        match dtype {
+            DType::F32 => out.extend((v as f32).to_ne_bytes()),
+            DType::F64 => out.extend(v.to_ne_bytes()),
+            DType::F16 => out.extend(f16::from_f64(v).to_ne_bytes()),
+            DType::BF16 => out.extend(bf16::from_f64(v).to_ne_bytes()),
+            DType::I64 => out.extend((v as i64).to_ne_bytes()),
+            DType::I32 => out.extend((v as i32).to_ne_bytes()),
+            DType::U8 => out.push(v as u8),
+            DType::Bool => out.push(u8::from(v != 0.0)),
+        }
+    }
+    out
+}
+
+fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f64> {
+    let n = dtype.size_in_bytes();
+    bytes
+        .chunks_exact(n)
+        .map(|c| match dtype {
+            DType::F32 => f64::from(f32::from_ne_bytes(c.try_into().unwrap())),
+            DType::F64 => f64::from_ne_bytes(c.try_into().unwrap()),
+            DType::F16 => f16::from_ne_bytes(c.try_into().unwrap()).to_f64(),
+            DType::BF16 => bf16::from_ne_bytes(c.try_into().unwrap()).to_f64(),
+            DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
+            DType::I32 => f64::from(i32::from_ne_bytes(c.try_into().unwrap())),
+            DType::U8 | DType::Bool => f64::from(c[0]),
+        })
+        .collect()
+}
+
+/// Runs the compiled kernel over `start..end` pieces of `chunk` positions.
+fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) -> Vec<Vec<f64>> {
+    let compiled = compile(kernel).unwrap_or_else(|e| panic!("{e}\n{kernel}"));
+    let mut in_bytes: Vec<Vec<u8>> =
+        inputs.iter().zip(&kernel.inputs).map(|(v, i)| to_bytes(v, i.dtype)).collect();
+    let n = kernel.shape.numel();
+    let mut out_bytes: Vec<Vec<u8>> = kernel
+        .outputs
+        .iter()
+        .map(|&o| vec![0u8; n * kernel.exprs[o].dtype.size_in_bytes()])
+        .collect();
+    let mut ptrs: Vec<*mut u8> = in_bytes.iter_mut().map(|b| b.as_mut_ptr()).collect();
+    ptrs.extend(out_bytes.iter_mut().map(|b| b.as_mut_ptr()));
+    let p: Vec<f64> = params.iter().map(|s| s.to_f64()).collect();
+    let mut start = 0;
+    while start < n {
+        let end = (start + chunk).min(n);
+        // SAFETY: every buffer holds the elements the kernel's views reach, and the output
+        // buffers hold n elements of their dtype.
+        unsafe { (compiled.entry())(ptrs.as_ptr(), p.as_ptr(), start as u64, end as u64) };
+        start = end;
+    }
+    out_bytes
+        .iter()
+        .zip(&kernel.outputs)
+        .map(|(b, &o)| from_bytes(b, kernel.exprs[o].dtype))
+        .collect()
+}
+
+fn check(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) {
+    let want = interpret(kernel, inputs, params);
+    for chunk in [1, 3, 7, 1 << 20] {
+        let got = run(kernel, inputs, params, chunk);
+        for (g, w) in got.iter().zip(&want) {
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                let ok = (a.is_nan() && b.is_nan())
+                    || a == b
+                    || (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+                assert!(ok, "element {i}: got {a}, want {b} (chunk {chunk})\n{kernel}");
+            }
+        }
+    }
+}
+
+fn values(n: usize, dtype: DType, seed: u64) -> Vec<f64> {
+    (0..n as u64)
+        .map(|i| {
+            let u = kiln_ir::random::uniform(seed, i, 53);
+            match dtype {
+                DType::Bool => (u < 0.5) as u8 as f64,
+                DType::U8 => (u * 200.0).floor(),
+                d if d.is_float() => u * 6.0 - 3.0,
+                _ => (u * 60.0 - 30.0).floor(),
+            }
+        })
+        .collect()
+}
+
+/// The single kernel of a graph built by `f` over one input of `shape` and `dtype`.
+fn kernel_of(
+    shape: &[usize],
+    dtype: DType,
+    f: impl Fn(&mut Graph, kiln_ir::NodeId) -> kiln_ir::NodeId,
+) -> (Kernel, Vec<Scalar>) {
+    let mut g = Graph::new();
+    let x = g.input(Shape::from(shape), dtype);
+    let y = f(&mut g, x);
+    g.mark_output(y);
+    let plan = partition(&g, FusionPolicy::On);
+    match plan.steps.as_slice() {
+        [Step::Kernel(k)] => (k.kernel.clone(), k.params.clone()),
+        other => panic!("expected one kernel, got {other:?}"),
+    }
+}
+
+fn scalar(g: &mut Graph, v: f64, dtype: DType, shape: &[usize]) -> kiln_ir::NodeId {
+    let c = g.leaf(Op::Full(Scalar::F64(v)), Shape::from(()), dtype).unwrap();
+    g.push(Op::View(View::contiguous(Shape::from(())).expand(&Shape::from(shape))), &[c]).unwrap()
+}
+
+#[test]
+fn elementwise_chains_on_every_dtype_and_size() {
+    for dtype in DType::ALL {
+        for n in [1usize, 3, 4, 17, 1023] {
+            let (k, params) = kernel_of(&[n], dtype, |g, x| match dtype {
+                DType::Bool => {
+                    let y = g.push(Op::Unary(UnaryOp::Not), &[x]).unwrap();
+                    g.push(Op::Binary(BinaryOp::Or), &[y, x]).unwrap()
+                }
+                d if d.is_float() => {
+                    let c = scalar(g, 1.5, d, &[n]);
+                    let a = g.push(Op::Binary(BinaryOp::Mul), &[x, c]).unwrap();
+                    let t = g.push(Op::Unary(UnaryOp::Tanh), &[a]).unwrap();
+                    let r = g.push(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
+                    let s = g.push(Op::Binary(BinaryOp::Add), &[t, r]).unwrap();
+                    g.push(Op::Binary(BinaryOp::Div), &[s, c]).unwrap()
+                }
+                d => {
+                    let c = scalar(g, 7.0, d, &[n]);
+                    let a = g.push(Op::Binary(BinaryOp::Mul), &[x, c]).unwrap();
+                    let r = g.push(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+                    g.push(Op::Binary(BinaryOp::Maximum), &[r, x]).unwrap()
+                }
+            });
+            check(&k, &[values(n, dtype, n as u64)], &params);
+        }
+    }
+}
+
+#[test]
+fn vector_kernels_handle_broadcast_permuted_and_offset_views() {
+    for dtype in [DType::F32, DType::F64] {
+        // x: [5, 7] read transposed from a [7, 5] buffer; row: [7] broadcast; an offset slice.
+        let mut g = Graph::new();
+        let xt = g.input(Shape::from([7, 5]), dtype);
+        let row = g.input(Shape::from([9]), dtype);
+        let x = g
+            .push(Op::View(View::contiguous(Shape::from([7, 5])).permute(&[1, 0])), &[xt])
+            .unwrap();
+        let r = g
+            .push(
+                Op::View(
+                    View::contiguous(Shape::from([9])).narrow(0, 2, 7).expand(&Shape::from([5, 7])),
+                ),
+                &[row],
+            )
+            .unwrap();
+        let s = g.push(Op::Binary(BinaryOp::Sub), &[x, r]).unwrap();
+        let lt = g.push(Op::Binary(BinaryOp::Lt), &[x, r]).unwrap();
+        let w = g.push(Op::Where, &[lt, s, x]).unwrap();
+        g.mark_output(w);
+        let plan = partition(&g, FusionPolicy::On);
+        let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+        check(&k.kernel, &[values(35, dtype, 1), values(9, dtype, 2)], &k.params);
+        // A contiguous one vectorizes.
+        let (k2, p2) = kernel_of(&[4, 33], dtype, |g, x| {
+            let a = g.push(Op::Unary(UnaryOp::Sqrt), &[x]).unwrap();
+            let c = scalar(g, 0.5, dtype, &[4, 33]);
+            g.push(Op::Binary(BinaryOp::Minimum), &[a, c]).unwrap()
+        });
+        assert!(compile(&k2).unwrap().vectorized(), "{k2}");
+        check(&k2, &[values(132, dtype, 3)], &p2);
+    }
+}
+
+#[test]
+fn casts_between_all_dtypes() {
+    for from in DType::ALL {
+        for to in DType::ALL {
+            let (k, p) = kernel_of(&[13], from, |g, x| g.push(Op::Cast(to), &[x]).unwrap());
+            check(&k, &[values(13, from, 5)], &p);
+        }
+    }
+}
+
+#[test]
+fn empty_and_scalar_domains() {
+    let (k, p) = kernel_of(&[], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap());
+    check(&k, &[vec![0.5]], &p);
+    let (k, p) =
+        kernel_of(&[0, 3], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap());
+    check(&k, &[vec![]], &p);
+}
