@@ -24,3 +24,57 @@ pub fn graph_dot(tensors: &[&Tensor]) -> String {
         ),
     }
 }
+
+/// What running a realization would take: the fused kernels and other ops of its plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanSummary {
+    /// Generated kernels.
+    pub kernels: usize,
+    /// Ops that run on their own (reductions, matmul, gather, ...).
+    pub other_ops: usize,
+    /// For each kernel: its name, the ops it fuses, and why its result is stored.
+    pub kernel_notes: Vec<String>,
+    /// The text of each kernel.
+    pub kernel_text: Vec<String>,
+}
+
+/// The plan that computing `tensors` would run now under the current execution mode (see
+/// [`crate::with_fusion`]), without running it.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::ones([4, 4]);
+/// let y = ((&x * 2.0).exp() + 1.0).sqrt();
+/// assert_eq!(kiln::debug::plan_summary(&[&y]).kernels, 1);
+/// assert_eq!(kiln::with_fusion(false, || kiln::debug::plan_summary(&[&y])).kernels, 4);
+/// ```
+pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
+    use kiln_ir::fuse::{FusionPolicy, Step, partition};
+    let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
+    let Ok(graph) = crate::realize::pending_graph(&nodes) else {
+        return PlanSummary::default();
+    };
+    let policy = if crate::execution() == crate::Execution::Unfused {
+        FusionPolicy::Off
+    } else {
+        FusionPolicy::On
+    };
+    let mut summary = PlanSummary::default();
+    for step in partition(&graph, policy).steps {
+        match step {
+            Step::Kernel(k) => {
+                summary.kernels += 1;
+                let ops: Vec<&str> = k.fused.iter().map(|&n| graph.node(n).op.name()).collect();
+                summary.kernel_notes.push(format!(
+                    "{}: {} (stored: {})",
+                    k.kernel.name(),
+                    ops.join(" "),
+                    k.cut
+                ));
+                summary.kernel_text.push(k.kernel.to_string());
+            }
+            Step::Node(_) => summary.other_ops += 1,
+        }
+    }
+    summary
+}

@@ -86,6 +86,7 @@
 pub mod autograd;
 pub mod debug;
 mod error;
+mod execution;
 mod lazy;
 mod random;
 mod realize;
@@ -96,6 +97,7 @@ pub use autograd::{
     inference_mode, is_grad_enabled, no_grad, try_grad,
 };
 pub use error::{Error, Result};
+pub use execution::{Execution, execution, with_execution, with_fusion};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{Device, RunError, RuntimeError};
 pub use random::manual_seed;

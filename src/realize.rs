@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_ir::{Graph, NodeId};
-use kiln_runtime::reference;
+use kiln_runtime::exec;
 
 use crate::Result;
 use crate::lazy::{LazyNode, State};
@@ -19,7 +19,7 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         return Ok(());
     }
     let (graph, inputs, outputs) = build_graph(&captured, targets)?;
-    let buffers = reference::run(&graph, &inputs)?;
+    let buffers = exec::run(&graph, &inputs, crate::execution())?;
     for (slot, buffer) in outputs.into_iter().zip(buffers) {
         captured.nodes[slot].set_realized(buffer);
     }

@@ -9,6 +9,7 @@ mod display;
 mod einsum;
 mod elementwise;
 mod errors;
+mod fusion;
 mod graph;
 mod higher_order;
 mod indexing;

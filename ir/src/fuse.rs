@@ -85,7 +85,7 @@ pub struct KernelStep {
 #[derive(Clone, Debug)]
 pub enum Step {
     /// Run a fused kernel.
-    Kernel(KernelStep),
+    Kernel(Box<KernelStep>),
     /// Run one op that is not elementwise (a reduction, matmul, gather, ...).
     Node(NodeId),
 }
@@ -142,10 +142,12 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
             .find(|&&c| !is_elementwise(&graph.node(c).op) && !is_free(&graph.node(c).op))
         {
             Some(Cut::Feeds(graph.node(c).op.name()))
-        } else if is_free(op) {
+        } else if matches!(op, Op::Full(_)) {
             None
         } else if cons.iter().any(|&c| matches!(graph.node(c).op, Op::View(_))) {
             Some(Cut::View)
+        } else if is_free(op) {
+            None
         } else if policy == FusionPolicy::Off {
             Some(Cut::Unfused)
         } else if cons.len() > 1 {
@@ -167,7 +169,7 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
             continue;
         }
         if let Some(&cut) = stored.get(&n) {
-            steps.push(Step::Kernel(build_kernel(graph, n, cut, &stored)));
+            steps.push(Step::Kernel(Box::new(build_kernel(graph, n, cut, &stored))));
         } else if !is_elementwise(op) && !is_free(op) {
             steps.push(Step::Node(n));
         }
@@ -268,6 +270,9 @@ impl Builder<'_> {
                     let src = graph.args(n)[0];
                     match &graph.node(src).op {
                         Op::Full(v) => {
+                            if !self.fused.contains(&src) {
+                                self.fused.push(src);
+                            }
                             self.params.push(*v);
                             self.push(ExprKind::Param(self.params.len() - 1), node.dtype)
                         }

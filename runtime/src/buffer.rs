@@ -108,6 +108,38 @@ impl Buffer {
         Ok(Buffer(Arc::new(Block { ptr, class, len, dtype: T::DTYPE })))
     }
 
+    /// A buffer of `len` elements of `dtype` whose contents `fill` writes through a raw
+    /// pointer (a generated kernel). The memory handed to `fill` is uninitialized.
+    ///
+    /// # Safety
+    /// `fill` must write every one of the `len` elements with a valid value of `dtype`
+    /// before returning.
+    ///
+    /// # Errors
+    /// [`RuntimeError::OutOfMemory`] when the allocation fails.
+    pub unsafe fn from_raw_fill<E>(
+        dtype: DType,
+        len: usize,
+        fill: impl FnOnce(*mut u8) -> Result<(), E>,
+    ) -> Result<Result<Buffer, E>, RuntimeError> {
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
+        let (ptr, class) = if bytes == 0 {
+            (NonNull::<u64>::dangling().cast::<u8>(), 0)
+        } else {
+            alloc::allocate(bytes)
+                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
+        };
+        let block = Block { ptr, class, len, dtype };
+        Ok(fill(ptr.as_ptr()).map(|()| Buffer(Arc::new(block))))
+    }
+
+    /// The address of the first element, for generated code that only reads it.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.ptr.as_ptr()
+    }
+
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors

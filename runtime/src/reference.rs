@@ -120,6 +120,25 @@ fn reserve(n: usize) -> Result<(), RuntimeError> {
         .map_err(|_| RuntimeError::OutOfMemory { device: crate::Device::Cpu, bytes })
 }
 
+/// Computes one node from its inputs' buffers (in argument order): the executor uses this
+/// for the ops it does not fuse.
+///
+/// # Errors
+/// A [`RunError`] naming the node: out of memory, or an index out of range.
+pub fn eval_node(graph: &Graph, id: NodeId, args: &[&Buffer]) -> Result<Buffer, RunError> {
+    let node = graph.node(id);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+    reserve(node.shape.numel()).map_err(at)?;
+    let values: Vec<Values> = args.iter().map(|b| load(b)).collect();
+    let refs: Vec<&Values> = values.iter().collect();
+    let ids = graph.args(id);
+    let shapes: Vec<&Shape> = ids.iter().map(|&a| &graph.node(a).shape).collect();
+    let dtypes: Vec<DType> = ids.iter().map(|&a| graph.node(a).dtype).collect();
+    let computed = eval(&node.op, &node.shape, node.dtype, &refs, &shapes, &dtypes).map_err(at)?;
+    store(&round(computed, node.dtype), node.dtype).map_err(at)
+}
+
 fn release(remaining: &mut [usize], values: &mut [Option<Values>], id: NodeId) {
     let r = &mut remaining[id.index()];
     *r -= 1;

@@ -291,7 +291,7 @@ impl Translator<'_, '_> {
         for (e, expr) in k.exprs.iter().enumerate() {
             if let ExprKind::Param(p) = expr.kind {
                 let raw = self.b.ins().load(types::F64, flags(), params, (8 * p) as i32);
-                let v = self.from_f64(raw, expr.dtype);
+                let v = self.param_value(raw, expr.dtype);
                 if let Some((_, lanes)) = self.vector {
                     let v = self.b.ins().splat(lanes, v);
                     param_vector.insert(e, v);
@@ -552,7 +552,7 @@ impl Translator<'_, '_> {
         }
     }
 
-    fn from_f64(&mut self, raw: Value, dtype: DType) -> Value {
+    fn param_value(&mut self, raw: Value, dtype: DType) -> Value {
         match dtype {
             DType::F64 => raw,
             DType::F32 => self.b.ins().fdemote(types::F32, raw),

@@ -1,0 +1,205 @@
+//! The executor: runs a graph as a plan of fused kernels (compiled once and cached) and the
+//! ops that are not fused.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
+use kiln_ir::{Graph, NodeId, Scalar};
+
+use crate::{Buffer, RunError, RuntimeError, reference};
+
+/// How a graph is executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Execution {
+    /// Elementwise chains fused into generated kernels (the default).
+    #[default]
+    Fused,
+    /// One generated kernel per op: the unfused baseline.
+    Unfused,
+    /// The reference executor: one plain loop per op, in f64. The correctness oracle.
+    Reference,
+}
+
+/// Counters of the kernel cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Kernels compiled.
+    pub compiled: u64,
+    /// Launches served by an already compiled kernel.
+    pub hits: u64,
+    /// Kernels that failed to compile and ran on the reference executor instead.
+    pub fallbacks: u64,
+}
+
+struct Cache {
+    kernels: HashMap<String, Option<Arc<CpuKernel>>>,
+    stats: CacheStats,
+}
+
+static CACHE: LazyLock<Mutex<Cache>> =
+    LazyLock::new(|| Mutex::new(Cache { kernels: HashMap::new(), stats: CacheStats::default() }));
+
+/// The kernel cache's counters.
+pub fn cache_stats() -> CacheStats {
+    CACHE.lock().unwrap_or_else(PoisonError::into_inner).stats
+}
+
+/// The compiled kernel for `step`, from the cache or compiled now; `None` when it cannot be
+/// compiled (the step then runs on the reference executor).
+fn compiled(step: &KernelStep) -> Option<Arc<CpuKernel>> {
+    let key = step.kernel.key();
+    {
+        let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = cache.kernels.get(&key).cloned() {
+            cache.stats.hits += 1;
+            return found;
+        }
+    }
+    // Compile outside the lock: another thread may compile the same kernel meanwhile, which
+    // costs a duplicate compile but never blocks on one.
+    let result = cpu::compile(&step.kernel).ok().map(Arc::new);
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    if result.is_some() {
+        cache.stats.compiled += 1;
+    } else {
+        cache.stats.fallbacks += 1;
+    }
+    cache.kernels.entry(key).or_insert(result).clone()
+}
+
+/// Runs `graph` with `inputs` bound to its `Input` nodes and returns its outputs' buffers.
+///
+/// # Errors
+/// A [`RunError`] naming the op that failed: out of memory, an index out of range.
+pub fn run(graph: &Graph, inputs: &[Buffer], mode: Execution) -> Result<Vec<Buffer>, RunError> {
+    let policy = match mode {
+        Execution::Reference => return reference::run(graph, inputs),
+        Execution::Fused => FusionPolicy::On,
+        Execution::Unfused => FusionPolicy::Off,
+    };
+    let plan = partition(graph, policy);
+    let mut bufs: HashMap<NodeId, Buffer> =
+        graph.inputs().iter().copied().zip(inputs.iter().cloned()).collect();
+    // Free each buffer after its last reader.
+    let mut readers: HashMap<NodeId, usize> = HashMap::new();
+    for step in &plan.steps {
+        match step {
+            Step::Kernel(k) => {
+                for &n in &k.inputs {
+                    *readers.entry(n).or_default() += 1;
+                }
+            }
+            Step::Node(n) => {
+                for a in graph.args(*n) {
+                    *readers.entry(a).or_default() += 1;
+                }
+            }
+        }
+    }
+    for &o in graph.outputs() {
+        *readers.entry(o).or_default() += 1;
+    }
+    let mut done_reading = |bufs: &mut HashMap<NodeId, Buffer>, n: NodeId| {
+        let r = readers.get_mut(&n).expect("every read node is counted");
+        *r -= 1;
+        if *r == 0 {
+            bufs.remove(&n);
+        }
+    };
+    for step in &plan.steps {
+        match step {
+            Step::Node(n) => {
+                let args = graph.args(*n);
+                let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
+                let out = reference::eval_node(graph, *n, &arg_bufs)?;
+                for a in args {
+                    done_reading(&mut bufs, a);
+                }
+                bufs.insert(*n, out);
+            }
+            Step::Kernel(k) => {
+                let outs = run_kernel(graph, k, &bufs)?;
+                for &n in &k.inputs {
+                    done_reading(&mut bufs, n);
+                }
+                for (node, buf) in k.outputs.iter().zip(outs) {
+                    bufs.insert(*node, buf);
+                }
+            }
+        }
+    }
+    Ok(graph.outputs().iter().map(|o| bufs[o].clone()).collect())
+}
+
+/// Positions per thread task: large enough to amortize a task, small enough to balance.
+const CHUNK: usize = 1 << 15;
+
+fn run_kernel(
+    graph: &Graph,
+    step: &KernelStep,
+    bufs: &HashMap<NodeId, Buffer>,
+) -> Result<Vec<Buffer>, RunError> {
+    let root = graph.node(step.outputs[0]);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
+    let Some(kernel) = compiled(step) else {
+        return run_fused_nodes_on_reference(graph, step, bufs);
+    };
+    let n = step.kernel.shape.numel();
+    let params: Vec<f64> = step.params.iter().map(|s: &Scalar| s.to_f64()).collect();
+    let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
+    let out_dtype = step.kernel.exprs[step.kernel.outputs[0]].dtype;
+    // SAFETY: the kernel writes every one of the `n` output positions (its range is 0..n,
+    // split into disjoint chunks), reads its inputs only through views that the graph
+    // checked to lie inside their buffers, and the buffers outlive the calls.
+    let filled = unsafe {
+        Buffer::from_raw_fill(out_dtype, n, |out| {
+            let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
+            ptrs.push(out);
+            launch(&kernel, &ptrs, &params, n);
+            Ok::<(), RuntimeError>(())
+        })
+    };
+    Ok(vec![filled.map_err(at)?.map_err(at)?])
+}
+
+/// Calls the kernel over `0..n`, in parallel chunks when `n` is large.
+fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[f64], n: usize) {
+    struct Args(*const *mut u8, *const f64);
+    // SAFETY: the pointers are only read by the kernel, and each task writes a disjoint
+    // range of the output.
+    unsafe impl Sync for Args {}
+    let args = Args(ptrs.as_ptr(), params.as_ptr());
+    let entry = kernel.entry();
+    let call = |start: usize, end: usize| {
+        let a = &args;
+        // SAFETY: see `run_kernel`; `start..end` lies inside `0..n`.
+        unsafe { entry(a.0, a.1, start as u64, end as u64) };
+    };
+    if n <= CHUNK || rayon::current_num_threads() == 1 {
+        call(0, n);
+        return;
+    }
+    use rayon::prelude::*;
+    (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| call(c * CHUNK, ((c + 1) * CHUNK).min(n)));
+}
+
+/// Runs the nodes of a kernel that could not be compiled, one by one on the reference
+/// executor.
+fn run_fused_nodes_on_reference(
+    graph: &Graph,
+    step: &KernelStep,
+    bufs: &HashMap<NodeId, Buffer>,
+) -> Result<Vec<Buffer>, RunError> {
+    let mut local: HashMap<NodeId, Buffer> = HashMap::new();
+    for &n in &step.fused {
+        let args = graph.args(n);
+        let arg_bufs: Vec<&Buffer> =
+            args.iter().map(|a| local.get(a).unwrap_or_else(|| &bufs[a])).collect();
+        let out = reference::eval_node(graph, n, &arg_bufs)?;
+        local.insert(n, out);
+    }
+    Ok(step.outputs.iter().map(|o| local[o].clone()).collect())
+}

@@ -1,0 +1,122 @@
+//! Fusion: kernel counts, and differential tests of random programs — fused, unfused (one
+//! kernel per op) and the reference executor must agree.
+
+use kiln::Execution;
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// A random program: inputs of random shapes, dtypes and layouts, then random elementwise
+/// ops, broadcasts, movement ops, casts and reductions. Deterministic in `seed`.
+fn program(seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let dtypes = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
+    ];
+    let rank = rng.int(0, 4) as usize;
+    let shape: Vec<usize> = (0..rank).map(|_| [1, 2, 3, 5, 7][rng.int(0, 5) as usize]).collect();
+    let mut pool: Vec<Tensor> = Vec::new();
+    for _ in 0..rng.int(1, 4) {
+        let dtype = dtypes[rng.int(0, dtypes.len() as i64) as usize];
+        // Inputs broadcast against `shape`: some dimensions replaced by 1, some dropped.
+        let drop = rng.int(0, rank as i64 + 1) as usize;
+        let s: Vec<usize> =
+            shape[drop..].iter().map(|&d| if rng.int(0, 4) == 0 { 1 } else { d }).collect();
+        let data = values(&mut rng, s.iter().product(), dtype);
+        let layout = LAYOUTS[rng.int(0, 3) as usize];
+        pool.push(make(&data, &s, dtype, layout));
+    }
+    let mut x = pool[0].clone();
+    for _ in 0..rng.int(2, 12) {
+        let other = pool[rng.int(0, pool.len() as i64) as usize].clone();
+        x = match rng.int(0, 22) {
+            0 => x.float().tanh(),
+            1 => x.float().sigmoid(),
+            2 => x.float().exp().clamp(-10.0, 10.0),
+            3 => (x.float().abs() + 1.0).log(),
+            4 => x.float().sin(),
+            5 => x.float().gelu(),
+            6 => x.float().abs().sqrt(),
+            7 if x.dtype() != DType::Bool => x.relu(),
+            8 if x.dtype() != DType::Bool => -&x,
+            // Binary ops fall back to a unary one when the shapes do not broadcast.
+            9 if x.dtype() != DType::Bool && other.dtype() != DType::Bool => {
+                x.try_add(&other).unwrap_or_else(|_| x.float().cos())
+            }
+            10 if x.dtype() != DType::Bool && other.dtype() != DType::Bool => {
+                x.try_mul(&other).unwrap_or_else(|_| x.float().cos())
+            }
+            11 if x.dtype() != DType::Bool && other.dtype() != DType::Bool => {
+                x.try_maximum(&other).unwrap_or_else(|_| x.float().cos())
+            }
+            12 => x.float().try_div(other.float().abs() + 1.0).unwrap_or_else(|_| x.float().cos()),
+            13 => x
+                .try_gt(&other)
+                .and_then(|c| Tensor::try_where_(&c, &x, &other))
+                .unwrap_or_else(|_| x.float().cos()),
+            14 => x.to_dtype(dtypes[rng.int(0, dtypes.len() as i64) as usize]),
+            15 if x.ndim() >= 2 => x.transpose(0, -1),
+            16 if x.ndim() >= 1 && x.dims()[0] > 1 => x.narrow(0, 1, x.dims()[0] - 1),
+            17 if x.ndim() >= 1 => x.float().sum_dim(-1, rng.int(0, 2) == 0),
+            18 if x.ndim() >= 1 && x.numel() > 0 => x.float().softmax(0),
+            19 => x.float() * 0.5 + 0.25,
+            20 if x.ndim() >= 1 => x.float().mean_dim(0, true) - &x.float(),
+            21 => x.float().square().tanh(),
+            _ => x.float().cos(),
+        };
+        if rng.int(0, 4) == 0 {
+            pool.push(x.clone());
+        }
+    }
+    x
+}
+
+fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>) {
+    kiln::with_execution(mode, || {
+        let y = program(seed);
+        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>())
+    })
+}
+
+#[test]
+fn random_programs_agree_fused_unfused_and_reference() {
+    for seed in 0..2000 {
+        let (shape, dtype, reference) = run(seed, Execution::Reference);
+        for mode in [Execution::Fused, Execution::Unfused] {
+            let (s, d, got) = run(seed, mode);
+            assert_eq!((&s, d), (&shape, dtype), "seed {seed} {mode:?}");
+            // The generated code computes what the reference computes, up to the double
+            // rounding of 16-bit floats (through f32) and erf's implementation.
+            let tol = 4.0 * tolerance(dtype).max(1e-12);
+            assert_close_tol(&got, &reference, tol, &format!("seed {seed} {mode:?}"));
+        }
+    }
+}
+
+#[test]
+fn kernel_counts() {
+    use kiln::debug::plan_summary;
+    let x = Tensor::randn([64, 64]);
+    let col = Tensor::randn([64, 1]);
+    x.realize();
+    col.realize();
+    // An elementwise chain with broadcasts and constants is one kernel.
+    let y = ((&x * 1.5 + 0.5).tanh() * x.sigmoid() + (&x - 0.2).relu()) / (x.square() + 1.0);
+    assert_eq!(plan_summary(&[&y]).kernels, 1);
+    let z = (&x * &col + 1.0).relu() - &x / 2.0;
+    assert_eq!(plan_summary(&[&z]).kernels, 1);
+    // Unfused, every op is its own kernel.
+    let unfused = kiln::with_fusion(false, || plan_summary(&[&z]));
+    assert_eq!(unfused.kernels, 5);
+    // A softmax: the shifted exponent feeds the sum and the division.
+    let s = x.softmax(1);
+    let p = plan_summary(&[&s]);
+    assert!(p.kernels <= 3, "{p:?}");
+}
