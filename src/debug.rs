@@ -44,6 +44,7 @@ pub struct PlanSummary {
 /// ```
 /// use kiln::prelude::*;
 /// let x = Tensor::ones([4, 4]);
+/// x.realize();
 /// let y = ((&x * 2.0).exp() + 1.0).sqrt();
 /// assert_eq!(kiln::debug::plan_summary(&[&y]).kernels, 1);
 /// assert_eq!(kiln::with_fusion(false, || kiln::debug::plan_summary(&[&y])).kernels, 4);
