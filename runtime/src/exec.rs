@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
-use kiln_ir::{Graph, NodeId, Scalar};
+use kiln_ir::{Graph, NodeId, Op, Scalar};
 
 use crate::{Buffer, RunError, RuntimeError, reference};
 
@@ -113,7 +113,24 @@ pub fn run(graph: &Graph, inputs: &[Buffer], mode: Execution) -> Result<Vec<Buff
             Step::Node(n) => {
                 let args = graph.args(*n);
                 let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                let out = reference::eval_node(graph, *n, &arg_bufs)?;
+                let node = graph.node(*n);
+                let library = match node.op {
+                    Op::MatMul => crate::matmul::matmul(
+                        arg_bufs[0],
+                        arg_bufs[1],
+                        &graph.node(args[0]).shape,
+                        &graph.node(args[1]).shape,
+                    ),
+                    _ => None,
+                };
+                let out = match library {
+                    Some(result) => result.map_err(|error| RunError {
+                        error,
+                        op: Some(node.op.name()),
+                        origin: node.origin,
+                    })?,
+                    None => reference::eval_node(graph, *n, &arg_bufs)?,
+                };
                 for a in args {
                     done_reading(&mut bufs, a);
                 }

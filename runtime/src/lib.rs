@@ -16,6 +16,7 @@ mod buffer;
 mod device;
 mod error;
 pub mod exec;
+mod matmul;
 pub mod reference;
 
 pub use buffer::Buffer;
