@@ -19,6 +19,7 @@
 //! the f64 functions of Rust's standard library, correctly rounded to the dtype afterwards.
 
 mod helpers;
+mod math;
 
 use std::collections::HashMap;
 
@@ -155,6 +156,9 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round => e.dtype == float,
+            UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid => {
+                e.dtype == DType::F32 && float == DType::F32
+            }
             _ => false,
         },
         ExprKind::Binary(op, a, _) => {
@@ -466,6 +470,9 @@ impl Translator<'_, '_> {
                             self.b.ins().bitselect(mask, zeros, x)
                         }
                         UnaryOp::Not => self.b.ins().bnot(x),
+                        UnaryOp::Exp => math::exp(self.b, x),
+                        UnaryOp::Tanh => math::tanh(self.b, x),
+                        UnaryOp::Sigmoid => math::sigmoid(self.b, x),
                         other => unreachable!("{} is not vectorized", other.name()),
                     }
                 }

@@ -204,3 +204,75 @@ fn empty_and_scalar_domains() {
         kernel_of(&[0, 3], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap());
     check(&k, &[vec![]], &p);
 }
+
+/// The distance in units in the last place between two finite f32 values of one sign.
+fn ulps(a: f32, b: f32) -> u32 {
+    if a == b {
+        return 0;
+    }
+    let (x, y) = (a.to_bits() as i32, b.to_bits() as i32);
+    if (x < 0) != (y < 0) {
+        return u32::MAX;
+    }
+    x.abs_diff(y)
+}
+
+/// The largest ULP error of the vectorized `op` against f64 over `inputs`, checking that the
+/// kernel is vectorized.
+fn max_ulp(op: UnaryOp, inputs: &[f64], reference: fn(f64) -> f64) -> (u32, f64) {
+    let n = inputs.len();
+    let (k, p) = kernel_of(&[n], DType::F32, |g, x| g.push(Op::Unary(op), &[x]).unwrap());
+    assert!(compile(&k).unwrap().vectorized(), "{} should vectorize", op.name());
+    let got = run(&k, &[inputs.to_vec()], &p, 1 << 20).remove(0);
+    let mut worst = (0, 0.0);
+    for (&x, &g) in inputs.iter().zip(&got) {
+        let want = reference(f64::from(x as f32)) as f32;
+        let u = ulps(g as f32, want);
+        if u > worst.0 {
+            worst = (u, x);
+        }
+    }
+    worst
+}
+
+fn sweep(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    (0..n).map(|i| f64::from((lo + (hi - lo) * i as f64 / (n - 1) as f64) as f32)).collect()
+}
+
+#[test]
+fn vector_exp_tanh_sigmoid_error_bounds() {
+    let exp = max_ulp(UnaryOp::Exp, &sweep(-86.9, 88.7, 400_003), f64::exp);
+    assert!(exp.0 <= 2, "exp: {} ulp at {}", exp.0, exp.1);
+    let mut t = sweep(-12.0, 12.0, 400_003);
+    t.extend((0..200).map(|i| 10f64.powf(-30.0 + i as f64 * 0.15)));
+    let tanh = max_ulp(UnaryOp::Tanh, &t, f64::tanh);
+    assert!(tanh.0 <= 3, "tanh: {} ulp at {}", tanh.0, tanh.1);
+    let sig = max_ulp(UnaryOp::Sigmoid, &sweep(-85.0, 40.0, 400_003), |x| 1.0 / (1.0 + (-x).exp()));
+    assert!(sig.0 <= 4, "sigmoid: {} ulp at {}", sig.0, sig.1);
+    // Special values.
+    let specials = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 89.0, -200.0];
+    let (k, p) = kernel_of(&[specials.len()], DType::F32, |g, x| {
+        g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap()
+    });
+    let e = run(&k, std::slice::from_ref(&specials), &p, 1 << 20).remove(0);
+    assert!(
+        e[0].is_nan()
+            && e[1] == f64::INFINITY
+            && e[3] == 1.0
+            && e[4] == 1.0
+            && e[5] == f64::INFINITY
+    );
+    assert!(e[2] >= 0.0 && e[2] < 2e-38 && e[6] < 2e-38);
+    let (k, p) = kernel_of(&[specials.len()], DType::F32, |g, x| {
+        g.push(Op::Unary(UnaryOp::Tanh), &[x]).unwrap()
+    });
+    let t = run(&k, std::slice::from_ref(&specials), &p, 1 << 20).remove(0);
+    assert!(
+        t[0].is_nan() && t[1] == 1.0 && t[2] == -1.0 && t[3] == 0.0 && t[5] == 1.0 && t[6] == -1.0
+    );
+    let (k, p) = kernel_of(&[specials.len()], DType::F32, |g, x| {
+        g.push(Op::Unary(UnaryOp::Sigmoid), &[x]).unwrap()
+    });
+    let s = run(&k, &[specials], &p, 1 << 20).remove(0);
+    assert!(s[0].is_nan() && s[1] == 1.0 && s[2] < 1e-37 && s[3] == 0.5);
+}

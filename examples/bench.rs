@@ -1,0 +1,239 @@
+//! kiln's benchmark workloads: fused vs unfused vs a plain Rust loop, against the memory
+//! bandwidth measured in the same run.
+//!
+//! `cargo run --release --example bench` prints a table; `-- --json` prints one JSON object
+//! per line with `workload`, `variant`, `median_ms` and `gbps` or `gflops`.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kiln::Execution;
+use kiln::prelude::*;
+use rayon::prelude::*;
+
+const N: usize = 1 << 24; // 16M f32 = 64 MiB
+const REPS: usize = 7;
+
+fn median_ms(mut f: impl FnMut()) -> f64 {
+    f(); // warm up: compile kernels, fault in pages
+    let mut times: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[REPS / 2]
+}
+
+struct Row {
+    workload: &'static str,
+    variant: &'static str,
+    ms: f64,
+    gbps: Option<f64>,
+    gflops: Option<f64>,
+}
+
+fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let mut rows: Vec<Row> = Vec::new();
+    let gb = |bytes: f64, ms: f64| bytes / (ms * 1e-3) / 1e9;
+
+    // The ceiling: a copy and a triad over 64 MiB, on all cores.
+    let a = vec![1.0f32; N];
+    let mut b = vec![2.0f32; N];
+    let c = vec![3.0f32; N];
+    let chunk = 1 << 16;
+    let ms = median_ms(|| {
+        b.par_chunks_mut(chunk).zip(a.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
+    });
+    rows.push(Row {
+        workload: "copy",
+        variant: "ceiling",
+        ms,
+        gbps: Some(gb(8.0 * N as f64, ms)),
+        gflops: None,
+    });
+    let ms = median_ms(|| {
+        b.par_chunks_mut(chunk).zip(a.par_chunks(chunk).zip(c.par_chunks(chunk))).for_each(
+            |(d, (x, y))| {
+                for i in 0..d.len() {
+                    d[i] = x[i] + 3.0 * y[i];
+                }
+            },
+        );
+    });
+    rows.push(Row {
+        workload: "triad",
+        variant: "ceiling",
+        ms,
+        gbps: Some(gb(12.0 * N as f64, ms)),
+        gflops: None,
+    });
+    drop((a, b, c));
+
+    kiln::manual_seed(0);
+    let x = Tensor::randn([N]);
+    x.realize();
+    let xs: Vec<f32> = x.to_vec();
+    let w1 =
+        |x: &Tensor| ((x * 1.5 + 0.5).tanh() * x.sigmoid() + (x - 0.2).relu()) / (x.square() + 1.0);
+    let w1b = |x: &Tensor| ((x * 1.5 + 0.5) * x + (x - 0.2).relu()) / (x.square() + 1.0);
+    for (name, f, plain) in [
+        (
+            "W1",
+            &w1 as &dyn Fn(&Tensor) -> Tensor,
+            (|v: f32| {
+                ((v * 1.5 + 0.5).tanh() * (1.0 / (1.0 + (-v).exp())) + (v - 0.2).max(0.0))
+                    / (1.0 + v * v)
+            }) as fn(f32) -> f32,
+        ),
+        ("W1b", &w1b, |v: f32| ((v * 1.5 + 0.5) * v + (v - 0.2).max(0.0)) / (1.0 + v * v)),
+    ] {
+        for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+            let ms = median_ms(|| {
+                kiln::with_execution(mode, || {
+                    black_box(f(&x).realize());
+                });
+            });
+            rows.push(Row {
+                workload: name,
+                variant,
+                ms,
+                gbps: Some(gb(8.0 * N as f64, ms)),
+                gflops: None,
+            });
+        }
+        let mut out = vec![0.0f32; N];
+        let ms = median_ms(|| {
+            for (o, &v) in out.iter_mut().zip(&xs) {
+                *o = plain(v);
+            }
+            black_box(&out);
+        });
+        rows.push(Row {
+            workload: name,
+            variant: "plain_rust",
+            ms,
+            gbps: Some(gb(8.0 * N as f64, ms)),
+            gflops: None,
+        });
+    }
+    drop((x, xs));
+
+    // W2: relu(A * col + row) - A / 2 on 4096 x 4096.
+    let a = Tensor::randn([4096, 4096]);
+    let col = Tensor::randn([4096, 1]);
+    let row = Tensor::randn([4096]);
+    Tensor::try_realize_all(&[&a, &col, &row]).expect("inputs fit in memory");
+    for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+        let ms = median_ms(|| {
+            kiln::with_execution(mode, || {
+                black_box(((&a * &col + &row).relu() - &a / 2.0).realize());
+            });
+        });
+        rows.push(Row {
+            workload: "W2",
+            variant,
+            ms,
+            gbps: Some(gb(8.0 * (N as f64), ms)),
+            gflops: None,
+        });
+    }
+    // W3: row softmax of 4096 x 4096.
+    for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+        let ms = median_ms(|| {
+            kiln::with_execution(mode, || {
+                black_box(a.softmax(1).realize());
+            });
+        });
+        rows.push(Row {
+            workload: "W3",
+            variant,
+            ms,
+            gbps: Some(gb(8.0 * (N as f64), ms)),
+            gflops: None,
+        });
+    }
+    drop((a, col, row));
+
+    // W5: 1024^3 matmul, kiln against calling gemm directly.
+    let m = 1024;
+    let p = Tensor::randn([m, m]);
+    let q = Tensor::randn([m, m]);
+    Tensor::try_realize_all(&[&p, &q]).expect("inputs fit in memory");
+    let flops = 2.0 * (m as f64).powi(3);
+    let ms = median_ms(|| {
+        black_box(p.matmul(&q).realize());
+    });
+    rows.push(Row {
+        workload: "W5",
+        variant: "fused",
+        ms,
+        gbps: None,
+        gflops: Some(flops / (ms * 1e-3) / 1e9),
+    });
+    let (pv, qv): (Vec<f32>, Vec<f32>) = (p.to_vec(), q.to_vec());
+    let mut out = vec![0.0f32; m * m];
+    let ms = median_ms(|| {
+        // SAFETY: the three buffers are m x m row-major matrices.
+        unsafe {
+            gemm::gemm(
+                m,
+                m,
+                m,
+                out.as_mut_ptr(),
+                1,
+                m as isize,
+                false,
+                pv.as_ptr(),
+                1,
+                m as isize,
+                qv.as_ptr(),
+                1,
+                m as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            );
+        }
+        black_box(&out);
+    });
+    rows.push(Row {
+        workload: "W5",
+        variant: "plain_rust",
+        ms,
+        gbps: None,
+        gflops: Some(flops / (ms * 1e-3) / 1e9),
+    });
+
+    if json {
+        for r in &rows {
+            let mut line = format!(
+                "{{\"workload\":\"{}\",\"variant\":\"{}\",\"median_ms\":{:.4}",
+                r.workload, r.variant, r.ms
+            );
+            if let Some(g) = r.gbps {
+                line += &format!(",\"gbps\":{g:.3}");
+            }
+            if let Some(g) = r.gflops {
+                line += &format!(",\"gflops\":{g:.3}");
+            }
+            println!("{line}}}");
+        }
+    } else {
+        println!(
+            "{:<8} {:<11} {:>11} {:>9} {:>9}",
+            "workload", "variant", "median ms", "GB/s", "GFLOP/s"
+        );
+        for r in &rows {
+            let g = r.gbps.map_or(String::new(), |g| format!("{g:.2}"));
+            let f = r.gflops.map_or(String::new(), |f| format!("{f:.1}"));
+            println!("{:<8} {:<11} {:>11.3} {:>9} {:>9}", r.workload, r.variant, r.ms, g, f);
+        }
+    }
+}
