@@ -237,9 +237,13 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         b.finalize(target);
     }
     let clif = ctx.func.display().to_string();
+    ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
     module
         .define_function(id, &mut ctx)
         .map_err(|e| CodegenError::Cranelift(format!("{e:?}\n{clif}")))?;
+    if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
+        eprintln!("{code}");
+    }
     module.clear_context(&mut ctx);
     module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let code = module.get_finalized_function(id);
