@@ -17,8 +17,8 @@
 
 use std::collections::HashMap;
 
-use crate::kernel::{Expr, ExprKind, Kernel, KernelInput};
-use crate::{Graph, NodeId, Op, Scalar, View};
+use crate::kernel::{Expr, ExprKind, Kernel, KernelInput, KernelReduce};
+use crate::{Graph, NodeId, Op, ReduceOp, Scalar, View};
 
 /// Whether to fuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -97,6 +97,19 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
+/// Reductions that run as generated kernels, with their elementwise input fused in.
+fn is_kernel_reduce(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reduce { op: ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min, .. }
+    )
+}
+
+/// Shared values with at most this many ops are recomputed by each consumer rather than
+/// stored: for elementwise work that costs less than the memory traffic of a store and a
+/// reload (a softmax reads its input three times instead of writing and reading `exp(x - m)`).
+pub const MAX_RECOMPUTE_OPS: usize = 8;
+
 fn is_elementwise(op: &Op) -> bool {
     matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
 }
@@ -137,10 +150,12 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
         let cons = consumers_of(n);
         let cut = if graph.outputs().contains(&n) {
             Some(Cut::Output)
-        } else if let Some(&c) = cons
-            .iter()
-            .find(|&&c| !is_elementwise(&graph.node(c).op) && !is_free(&graph.node(c).op))
-        {
+        } else if let Some(&c) = cons.iter().find(|&&c| {
+            let cop = &graph.node(c).op;
+            !(is_elementwise(cop)
+                || is_free(cop)
+                || (is_kernel_reduce(cop) && policy == FusionPolicy::On))
+        }) {
             Some(Cut::Feeds(graph.node(c).op.name()))
         } else if matches!(op, Op::Full(_)) {
             None
@@ -150,7 +165,7 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
             None
         } else if policy == FusionPolicy::Off {
             Some(Cut::Unfused)
-        } else if cons.len() > 1 {
+        } else if cons.len() > 1 && own > MAX_RECOMPUTE_OPS {
             Some(Cut::Shared)
         } else if own >= MAX_KERNEL_OPS {
             Some(Cut::Size)
@@ -170,6 +185,8 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
         }
         if let Some(&cut) = stored.get(&n) {
             steps.push(Step::Kernel(Box::new(build_kernel(graph, n, cut, &stored))));
+        } else if is_kernel_reduce(op) {
+            steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
         } else if !is_elementwise(op) && !is_free(op) {
             steps.push(Step::Node(n));
         }
@@ -194,6 +211,39 @@ struct Builder<'a> {
     loads: HashMap<(NodeId, View), usize>,
 }
 
+/// A reduction kernel for `root`: its input's elementwise expression (or a load of it),
+/// evaluated over the input's shape permuted to `[kept.., reduced..]`, and reduced.
+fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut>) -> KernelStep {
+    let Op::Reduce { op, axes } = &graph.node(root).op else { unreachable!("a reduce node") };
+    let src = graph.args(root)[0];
+    let shape = graph.node(src).shape.clone();
+    let mut b = Builder::new(graph, stored, shape.clone());
+    let out = if is_buffer(graph, src, stored) {
+        b.load(src, View::contiguous(shape.clone()))
+    } else {
+        b.expr(src, false)
+    };
+    b.fused.push(root);
+    let kept: Vec<usize> = (0..shape.rank()).filter(|d| !axes.contains(d)).collect();
+    let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
+    let mut kernel = b.kernel;
+    kernel.shape = crate::Shape::new(perm.iter().map(|&d| shape.dims()[d]).collect());
+    for input in &mut kernel.inputs {
+        input.view = input.view.permute(&perm);
+    }
+    kernel.outputs.push(out);
+    kernel.params = b.params.len();
+    kernel.reduce = Some(KernelReduce { op: *op, kept: kept.len() });
+    KernelStep {
+        kernel,
+        inputs: b.inputs,
+        params: b.params,
+        outputs: vec![root],
+        fused: b.fused,
+        cut: Cut::Feeds("a reduction"),
+    }
+}
+
 fn build_kernel(
     graph: &Graph,
     root: NodeId,
@@ -201,22 +251,7 @@ fn build_kernel(
     stored: &HashMap<NodeId, Cut>,
 ) -> KernelStep {
     let node = graph.node(root);
-    let mut b = Builder {
-        graph,
-        stored,
-        kernel: Kernel {
-            shape: node.shape.clone(),
-            inputs: Vec::new(),
-            exprs: Vec::new(),
-            outputs: Vec::new(),
-            params: 0,
-        },
-        inputs: Vec::new(),
-        params: Vec::new(),
-        fused: Vec::new(),
-        memo: HashMap::new(),
-        loads: HashMap::new(),
-    };
+    let mut b = Builder::new(graph, stored, node.shape.clone());
     let out = b.expr(root, true);
     b.kernel.outputs.push(out);
     b.kernel.params = b.params.len();
@@ -227,6 +262,28 @@ fn build_kernel(
         outputs: vec![root],
         fused: b.fused,
         cut,
+    }
+}
+
+impl<'a> Builder<'a> {
+    fn new(graph: &'a Graph, stored: &'a HashMap<NodeId, Cut>, shape: crate::Shape) -> Builder<'a> {
+        Builder {
+            graph,
+            stored,
+            kernel: Kernel {
+                shape,
+                inputs: Vec::new(),
+                exprs: Vec::new(),
+                outputs: Vec::new(),
+                params: 0,
+                reduce: None,
+            },
+            inputs: Vec::new(),
+            params: Vec::new(),
+            fused: Vec::new(),
+            memo: HashMap::new(),
+            loads: HashMap::new(),
+        }
     }
 }
 
@@ -380,13 +437,19 @@ mod tests {
         let d = g.push(Op::Binary(BinaryOp::Div), &[e, v]).unwrap();
         g.mark_output(d);
         let plan = partition(&g, FusionPolicy::On);
-        // exp (stored: it feeds the sum), the sum, then the division reading both.
+        // The sum fuses exp as its prologue; the division recomputes exp (cheaper than
+        // storing it) and reads the sum through a broadcast.
+        assert_eq!(plan.steps.len(), 2);
+        let Step::Kernel(k0) = &plan.steps[0] else { panic!("a reduction kernel first") };
+        assert_eq!(k0.outputs, vec![s]);
+        assert_eq!(k0.kernel.reduce.map(|r| r.kept), Some(1));
+        assert_eq!(k0.kernel.op_count(), 1);
+        let Step::Kernel(k1) = &plan.steps[1] else { panic!("a kernel last") };
+        assert_eq!(k1.inputs, vec![x, s]);
+        assert_eq!(k1.kernel.inputs[1].view.strides(), &[1, 0]);
+        // Unfused, exp is stored and the sum only loads it.
+        let plan = partition(&g, FusionPolicy::Off);
         assert_eq!(plan.steps.len(), 3);
-        let Step::Kernel(k0) = &plan.steps[0] else { panic!("a kernel first") };
-        assert_eq!(k0.cut, Cut::Feeds("sum"));
-        assert!(matches!(plan.steps[1], Step::Node(n) if n == s));
-        let Step::Kernel(k2) = &plan.steps[2] else { panic!("a kernel last") };
-        assert_eq!(k2.inputs, vec![e, s]);
-        assert_eq!(k2.kernel.inputs[1].view.strides(), &[1, 0]);
+        let _ = e;
     }
 }

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::{BinaryOp, DType, Scalar, Shape, UnaryOp, View};
+use crate::{BinaryOp, DType, ReduceOp, Scalar, Shape, UnaryOp, View};
 
 /// A buffer a kernel reads.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -59,9 +59,32 @@ pub struct Kernel {
     pub outputs: Vec<usize>,
     /// How many parameters the body reads.
     pub params: usize,
+    /// For a reduction kernel: what reduces the single output expression over the domain's
+    /// trailing dimensions.
+    pub reduce: Option<KernelReduce>,
+}
+
+/// The reduction of a reduction kernel. The domain is `[kept.., reduced..]`: the body is
+/// evaluated at every position, and its values are combined over the trailing dimensions
+/// into one output element per position of the leading `kept` dimensions (row-major).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelReduce {
+    /// `Sum`, `Prod`, `Max` or `Min`.
+    pub op: ReduceOp,
+    /// How many leading dimensions of the domain index the output.
+    pub kept: usize,
 }
 
 impl Kernel {
+    /// The number of output elements: the domain's size, or for a reduction the size of its
+    /// kept dimensions.
+    pub fn output_len(&self) -> usize {
+        match self.reduce {
+            Some(r) => self.shape.dims()[..r.kept].iter().product(),
+            None => self.shape.numel(),
+        }
+    }
+
     /// A short stable name for logs and generated symbols: `k_` and 16 hex digits of a
     /// hash of the kernel's text (which holds everything that changes the code).
     pub fn name(&self) -> String {
@@ -93,6 +116,9 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "kernel over {} ({} params)", self.shape, self.params)?;
+        if let Some(r) = self.reduce {
+            writeln!(f, "  {} over dims {}..", r.op.name(), r.kept)?;
+        }
         for (i, input) in self.inputs.iter().enumerate() {
             writeln!(
                 f,
@@ -124,6 +150,10 @@ impl fmt::Display for Kernel {
 pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec<Vec<f64>> {
     let n = kernel.shape.numel();
     let mut outs = vec![Vec::with_capacity(n); kernel.outputs.len()];
+    let per_output = match kernel.reduce {
+        Some(r) => kernel.shape.dims()[r.kept..].iter().product::<usize>(),
+        None => 1,
+    };
     let offsets: Vec<Vec<usize>> =
         kernel.inputs.iter().map(|i| i.view.offsets().collect()).collect();
     let mut vals = vec![0.0f64; kernel.exprs.len()];
@@ -149,7 +179,32 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
             o.push(vals[e]);
         }
     }
-    outs
+    match kernel.reduce {
+        None => outs,
+        Some(r) => {
+            let dtype = kernel.exprs[kernel.outputs[0]].dtype;
+            let count = kernel.output_len();
+            let values = std::mem::take(&mut outs[0]);
+            let reduced = (0..count)
+                .map(|o| {
+                    let items = &values[o * per_output..(o + 1) * per_output];
+                    let v = match r.op {
+                        ReduceOp::Sum => items.iter().sum(),
+                        ReduceOp::Prod => items.iter().product(),
+                        ReduceOp::Max if items.iter().any(|v| v.is_nan()) => f64::NAN,
+                        ReduceOp::Min if items.iter().any(|v| v.is_nan()) => f64::NAN,
+                        ReduceOp::Max => items.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                        ReduceOp::Min => items.iter().copied().fold(f64::INFINITY, f64::min),
+                        ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                            unreachable!("arg reductions are not kernels")
+                        }
+                    };
+                    round(dtype, v)
+                })
+                .collect();
+            vec![reduced]
+        }
+    }
 }
 
 fn round(dtype: DType, v: f64) -> f64 {
@@ -291,6 +346,7 @@ mod tests {
             ],
             outputs: vec![2],
             params: 1,
+            reduce: None,
         };
         assert_eq!(
             k.to_string(),

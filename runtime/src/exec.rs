@@ -164,10 +164,12 @@ fn run_kernel(
     let Some(kernel) = compiled(step) else {
         return run_fused_nodes_on_reference(graph, step, bufs);
     };
-    let n = step.kernel.shape.numel();
+    let n = step.kernel.output_len();
+    // Domain positions per output position: 1, or the size of a reduction's reduced dims.
+    let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
     let params: Vec<f64> = step.params.iter().map(|s: &Scalar| s.to_f64()).collect();
     let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
-    let out_dtype = step.kernel.exprs[step.kernel.outputs[0]].dtype;
+    let out_dtype = root.dtype;
     // SAFETY: the kernel writes every one of the `n` output positions (its range is 0..n,
     // split into disjoint chunks), reads its inputs only through views that the graph
     // checked to lie inside their buffers, and the buffers outlive the calls.
@@ -175,15 +177,16 @@ fn run_kernel(
         Buffer::from_raw_fill(out_dtype, n, |out| {
             let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
             ptrs.push(out);
-            launch(&kernel, &ptrs, &params, n);
+            launch(&kernel, &ptrs, &params, n, per_output);
             Ok::<(), RuntimeError>(())
         })
     };
     Ok(vec![filled.map_err(at)?.map_err(at)?])
 }
 
-/// Calls the kernel over `0..n`, in parallel chunks when `n` is large.
-fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[f64], n: usize) {
+/// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`
+/// domain positions when there is enough work.
+fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[f64], n: usize, per_output: usize) {
     struct Args(*const *mut u8, *const f64);
     // SAFETY: the pointers are only read by the kernel, and each task writes a disjoint
     // range of the output.
@@ -195,12 +198,13 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[f64], n: usize) {
         // SAFETY: see `run_kernel`; `start..end` lies inside `0..n`.
         unsafe { entry(a.0, a.1, start as u64, end as u64) };
     };
-    if n <= CHUNK || rayon::current_num_threads() == 1 {
+    let chunk = (CHUNK / per_output).max(1);
+    if n <= chunk || rayon::current_num_threads() == 1 {
         call(0, n);
         return;
     }
     use rayon::prelude::*;
-    (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| call(c * CHUNK, ((c + 1) * CHUNK).min(n)));
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| call(c * chunk, ((c + 1) * chunk).min(n)));
 }
 
 /// Runs the nodes of a kernel that could not be compiled, one by one on the reference

@@ -32,8 +32,8 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module, default_libcall_names};
-use kiln_ir::kernel::{ExprKind, Kernel};
-use kiln_ir::{BinaryOp, DType, UnaryOp};
+use kiln_ir::kernel::{ExprKind, Kernel, KernelReduce};
+use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::CodegenError;
 
@@ -91,10 +91,11 @@ struct Walk {
     offsets: Vec<i64>,
 }
 
-fn coalesce(kernel: &Kernel) -> Walk {
+fn coalesce(kernel: &Kernel, range: std::ops::Range<usize>) -> Walk {
     let mut dims: Vec<usize> = Vec::new();
     let mut strides: Vec<Vec<i64>> = vec![Vec::new(); kernel.inputs.len()];
-    for (d, &size) in kernel.shape.dims().iter().enumerate() {
+    for d in range {
+        let size = kernel.shape.dims()[d];
         if size == 1 {
             continue;
         }
@@ -215,7 +216,11 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     ctx.func.signature = sig;
     ctx.func.name = UserFuncName::testcase(kernel.name());
 
-    let walk = coalesce(kernel);
+    // A reduction walks its kept dimensions per output and its reduced ones in rows.
+    let rank = kernel.shape.rank();
+    let kept = kernel.reduce.map_or(0, |r| r.kept);
+    let outer = coalesce(kernel, 0..kept);
+    let walk = coalesce(kernel, kept..rank);
     let vector = vector_type(kernel, &walk);
     let mut helper_ids = HashMap::new();
     for (name, sig) in helpers::signatures(&module) {
@@ -232,7 +237,10 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
         }
         let mut t = Translator { kernel, walk: &walk, vector, helpers: helper_refs, b: &mut b };
-        t.body();
+        match kernel.reduce {
+            Some(red) => t.body_reduce(red, &outer),
+            None => t.body(),
+        }
         b.seal_all_blocks();
         b.finalize(target);
     }
@@ -412,6 +420,249 @@ impl Translator<'_, '_> {
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+    }
+
+    /// Byte addresses of each input at coordinates `coords` of `dims` (flat index `index`)
+    /// added to `starts`.
+    fn advance(
+        &mut self,
+        starts: &[Value],
+        index: Value,
+        dims: &[usize],
+        strides: &[Vec<i64>],
+    ) -> Vec<Value> {
+        let mut coords = Vec::new();
+        let mut rest = index;
+        for &d in dims.iter().rev() {
+            let dv = self.iconst(d as i64);
+            coords.push(self.b.ins().urem(rest, dv));
+            rest = self.b.ins().udiv(rest, dv);
+        }
+        coords.reverse();
+        starts
+            .iter()
+            .enumerate()
+            .map(|(idx, &start)| {
+                let size = self.kernel.inputs[idx].dtype.size_in_bytes() as i64;
+                let mut addr = start;
+                for (c, &s) in coords.iter().zip(&strides[idx]) {
+                    let off = self.b.ins().imul_imm_s(*c, s * size);
+                    addr = self.b.ins().iadd(addr, off);
+                }
+                addr
+            })
+            .collect()
+    }
+
+    /// The accumulator type and identity of a reduction over values of `dtype`.
+    fn identity(&mut self, op: ReduceOp, dtype: DType) -> Value {
+        if dtype == DType::Bool {
+            let v = i64::from(op == ReduceOp::Min || op == ReduceOp::Prod);
+            return self.b.ins().iconst(types::I8, v);
+        }
+        if dtype.is_float() {
+            let v = match op {
+                ReduceOp::Sum => 0.0,
+                ReduceOp::Prod => 1.0,
+                ReduceOp::Max => f64::NEG_INFINITY,
+                _ => f64::INFINITY,
+            };
+            return self.b.ins().f64const(v);
+        }
+        let v = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => i64::MIN,
+            _ => i64::MAX,
+        };
+        self.iconst(v)
+    }
+
+    /// Folds one value (in its register type) into the accumulator.
+    fn combine(&mut self, op: ReduceOp, acc: Value, v: Value, dtype: DType) -> Value {
+        if dtype == DType::Bool {
+            return match op {
+                ReduceOp::Max | ReduceOp::Sum => self.b.ins().bor(acc, v),
+                _ => self.b.ins().band(acc, v),
+            };
+        }
+        if dtype.is_float() {
+            let v = if scalar_type(dtype) == types::F64 {
+                v
+            } else {
+                self.b.ins().fpromote(types::F64, v)
+            };
+            return match op {
+                ReduceOp::Sum => self.b.ins().fadd(acc, v),
+                ReduceOp::Prod => self.b.ins().fmul(acc, v),
+                ReduceOp::Max => self.b.ins().fmax(acc, v),
+                _ => self.b.ins().fmin(acc, v),
+            };
+        }
+        match op {
+            ReduceOp::Sum => self.b.ins().iadd(acc, v),
+            ReduceOp::Prod => self.b.ins().imul(acc, v),
+            ReduceOp::Max => self.b.ins().smax(acc, v),
+            _ => self.b.ins().smin(acc, v),
+        }
+    }
+
+    /// A reduction kernel: for each output position in `start..end`, fold the body's value
+    /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
+    /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
+    fn body_reduce(&mut self, red: KernelReduce, outer: &Walk) {
+        let k = self.kernel;
+        let out_expr = k.outputs[0];
+        let dtype = k.exprs[out_expr].dtype;
+        let entry = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.switch_to_block(entry);
+        let [bufs, params, start, end] =
+            self.b.block_params(entry).try_into().expect("four parameters");
+        let n_in = k.inputs.len();
+        let ins: Vec<Value> = (0..n_in)
+            .map(|i| self.b.ins().load(types::I64, flags(), bufs, (8 * i) as i32))
+            .collect();
+        let out_ptr = self.b.ins().load(types::I64, flags(), bufs, (8 * n_in) as i32);
+        let mut param_scalar: HashMap<usize, Value> = HashMap::new();
+        let mut param_vector: HashMap<usize, Value> = HashMap::new();
+        for (e, expr) in k.exprs.iter().enumerate() {
+            if let ExprKind::Param(p) = expr.kind {
+                let raw = self.b.ins().load(types::F64, flags(), params, (8 * p) as i32);
+                let v = self.param_value(raw, expr.dtype);
+                if let Some((_, lanes)) = self.vector {
+                    let v = self.b.ins().splat(lanes, v);
+                    param_vector.insert(e, v);
+                }
+                param_scalar.insert(e, v);
+            }
+        }
+        // Input start addresses including their offsets.
+        let starts: Vec<Value> = (0..n_in)
+            .map(|idx| {
+                let bytes = self.walk_offset_bytes(idx);
+                self.b.ins().iadd_imm_s(ins[idx], bytes)
+            })
+            .collect();
+        let acc_ty = if dtype == DType::Bool {
+            types::I8
+        } else if dtype.is_float() {
+            types::F64
+        } else {
+            types::I64
+        };
+        let inner_dims = self.walk.dims.clone();
+        let len = *inner_dims.last().expect("at least one dimension") as i64;
+        let rows: i64 = inner_dims[..inner_dims.len() - 1].iter().product::<usize>() as i64;
+        let inner_strides: Vec<Vec<i64>> =
+            self.walk.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+
+        let head = self.b.create_block();
+        let o = self.b.append_block_param(head, types::I64);
+        let obody = self.b.create_block();
+        let rhead = self.b.create_block();
+        let ir = self.b.append_block_param(rhead, types::I64);
+        let racc = self.b.append_block_param(rhead, acc_ty);
+        let rbody = self.b.create_block();
+        let shead = self.b.create_block();
+        let js = self.b.append_block_param(shead, types::I64);
+        let sacc = self.b.append_block_param(shead, acc_ty);
+        let sbody = self.b.create_block();
+        let rdone = self.b.create_block();
+        let dacc = self.b.append_block_param(rdone, acc_ty);
+        let store = self.b.create_block();
+        let facc = self.b.append_block_param(store, acc_ty);
+        let exit = self.b.create_block();
+        self.b.ins().jump(head, &[BlockArg::Value(start)]);
+
+        self.b.switch_to_block(head);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, o, end);
+        self.b.ins().brif(more, obody, &[], exit, &[]);
+
+        self.b.switch_to_block(obody);
+        let outer_dims = outer.dims.clone();
+        let outer_bases = self.advance(&starts, o, &outer_dims, &outer.strides);
+        let zero = self.iconst(0);
+        let init = self.identity(red.op, dtype);
+        self.b.ins().jump(rhead, &[BlockArg::Value(zero), BlockArg::Value(init)]);
+
+        self.b.switch_to_block(rhead);
+        let rows_v = self.iconst(rows);
+        let more_rows = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
+        self.b.ins().brif(more_rows, rbody, &[], store, &[BlockArg::Value(racc)]);
+
+        self.b.switch_to_block(rbody);
+        let bases =
+            self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
+        let len_v = self.iconst(len);
+        if let Some((_, lanes)) = self.vector {
+            let width = i64::from(lanes.lane_count());
+            let vhead = self.b.create_block();
+            let jv = self.b.append_block_param(vhead, types::I64);
+            let vacc = self.b.append_block_param(vhead, acc_ty);
+            let vbody = self.b.create_block();
+            self.b.ins().jump(vhead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);
+            self.b.switch_to_block(vhead);
+            let next = self.b.ins().iadd_imm_s(jv, width);
+            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+            self.b.ins().brif(
+                fits,
+                vbody,
+                &[],
+                shead,
+                &[BlockArg::Value(jv), BlockArg::Value(vacc)],
+            );
+            self.b.switch_to_block(vbody);
+            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            let mut acc = vacc;
+            for lane in 0..lanes.lane_count() {
+                let v = self.b.ins().extractlane(values[out_expr], lane as u8);
+                acc = self.combine(red.op, acc, v, dtype);
+            }
+            self.b.ins().jump(vhead, &[BlockArg::Value(next), BlockArg::Value(acc)]);
+        } else {
+            self.b.ins().jump(shead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);
+        }
+
+        self.b.switch_to_block(shead);
+        let go = self.b.ins().icmp(IntCC::UnsignedLessThan, js, len_v);
+        self.b.ins().brif(go, sbody, &[], rdone, &[BlockArg::Value(sacc)]);
+        self.b.switch_to_block(sbody);
+        let values = self.compute_scalar(js, &bases, &param_scalar);
+        let acc = self.combine(red.op, sacc, values[out_expr], dtype);
+        let j_next = self.b.ins().iadd_imm_s(js, 1);
+        self.b.ins().jump(shead, &[BlockArg::Value(j_next), BlockArg::Value(acc)]);
+
+        self.b.switch_to_block(rdone);
+        let ir_next = self.b.ins().iadd_imm_s(ir, 1);
+        self.b.ins().jump(rhead, &[BlockArg::Value(ir_next), BlockArg::Value(dacc)]);
+
+        self.b.switch_to_block(store);
+        let result = if dtype.is_float() {
+            match dtype {
+                DType::F64 => facc,
+                _ => {
+                    let f = self.b.ins().fdemote(types::F32, facc);
+                    self.narrow(f, dtype)
+                }
+            }
+        } else if dtype == DType::Bool {
+            facc
+        } else {
+            self.narrow(facc, dtype)
+        };
+        let off = self.b.ins().imul_imm_s(o, dtype.size_in_bytes() as i64);
+        let addr = self.b.ins().iadd(out_ptr, off);
+        self.store(result, dtype, addr);
+        let o_next = self.b.ins().iadd_imm_s(o, 1);
+        self.b.ins().jump(head, &[BlockArg::Value(o_next)]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
+
+    fn walk_offset_bytes(&self, idx: usize) -> i64 {
+        self.walk.offsets[idx] * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
     }
 
     /// The address of element `j` of the row for input `idx`.

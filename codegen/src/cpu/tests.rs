@@ -46,7 +46,7 @@ fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) ->
     let compiled = compile(kernel).unwrap_or_else(|e| panic!("{e}\n{kernel}"));
     let mut in_bytes: Vec<Vec<u8>> =
         inputs.iter().zip(&kernel.inputs).map(|(v, i)| to_bytes(v, i.dtype)).collect();
-    let n = kernel.shape.numel();
+    let n = kernel.output_len();
     let mut out_bytes: Vec<Vec<u8>> = kernel
         .outputs
         .iter()
@@ -275,4 +275,46 @@ fn vector_exp_tanh_sigmoid_error_bounds() {
     });
     let s = run(&k, &[specials], &p, 1 << 20).remove(0);
     assert!(s[0].is_nan() && s[1] == 1.0 && s[2] < 1e-37 && s[3] == 0.5);
+}
+
+#[test]
+fn reduction_kernels_over_any_axes() {
+    use kiln_ir::ReduceOp;
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32] {
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            for axes in [vec![0], vec![1], vec![2], vec![0, 2], vec![0, 1, 2]] {
+                let shape = [3usize, 5, 9];
+                let mut g = Graph::new();
+                let x = g.input(Shape::from(shape), dtype);
+                // An elementwise prologue: x * 0.5 (floats) or x + 1 (integers).
+                let c = scalar(&mut g, if dtype.is_float() { 0.5 } else { 1.0 }, dtype, &shape);
+                let p = g
+                    .push(
+                        Op::Binary(if dtype.is_float() { BinaryOp::Mul } else { BinaryOp::Add }),
+                        &[x, c],
+                    )
+                    .unwrap();
+                let r = g.push(Op::Reduce { op, axes: axes.clone() }, &[p]).unwrap();
+                g.mark_output(r);
+                let plan = partition(&g, FusionPolicy::On);
+                let [Step::Kernel(k)] = plan.steps.as_slice() else {
+                    panic!("one reduction kernel")
+                };
+                let data: Vec<f64> = values(135, dtype, 9)
+                    .iter()
+                    .map(|v| if dtype.is_float() { v / 2.0 } else { v % 4.0 })
+                    .collect();
+                let want = interpret(&k.kernel, std::slice::from_ref(&data), &k.params);
+                let got = run(&k.kernel, &[data], &k.params, 2);
+                for (a, b) in got[0].iter().zip(&want[0]) {
+                    let tol = if dtype == DType::F16 { 2e-3 } else { 1e-6 };
+                    assert!(
+                        (a - b).abs() <= tol * b.abs().max(1.0),
+                        "{op:?} {dtype} {axes:?}: {a} vs {b}\n{}",
+                        k.kernel
+                    );
+                }
+            }
+        }
+    }
 }
