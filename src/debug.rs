@@ -36,6 +36,8 @@ pub struct PlanSummary {
     pub kernel_notes: Vec<String>,
     /// The text of each kernel.
     pub kernel_text: Vec<String>,
+    /// The Cranelift IR generated for each kernel.
+    pub clif: Vec<String>,
 }
 
 /// The plan that computing `tensors` would run now under the current execution mode (see
@@ -73,6 +75,9 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
                     k.cut
                 ));
                 summary.kernel_text.push(k.kernel.to_string());
+                summary
+                    .clif
+                    .push(kiln_runtime::exec::clif(&k.kernel).unwrap_or_else(|e| format!("; {e}")));
             }
             Step::Node(_) => summary.other_ops += 1,
         }

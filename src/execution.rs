@@ -6,6 +6,48 @@ pub use kiln_runtime::exec::Execution;
 
 thread_local! {
     static MODE: Cell<Execution> = const { Cell::new(Execution::Fused) };
+    static CHECK: Cell<Option<f64>> = const { Cell::new(None) };
+}
+
+/// Whether `KILN_CHECK` is set in the environment (read once).
+fn check_from_env() -> bool {
+    static ENV: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("KILN_CHECK").is_ok_and(|v| !v.is_empty() && v != "0")
+    });
+    *ENV
+}
+
+/// The check tolerance scale in force on this thread, if checking is on.
+pub(crate) fn check_scale() -> Option<f64> {
+    CHECK.with(Cell::get).or_else(|| check_from_env().then_some(1.0))
+}
+
+/// Runs `f` with the correctness oracle on, as `KILN_CHECK=1` turns it on for the whole
+/// process: every realization also runs on the reference executor, each fused kernel's
+/// result is compared with it (with tolerances for the dtype), and the first kernel that
+/// differs fails the realization with [`crate::RuntimeError::CheckFailed`], naming the
+/// kernel, its ops, the source lines that recorded them, and its text.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::randn([64]);
+/// let y = kiln::with_check(|| ((&x * 2.0).exp() + 1.0).log().to_vec::<f32>());
+/// assert_eq!(y.len(), 64);
+/// ```
+pub fn with_check<T>(f: impl FnOnce() -> T) -> T {
+    with_check_scale(1.0, f)
+}
+
+/// [`with_check`] with the tolerances multiplied by `scale` (0 demands exact agreement).
+pub fn with_check_scale<T>(scale: f64, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<f64>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CHECK.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CHECK.with(|c| c.replace(Some(scale))));
+    f()
 }
 
 /// How realizations on this thread run.

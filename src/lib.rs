@@ -97,9 +97,11 @@ pub use autograd::{
     inference_mode, is_grad_enabled, no_grad, try_grad,
 };
 pub use error::{Error, Result};
-pub use execution::{Execution, execution, with_execution, with_fusion};
+pub use execution::{
+    Execution, execution, with_check, with_check_scale, with_execution, with_fusion,
+};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
-pub use kiln_runtime::{Device, RunError, RuntimeError};
+pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
 pub use random::manual_seed;
 pub use tensor::{
     Dims, Ellipsis, IndexOp, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,

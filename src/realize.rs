@@ -19,7 +19,7 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         return Ok(());
     }
     let (graph, inputs, outputs) = build_graph(&captured, targets)?;
-    let buffers = exec::run(&graph, &inputs, crate::execution())?;
+    let buffers = exec::run(&graph, &inputs, crate::execution(), crate::execution::check_scale())?;
     for (slot, buffer) in outputs.into_iter().zip(buffers) {
         captured.nodes[slot].set_realized(buffer);
     }

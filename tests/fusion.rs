@@ -124,3 +124,26 @@ fn kernel_counts() {
         p.kernel_text.iter().filter(|k| k.starts_with("kernel over [64, 64]")).count();
     assert_eq!((p.kernels, full_passes, p.other_ops), (4, 3, 0), "{p:?}");
 }
+
+#[test]
+fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
+    // With the default tolerances every kernel of these programs agrees with the reference.
+    for seed in 0..50 {
+        kiln::with_check(|| program(seed).realize().clone());
+    }
+    // Demanding exact agreement, the polynomial exp differs from the reference's f64 exp in
+    // the last bit somewhere: the report names the kernel, its ops and this file's line.
+    let x = Tensor::linspace(-3.0, 3.0, 1000);
+    x.realize();
+    let line = line!() + 1;
+    let y = (&x * 1.7).exp();
+    let err = kiln::with_check_scale(0.0, || y.try_realize()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("check: fused kernel k_"), "{text}");
+    assert!(text.contains("(full view mul exp)"), "{text}");
+    assert!(text.contains(&format!("fusion.rs:{line}")), "{text}");
+    assert!(matches!(
+        err,
+        kiln::Error::Runtime(kiln::RunError { error: kiln::RuntimeError::CheckFailed { .. }, .. })
+    ));
+}

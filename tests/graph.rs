@@ -19,3 +19,40 @@ fn realized_tensors_become_inputs() {
     assert!(!dot.contains("add"), "the realized add is an input now:\n{dot}");
     assert!(dot.contains("input"), "{dot}");
 }
+
+/// The generated code of representative kernels, so that a change to the code generator
+/// shows up as a reviewed snapshot diff.
+#[test]
+fn generated_code_snapshots() {
+    use kiln::debug::plan_summary;
+    let x = Tensor::from_vec((0..1000).map(|i| i as f32 / 100.0).collect::<Vec<_>>(), [1000]);
+    let a = Tensor::ones([8, 16]);
+    let col = Tensor::ones([8, 1]);
+    let row = Tensor::ones([16]);
+    let m = Tensor::ones([4, 16]);
+    Tensor::try_realize_all(&[&x, &a, &col, &row, &m]).unwrap();
+    // Each program is bound first: temporaries alive during the capture would count as live
+    // results and be stored.
+    let y = ((&x * 1.5 + 0.5) * &x + (&x - 0.2).relu()) / (x.square() + 1.0);
+    let chain = plan_summary(&[&y]);
+    assert_eq!(chain.kernels, 1);
+    insta::assert_snapshot!(
+        "elementwise_chain",
+        format!("{}\n\n{}", chain.kernel_text[0], chain.clif[0])
+    );
+    let z = (&a * &col + &row).relu() - &a / 2.0;
+    let broadcast = plan_summary(&[&z]);
+    assert_eq!(broadcast.kernels, 1);
+    insta::assert_snapshot!(
+        "broadcast",
+        format!("{}\n\n{}", broadcast.kernel_text[0], broadcast.clif[0])
+    );
+    let s = m.softmax(1);
+    let softmax = plan_summary(&[&s]);
+    let sum =
+        softmax.kernel_text.iter().position(|k| k.contains("sum over")).expect("a sum kernel");
+    insta::assert_snapshot!(
+        "softmax_row_sum",
+        format!("{}\n\n{}", softmax.kernel_text[sum], softmax.clif[sum])
+    );
+}

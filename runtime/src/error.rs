@@ -44,6 +44,11 @@ pub enum RuntimeError {
         /// The dimension's size.
         size: usize,
     },
+    /// The correctness check (`KILN_CHECK=1`) found a fused kernel whose result differs from
+    /// the reference executor's. This is a bug in kiln's code generation: the report holds
+    /// what is needed to reproduce it.
+    #[error("{0}")]
+    CheckFailed(Box<CheckReport>),
     /// A buffer bound to a graph input does not match it: a bug in the caller.
     #[error("input {index} of the graph expects {expected}, the buffer bound to it holds {got}")]
     Binding {
@@ -57,6 +62,24 @@ pub enum RuntimeError {
     /// The graph breaks an invariant: a bug in kiln.
     #[error(transparent)]
     Graph(#[from] IrError),
+}
+
+/// What the correctness check found wrong with a fused kernel.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[error(
+    "check: fused kernel {kernel} ({ops}) disagrees with the reference executor: {detail}; its ops were recorded at {sources}\n{text}"
+)]
+pub struct CheckReport {
+    /// The kernel's name.
+    pub kernel: String,
+    /// The ops it fused.
+    pub ops: String,
+    /// The first differing element, both values and the tolerance.
+    pub detail: String,
+    /// The user source lines that recorded the fused ops.
+    pub sources: String,
+    /// The kernel's text.
+    pub text: String,
 }
 
 /// A [`RuntimeError`] together with the node that was running and the user's source line that

@@ -8,7 +8,7 @@ use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
 use kiln_ir::{Graph, NodeId, Op, Scalar};
 
-use crate::{Buffer, RunError, RuntimeError, reference};
+use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
 
 /// How a graph is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -69,17 +69,43 @@ fn compiled(step: &KernelStep) -> Option<Arc<CpuKernel>> {
     cache.kernels.entry(key).or_insert(result).clone()
 }
 
-/// Runs `graph` with `inputs` bound to its `Input` nodes and returns its outputs' buffers.
+/// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).
 ///
 /// # Errors
-/// A [`RunError`] naming the op that failed: out of memory, an index out of range.
-pub fn run(graph: &Graph, inputs: &[Buffer], mode: Execution) -> Result<Vec<Buffer>, RunError> {
+/// The code generator's message if the kernel cannot be compiled.
+pub fn clif(kernel: &kiln_ir::kernel::Kernel) -> Result<String, String> {
+    let key = kernel.key();
+    if let Some(Some(k)) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).kernels.get(&key) {
+        return Ok(k.clif().to_string());
+    }
+    cpu::compile(kernel).map(|k| k.clif().to_string()).map_err(|e| e.to_string())
+}
+
+/// Runs `graph` with `inputs` bound to its `Input` nodes and returns its outputs' buffers.
+///
+/// With `check` (a tolerance scale, 1.0 for the default tolerances), every fused kernel's
+/// result is compared with the reference executor's value of the same node; the first
+/// kernel that differs is reported as [`RuntimeError::CheckFailed`].
+///
+/// # Errors
+/// A [`RunError`] naming the op that failed: out of memory, an index out of range, or a
+/// failed check.
+pub fn run(
+    graph: &Graph,
+    inputs: &[Buffer],
+    mode: Execution,
+    check: Option<f64>,
+) -> Result<Vec<Buffer>, RunError> {
     let policy = match mode {
         Execution::Reference => return reference::run(graph, inputs),
         Execution::Fused => FusionPolicy::On,
         Execution::Unfused => FusionPolicy::Off,
     };
     let plan = partition(graph, policy);
+    let expected = match check {
+        Some(_) => Some(reference_values(graph, inputs, &plan)?),
+        None => None,
+    };
     let mut bufs: HashMap<NodeId, Buffer> =
         graph.inputs().iter().copied().zip(inputs.iter().cloned()).collect();
     // Free each buffer after its last reader.
@@ -138,6 +164,9 @@ pub fn run(graph: &Graph, inputs: &[Buffer], mode: Execution) -> Result<Vec<Buff
             }
             Step::Kernel(k) => {
                 let outs = run_kernel(graph, k, &bufs)?;
+                if let (Some(expected), Some(scale)) = (&expected, check) {
+                    compare(graph, k, &outs[0], &expected[&k.outputs[0]], scale)?;
+                }
                 for &n in &k.inputs {
                     done_reading(&mut bufs, n);
                 }
@@ -148,6 +177,73 @@ pub fn run(graph: &Graph, inputs: &[Buffer], mode: Execution) -> Result<Vec<Buff
         }
     }
     Ok(graph.outputs().iter().map(|o| bufs[o].clone()).collect())
+}
+
+/// The reference executor's value of every kernel output of `plan`.
+fn reference_values(
+    graph: &Graph,
+    inputs: &[Buffer],
+    plan: &kiln_ir::fuse::Plan,
+) -> Result<HashMap<NodeId, Buffer>, RunError> {
+    let mut g = graph.clone();
+    let wanted: Vec<NodeId> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(k.outputs[0]),
+            Step::Node(_) => None,
+        })
+        .collect();
+    for &n in &wanted {
+        g.mark_output(n);
+    }
+    let values = reference::run(&g, inputs)?;
+    Ok(g.outputs().iter().copied().zip(values).collect())
+}
+
+/// Compares a kernel's output with the reference value, within a tolerance for its dtype
+/// (scaled by `scale`): generated math is a few ULP from the reference's f64 math.
+fn compare(
+    graph: &Graph,
+    step: &KernelStep,
+    got: &Buffer,
+    want: &Buffer,
+    scale: f64,
+) -> Result<(), RunError> {
+    let dtype = got.dtype();
+    let tol = scale
+        * match dtype {
+            kiln_ir::DType::F64 => 1e-12,
+            kiln_ir::DType::F32 => 1e-5,
+            kiln_ir::DType::F16 => 4e-3,
+            kiln_ir::DType::BF16 => 3e-2,
+            _ => 0.0,
+        };
+    let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([got.len()]));
+    let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
+    let bad = g.iter().zip(&w).position(|(a, b)| {
+        !((a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * b.abs().max(1.0))
+    });
+    let Some(i) = bad else { return Ok(()) };
+    let root = graph.node(step.outputs[0]);
+    let ops: Vec<&str> = step.fused.iter().map(|&n| graph.node(n).op.name()).collect();
+    let mut sources: Vec<String> =
+        step.fused.iter().filter_map(|&n| graph.node(n).origin).map(|l| l.to_string()).collect();
+    sources.dedup();
+    Err(RunError {
+        error: RuntimeError::CheckFailed(Box::new(CheckReport {
+            kernel: step.kernel.name(),
+            ops: ops.join(" "),
+            detail: format!(
+                "element {i} is {}, the reference gives {} (tolerance {tol:e})",
+                g[i], w[i]
+            ),
+            sources: sources.join(", "),
+            text: step.kernel.to_string(),
+        })),
+        op: Some(root.op.name()),
+        origin: root.origin,
+    })
 }
 
 /// Positions per thread task: large enough to amortize a task, small enough to balance.

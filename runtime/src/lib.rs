@@ -21,4 +21,4 @@ pub mod reference;
 
 pub use buffer::Buffer;
 pub use device::Device;
-pub use error::{RunError, RuntimeError};
+pub use error::{CheckReport, RunError, RuntimeError};

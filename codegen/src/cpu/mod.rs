@@ -222,12 +222,13 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let outer = coalesce(kernel, 0..kept);
     let walk = coalesce(kernel, kept..rank);
     let vector = vector_type(kernel, &walk);
-    let mut helper_ids = HashMap::new();
+    // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
+    let mut helper_ids = Vec::new();
     for (name, sig) in helpers::signatures(&module) {
         let hid = module
             .declare_function(name, Linkage::Import, &sig)
             .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-        helper_ids.insert(name, hid);
+        helper_ids.push((name, hid));
     }
     let target = module.target_config();
     {
