@@ -596,31 +596,74 @@ impl Translator<'_, '_> {
         let bases =
             self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
         let len_v = self.iconst(len);
-        if let Some((_, lanes)) = self.vector {
-            let width = i64::from(lanes.lane_count());
+        if let Some((_, lanes)) = self.vector
+            && matches!(red.op, ReduceOp::Max | ReduceOp::Min)
+        {
+            // Max and min are exact in any order: keep a vector accumulator in the lanes'
+            // own type and fold its lanes into the scalar one when the row's vector part ends.
+            let width = lanes.lane_count();
             let vhead = self.b.create_block();
             let jv = self.b.append_block_param(vhead, types::I64);
-            let vacc = self.b.append_block_param(vhead, acc_ty);
+            let vacc = self.b.append_block_param(vhead, lanes);
             let vbody = self.b.create_block();
-            self.b.ins().jump(vhead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);
-            self.b.switch_to_block(vhead);
-            let next = self.b.ins().iadd_imm_s(jv, width);
-            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
-            self.b.ins().brif(
-                fits,
-                vbody,
-                &[],
-                shead,
-                &[BlockArg::Value(jv), BlockArg::Value(vacc)],
+            let vdone = self.b.create_block();
+            let ident = self.float_const(
+                if red.op == ReduceOp::Max { f64::NEG_INFINITY } else { f64::INFINITY },
+                lanes.lane_type(),
             );
+            let init = self.b.ins().splat(lanes, ident);
+            self.b.ins().jump(vhead, &[BlockArg::Value(zero), BlockArg::Value(init)]);
+            self.b.switch_to_block(vhead);
+            let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+            self.b.ins().brif(fits, vbody, &[], vdone, &[]);
             self.b.switch_to_block(vbody);
             let values = self.compute_vector(jv, &bases, &param_vector, lanes);
-            let mut acc = vacc;
-            for lane in 0..lanes.lane_count() {
-                let v = self.b.ins().extractlane(values[out_expr], lane as u8);
+            let folded = if red.op == ReduceOp::Max {
+                self.b.ins().fmax(vacc, values[out_expr])
+            } else {
+                self.b.ins().fmin(vacc, values[out_expr])
+            };
+            self.b.ins().jump(vhead, &[BlockArg::Value(next), BlockArg::Value(folded)]);
+            self.b.switch_to_block(vdone);
+            let mut acc = racc;
+            for lane in 0..width {
+                let v = self.b.ins().extractlane(vacc, lane as u8);
                 acc = self.combine(red.op, acc, v, dtype);
             }
-            self.b.ins().jump(vhead, &[BlockArg::Value(next), BlockArg::Value(acc)]);
+            self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
+        } else if let Some((_, lanes)) = self.vector {
+            // One accumulator per lane, so that the lanes' additions do not wait on each
+            // other; they are combined when the row's vector part ends.
+            let width = lanes.lane_count();
+            let vhead = self.b.create_block();
+            let jv = self.b.append_block_param(vhead, types::I64);
+            let vaccs: Vec<Value> =
+                (0..width).map(|_| self.b.append_block_param(vhead, acc_ty)).collect();
+            let vbody = self.b.create_block();
+            let vdone = self.b.create_block();
+            let identity = self.identity(red.op, dtype);
+            let mut args = vec![BlockArg::Value(zero), BlockArg::Value(racc)];
+            args.extend((1..width).map(|_| BlockArg::Value(identity)));
+            self.b.ins().jump(vhead, &args);
+            self.b.switch_to_block(vhead);
+            let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+            self.b.ins().brif(fits, vbody, &[], vdone, &[]);
+            self.b.switch_to_block(vbody);
+            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            let mut next_args = vec![BlockArg::Value(next)];
+            for (lane, &acc) in vaccs.iter().enumerate() {
+                let v = self.b.ins().extractlane(values[out_expr], lane as u8);
+                next_args.push(BlockArg::Value(self.combine(red.op, acc, v, dtype)));
+            }
+            self.b.ins().jump(vhead, &next_args);
+            self.b.switch_to_block(vdone);
+            let mut acc = vaccs[0];
+            for &other in &vaccs[1..] {
+                acc = self.combine(red.op, acc, other, acc_ty_dtype(dtype));
+            }
+            self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
         } else {
             self.b.ins().jump(shead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);
         }
@@ -1018,6 +1061,13 @@ impl Translator<'_, '_> {
             (_, t) => self.narrow(v, t),
         }
     }
+}
+
+/// The dtype whose register type is a reduction's accumulator: combining two accumulators
+/// must not convert either (an f32 lane is promoted when it is folded in, an f64
+/// accumulator is not).
+fn acc_ty_dtype(dtype: DType) -> DType {
+    if dtype.is_float() { DType::F64 } else { dtype }
 }
 
 fn float_cc(op: BinaryOp) -> FloatCC {
