@@ -115,14 +115,19 @@ fn kernel_counts() {
     // Unfused, every op is its own kernel.
     let unfused = kiln::with_fusion(false, || plan_summary(&[&z]));
     assert_eq!(unfused.kernels, 5);
-    // A softmax makes three passes over its input: the max, the sum of exp(x - max) (the
-    // exponent fused into the reduction), and exp(x - max) / sum (recomputed, not stored);
-    // a fourth, tiny kernel makes the shift safe for infinite maxima.
+    // A softmax: the max, a tiny kernel that makes the shift safe for infinite maxima,
+    // exp(x - max) (stored: it is shared by the sum and the division, and too costly to
+    // compute twice), the sum over it, and the division.
     let s = x.softmax(1);
     let p = plan_summary(&[&s]);
-    let full_passes =
-        p.kernel_text.iter().filter(|k| k.starts_with("kernel over [64, 64]")).count();
-    assert_eq!((p.kernels, full_passes, p.other_ops), (4, 3, 0), "{p:?}");
+    let full = p.kernel_text.iter().filter(|k| k.starts_with("kernel over [64, 64]")).count();
+    assert_eq!((p.kernels, full, p.other_ops), (5, 4, 0), "{p:?}");
+    // Centring by the mean: two passes over x (the sum, the subtraction) and a tiny
+    // division of the sums.
+    let c = &x - &x.mean_dim(1, true);
+    let p = plan_summary(&[&c]);
+    let full = p.kernel_text.iter().filter(|k| k.starts_with("kernel over [64, 64]")).count();
+    assert_eq!((p.kernels, full), (3, 2), "{:?}", p.kernel_notes);
 }
 
 #[test]

@@ -6,11 +6,13 @@
 //!   that consumes them.
 //! - Constants (`Full`) become kernel parameters and views of computed buffers become index
 //!   maps, wherever they are used: both are free to recompute, so they are never stored.
+//! - A reduction (`sum`, `prod`, `max`, `min`) fuses the elementwise expression it reduces.
 //! - A value is stored (a kernel boundary) when it is a result the caller wants
-//!   ([`Cut::Output`]), when several ops consume it ([`Cut::Shared`]: recomputing a chain is
-//!   not free, and storing once costs one write), when a non-elementwise op consumes it
-//!   ([`Cut::Feeds`]), or when it is read through a view ([`Cut::View`]: a view of an
-//!   expression is not an index map into a buffer).
+//!   ([`Cut::Output`]), when several ops consume it and recomputing it in each costs more
+//!   than storing and reloading it ([`Cut::Shared`], see [`op_cost`]), when an op that is
+//!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
+//!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
+//!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
 //!
 //! The partition depends only on the graph, so the same program gives the same kernels with
 //! the same names on every run.
@@ -105,10 +107,31 @@ fn is_kernel_reduce(op: &Op) -> bool {
     )
 }
 
-/// Shared values with at most this many ops are recomputed by each consumer rather than
-/// stored: for elementwise work that costs less than the memory traffic of a store and a
-/// reload (a softmax reads its input three times instead of writing and reading `exp(x - m)`).
-pub const MAX_RECOMPUTE_OPS: usize = 8;
+/// A shared value is recomputed by each consumer rather than stored when its ops cost at most
+/// this much ([`op_cost`]): cheap arithmetic costs less than the store and reload of the
+/// value, a transcendental function (a polynomial of some thirty instructions on 128-bit
+/// vectors) costs more.
+pub const MAX_RECOMPUTE_COST: usize = 8;
+
+/// The relative cost of computing an op once per element, for the recompute rule.
+pub fn op_cost(op: &Op) -> usize {
+    use crate::{BinaryOp, UnaryOp};
+    match op {
+        Op::Unary(
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Sin
+            | UnaryOp::Cos,
+        )
+        | Op::Unary(UnaryOp::Erf)
+        | Op::Binary(BinaryOp::Pow) => 4 * MAX_RECOMPUTE_COST,
+        Op::Unary(UnaryOp::Sqrt | UnaryOp::Recip) | Op::Binary(BinaryOp::Div) => 4,
+        op if is_elementwise(op) => 1,
+        _ => 0,
+    }
+}
 
 fn is_elementwise(op: &Op) -> bool {
     matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
@@ -134,6 +157,7 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
     // kernel would hold if it were stored now.
     let mut stored: HashMap<NodeId, Cut> = HashMap::new();
     let mut size: HashMap<NodeId, usize> = HashMap::new();
+    let mut costs: HashMap<NodeId, usize> = HashMap::new();
     for &n in &order {
         let op = &graph.node(n).op;
         if !is_elementwise(op) && !is_free(op) {
@@ -147,6 +171,14 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
                 .filter_map(|a| size.get(a))
                 .sum::<usize>();
         size.insert(n, own);
+        let cost = op_cost(op)
+            + graph
+                .args(n)
+                .iter()
+                .filter(|a| !stored.contains_key(a))
+                .filter_map(|a| costs.get(a))
+                .sum::<usize>();
+        costs.insert(n, cost);
         let cons = consumers_of(n);
         let cut = if graph.outputs().contains(&n) {
             Some(Cut::Output)
@@ -165,7 +197,7 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
             None
         } else if policy == FusionPolicy::Off {
             Some(Cut::Unfused)
-        } else if cons.len() > 1 && own > MAX_RECOMPUTE_OPS {
+        } else if cons.len() > 1 && cost > MAX_RECOMPUTE_COST {
             Some(Cut::Shared)
         } else if own >= MAX_KERNEL_OPS {
             Some(Cut::Size)
@@ -437,19 +469,41 @@ mod tests {
         let d = g.push(Op::Binary(BinaryOp::Div), &[e, v]).unwrap();
         g.mark_output(d);
         let plan = partition(&g, FusionPolicy::On);
-        // The sum fuses exp as its prologue; the division recomputes exp (cheaper than
-        // storing it) and reads the sum through a broadcast.
+        // exp is shared by the sum and the division and too costly to compute twice: it is
+        // stored, the sum reduces the stored values, the division reads both.
+        assert_eq!(plan.steps.len(), 3);
+        let Step::Kernel(k0) = &plan.steps[0] else { panic!("a kernel first") };
+        assert_eq!((k0.outputs.clone(), k0.cut), (vec![e], Cut::Shared));
+        let Step::Kernel(k1) = &plan.steps[1] else { panic!("a reduction kernel") };
+        assert_eq!(k1.kernel.reduce.map(|r| r.kept), Some(1));
+        let Step::Kernel(k2) = &plan.steps[2] else { panic!("a kernel last") };
+        assert_eq!(k2.inputs, vec![e, s]);
+        assert_eq!(k2.kernel.inputs[1].view.strides(), &[1, 0]);
+    }
+
+    #[test]
+    fn cheap_shared_values_are_recomputed_into_reductions() {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2, 3]), DType::F64);
+        let two = g.leaf(Op::Full(Scalar::F64(2.0)), Shape::from([2, 3]), DType::F64).unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Mul), &[x, two]).unwrap();
+        let s = g.push(Op::Reduce { op: crate::ReduceOp::Sum, axes: vec![1] }, &[d]).unwrap();
+        let v = g
+            .push(
+                Op::View(View::contiguous(Shape::from([2, 1])).expand(&Shape::from([2, 3]))),
+                &[s],
+            )
+            .unwrap();
+        let q = g.push(Op::Binary(BinaryOp::Sub), &[d, v]).unwrap();
+        g.mark_output(q);
+        let plan = partition(&g, FusionPolicy::On);
+        // x * 2 is computed inside the sum and again inside the subtraction.
         assert_eq!(plan.steps.len(), 2);
         let Step::Kernel(k0) = &plan.steps[0] else { panic!("a reduction kernel first") };
-        assert_eq!(k0.outputs, vec![s]);
-        assert_eq!(k0.kernel.reduce.map(|r| r.kept), Some(1));
         assert_eq!(k0.kernel.op_count(), 1);
         let Step::Kernel(k1) = &plan.steps[1] else { panic!("a kernel last") };
         assert_eq!(k1.inputs, vec![x, s]);
-        assert_eq!(k1.kernel.inputs[1].view.strides(), &[1, 0]);
-        // Unfused, exp is stored and the sum only loads it.
-        let plan = partition(&g, FusionPolicy::Off);
-        assert_eq!(plan.steps.len(), 3);
-        let _ = e;
+        // Unfused, every op is stored.
+        assert_eq!(partition(&g, FusionPolicy::Off).steps.len(), 3);
     }
 }
