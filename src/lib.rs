@@ -79,7 +79,9 @@
 //! line of the user's call (`#[track_caller]`), so an error found while running the graph
 //! names the line that recorded the failing op.
 //!
-//! Graphs currently run on the reference executor, one op at a time; see `ARCHITECTURE.md`.
+//! At realization the graph is partitioned into fused kernels, which Cranelift compiles to
+//! machine code (cached, and split across threads); see [`with_fusion`], [`with_execution`],
+//! [`with_check`] and `ARCHITECTURE.md`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
