@@ -54,9 +54,10 @@ pub struct PlanSummary {
 pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
     use kiln_ir::fuse::{FusionPolicy, Step, partition};
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    let Ok(graph) = crate::realize::pending_graph(&nodes) else {
+    let Ok(captured) = crate::realize::pending_graph(&nodes) else {
         return PlanSummary::default();
     };
+    let (graph, _) = kiln_ir::passes::cse(&captured);
     let policy = if crate::execution() == crate::Execution::Unfused {
         FusionPolicy::Off
     } else {

@@ -10,6 +10,7 @@
 //!   verification and Graphviz export.
 //! - [`fuse`] and [`kernel`]: the partition of a graph into fused elementwise kernels, and
 //!   the machine-free description of one kernel that code generators lower.
+//! - [`passes`]: graph rewrites before fusion (common-subexpression elimination).
 //! - [`autodiff`]: the gradient rule of every op, written against an abstract builder.
 //! - [`random`]: the counter-based generator behind random fills.
 //!
@@ -24,6 +25,7 @@ pub mod fuse;
 mod graph;
 pub mod kernel;
 mod op;
+pub mod passes;
 pub mod random;
 mod shape;
 mod view;

@@ -101,6 +101,9 @@ pub fn run(
         Execution::Fused => FusionPolicy::On,
         Execution::Unfused => FusionPolicy::Off,
     };
+    // Merge common subexpressions first; outputs may merge, so remember where each went.
+    let (merged, outputs) = kiln_ir::passes::cse(graph);
+    let graph = &merged;
     let plan = partition(graph, policy);
     let expected = match check {
         Some(_) => Some(reference_values(graph, inputs, &plan)?),
@@ -176,7 +179,7 @@ pub fn run(
             }
         }
     }
-    Ok(graph.outputs().iter().map(|o| bufs[o].clone()).collect())
+    Ok(outputs.iter().map(|o| bufs[o].clone()).collect())
 }
 
 /// The reference executor's value of every kernel output of `plan`.
