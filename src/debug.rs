@@ -57,7 +57,7 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
     let Ok(captured) = crate::realize::pending_graph(&nodes) else {
         return PlanSummary::default();
     };
-    let (graph, _) = kiln_ir::passes::cse(&captured);
+    let (graph, _) = kiln_ir::passes::optimize(&captured);
     let policy = if crate::execution() == crate::Execution::Unfused {
         FusionPolicy::Off
     } else {

@@ -193,7 +193,7 @@ fn runtime_failures_name_the_op_and_the_line_that_recorded_it() {
     let kiln::Error::Runtime(run) = &err else { panic!("expected a runtime error, got {err:?}") };
     assert!(matches!(run.error, kiln::RuntimeError::OutOfMemory { .. }), "{err}");
     let origin = run.origin.expect("the failing node records where it was made");
-    assert!(origin.file().ends_with("errors.rs"));
+    assert!(origin.file().ends_with("errors.rs"), "{err}");
     assert_eq!(origin.line(), line);
     let text = err.to_string();
     assert!(text.starts_with("out of memory on cpu: could not allocate"), "{text}");

@@ -7,6 +7,10 @@
 //!   in the same graph the recomputation merges with it. Random fills are pure functions of
 //!   their key, so equal fills merge too.
 //!
+//! - [`simplify`]: algebraic identities that hold exactly in IEEE arithmetic: `x * 1`,
+//!   `1 * x`, `x / 1` and `x - 0` are `x`, and `-(-x)` is `x`. (`x + 0` is not: `-0 + 0` is
+//!   `+0`; `exp(log x)` is not: it is NaN for negative `x`.)
+//!
 //! Dead code needs no pass: a captured graph holds only ancestors of what is wanted.
 
 use std::collections::HashMap;
@@ -68,6 +72,93 @@ pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
     (out, outputs)
 }
 
+/// Every pass in order ([`simplify`], then [`cse`]), with the new node of each output of
+/// `graph` (in order).
+pub fn optimize(graph: &Graph) -> (Graph, Vec<NodeId>) {
+    let (simplified, first) = simplify(graph);
+    let (merged, second) = cse(&simplified);
+    let moved: HashMap<NodeId, NodeId> = simplified.outputs().iter().copied().zip(second).collect();
+    let outputs = first.iter().map(|o| moved[o]).collect();
+    (merged, outputs)
+}
+
+/// The constant a node holds everywhere, looking through views of a fill.
+fn constant(graph: &Graph, id: NodeId) -> Option<f64> {
+    match &graph.node(id).op {
+        Op::Full(v) => Some(v.to_f64()),
+        Op::View(_) => constant(graph, graph.args(id)[0]),
+        _ => None,
+    }
+}
+
+/// The graph with exact algebraic identities applied, and where each output of `graph` went
+/// (see [`cse`] for the contract).
+pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
+    use crate::{BinaryOp, UnaryOp};
+    // First decide, for each node, which node of the same graph it can be replaced by.
+    let mut same_as: HashMap<NodeId, NodeId> = HashMap::new();
+    let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
+    for id in graph.topo_order() {
+        let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
+        let replacement = match graph.node(id).op {
+            Op::Binary(BinaryOp::Mul) if constant(graph, args[1]) == Some(1.0) => Some(args[0]),
+            Op::Binary(BinaryOp::Mul) if constant(graph, args[0]) == Some(1.0) => Some(args[1]),
+            Op::Binary(BinaryOp::Div) if constant(graph, args[1]) == Some(1.0) => Some(args[0]),
+            Op::Binary(BinaryOp::Sub) if constant(graph, args[1]) == Some(0.0) => Some(args[0]),
+            Op::Unary(UnaryOp::Neg)
+                if matches!(graph.node(args[0]).op, Op::Unary(UnaryOp::Neg)) =>
+            {
+                Some(resolve(&same_as, graph.args(args[0])[0]))
+            }
+            _ => None,
+        };
+        if let Some(r) = replacement {
+            same_as.insert(id, r);
+        }
+    }
+    // Then rebuild, skipping replaced nodes and anything only they used.
+    let mut out = Graph::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut needed =
+        vec![false; graph.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0)];
+    let mut stack: Vec<NodeId> = graph.outputs().iter().map(|&o| resolve(&same_as, o)).collect();
+    stack.extend(graph.inputs().iter().copied()); // inputs keep their binding order
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut needed[n.index()], true) {
+            continue;
+        }
+        stack.extend(graph.args(n).iter().map(|&a| resolve(&same_as, a)));
+    }
+    for id in graph.topo_order() {
+        if !needed[id.index()] || same_as.contains_key(&id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let new = match &node.op {
+            Op::Input => out.input(node.shape.clone(), node.dtype),
+            op if op.is_leaf() => out
+                .leaf(op.clone(), node.shape.clone(), node.dtype)
+                .expect("a valid leaf stays valid"),
+            op => {
+                let args: Vec<NodeId> =
+                    graph.args(id).iter().map(|&a| map[&resolve(&same_as, a)]).collect();
+                out.push(op.clone(), &args)
+                    .expect("replacements have the shape and dtype of what they replace")
+            }
+        };
+        if let Some(origin) = node.origin {
+            out.set_origin(new, origin);
+        }
+        map.insert(id, new);
+    }
+    let outputs: Vec<NodeId> =
+        graph.outputs().iter().map(|&o| map[&resolve(&same_as, o)]).collect();
+    for &o in &outputs {
+        out.mark_output(o);
+    }
+    (out, outputs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +186,38 @@ mod tests {
         assert_ne!(outs[0], outs[2]);
         assert_eq!(m.inputs().len(), 2);
         m.verify().unwrap();
+    }
+
+    #[test]
+    fn exact_identities_simplify() {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([4]), DType::F32);
+        let one = g.leaf(Op::Full(Scalar::F64(1.0)), Shape::from([]), DType::F32).unwrap();
+        let ones = g
+            .push(
+                Op::View(crate::View::contiguous(Shape::from([])).expand(&Shape::from([4]))),
+                &[one],
+            )
+            .unwrap();
+        let zero = g.leaf(Op::Full(Scalar::F64(0.0)), Shape::from([4]), DType::F32).unwrap();
+        let a = g.push(Op::Binary(BinaryOp::Mul), &[x, ones]).unwrap();
+        let b = g.push(Op::Binary(BinaryOp::Sub), &[a, zero]).unwrap();
+        let n1 = g.push(Op::Unary(UnaryOp::Neg), &[b]).unwrap();
+        let n2 = g.push(Op::Unary(UnaryOp::Neg), &[n1]).unwrap();
+        let c = g.push(Op::Binary(BinaryOp::Add), &[n2, zero]).unwrap();
+        g.mark_output(c);
+        let (s, outs) = simplify(&g);
+        // x, 0, and x + 0 (kept: -0 + 0 is +0).
+        assert_eq!(s.len(), 3, "{}", s.to_dot());
+        assert_eq!(s.args(outs[0]).len(), 2);
+        s.verify().unwrap();
+        // An output that simplifies to an input is the input itself.
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2]), DType::F64);
+        let n1 = g.push(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+        let n2 = g.push(Op::Unary(UnaryOp::Neg), &[n1]).unwrap();
+        g.mark_output(n2);
+        let (s, outs) = simplify(&g);
+        assert_eq!(outs, s.inputs().to_vec());
     }
 }

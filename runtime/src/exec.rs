@@ -101,8 +101,9 @@ pub fn run(
         Execution::Fused => FusionPolicy::On,
         Execution::Unfused => FusionPolicy::Off,
     };
-    // Merge common subexpressions first; outputs may merge, so remember where each went.
-    let (merged, outputs) = kiln_ir::passes::cse(graph);
+    // Simplify and merge common subexpressions first; outputs may merge, so remember where
+    // each went.
+    let (merged, outputs) = kiln_ir::passes::optimize(graph);
     let graph = &merged;
     let plan = partition(graph, policy);
     let expected = match check {

@@ -163,7 +163,12 @@ impl Tensor {
     pub(crate) fn from_op(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         let device = inputs.first().map_or(Device::Cpu, |t| t.device());
         check_same_device(op.name(), inputs)?;
-        let nodes: Vec<Arc<LazyNode>> = inputs.iter().map(|t| t.node()).collect();
+        // A loop, not a closure: `#[track_caller]` does not pass through closures, and a
+        // view node made here must record the user's line.
+        let mut nodes: Vec<Arc<LazyNode>> = Vec::with_capacity(inputs.len());
+        for t in inputs {
+            nodes.push(t.node());
+        }
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
         let (shape, dtype) = op.infer(&typed)?;
         let grad_op = crate::autograd::wants_grad(&op, dtype, inputs).then(|| op.clone());
