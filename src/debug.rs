@@ -80,7 +80,7 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
                     .clif
                     .push(kiln_runtime::exec::clif(&k.kernel).unwrap_or_else(|e| format!("; {e}")));
             }
-            Step::Node(_) => summary.other_ops += 1,
+            Step::Node(_) | Step::MatMul { .. } => summary.other_ops += 1,
         }
     }
     summary

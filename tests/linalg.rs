@@ -115,3 +115,29 @@ fn bmm_and_dot() {
     assert_eq!(d.ndim(), 0);
     assert_close(&[d.item::<f64>()], &[v.iter().map(|x| x * x).sum()], DType::F64, "dot");
 }
+
+#[test]
+fn transposed_and_broadcast_operands_go_to_gemm_as_strides() {
+    let mut rng = Rng::new(34);
+    let da = values(&mut rng, 12, DType::F32);
+    let db = values(&mut rng, 5, DType::F32);
+    let a = tensor(&da, &[4, 3], DType::F32); // used transposed: [3, 4]
+    let b = tensor(&db, &[5], DType::F32); // a broadcast column block: [4, 5] with stride 0 rows
+    a.realize();
+    b.realize();
+    let at = a.t();
+    let bb = b.unsqueeze(0).expand(&[4, 5]);
+    let p = at.matmul(&bb);
+    let plan = kiln::debug::plan_summary(&[&p]);
+    assert_eq!((plan.kernels, plan.other_ops), (0, 1), "no copy kernels: {:?}", plan.kernel_notes);
+    let mut want = vec![0.0; 15];
+    for i in 0..3 {
+        for j in 0..5 {
+            want[i * 5 + j] = (0..4).map(|l| da[l * 3 + i] * db[j]).sum::<f64>();
+        }
+    }
+    assert_close_tol(&read(&p, DType::F32), &want, 1e-5, "strided gemm");
+    // The same through the reference executor.
+    let r = kiln::with_execution(kiln::Execution::Reference, || at.matmul(&bb).to_vec::<f64>());
+    assert_close_tol(&r, &want, 1e-6, "reference");
+}

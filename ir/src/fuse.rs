@@ -88,8 +88,21 @@ pub struct KernelStep {
 pub enum Step {
     /// Run a fused kernel.
     Kernel(Box<KernelStep>),
-    /// Run one op that is not elementwise (a reduction, matmul, gather, ...).
+    /// Run one op that is not elementwise (a gather, a scatter, ...).
     Node(NodeId),
+    /// A matrix product whose operands are read through views of stored buffers: a
+    /// transposed or sliced operand is passed to the GEMM as strides, not copied.
+    MatMul {
+        /// The matmul node.
+        node: NodeId,
+        /// Each operand's buffer and the view of it the product reads.
+        operands: [(NodeId, View); 2],
+    },
+}
+
+/// Whether the GEMM library multiplies this dtype (others run on the reference executor).
+fn gemm_dtype(dtype: crate::DType) -> bool {
+    matches!(dtype, crate::DType::F32 | crate::DType::F64 | crate::DType::F16)
 }
 
 /// How to run a graph: its steps in dependency order.
@@ -182,6 +195,14 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
         let cons = consumers_of(n);
         let cut = if graph.outputs().contains(&n) {
             Some(Cut::Output)
+        } else if matches!(op, Op::View(_))
+            && is_buffer(graph, graph.args(n)[0], &stored)
+            && !cons.is_empty()
+            && cons
+                .iter()
+                .all(|&c| matches!(graph.node(c).op, Op::MatMul) && gemm_dtype(graph.node(c).dtype))
+        {
+            None
         } else if let Some(&c) = cons.iter().find(|&&c| {
             let cop = &graph.node(c).op;
             !(is_elementwise(cop)
@@ -219,6 +240,13 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
             steps.push(Step::Kernel(Box::new(build_kernel(graph, n, cut, &stored))));
         } else if is_kernel_reduce(op) {
             steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
+        } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype) {
+            let operand = |a: NodeId| match &graph.node(a).op {
+                Op::View(v) if !stored.contains_key(&a) => (graph.args(a)[0], v.clone()),
+                _ => (a, View::contiguous(graph.node(a).shape.clone())),
+            };
+            let args = graph.args(n);
+            steps.push(Step::MatMul { node: n, operands: [operand(args[0]), operand(args[1])] });
         } else if !is_elementwise(op) && !is_free(op) {
             steps.push(Step::Node(n));
         }

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
-use kiln_ir::{Graph, NodeId, Op, Scalar};
+use kiln_ir::{Graph, NodeId, Scalar};
 
 use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
 
@@ -126,6 +126,11 @@ pub fn run(
                     *readers.entry(a).or_default() += 1;
                 }
             }
+            Step::MatMul { operands, .. } => {
+                for (n, _) in operands {
+                    *readers.entry(*n).or_default() += 1;
+                }
+            }
         }
     }
     for &o in graph.outputs() {
@@ -143,28 +148,21 @@ pub fn run(
             Step::Node(n) => {
                 let args = graph.args(*n);
                 let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                let node = graph.node(*n);
-                let library = match node.op {
-                    Op::MatMul => crate::matmul::matmul(
-                        arg_bufs[0],
-                        arg_bufs[1],
-                        &graph.node(args[0]).shape,
-                        &graph.node(args[1]).shape,
-                    ),
-                    _ => None,
-                };
-                let out = match library {
-                    Some(result) => result.map_err(|error| RunError {
-                        error,
-                        op: Some(node.op.name()),
-                        origin: node.origin,
-                    })?,
-                    None => reference::eval_node(graph, *n, &arg_bufs)?,
-                };
+                let out = reference::eval_node(graph, *n, &arg_bufs)?;
                 for a in args {
                     done_reading(&mut bufs, a);
                 }
                 bufs.insert(*n, out);
+            }
+            Step::MatMul { node, operands } => {
+                let n = graph.node(*node);
+                let [(a, va), (b, vb)] = operands;
+                let out = crate::matmul::matmul(&bufs[a], va, &bufs[b], vb)
+                    .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
+                for (o, _) in operands {
+                    done_reading(&mut bufs, *o);
+                }
+                bufs.insert(*node, out);
             }
             Step::Kernel(k) => {
                 let outs = run_kernel(graph, k, &bufs)?;
@@ -195,7 +193,7 @@ fn reference_values(
         .iter()
         .filter_map(|s| match s {
             Step::Kernel(k) => Some(k.outputs[0]),
-            Step::Node(_) => None,
+            Step::Node(_) | Step::MatMul { .. } => None,
         })
         .collect();
     for &n in &wanted {
