@@ -355,3 +355,13 @@ fn where_broadcasts_and_promotes() {
     let err = Tensor::try_where_(&x, &x, &x).unwrap_err().to_string();
     assert!(err.starts_with("where: the condition must be a bool tensor, got i64"), "{err}");
 }
+
+#[test]
+fn large_integer_constants_pass_exactly() {
+    // 2^53 + 1 is not an f64: constants travel to generated code as integers.
+    let big = (1i64 << 53) + 1;
+    let x = Tensor::from_vec(vec![0i64, 1, -1], [3]);
+    assert_eq!((&x + big).to_vec::<i64>(), vec![big, big + 1, big - 1]);
+    assert_eq!(Tensor::full([2], big).to_vec::<i64>(), vec![big, big]);
+    assert_eq!(x.eq(big - big + 1).to_vec::<bool>(), vec![false, true, false]);
+}

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
-use kiln_ir::{Graph, NodeId, Scalar};
+use kiln_ir::{Graph, NodeId};
 
 use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
 
@@ -265,7 +265,7 @@ fn run_kernel(
     let n = step.kernel.output_len();
     // Domain positions per output position: 1, or the size of a reduction's reduced dims.
     let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
-    let params: Vec<f64> = step.params.iter().map(|s: &Scalar| s.to_f64()).collect();
+    let params: Vec<u64> = cpu::param_slots(&step.kernel, &step.params);
     let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
     let out_dtype = root.dtype;
     // SAFETY: the kernel writes every one of the `n` output positions (its range is 0..n,
@@ -284,8 +284,8 @@ fn run_kernel(
 
 /// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`
 /// domain positions when there is enough work.
-fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[f64], n: usize, per_output: usize) {
-    struct Args(*const *mut u8, *const f64);
+fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_output: usize) {
+    struct Args(*const *mut u8, *const u64);
     // SAFETY: the pointers are only read by the kernel, and each task writes a disjoint
     // range of the output.
     unsafe impl Sync for Args {}

@@ -1,7 +1,7 @@
 //! The CPU back end: a [`Kernel`] lowered to Cranelift IR and compiled to machine code.
 //!
 //! The generated function has the signature
-//! `extern "C" fn(bufs: *const *mut u8, params: *const f64, start: u64, end: u64)` and computes
+//! `extern "C" fn(bufs: *const *mut u8, params: *const u64, start: u64, end: u64)` and computes
 //! the flat output positions `start..end` of the kernel's domain, so the runtime can split a
 //! kernel across threads. `bufs` holds the input pointers, then the output pointers.
 //!
@@ -38,7 +38,7 @@ use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use crate::CodegenError;
 
 /// The entry point of a compiled kernel.
-pub type Entry = unsafe extern "C" fn(*const *mut u8, *const f64, u64, u64);
+pub type Entry = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
 
 /// A compiled kernel: its machine code (owned by its own JIT module, so that the cache can
 /// drop kernels one by one) and its text.
@@ -187,6 +187,19 @@ fn flags() -> MemFlagsData {
     MemFlagsData::trusted()
 }
 
+/// The 64-bit parameter slots a kernel's entry point reads: for each parameter, the bits of
+/// an f64 when the kernel uses it as a float, of an i64 otherwise.
+pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(p, v)| {
+            let float = kernel.exprs.iter().any(|e| e.kind == ExprKind::Param(p) && e.dtype.is_float());
+            if float { v.to_f64().to_bits() } else { v.to_i64() as u64 }
+        })
+        .collect()
+}
+
 /// Compiles `kernel` for the host CPU.
 ///
 /// # Errors
@@ -307,8 +320,7 @@ impl Translator<'_, '_> {
         let mut param_vector: HashMap<usize, Value> = HashMap::new();
         for (e, expr) in k.exprs.iter().enumerate() {
             if let ExprKind::Param(p) = expr.kind {
-                let raw = self.b.ins().load(types::F64, flags(), params, (8 * p) as i32);
-                let v = self.param_value(raw, expr.dtype);
+                let v = self.param_value(params, p, expr.dtype);
                 if let Some((_, lanes)) = self.vector {
                     let v = self.b.ins().splat(lanes, v);
                     param_vector.insert(e, v);
@@ -529,8 +541,7 @@ impl Translator<'_, '_> {
         let mut param_vector: HashMap<usize, Value> = HashMap::new();
         for (e, expr) in k.exprs.iter().enumerate() {
             if let ExprKind::Param(p) = expr.kind {
-                let raw = self.b.ins().load(types::F64, flags(), params, (8 * p) as i32);
-                let v = self.param_value(raw, expr.dtype);
+                let v = self.param_value(params, p, expr.dtype);
                 if let Some((_, lanes)) = self.vector {
                     let v = self.b.ins().splat(lanes, v);
                     param_vector.insert(e, v);
@@ -858,21 +869,21 @@ impl Translator<'_, '_> {
         }
     }
 
-    fn param_value(&mut self, raw: Value, dtype: DType) -> Value {
+    /// Parameter `p` as a value of `dtype`. Parameter slots hold an f64 for float
+    /// parameters and an i64 for integer and bool ones (see [`param_slots`]), so that large
+    /// integers pass exactly.
+    fn param_value(&mut self, params: Value, p: usize, dtype: DType) -> Value {
+        let at = (8 * p) as i32;
+        if !dtype.is_float() {
+            let i = self.b.ins().load(types::I64, flags(), params, at);
+            return if dtype == DType::Bool { self.b.ins().icmp_imm_s(IntCC::NotEqual, i, 0) } else { self.narrow(i, dtype) };
+        }
+        let raw = self.b.ins().load(types::F64, flags(), params, at);
         match dtype {
             DType::F64 => raw,
-            DType::F32 => self.b.ins().fdemote(types::F32, raw),
-            DType::F16 | DType::BF16 => {
+            _ => {
                 let f = self.b.ins().fdemote(types::F32, raw);
                 self.narrow(f, dtype)
-            }
-            DType::Bool => {
-                let zero = self.b.ins().f64const(0.0);
-                self.b.ins().fcmp(FloatCC::NotEqual, raw, zero)
-            }
-            _ => {
-                let i = self.b.ins().fcvt_to_sint_sat(types::I64, raw);
-                self.narrow(i, dtype)
             }
         }
     }

@@ -54,7 +54,7 @@ fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) ->
         .collect();
     let mut ptrs: Vec<*mut u8> = in_bytes.iter_mut().map(|b| b.as_mut_ptr()).collect();
     ptrs.extend(out_bytes.iter_mut().map(|b| b.as_mut_ptr()));
-    let p: Vec<f64> = params.iter().map(|s| s.to_f64()).collect();
+    let p: Vec<u64> = super::param_slots(kernel, params);
     let mut start = 0;
     while start < n {
         let end = (start + chunk).min(n);
