@@ -194,7 +194,8 @@ pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
         .iter()
         .enumerate()
         .map(|(p, v)| {
-            let float = kernel.exprs.iter().any(|e| e.kind == ExprKind::Param(p) && e.dtype.is_float());
+            let float =
+                kernel.exprs.iter().any(|e| e.kind == ExprKind::Param(p) && e.dtype.is_float());
             if float { v.to_f64().to_bits() } else { v.to_i64() as u64 }
         })
         .collect()
@@ -876,7 +877,11 @@ impl Translator<'_, '_> {
         let at = (8 * p) as i32;
         if !dtype.is_float() {
             let i = self.b.ins().load(types::I64, flags(), params, at);
-            return if dtype == DType::Bool { self.b.ins().icmp_imm_s(IntCC::NotEqual, i, 0) } else { self.narrow(i, dtype) };
+            return if dtype == DType::Bool {
+                self.b.ins().icmp_imm_s(IntCC::NotEqual, i, 0)
+            } else {
+                self.narrow(i, dtype)
+            };
         }
         let raw = self.b.ins().load(types::F64, flags(), params, at);
         match dtype {
