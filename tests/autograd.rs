@@ -165,7 +165,14 @@ fn second_derivatives_of_math_and_matmul() {
         ("sin", |x| x[0].sin()),
         ("gelu", |x| x[0].gelu()),
         ("x^3", |x| x[0].pow(3.0)),
+        ("cos", |x| x[0].cos()),
+        ("erf", |x| x[0].erf()),
+        ("log", |x| (x[0].square() + 1.0).log()),
+        ("sqrt", |x| (x[0].square() + 1.0).sqrt()),
+        ("reciprocal", |x| (x[0].square() + 1.0).reciprocal()),
+        ("x^2.5", |x| (x[0].square() + 1.0).pow(2.5)),
         ("x*x.t()", |x| x[0].matmul(&x[0].t()).square()),
+        ("log_softmax", |x| x[0].log_softmax(0) * &x[0]),
     ];
     for (name, f) in cases {
         let x = input(&mut rng, &[3, 3], Layout::Permuted);
