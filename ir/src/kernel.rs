@@ -5,7 +5,8 @@
 //! arithmetic, not copies. The body is a list of scalar expressions in SSA form; each output
 //! is one expression stored densely in row-major order. Scalar constants are kernel
 //! *parameters*, passed when the kernel runs, so a value that changes every step (a learning
-//! rate) does not change the code or its cache key.
+//! rate) does not change the code or its cache key. The kernel itself (`Hash + Eq`) is the
+//! compile-cache key.
 
 use std::fmt;
 
@@ -89,12 +90,6 @@ impl Kernel {
     /// hash of the kernel's text (which holds everything that changes the code).
     pub fn name(&self) -> String {
         format!("k_{:016x}", fnv1a(self.to_string().as_bytes()))
-    }
-
-    /// The key a compiled kernel is cached under: the kernel's full text, so that two
-    /// kernels share compiled code exactly when they would generate the same code.
-    pub fn key(&self) -> String {
-        self.to_string()
     }
 
     /// The number of scalar ops in the body (loads and parameters excluded).

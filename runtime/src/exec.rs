@@ -6,6 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
+use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
 use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
@@ -33,8 +34,11 @@ pub struct CacheStats {
     pub fallbacks: u64,
 }
 
+/// Compiled kernels keyed by the kernel itself: its structural hash picks the bucket and
+/// full equality confirms the match, so two kernels share code exactly when they would
+/// generate the same code (parameter values and buffer identities are not part of it).
 struct Cache {
-    kernels: HashMap<String, Option<Arc<CpuKernel>>>,
+    kernels: HashMap<Kernel, Option<Arc<CpuKernel>>>,
     stats: CacheStats,
 }
 
@@ -49,10 +53,9 @@ pub fn cache_stats() -> CacheStats {
 /// The compiled kernel for `step`, from the cache or compiled now; `None` when it cannot be
 /// compiled (the step then runs on the reference executor).
 fn compiled(step: &KernelStep) -> Option<Arc<CpuKernel>> {
-    let key = step.kernel.key();
     {
         let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(found) = cache.kernels.get(&key).cloned() {
+        if let Some(found) = cache.kernels.get(&step.kernel).cloned() {
             cache.stats.hits += 1;
             return found;
         }
@@ -66,16 +69,16 @@ fn compiled(step: &KernelStep) -> Option<Arc<CpuKernel>> {
     } else {
         cache.stats.fallbacks += 1;
     }
-    cache.kernels.entry(key).or_insert(result).clone()
+    cache.kernels.entry(step.kernel.clone()).or_insert(result).clone()
 }
 
 /// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).
 ///
 /// # Errors
 /// The code generator's message if the kernel cannot be compiled.
-pub fn clif(kernel: &kiln_ir::kernel::Kernel) -> Result<String, String> {
-    let key = kernel.key();
-    if let Some(Some(k)) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).kernels.get(&key) {
+pub fn clif(kernel: &Kernel) -> Result<String, String> {
+    if let Some(Some(k)) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).kernels.get(kernel)
+    {
         return Ok(k.clif().to_string());
     }
     cpu::compile(kernel).map(|k| k.clif().to_string()).map_err(|e| e.to_string())
