@@ -96,9 +96,10 @@ fn constant(graph: &Graph, id: NodeId) -> Option<f64> {
 pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     use crate::{BinaryOp, UnaryOp};
     // First decide, for each node, which node of the same graph it can be replaced by.
+    let order = graph.topo_order();
     let mut same_as: HashMap<NodeId, NodeId> = HashMap::new();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
-    for id in graph.topo_order() {
+    for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
         let replacement = match graph.node(id).op {
             Op::Binary(BinaryOp::Mul) if constant(graph, args[1]) == Some(1.0) => Some(args[0]),
@@ -119,8 +120,7 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     // Then rebuild, skipping replaced nodes and anything only they used.
     let mut out = Graph::new();
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-    let mut needed =
-        vec![false; graph.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0)];
+    let mut needed = vec![false; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
     let mut stack: Vec<NodeId> = graph.outputs().iter().map(|&o| resolve(&same_as, o)).collect();
     stack.extend(graph.inputs().iter().copied()); // inputs keep their binding order
     while let Some(n) = stack.pop() {
@@ -129,7 +129,7 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
         }
         stack.extend(graph.args(n).iter().map(|&a| resolve(&same_as, a)));
     }
-    for id in graph.topo_order() {
+    for &id in &order {
         if !needed[id.index()] || same_as.contains_key(&id) {
             continue;
         }

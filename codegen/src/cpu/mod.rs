@@ -288,6 +288,16 @@ fn host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
     isa.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
+/// What every kernel function loads in its entry block.
+struct Prologue {
+    start: Value,
+    end: Value,
+    ins: Vec<Value>,
+    outs: Vec<Value>,
+    param_scalar: HashMap<usize, Value>,
+    param_vector: HashMap<usize, Value>,
+}
+
 struct Translator<'a, 'b> {
     kernel: &'a Kernel,
     walk: &'a Walk,
@@ -301,34 +311,46 @@ impl Translator<'_, '_> {
         self.b.ins().iconst(types::I64, v)
     }
 
-    fn body(&mut self) {
+    /// The entry block: the function's parameters, the buffer pointers and the kernel's
+    /// parameters, loaded once (splatted too when the loop is vectorized).
+    fn prologue(&mut self) -> Prologue {
         let k = self.kernel;
         let entry = self.b.create_block();
         self.b.append_block_params_for_function_params(entry);
         self.b.switch_to_block(entry);
         let [bufs, params, start, end] =
             self.b.block_params(entry).try_into().expect("four parameters");
-
-        // Hoisted: buffer pointers and parameters (scalar and, for vectors, splatted).
         let n_in = k.inputs.len();
-        let ins: Vec<Value> = (0..n_in)
+        let ptrs: Vec<Value> = (0..n_in + k.outputs.len())
             .map(|i| self.b.ins().load(types::I64, flags(), bufs, (8 * i) as i32))
             .collect();
-        let outs: Vec<Value> = (0..k.outputs.len())
-            .map(|o| self.b.ins().load(types::I64, flags(), bufs, (8 * (n_in + o)) as i32))
-            .collect();
-        let mut param_scalar: HashMap<usize, Value> = HashMap::new();
-        let mut param_vector: HashMap<usize, Value> = HashMap::new();
+        let mut scalar = HashMap::new();
+        let mut vector = HashMap::new();
         for (e, expr) in k.exprs.iter().enumerate() {
             if let ExprKind::Param(p) = expr.kind {
                 let v = self.param_value(params, p, expr.dtype);
                 if let Some((_, lanes)) = self.vector {
                     let v = self.b.ins().splat(lanes, v);
-                    param_vector.insert(e, v);
+                    vector.insert(e, v);
                 }
-                param_scalar.insert(e, v);
+                scalar.insert(e, v);
             }
         }
+        let outs = ptrs[n_in..].to_vec();
+        Prologue {
+            start,
+            end,
+            ins: ptrs[..n_in].to_vec(),
+            outs,
+            param_scalar: scalar,
+            param_vector: vector,
+        }
+    }
+
+    fn body(&mut self) {
+        let k = self.kernel;
+        let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
+        let n_in = ins.len();
 
         let head = self.b.create_block();
         let i_var = self.b.append_block_param(head, types::I64);
@@ -528,28 +550,9 @@ impl Translator<'_, '_> {
         let k = self.kernel;
         let out_expr = k.outputs[0];
         let dtype = k.exprs[out_expr].dtype;
-        let entry = self.b.create_block();
-        self.b.append_block_params_for_function_params(entry);
-        self.b.switch_to_block(entry);
-        let [bufs, params, start, end] =
-            self.b.block_params(entry).try_into().expect("four parameters");
-        let n_in = k.inputs.len();
-        let ins: Vec<Value> = (0..n_in)
-            .map(|i| self.b.ins().load(types::I64, flags(), bufs, (8 * i) as i32))
-            .collect();
-        let out_ptr = self.b.ins().load(types::I64, flags(), bufs, (8 * n_in) as i32);
-        let mut param_scalar: HashMap<usize, Value> = HashMap::new();
-        let mut param_vector: HashMap<usize, Value> = HashMap::new();
-        for (e, expr) in k.exprs.iter().enumerate() {
-            if let ExprKind::Param(p) = expr.kind {
-                let v = self.param_value(params, p, expr.dtype);
-                if let Some((_, lanes)) = self.vector {
-                    let v = self.b.ins().splat(lanes, v);
-                    param_vector.insert(e, v);
-                }
-                param_scalar.insert(e, v);
-            }
-        }
+        let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
+        let n_in = ins.len();
+        let out_ptr = outs[0];
         // Input start addresses including their offsets.
         let starts: Vec<Value> = (0..n_in)
             .map(|idx| {
