@@ -68,6 +68,30 @@ pub enum Error {
         /// What went wrong and the fix.
         detail: String,
     },
+    /// An argument value outside its valid range: a probability above one, a negative
+    /// learning rate, a batch size of zero.
+    #[error("{op}: {detail}")]
+    Value {
+        /// The call.
+        op: &'static str,
+        /// The value, its valid range and the fix.
+        detail: String,
+    },
+    /// Reading or writing a file failed, or the file is not in the expected format.
+    #[error("{op}: {detail}")]
+    Io {
+        /// The call.
+        op: &'static str,
+        /// The path and the operating system's or the parser's reason.
+        detail: String,
+    },
+    /// Saved tensors that do not fit the model they are loaded into: every missing,
+    /// unexpected and mismatched name is listed.
+    #[error("load: the file does not match the model:\n{detail}")]
+    Load {
+        /// One line per difference.
+        detail: String,
+    },
     /// A failure while running a graph: out of memory, an unavailable backend.
     #[error(transparent)]
     Runtime(#[from] RunError),
@@ -94,6 +118,10 @@ impl Error {
 
     pub(crate) fn dtype(op: &'static str, detail: impl Into<String>) -> Error {
         Error::DType { op, detail: detail.into() }
+    }
+
+    pub(crate) fn value(op: &'static str, detail: impl Into<String>) -> Error {
+        Error::Value { op, detail: detail.into() }
     }
 
     pub(crate) fn index(op: &'static str, detail: impl Into<String>) -> Error {

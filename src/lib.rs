@@ -30,6 +30,11 @@
 //! - [`Error`]: every failure, with `try_` forms of every fallible operation.
 //! - [`autograd`]: symbolic reverse-mode differentiation: [`Tensor::backward`], [`grad`]
 //!   (higher-order too), [`no_grad`], [`autograd::gradcheck`].
+//! - [`nn`]: modules ([`nn::Linear`], [`nn::Sequential`], [`nn::LayerNorm`], ...), the
+//!   [`parameters!`] macro for your own models, and [`nn::functional`] losses.
+//! - [`optim`]: [`optim::Sgd`], [`optim::Adam`], [`optim::AdamW`], schedules, gradient
+//!   clipping. [`data`]: [`data::DataLoader`] over a [`data::Dataset`].
+//! - [`serialize`]: named tensors to and from safetensors files.
 //! - [`debug`]: the recorded graph as Graphviz DOT.
 //! - [`manual_seed`]: deterministic random numbers.
 //!
@@ -86,12 +91,16 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod data;
 pub mod debug;
 mod error;
 mod execution;
 mod lazy;
+pub mod nn;
+pub mod optim;
 mod random;
 mod realize;
+pub mod serialize;
 mod tensor;
 
 pub use autograd::{
@@ -111,6 +120,8 @@ pub use tensor::{
 
 /// The names most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
+    pub use crate::nn::{Module, Parameters};
+    pub use crate::optim::Optimizer;
     pub use crate::{
         BackwardOptions, DType, Device, Ellipsis, Error, IndexOp, NewAxis, NoGradGuard, Result,
         Shape, Tensor, no_grad,

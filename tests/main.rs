@@ -5,6 +5,8 @@ mod common;
 
 mod autograd;
 mod construction;
+mod data;
+mod digits;
 mod display;
 mod einsum;
 mod elementwise;
@@ -17,4 +19,7 @@ mod inplace;
 mod linalg;
 mod memory;
 mod movement;
+mod nn;
+mod optim;
 mod reductions;
+mod serialize;

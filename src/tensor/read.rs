@@ -5,7 +5,7 @@ use kiln_runtime::Buffer;
 
 use super::Tensor;
 use crate::error::ok;
-use crate::{Error, Result};
+use crate::{Device, Error, Result};
 
 impl Tensor {
     /// Computes this tensor now (and everything it depends on that is still pending),
@@ -27,6 +27,49 @@ impl Tensor {
     /// line that recorded it.
     pub fn try_realize(&self) -> Result<()> {
         Tensor::try_realize_all(&[self])
+    }
+
+    /// This tensor on `device`: the same tensor when it is already there, otherwise a copy
+    /// (which realizes it). Autograd history is kept: gradients flow back across the copy.
+    ///
+    /// # Panics
+    /// As [`Tensor::try_to`] fails.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::ones([2]);
+    /// assert!(x.to(Device::Cpu).shares_storage_with(&x));
+    /// assert!(x.try_to(Device::Cuda(0)).is_err());
+    /// ```
+    #[track_caller]
+    #[must_use]
+    pub fn to(&self, device: Device) -> Tensor {
+        ok(self.try_to(device))
+    }
+
+    /// [`Tensor::to`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Device`] for a device this build cannot run on: kiln runs on the CPU until
+    /// its CUDA backend lands, so every CUDA device is refused with a message saying so.
+    pub fn try_to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        Err(Error::Device {
+            op: "to",
+            detail: format!(
+                "cannot move a tensor from {} to {device}: this build of kiln has no CUDA backend yet; keep tensors on Device::Cpu",
+                self.device()
+            ),
+        })
+    }
+
+    /// This tensor on the CPU (see [`Tensor::to`]).
+    #[track_caller]
+    #[must_use]
+    pub fn cpu(&self) -> Tensor {
+        self.to(Device::Cpu)
     }
 
     /// Computes several tensors together, sharing the work they have in common.

@@ -1,0 +1,67 @@
+//! Trains a small MLP on the bundled handwritten-digits set (1,797 8x8 images), reports its
+//! test accuracy, compares one training step fused and unfused, and saves the weights.
+//!
+//! Run with `cargo run --release --example train_digits`.
+
+#[path = "common/digits.rs"]
+mod digits;
+
+use std::path::Path;
+use std::time::Instant;
+
+use kiln::nn::{Module, functional as F};
+use kiln::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::prelude::*;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = digits::load(&root.join("data/digits.csv.gz"))?;
+    println!("digits: {} images of 8x8 pixels, 10 classes", data.labels.numel());
+
+    let config = digits::Config::default();
+    let report = digits::train(&data, &config)?;
+    println!(
+        "trained {} steps ({} epochs, batch {}) in {:.2} s: final loss {:.4}, test accuracy {:.1}%",
+        report.steps,
+        config.epochs,
+        config.batch_size,
+        report.train_time.as_secs_f64(),
+        report.final_loss,
+        100.0 * report.test_accuracy
+    );
+
+    // One training step, fused (the default) and unfused (one loop per op), on the same batch.
+    let (x, y) = &report.sample;
+    let step = |fused: bool| {
+        kiln::with_fusion(fused, || {
+            let mut opt =
+                Sgd::new(report.model.parameters(), SgdConfig { lr: 0.0, ..Default::default() });
+            // Warm up (compiles the kernels once), then time the median of a few steps.
+            let mut times = Vec::new();
+            for _ in 0..7 {
+                let start = Instant::now();
+                opt.zero_grad();
+                let loss = F::cross_entropy(&report.model.forward(x), y);
+                loss.backward();
+                opt.step();
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        })
+    };
+    let (fused, unfused) = (step(true), step(false));
+    println!(
+        "one training step: fused {fused:.3} ms, unfused {unfused:.3} ms ({:.1}x)",
+        unfused / fused
+    );
+
+    let path = root.join("target/digits_mlp.safetensors");
+    report.model.save(&path)?;
+    let mut reloaded = digits::Mlp::new(config.hidden);
+    reloaded.load(&path)?;
+    reloaded.eval();
+    println!("saved the weights to {}", path.display());
+    assert_eq!(reloaded.forward(x).to_vec::<f32>(), report.model.forward(x).to_vec::<f32>());
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! Lookup tables.
+
+use super::{Module, Parameters};
+use crate::{Error, Result, Tensor};
+
+/// A table of `num_embeddings` vectors of size `embedding_dim`, indexed by integer tensors of
+/// any shape: the output has the index's shape plus `[embedding_dim]`. Initialized from
+/// `N(0, 1)`, as PyTorch's `nn.Embedding`.
+///
+/// ```
+/// use kiln::nn::{Embedding, Module};
+/// use kiln::prelude::*;
+///
+/// let emb = Embedding::new(10, 4);
+/// let ids = Tensor::from_vec(vec![1i64, 7, 7, 0, 3, 9], [2, 3]);
+/// assert_eq!(emb.forward(&ids).dims(), &[2, 3, 4]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    /// `[num_embeddings, embedding_dim]`.
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    /// A table of `f32` vectors drawn from the standard normal distribution.
+    #[must_use]
+    pub fn new(num_embeddings: usize, embedding_dim: usize) -> Embedding {
+        let weight = Tensor::randn([num_embeddings, embedding_dim]).realize().requires_grad_(true);
+        Embedding { weight }
+    }
+}
+
+impl Parameters for Embedding {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        self.weight.visit(&super::join(prefix, "weight"), f);
+    }
+
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        self.weight.visit_mut(&super::join(prefix, "weight"), f);
+    }
+}
+
+impl Module for Embedding {
+    fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {
+        if !indices.dtype().is_int() {
+            return Err(Error::dtype(
+                "Embedding",
+                format!(
+                    "indices must be integers, got {}; convert them with .long()",
+                    indices.dtype()
+                ),
+            ));
+        }
+        let mut shape = indices.dims().to_vec();
+        shape.push(self.weight.dims()[1]);
+        let rows = self.weight.try_index_select(0, &indices.try_reshape(&[-1])?)?;
+        rows.try_reshape(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+    }
+}

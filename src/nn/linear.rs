@@ -1,0 +1,140 @@
+//! The fully connected layer.
+
+use super::{Module, Parameters, check_features};
+use crate::{DType, Error, Result, Tensor};
+
+/// `y = x Wᵀ + b`, PyTorch's `nn.Linear`: weight `[out_features, in_features]`, bias
+/// `[out_features]`, both drawn from `U(-1/√in, 1/√in)` (PyTorch's default, Kaiming-uniform
+/// with `a = √5`). The input may have any number of leading dimensions.
+///
+/// ```
+/// use kiln::nn::{Linear, Module, Parameters};
+/// use kiln::prelude::*;
+///
+/// let layer = Linear::new(784, 128);
+/// assert_eq!(layer.weight.dims(), &[128, 784]);
+/// assert_eq!(layer.num_parameters(), 784 * 128 + 128);
+/// let y = layer.forward(&Tensor::randn([32, 784]));
+/// assert_eq!(y.dims(), &[32, 128]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[out_features, in_features]`.
+    pub weight: Tensor,
+    /// `[out_features]`, when the layer has one.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer with a bias, in `f32`, initialized as PyTorch does.
+    #[must_use]
+    pub fn new(in_features: usize, out_features: usize) -> Linear {
+        Linear::with_options(in_features, out_features, true, DType::F32)
+    }
+
+    /// A layer with or without a bias, in a floating-point `dtype`.
+    ///
+    /// # Panics
+    /// For a dtype that is not floating point.
+    #[must_use]
+    pub fn with_options(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        dtype: DType,
+    ) -> Linear {
+        assert!(dtype.is_float(), "Linear: parameters must be floating point, got {dtype}");
+        // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound = 1/sqrt(fan_in) for the weight,
+        // and the bias uses the same bound; a layer with no inputs uses bound 0.
+        let bound = if in_features == 0 { 0.0 } else { 1.0 / (in_features as f64).sqrt() };
+        let uniform = |shape: &[usize]| {
+            ((Tensor::rand(shape) * (2.0 * bound) - bound).to_dtype(dtype))
+                .realize()
+                .requires_grad_(true)
+        };
+        let weight = uniform(&[out_features, in_features]);
+        let bias = bias.then(|| uniform(&[out_features]));
+        Linear { weight, bias }
+    }
+
+    /// A layer from given tensors (loaded weights, say).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the weight is not 2-D or the bias does not have
+    /// `out_features` elements; [`Error::DType`] when they are not floating point or differ.
+    pub fn from_parts(weight: Tensor, bias: Option<Tensor>) -> Result<Linear> {
+        if weight.ndim() != 2 {
+            return Err(Error::shape(
+                "Linear::from_parts",
+                format!(
+                    "the weight must be 2-D [out_features, in_features], got shape {}",
+                    weight.shape()
+                ),
+            ));
+        }
+        if !weight.dtype().is_float() {
+            return Err(Error::dtype(
+                "Linear::from_parts",
+                format!("the weight must be floating point, got {}", weight.dtype()),
+            ));
+        }
+        if let Some(b) = &bias {
+            if b.dims() != [weight.dims()[0]] {
+                return Err(Error::shape(
+                    "Linear::from_parts",
+                    format!(
+                        "the bias must have shape [{}] to match the weight's shape {}, got {}",
+                        weight.dims()[0],
+                        weight.shape(),
+                        b.shape()
+                    ),
+                ));
+            }
+            if b.dtype() != weight.dtype() {
+                return Err(Error::dtype(
+                    "Linear::from_parts",
+                    format!(
+                        "the bias is {} but the weight is {}; cast one of them",
+                        b.dtype(),
+                        weight.dtype()
+                    ),
+                ));
+            }
+        }
+        Ok(Linear { weight, bias })
+    }
+
+    /// The number of input features.
+    pub fn in_features(&self) -> usize {
+        self.weight.dims()[1]
+    }
+
+    /// The number of output features.
+    pub fn out_features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+}
+
+impl Parameters for Linear {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        self.weight.visit(&super::join(prefix, "weight"), f);
+        self.bias.visit(&super::join(prefix, "bias"), f);
+    }
+
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        self.weight.visit_mut(&super::join(prefix, "weight"), f);
+        self.bias.visit_mut(&super::join(prefix, "bias"), f);
+    }
+}
+
+impl Module for Linear {
+    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        check_features("Linear", input, self.in_features())?;
+        // The transposed weight is a view: the matmul reads it through strides.
+        let y = input.try_matmul(&self.weight.try_t()?)?;
+        match &self.bias {
+            Some(b) => y.try_add(b),
+            None => Ok(y),
+        }
+    }
+}

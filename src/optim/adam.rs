@@ -1,0 +1,181 @@
+//! Adam and AdamW.
+
+use super::sgd::check_params;
+use super::{Optimizer, check, grad_of, realize};
+use crate::error::ok;
+use crate::{Error, Result, Tensor};
+
+/// Hyperparameters of [`Adam`] and [`AdamW`]; the defaults are PyTorch's Adam defaults
+/// ([`AdamConfig::adamw`] gives AdamW's, with `weight_decay = 0.01`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// The learning rate.
+    pub lr: f64,
+    /// Decay rates of the first and second moment estimates.
+    pub betas: (f64, f64),
+    /// Added to the denominator for stability.
+    pub eps: f64,
+    /// Adam: L2 penalty added to the gradient. AdamW: decoupled decay `p·(1 - lr·wd)`.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamConfig {
+    fn default() -> AdamConfig {
+        AdamConfig { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+impl AdamConfig {
+    /// PyTorch's AdamW defaults: Adam's, with `weight_decay = 0.01`.
+    #[must_use]
+    pub fn adamw() -> AdamConfig {
+        AdamConfig { weight_decay: 0.01, ..AdamConfig::default() }
+    }
+}
+
+/// Adam (Kingma & Ba), as PyTorch's `optim.Adam`:
+///
+/// ```text
+/// g = grad + weight_decay·p
+/// m = β1·m + (1-β1)·g        v = β2·v + (1-β2)·g²
+/// p = p - lr/(1-β1ᵗ) · m / (√v/√(1-β2ᵗ) + eps)
+/// ```
+///
+/// ```
+/// use kiln::optim::{Adam, AdamConfig, Optimizer};
+/// use kiln::prelude::*;
+///
+/// let p = Tensor::from_vec(vec![1.0f32], [1]).requires_grad_(true);
+/// let mut opt = Adam::new(vec![p.clone()], AdamConfig { lr: 0.1, ..Default::default() });
+/// (&p * 3.0).sum().backward();
+/// opt.step(); // the first Adam step moves by lr·sign(g)
+/// assert!((p.to_vec::<f32>()[0] - 0.9).abs() < 1e-6);
+/// ```
+#[derive(Debug)]
+pub struct Adam {
+    inner: AdamState,
+}
+
+/// AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, `p = p·(1 - lr·wd)`
+/// before the Adam update, as PyTorch's `optim.AdamW`.
+#[derive(Debug)]
+pub struct AdamW {
+    inner: AdamState,
+}
+
+#[derive(Debug)]
+struct AdamState {
+    params: Vec<Tensor>,
+    config: AdamConfig,
+    step: u64,
+    moments: Vec<Option<(Tensor, Tensor)>>,
+    decoupled: bool,
+}
+
+macro_rules! adam_like {
+    ($name:ident, $decoupled:expr, $op:literal) => {
+        impl $name {
+            /// An optimizer over `params`.
+            ///
+            /// # Panics
+            #[doc = concat!("As [`", stringify!($name), "::try_new`] fails.")]
+            #[track_caller]
+            #[must_use]
+            pub fn new(params: Vec<Tensor>, config: AdamConfig) -> $name {
+                ok($name::try_new(params, config))
+            }
+
+            #[doc = concat!("[`", stringify!($name), "::new`], returning an error instead of panicking.")]
+            ///
+            /// # Errors
+            /// [`Error::Value`] for a negative learning rate, eps or weight decay, or betas
+            /// outside `[0, 1)`; [`Error::Autograd`] for a parameter that does not require grad.
+            pub fn try_new(params: Vec<Tensor>, config: AdamConfig) -> Result<$name> {
+                AdamState::new($op, params, config, $decoupled).map(|inner| $name { inner })
+            }
+
+            /// The hyperparameters.
+            pub fn config(&self) -> &AdamConfig {
+                &self.inner.config
+            }
+
+            /// The number of steps taken.
+            pub fn steps(&self) -> u64 {
+                self.inner.step
+            }
+        }
+
+        impl Optimizer for $name {
+            fn try_step(&mut self) -> Result<()> {
+                self.inner.step()
+            }
+
+            fn parameters(&self) -> &[Tensor] {
+                &self.inner.params
+            }
+
+            fn lr(&self) -> f64 {
+                self.inner.config.lr
+            }
+
+            fn set_lr(&mut self, lr: f64) {
+                self.inner.config.lr = lr;
+            }
+        }
+    };
+}
+
+adam_like!(Adam, false, "Adam::new");
+adam_like!(AdamW, true, "AdamW::new");
+
+impl AdamState {
+    fn new(
+        op: &'static str,
+        params: Vec<Tensor>,
+        config: AdamConfig,
+        decoupled: bool,
+    ) -> Result<AdamState> {
+        check(op, "lr", config.lr, 0.0)?;
+        check(op, "eps", config.eps, 0.0)?;
+        check(op, "weight_decay", config.weight_decay, 0.0)?;
+        for (name, beta) in [("betas.0", config.betas.0), ("betas.1", config.betas.1)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(Error::value(op, format!("{name} must be in [0, 1), got {beta}")));
+            }
+        }
+        check_params(op, &params)?;
+        let moments = vec![None; params.len()];
+        Ok(AdamState { params, config, step: 0, moments, decoupled })
+    }
+
+    fn step(&mut self) -> Result<()> {
+        let c = self.config;
+        let (b1, b2) = c.betas;
+        self.step += 1;
+        let t = self.step as i32;
+        let step_size = c.lr / (1.0 - b1.powi(t));
+        let sqrt_correction2 = (1.0 - b2.powi(t)).sqrt();
+        crate::no_grad(|| {
+            let mut touched = Vec::new();
+            for (p, moments) in self.params.iter().zip(&mut self.moments) {
+                let Some(mut g) = grad_of("Adam::step", p)? else { continue };
+                if c.weight_decay != 0.0 {
+                    if self.decoupled {
+                        p.try_mul_(1.0 - c.lr * c.weight_decay)?;
+                    } else {
+                        g = g + p * c.weight_decay;
+                    }
+                }
+                let (m, v) = match moments.take() {
+                    None => (&g * (1.0 - b1), g.square() * (1.0 - b2)),
+                    Some((m, v)) => (m * b1 + &g * (1.0 - b1), v * b2 + g.square() * (1.0 - b2)),
+                };
+                let denom = v.sqrt() / sqrt_correction2 + c.eps;
+                p.try_sub_(&(&m / &denom * step_size))?;
+                touched.extend([p.clone(), m.clone(), v.clone()]);
+                *moments = Some((m, v));
+            }
+            realize(&touched.iter().collect::<Vec<_>>())
+        })
+    }
+}
