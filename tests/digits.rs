@@ -2,7 +2,7 @@
 
 #[path = "../examples/common/digits.rs"]
 #[allow(dead_code, reason = "the example uses parts of it that this test does not")]
-mod digits;
+mod example;
 
 use kiln::nn::Parameters;
 
@@ -10,12 +10,12 @@ use kiln::nn::Parameters;
 fn train_digits_reaches_95_percent() {
     let _g = crate::common::random_lock();
     let data =
-        digits::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits.csv.gz"))
+        example::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits.csv.gz"))
             .expect("the bundled data set");
     assert_eq!(data.labels.numel(), 1797);
     assert_eq!(data.images.dims(), &[1797, 64]);
-    let config = digits::Config { epochs: 12, progress: false, ..Default::default() };
-    let report = digits::train(&data, &config).expect("training");
+    let config = example::Config { epochs: 12, progress: false, ..Default::default() };
+    let report = example::train(&data, &config).expect("training");
     assert!(report.test_accuracy >= 0.95, "test accuracy {}", report.test_accuracy);
     assert!(report.final_loss < 0.3, "final loss {}", report.final_loss);
     assert_eq!(report.model.num_parameters(), 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10);
