@@ -7,7 +7,6 @@
 mod digits;
 
 use std::path::Path;
-use std::time::Instant;
 
 use kiln::nn::{Module, functional as F};
 use kiln::optim::{Optimizer, Sgd, SgdConfig};
@@ -30,30 +29,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         100.0 * report.test_accuracy
     );
 
-    // One training step, fused (the default) and unfused (one loop per op), on the same batch.
+    // One training step (forward, loss, backward, SGD update), profiled fused (the default)
+    // and unfused (one kernel per op), on the same batch, after a warm-up that compiles.
     let (x, y) = &report.sample;
     let step = |fused: bool| {
         kiln::with_fusion(fused, || {
             let mut opt =
                 Sgd::new(report.model.parameters(), SgdConfig { lr: 0.0, ..Default::default() });
-            // Warm up (compiles the kernels once), then time the median of a few steps.
-            let mut times = Vec::new();
-            for _ in 0..7 {
-                let start = Instant::now();
+            let mut run = || {
                 opt.zero_grad();
                 let loss = F::cross_entropy(&report.model.forward(x), y);
                 loss.backward();
                 opt.step();
-                times.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-            times.sort_by(f64::total_cmp);
-            times[times.len() / 2]
+            };
+            run();
+            kiln::profile(run).1
         })
     };
     let (fused, unfused) = (step(true), step(false));
+    println!("\none training step, fused:\n{fused}\n");
+    println!("{}", kiln::Profile::compare(&fused, &unfused));
+    let trace = root.join("target/train_digits_step.json");
+    fused.to_chrome_trace(&trace)?;
     println!(
-        "one training step: fused {fused:.3} ms, unfused {unfused:.3} ms ({:.1}x)",
-        unfused / fused
+        "Chrome trace of the fused step: {} (open it in https://ui.perfetto.dev)",
+        trace.display()
     );
 
     let path = root.join("target/digits_mlp.safetensors");

@@ -1,4 +1,9 @@
-//! Looking at what kiln records: the graph a realization would run.
+//! Looking at what kiln records and generates: the graph a realization would run, before and
+//! after fusion, and the kernels it compiles.
+//!
+//! Set `KILN_DEBUG=1` to print one line per executed step (kernel, shape, time, GB/s, fused
+//! ops) to standard error, and `KILN_DEBUG=2` to also print each newly compiled kernel's IR
+//! and Cranelift IR.
 
 use crate::Tensor;
 
@@ -84,4 +89,138 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
         }
     }
     summary
+}
+
+/// One kernel that a closure generated, as [`kernels`] returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSource {
+    /// The kernel's name: `k_` and a hash of its structure, stable across runs.
+    pub name: String,
+    /// The ops it fuses, in order.
+    pub ops: String,
+    /// Why the fuser ended it.
+    pub cut: String,
+    /// Its iteration space.
+    pub shape: String,
+    /// The backend-neutral kernel IR.
+    pub text: String,
+    /// The Cranelift IR of its CPU code (`None` for a kernel that ran on the reference
+    /// executor).
+    pub clif: Option<String>,
+    /// Its CUDA C source, for kernels that ran on a GPU (`None` on the CPU).
+    pub cuda: Option<String>,
+}
+
+/// Runs `f` and returns every distinct kernel that realizations inside it launched, in order
+/// of first launch, with its kernel IR and generated code: snapshot-test these to review
+/// every change to the code generator.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::ones([8, 8]);
+/// x.realize();
+/// let (_, kernels) = kiln::debug::kernels(|| (&x * 2.0).exp().sum_dim(1, false).realize().clone());
+/// assert_eq!(kernels.len(), 1);
+/// assert_eq!(kernels[0].ops, "mul exp sum[1]");
+/// assert!(kernels[0].clif.as_deref().unwrap().contains("function"));
+/// ```
+pub fn kernels<T>(f: impl FnOnce() -> T) -> (T, Vec<KernelSource>) {
+    use kiln_runtime::trace::{self, StepKind};
+    let (value, recorded) = trace::capture(true, f);
+    let mut seen = std::collections::HashSet::new();
+    let kernels = recorded
+        .events
+        .into_iter()
+        .filter(|e| e.text.is_some() && seen.insert(e.name.clone()))
+        .map(|e| KernelSource {
+            name: e.name,
+            ops: e.ops,
+            cut: e.cut,
+            shape: e.shape,
+            text: e.text.unwrap_or_default(),
+            clif: e.clif.filter(|_| e.kind == StepKind::Kernel),
+            cuda: None,
+        })
+        .collect();
+    (value, kernels)
+}
+
+/// The graph that computing `tensors` would run, after the graph passes and fusion, in
+/// Graphviz DOT: each fused kernel is a box (a cluster) around the ops it computes, labelled
+/// with its name and the reason the fuser ended it; library calls and reference ops stand
+/// alone. Compare it with [`graph_dot`], the graph before.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::ones([4, 4]);
+/// x.realize();
+/// let y = (&x * 2.0).exp().sum_dim(1, false);
+/// let dot = kiln::debug::fused_dot(&[&y]);
+/// assert!(dot.contains("subgraph cluster_0") && dot.contains("exp"));
+/// ```
+pub fn fused_dot(tensors: &[&Tensor]) -> String {
+    use std::fmt::Write as _;
+
+    use kiln_ir::fuse::{FusionPolicy, Step, partition};
+    let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
+    let graph = match crate::realize::pending_graph(&nodes) {
+        Ok(g) => kiln_ir::passes::optimize(&g).0,
+        Err(e) => {
+            return format!(
+                "digraph kiln {{\n    error [label=\"{}\"];\n}}\n",
+                escape(&e.to_string())
+            );
+        }
+    };
+    let policy = if crate::execution() == crate::Execution::Unfused {
+        FusionPolicy::Off
+    } else {
+        FusionPolicy::On
+    };
+    let plan = partition(&graph, policy);
+    let label = |id: kiln_ir::NodeId| {
+        let n = graph.node(id);
+        escape(&format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype))
+    };
+    let mut out = String::from("digraph kiln {\n    node [shape=box];\n");
+    let mut drawn = std::collections::HashSet::new();
+    for (i, step) in plan.steps.iter().enumerate() {
+        match step {
+            Step::Kernel(k) => {
+                let _ = writeln!(
+                    out,
+                    "    subgraph cluster_{i} {{\n        label=\"{} (ends: {})\";\n        style=rounded;",
+                    k.kernel.name(),
+                    escape(&k.cut.to_string())
+                );
+                for &n in &k.fused {
+                    drawn.insert(n);
+                    let _ = writeln!(out, "        n{} [label=\"{}\"];", n.index(), label(n));
+                }
+                out.push_str("    }\n");
+            }
+            Step::Node(n) | Step::MatMul { node: n, .. } => {
+                drawn.insert(*n);
+                let _ =
+                    writeln!(out, "    n{} [label=\"{}\", style=filled];", n.index(), label(*n));
+            }
+        }
+    }
+    for id in graph.topo_order() {
+        if !drawn.contains(&id) {
+            let _ = writeln!(out, "    n{} [label=\"{}\", style=dashed];", id.index(), label(id));
+        }
+        for a in graph.args(id) {
+            let _ = writeln!(out, "    n{} -> n{};", a.index(), id.index());
+        }
+    }
+    for o in graph.outputs() {
+        let _ = writeln!(out, "    n{} [penwidth=2];", o.index());
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('"', "\\\"")
 }

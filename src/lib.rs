@@ -98,6 +98,7 @@ mod execution;
 mod lazy;
 pub mod nn;
 pub mod optim;
+mod profile;
 mod random;
 mod realize;
 pub mod serialize;
@@ -113,6 +114,9 @@ pub use execution::{
 };
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
+pub use profile::{
+    Comparison, KernelStats, MemoryPeak, Profile, StepEvent, StepKind, machine_bandwidth, profile,
+};
 pub use random::manual_seed;
 pub use tensor::{
     Dims, Ellipsis, IndexOp, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,

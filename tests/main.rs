@@ -21,5 +21,6 @@ mod memory;
 mod movement;
 mod nn;
 mod optim;
+mod profile;
 mod reductions;
 mod serialize;

@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use kiln_codegen::cpu::{self, CpuKernel};
 use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
+use crate::trace::{self, Event, MemoryPeak, StepKind};
 use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
 
 /// How a graph is executed.
@@ -50,26 +52,29 @@ pub fn cache_stats() -> CacheStats {
     CACHE.lock().unwrap_or_else(PoisonError::into_inner).stats
 }
 
-/// The compiled kernel for `step`, from the cache or compiled now; `None` when it cannot be
-/// compiled (the step then runs on the reference executor).
-fn compiled(step: &KernelStep) -> Option<Arc<CpuKernel>> {
+/// The compiled kernel for `step`, from the cache or compiled now (with the time the
+/// compile took); `None` when it cannot be compiled (the step then runs on the reference
+/// executor).
+fn compiled(step: &KernelStep) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
     {
         let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(found) = cache.kernels.get(&step.kernel).cloned() {
             cache.stats.hits += 1;
-            return found;
+            return (found, None);
         }
     }
     // Compile outside the lock: another thread may compile the same kernel meanwhile, which
     // costs a duplicate compile but never blocks on one.
+    let started = Instant::now();
     let result = cpu::compile(&step.kernel).ok().map(Arc::new);
+    let took = started.elapsed();
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     if result.is_some() {
         cache.stats.compiled += 1;
     } else {
         cache.stats.fallbacks += 1;
     }
-    cache.kernels.entry(step.kernel.clone()).or_insert(result).clone()
+    (cache.kernels.entry(step.kernel.clone()).or_insert(result).clone(), Some(took))
 }
 
 /// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).
@@ -104,11 +109,20 @@ pub fn run(
         Execution::Fused => FusionPolicy::On,
         Execution::Unfused => FusionPolicy::Off,
     };
+    let tracing = trace::enabled();
+    let planning = Instant::now();
     // Simplify and merge common subexpressions first; outputs may merge, so remember where
     // each went.
     let (merged, outputs) = kiln_ir::passes::optimize(graph);
     let graph = &merged;
     let plan = partition(graph, policy);
+    if tracing {
+        let ops = format!("{} nodes, {} steps", graph.len(), plan.steps.len());
+        let mut e = plain_event("plan", StepKind::Plan, ops, String::new());
+        e.duration = planning.elapsed();
+        trace::record(planning, e);
+    }
+    let mut memory = tracing.then(MemoryPeak::default);
     let expected = match check {
         Some(_) => Some(reference_values(graph, inputs, &plan)?),
         None => None,
@@ -147,11 +161,28 @@ pub fn run(
         }
     };
     for step in &plan.steps {
+        let started = Instant::now();
         match step {
             Step::Node(n) => {
                 let args = graph.args(*n);
                 let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
                 let out = reference::eval_node(graph, *n, &arg_bufs)?;
+                if tracing {
+                    let node = graph.node(*n);
+                    let mut e = plain_event(
+                        node.op.name(),
+                        StepKind::Reference,
+                        node.op.name().to_string(),
+                        String::new(),
+                    );
+                    e.shape = node.shape.to_string();
+                    e.bytes_read = arg_bufs.iter().map(|b| bytes(b)).sum();
+                    e.bytes_written = bytes(&out);
+                    e.sources = node.origin.into_iter().collect();
+                    e.duration = started.elapsed();
+                    trace::record(started, e);
+                    track_memory(memory.as_mut(), graph, &bufs, Some((*n, &out)));
+                }
                 for a in args {
                     done_reading(&mut bufs, a);
                 }
@@ -162,13 +193,29 @@ pub fn run(
                 let [(a, va), (b, vb)] = operands;
                 let out = crate::matmul::matmul(&bufs[a], va, &bufs[b], vb)
                     .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
+                if tracing {
+                    let mut e =
+                        plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
+                    e.shape = format!("{} @ {}", va.shape(), vb.shape());
+                    e.bytes_read = bytes(&bufs[a]) + bytes(&bufs[b]);
+                    e.bytes_written = bytes(&out);
+                    e.sources = n.origin.into_iter().collect();
+                    e.duration = started.elapsed();
+                    trace::record(started, e);
+                    track_memory(memory.as_mut(), graph, &bufs, Some((*node, &out)));
+                }
                 for (o, _) in operands {
                     done_reading(&mut bufs, *o);
                 }
                 bufs.insert(*node, out);
             }
             Step::Kernel(k) => {
-                let outs = run_kernel(graph, k, &bufs)?;
+                let (outs, info) = run_kernel(graph, k, &bufs)?;
+                if tracing {
+                    let e = kernel_event(graph, k, &bufs, &outs, info, started);
+                    trace::record(started, e);
+                    track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
+                }
                 if let (Some(expected), Some(scale)) = (&expected, check) {
                     compare(graph, k, &outs[0], &expected[&k.outputs[0]], scale)?;
                 }
@@ -181,7 +228,114 @@ pub fn run(
             }
         }
     }
+    if let Some(memory) = memory {
+        trace::record_memory(memory);
+    }
     Ok(outputs.iter().map(|o| bufs[o].clone()).collect())
+}
+
+/// The ops of a fused kernel for people: scalar constants and their broadcasts are left
+/// out, reductions show their axes and casts their target.
+pub fn describe_ops(graph: &Graph, nodes: &[NodeId]) -> String {
+    use kiln_ir::Op;
+    let is_constant = |n: NodeId| matches!(graph.node(n).op, Op::Full(_));
+    let shown: Vec<String> = nodes
+        .iter()
+        .filter(|&&n| match &graph.node(n).op {
+            Op::Full(_) => false,
+            Op::View(_) => !graph.args(n).into_iter().all(is_constant),
+            _ => true,
+        })
+        .map(|&n| match &graph.node(n).op {
+            op @ (Op::Reduce { .. } | Op::Cast(_)) => op.to_string(),
+            op => op.name().to_string(),
+        })
+        .collect();
+    shown.join(" ")
+}
+
+fn bytes(b: &Buffer) -> u64 {
+    (b.len() * b.dtype().size_in_bytes()) as u64
+}
+
+fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) -> Event {
+    Event {
+        name: name.to_string(),
+        kind,
+        ops,
+        cut,
+        shape: String::new(),
+        start: Duration::ZERO,
+        duration: Duration::ZERO,
+        bytes_read: 0,
+        bytes_written: 0,
+        compile: None,
+        sources: Vec::new(),
+        text: None,
+        clif: None,
+    }
+}
+
+/// How a kernel step ran: on generated code (with its compile time, if it was compiled for
+/// this launch), or on the reference executor.
+struct KernelRun {
+    compiled: Option<Arc<CpuKernel>>,
+    compile: Option<Duration>,
+}
+
+fn kernel_event(
+    graph: &Graph,
+    k: &KernelStep,
+    bufs: &HashMap<NodeId, Buffer>,
+    outs: &[Buffer],
+    info: KernelRun,
+    started: Instant,
+) -> Event {
+    let duration = started.elapsed().saturating_sub(info.compile.unwrap_or_default());
+    let kind = if info.compiled.is_some() { StepKind::Kernel } else { StepKind::Reference };
+    let mut e =
+        plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), k.cut.to_string());
+    e.shape = k.kernel.shape.to_string();
+    e.duration = duration;
+    e.compile = info.compile;
+    e.bytes_read = k.inputs.iter().map(|i| bytes(&bufs[i])).sum();
+    e.bytes_written = outs.iter().map(bytes).sum();
+    let mut sources: Vec<_> = k.fused.iter().filter_map(|&n| graph.node(n).origin).collect();
+    sources.dedup();
+    e.sources = sources;
+    if trace::wants_sources() {
+        e.text = Some(k.kernel.to_string());
+        e.clif = info.compiled.map(|c| c.clif().to_string());
+    }
+    e
+}
+
+/// Updates the peak of live bytes with the buffers live while a step's output is written.
+fn track_memory(
+    memory: Option<&mut MemoryPeak>,
+    graph: &Graph,
+    bufs: &HashMap<NodeId, Buffer>,
+    new: Option<(NodeId, &Buffer)>,
+) {
+    let Some(memory) = memory else { return };
+    let mut live: Vec<(u64, NodeId)> = bufs.iter().map(|(&n, b)| (bytes(b), n)).collect();
+    if let Some((n, b)) = new {
+        live.push((bytes(b), n));
+    }
+    let total: u64 = live.iter().map(|(b, _)| b).sum();
+    if total <= memory.peak_bytes {
+        return;
+    }
+    live.sort_by_key(|&(b, _)| std::cmp::Reverse(b));
+    memory.peak_bytes = total;
+    memory.largest = live
+        .iter()
+        .take(5)
+        .map(|&(b, n)| {
+            let node = graph.node(n);
+            (b, node.op.name(), node.origin)
+        })
+        .collect();
 }
 
 /// The reference executor's value of every kernel output of `plan`.
@@ -258,12 +412,14 @@ fn run_kernel(
     graph: &Graph,
     step: &KernelStep,
     bufs: &HashMap<NodeId, Buffer>,
-) -> Result<Vec<Buffer>, RunError> {
+) -> Result<(Vec<Buffer>, KernelRun), RunError> {
     let root = graph.node(step.outputs[0]);
     let at =
         |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
-    let Some(kernel) = compiled(step) else {
-        return run_fused_nodes_on_reference(graph, step, bufs);
+    let (kernel, compile) = compiled(step);
+    let Some(kernel) = kernel else {
+        let outs = run_fused_nodes_on_reference(graph, step, bufs)?;
+        return Ok((outs, KernelRun { compiled: None, compile }));
     };
     let n = step.kernel.output_len();
     // Domain positions per output position: 1, or the size of a reduction's reduced dims.
@@ -282,7 +438,8 @@ fn run_kernel(
             Ok::<(), RuntimeError>(())
         })
     };
-    Ok(vec![filled.map_err(at)?.map_err(at)?])
+    let out = filled.map_err(at)?.map_err(at)?;
+    Ok((vec![out], KernelRun { compiled: Some(kernel), compile }))
 }
 
 /// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`

@@ -8,6 +8,8 @@
 //! - [`reference::run`]: the reference executor, one op at a time with plain loops, the
 //!   oracle that generated kernels are tested against.
 //!
+//! - [`trace`]: what the executor ran, for profiles and `KILN_DEBUG`.
+//!
 //! The runtime knows graphs and buffers, never tensors or autograd state.
 #![warn(missing_docs)]
 
@@ -18,6 +20,7 @@ mod error;
 pub mod exec;
 mod matmul;
 pub mod reference;
+pub mod trace;
 
 pub use buffer::Buffer;
 pub use device::Device;
