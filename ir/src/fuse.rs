@@ -75,6 +75,8 @@ pub struct KernelStep {
     pub inputs: Vec<NodeId>,
     /// The parameter values, in order.
     pub params: Vec<Scalar>,
+    /// The `Full` node each parameter holds the value of, in order.
+    pub param_nodes: Vec<NodeId>,
     /// The node each kernel output computes.
     pub outputs: Vec<NodeId>,
     /// Every graph node the kernel computes (outputs included), in topological order.
@@ -266,6 +268,7 @@ struct Builder<'a> {
     kernel: Kernel,
     inputs: Vec<NodeId>,
     params: Vec<Scalar>,
+    param_nodes: Vec<NodeId>,
     fused: Vec<NodeId>,
     memo: HashMap<NodeId, usize>,
     loads: HashMap<(NodeId, View), usize>,
@@ -298,6 +301,7 @@ fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut
         kernel,
         inputs: b.inputs,
         params: b.params,
+        param_nodes: b.param_nodes,
         outputs: vec![root],
         fused: b.fused,
         cut: Cut::Feeds("a reduction"),
@@ -319,6 +323,7 @@ fn build_kernel(
         kernel: b.kernel,
         inputs: b.inputs,
         params: b.params,
+        param_nodes: b.param_nodes,
         outputs: vec![root],
         fused: b.fused,
         cut,
@@ -340,6 +345,7 @@ impl<'a> Builder<'a> {
             },
             inputs: Vec::new(),
             params: Vec::new(),
+            param_nodes: Vec::new(),
             fused: Vec::new(),
             memo: HashMap::new(),
             loads: HashMap::new(),
@@ -381,6 +387,7 @@ impl Builder<'_> {
             match &node.op {
                 Op::Full(v) => {
                     self.params.push(*v);
+                    self.param_nodes.push(n);
                     self.push(ExprKind::Param(self.params.len() - 1), node.dtype)
                 }
                 Op::View(view) => {
@@ -391,6 +398,7 @@ impl Builder<'_> {
                                 self.fused.push(src);
                             }
                             self.params.push(*v);
+                            self.param_nodes.push(src);
                             self.push(ExprKind::Param(self.params.len() - 1), node.dtype)
                         }
                         _ => self.load(src, view.clone()),

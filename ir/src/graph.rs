@@ -111,6 +111,21 @@ impl Graph {
         &self.graph[id]
     }
 
+    /// Replaces the op of a leaf with another of the same kind, shape and dtype: a new value
+    /// for a `Full`, a new key for a `Random`. Plans built from the graph bind these per run.
+    ///
+    /// # Panics
+    /// If `id` is not a `Full` or `Random` node, or `op` is of another kind.
+    pub fn rebind_leaf(&mut self, id: NodeId, op: Op) {
+        let node = &mut self.graph[id];
+        let same_kind = matches!(
+            (&node.op, &op),
+            (Op::Full(a), Op::Full(b)) if a.category() == b.category()
+        ) || matches!((&node.op, &op), (Op::Random { dist: a, .. }, Op::Random { dist: b, .. }) if a == b);
+        assert!(same_kind, "rebind_leaf: {} cannot become {}", node.op, op);
+        node.op = op;
+    }
+
     /// The inputs of `id`, in argument order.
     pub fn args(&self, id: NodeId) -> Vec<NodeId> {
         let mut edges: Vec<(usize, NodeId)> = self

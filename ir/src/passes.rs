@@ -35,6 +35,21 @@ use crate::{Graph, NodeId, Op};
 /// # Ok::<(), kiln_ir::IrError>(())
 /// ```
 pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
+    let (out, map) = cse_with(graph, false);
+    let outputs = graph.outputs().iter().map(|o| map[o]).collect();
+    (out, outputs)
+}
+
+/// The passes that stay valid whatever values the graph's `Full` and `Random` leaves take:
+/// [`cse`] with every such leaf kept apart (no value-based merging, no identities that read
+/// constants). A plan built from it can be run again with new constants and random keys
+/// ([`Graph::rebind_leaf`]); the map gives the new node of every node of `graph` that is
+/// still computed.
+pub fn optimize_symbolic(graph: &Graph) -> (Graph, HashMap<NodeId, NodeId>) {
+    cse_with(graph, true)
+}
+
+fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
     let mut out = Graph::new();
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
     let mut seen: HashMap<String, NodeId> = HashMap::new();
@@ -48,7 +63,11 @@ pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
         }
         // Everything that determines the values: the op (with its parameters), the result's
         // type, and the inputs.
-        let key = format!("{:?}|{}|{}|{:?}", node.op, node.dtype, node.shape, args);
+        let key = if symbolic && matches!(node.op, Op::Full(_) | Op::Random { .. }) {
+            format!("leaf {}", id.index())
+        } else {
+            format!("{:?}|{}|{}|{:?}", node.op, node.dtype, node.shape, args)
+        };
         if let Some(&existing) = seen.get(&key) {
             map.insert(id, existing);
             continue;
@@ -65,11 +84,10 @@ pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
         seen.insert(key, new);
         map.insert(id, new);
     }
-    let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
-    for &o in &outputs {
-        out.mark_output(o);
+    for o in graph.outputs() {
+        out.mark_output(map[o]);
     }
-    (out, outputs)
+    (out, map)
 }
 
 /// Every pass in order ([`simplify`], then [`cse`]), with the new node of each output of

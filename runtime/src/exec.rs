@@ -104,134 +104,225 @@ pub fn run(
     mode: Execution,
     check: Option<f64>,
 ) -> Result<Vec<Buffer>, RunError> {
-    let policy = match mode {
+    let fuse = match mode {
         Execution::Reference => return reference::run(graph, inputs),
-        Execution::Fused => FusionPolicy::On,
-        Execution::Unfused => FusionPolicy::Off,
+        Execution::Fused => true,
+        Execution::Unfused => false,
     };
-    let tracing = trace::enabled();
-    let planning = Instant::now();
-    // Simplify and merge common subexpressions first; outputs may merge, so remember where
-    // each went.
-    let (merged, outputs) = kiln_ir::passes::optimize(graph);
-    let graph = &merged;
-    let plan = partition(graph, policy);
-    if tracing {
-        let ops = format!("{} nodes, {} steps", graph.len(), plan.steps.len());
-        let mut e = plain_event("plan", StepKind::Plan, ops, String::new());
-        e.duration = planning.elapsed();
-        trace::record(planning, e);
+    Prepared::new(graph, fuse, false).run(inputs, check)
+}
+
+/// A graph made ready to run: optimized, partitioned, its kernels compiled. Running it again
+/// with new input buffers costs no planning, hashing or compiling; built `symbolic`, it can
+/// also take new values for its constants and random keys between runs ([`Prepared::rebind`]).
+pub struct Prepared {
+    graph: Graph,
+    steps: Vec<PreparedStep>,
+    /// How many steps (and outputs) read each node: buffers are freed after the last.
+    readers: HashMap<NodeId, usize>,
+    outputs: Vec<NodeId>,
+    /// The node of the prepared graph that each node of the given graph became.
+    map: HashMap<NodeId, NodeId>,
+    /// Where each `Full` node's value is a kernel parameter: (step, parameter).
+    params_of: HashMap<NodeId, Vec<(usize, usize)>>,
+}
+
+enum PreparedStep {
+    Kernel {
+        step: Box<KernelStep>,
+        kernel: Option<Arc<CpuKernel>>,
+        /// Compile time not yet reported (the first run reports it).
+        compile: Option<Duration>,
+    },
+    Node(NodeId),
+    MatMul(NodeId, [(NodeId, kiln_ir::View); 2]),
+}
+
+impl Prepared {
+    /// Optimizes and partitions `graph` (fused or one kernel per op) and compiles its kernels
+    /// (through the kernel cache). `symbolic` keeps constants and random keys rebindable.
+    pub fn new(graph: &Graph, fuse: bool, symbolic: bool) -> Prepared {
+        let planning = Instant::now();
+        let (optimized, map) = if symbolic {
+            kiln_ir::passes::optimize_symbolic(graph)
+        } else {
+            // Simplify and merge common subexpressions; outputs may merge, so remember where
+            // each went.
+            let (g, outputs) = kiln_ir::passes::optimize(graph);
+            (g, graph.outputs().iter().copied().zip(outputs).collect())
+        };
+        let policy = if fuse { FusionPolicy::On } else { FusionPolicy::Off };
+        let plan = partition(&optimized, policy);
+        let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
+        let mut readers: HashMap<NodeId, usize> = HashMap::new();
+        let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::new();
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for (i, step) in plan.steps.into_iter().enumerate() {
+            let read = |n: NodeId, readers: &mut HashMap<NodeId, usize>| *readers.entry(n).or_default() += 1;
+            steps.push(match step {
+                Step::Kernel(k) => {
+                    for &n in &k.inputs {
+                        read(n, &mut readers);
+                    }
+                    for (j, &n) in k.param_nodes.iter().enumerate() {
+                        params_of.entry(n).or_default().push((i, j));
+                    }
+                    let (kernel, compile) = compiled(&k);
+                    PreparedStep::Kernel { step: k, kernel, compile }
+                }
+                Step::Node(n) => {
+                    for a in optimized.args(n) {
+                        read(a, &mut readers);
+                    }
+                    PreparedStep::Node(n)
+                }
+                Step::MatMul { node, operands } => {
+                    for (n, _) in &operands {
+                        read(*n, &mut readers);
+                    }
+                    PreparedStep::MatMul(node, operands)
+                }
+            });
+        }
+        for &o in &outputs {
+            *readers.entry(o).or_default() += 1;
+        }
+        if trace::enabled() {
+            let ops = format!("{} nodes, {} steps", optimized.len(), steps.len());
+            let mut e = plain_event("plan", StepKind::Plan, ops, String::new());
+            let compiling: Duration = steps
+                .iter()
+                .filter_map(|s| match s {
+                    PreparedStep::Kernel { compile, .. } => *compile,
+                    _ => None,
+                })
+                .sum();
+            e.duration = planning.elapsed().saturating_sub(compiling);
+            trace::record(planning, e);
+        }
+        Prepared { graph: optimized, steps, readers, outputs, map, params_of }
     }
-    let mut memory = tracing.then(MemoryPeak::default);
-    let expected = match check {
-        Some(_) => Some(reference_values(graph, inputs, &plan)?),
-        None => None,
-    };
-    let mut bufs: HashMap<NodeId, Buffer> =
-        graph.inputs().iter().copied().zip(inputs.iter().cloned()).collect();
-    // Free each buffer after its last reader.
-    let mut readers: HashMap<NodeId, usize> = HashMap::new();
-    for step in &plan.steps {
-        match step {
-            Step::Kernel(k) => {
-                for &n in &k.inputs {
-                    *readers.entry(n).or_default() += 1;
-                }
-            }
-            Step::Node(n) => {
-                for a in graph.args(*n) {
-                    *readers.entry(a).or_default() += 1;
-                }
-            }
-            Step::MatMul { operands, .. } => {
-                for (n, _) in operands {
-                    *readers.entry(*n).or_default() += 1;
+
+    /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
+    /// value or key (`op`), for the following runs. Nodes that optimization dropped are
+    /// ignored.
+    ///
+    /// # Panics
+    /// If `op` is not of the node's kind (see [`Graph::rebind_leaf`]).
+    pub fn rebind(&mut self, node: NodeId, op: &kiln_ir::Op) {
+        let Some(&n) = self.map.get(&node) else { return };
+        if &self.graph.node(n).op == op {
+            return;
+        }
+        if let (kiln_ir::Op::Full(v), Some(uses)) = (op, self.params_of.get(&n)) {
+            for &(s, j) in uses {
+                if let PreparedStep::Kernel { step, .. } = &mut self.steps[s] {
+                    step.params[j] = *v;
                 }
             }
         }
+        self.graph.rebind_leaf(n, op.clone());
     }
-    for &o in graph.outputs() {
-        *readers.entry(o).or_default() += 1;
+
+    /// The number of steps (kernels, library calls and reference ops) one run takes.
+    pub fn steps(&self) -> usize {
+        self.steps.len()
     }
-    let mut done_reading = |bufs: &mut HashMap<NodeId, Buffer>, n: NodeId| {
-        let r = readers.get_mut(&n).expect("every read node is counted");
-        *r -= 1;
-        if *r == 0 {
-            bufs.remove(&n);
+
+    /// Runs the plan with `inputs` bound to the graph's `Input` nodes, in order; returns the
+    /// outputs' buffers (new buffers on every run). `check` compares every kernel with the
+    /// reference executor, as [`run`] does.
+    ///
+    /// # Errors
+    /// As [`run`].
+    pub fn run(&mut self, inputs: &[Buffer], check: Option<f64>) -> Result<Vec<Buffer>, RunError> {
+        let graph = &self.graph;
+        let tracing = trace::enabled();
+        let mut memory = tracing.then(MemoryPeak::default);
+        let expected = match check {
+            Some(_) => Some(reference_values(graph, inputs, &self.steps)?),
+            None => None,
+        };
+        let mut bufs: HashMap<NodeId, Buffer> =
+            graph.inputs().iter().copied().zip(inputs.iter().cloned()).collect();
+        let mut readers = self.readers.clone();
+        let mut done_reading = |bufs: &mut HashMap<NodeId, Buffer>, n: NodeId| {
+            let r = readers.get_mut(&n).expect("every read node is counted");
+            *r -= 1;
+            if *r == 0 {
+                bufs.remove(&n);
+            }
+        };
+        for step in &mut self.steps {
+            let started = Instant::now();
+            match step {
+                PreparedStep::Node(n) => {
+                    let args = graph.args(*n);
+                    let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
+                    let out = reference::eval_node(graph, *n, &arg_bufs)?;
+                    if tracing {
+                        let node = graph.node(*n);
+                        let name = node.op.name();
+                        let mut e = plain_event(name, StepKind::Reference, name.to_string(), String::new());
+                        e.shape = node.shape.to_string();
+                        e.bytes_read = arg_bufs.iter().map(|b| bytes(b)).sum();
+                        e.bytes_written = bytes(&out);
+                        e.sources = node.origin.into_iter().collect();
+                        e.duration = started.elapsed();
+                        trace::record(started, e);
+                        track_memory(memory.as_mut(), graph, &bufs, Some((*n, &out)));
+                    }
+                    for a in args {
+                        done_reading(&mut bufs, a);
+                    }
+                    bufs.insert(*n, out);
+                }
+                PreparedStep::MatMul(node, operands) => {
+                    let n = graph.node(*node);
+                    let [(a, va), (b, vb)] = &*operands;
+                    let out = crate::matmul::matmul(&bufs[a], va, &bufs[b], vb).map_err(|error| {
+                        RunError { error, op: Some(n.op.name()), origin: n.origin }
+                    })?;
+                    if tracing {
+                        let mut e = plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
+                        e.shape = format!("{} @ {}", va.shape(), vb.shape());
+                        e.bytes_read = bytes(&bufs[a]) + bytes(&bufs[b]);
+                        e.bytes_written = bytes(&out);
+                        e.sources = n.origin.into_iter().collect();
+                        e.duration = started.elapsed();
+                        trace::record(started, e);
+                        track_memory(memory.as_mut(), graph, &bufs, Some((*node, &out)));
+                    }
+                    for (o, _) in &*operands {
+                        done_reading(&mut bufs, *o);
+                    }
+                    bufs.insert(*node, out);
+                }
+                PreparedStep::Kernel { step: k, kernel, compile } => {
+                    let outs = run_kernel(graph, k, kernel.as_deref(), &bufs)?;
+                    if tracing {
+                        let info = KernelRun { compiled: kernel.clone(), compile: compile.take() };
+                        let e = kernel_event(graph, k, &bufs, &outs, info, started);
+                        trace::record(started, e);
+                        track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
+                    }
+                    if let (Some(expected), Some(scale)) = (&expected, check) {
+                        compare(graph, k, &outs[0], &expected[&k.outputs[0]], scale)?;
+                    }
+                    for &n in &k.inputs {
+                        done_reading(&mut bufs, n);
+                    }
+                    for (node, buf) in k.outputs.iter().zip(outs) {
+                        bufs.insert(*node, buf);
+                    }
+                }
+            }
         }
-    };
-    for step in &plan.steps {
-        let started = Instant::now();
-        match step {
-            Step::Node(n) => {
-                let args = graph.args(*n);
-                let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                let out = reference::eval_node(graph, *n, &arg_bufs)?;
-                if tracing {
-                    let node = graph.node(*n);
-                    let mut e = plain_event(
-                        node.op.name(),
-                        StepKind::Reference,
-                        node.op.name().to_string(),
-                        String::new(),
-                    );
-                    e.shape = node.shape.to_string();
-                    e.bytes_read = arg_bufs.iter().map(|b| bytes(b)).sum();
-                    e.bytes_written = bytes(&out);
-                    e.sources = node.origin.into_iter().collect();
-                    e.duration = started.elapsed();
-                    trace::record(started, e);
-                    track_memory(memory.as_mut(), graph, &bufs, Some((*n, &out)));
-                }
-                for a in args {
-                    done_reading(&mut bufs, a);
-                }
-                bufs.insert(*n, out);
-            }
-            Step::MatMul { node, operands } => {
-                let n = graph.node(*node);
-                let [(a, va), (b, vb)] = operands;
-                let out = crate::matmul::matmul(&bufs[a], va, &bufs[b], vb)
-                    .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
-                if tracing {
-                    let mut e =
-                        plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
-                    e.shape = format!("{} @ {}", va.shape(), vb.shape());
-                    e.bytes_read = bytes(&bufs[a]) + bytes(&bufs[b]);
-                    e.bytes_written = bytes(&out);
-                    e.sources = n.origin.into_iter().collect();
-                    e.duration = started.elapsed();
-                    trace::record(started, e);
-                    track_memory(memory.as_mut(), graph, &bufs, Some((*node, &out)));
-                }
-                for (o, _) in operands {
-                    done_reading(&mut bufs, *o);
-                }
-                bufs.insert(*node, out);
-            }
-            Step::Kernel(k) => {
-                let (outs, info) = run_kernel(graph, k, &bufs)?;
-                if tracing {
-                    let e = kernel_event(graph, k, &bufs, &outs, info, started);
-                    trace::record(started, e);
-                    track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
-                }
-                if let (Some(expected), Some(scale)) = (&expected, check) {
-                    compare(graph, k, &outs[0], &expected[&k.outputs[0]], scale)?;
-                }
-                for &n in &k.inputs {
-                    done_reading(&mut bufs, n);
-                }
-                for (node, buf) in k.outputs.iter().zip(outs) {
-                    bufs.insert(*node, buf);
-                }
-            }
+        if let Some(memory) = memory {
+            trace::record_memory(memory);
         }
+        Ok(self.outputs.iter().map(|o| bufs[o].clone()).collect())
     }
-    if let Some(memory) = memory {
-        trace::record_memory(memory);
-    }
-    Ok(outputs.iter().map(|o| bufs[o].clone()).collect())
 }
 
 /// The ops of a fused kernel for people: scalar constants and their broadcasts are left
@@ -291,7 +382,7 @@ fn kernel_event(
     info: KernelRun,
     started: Instant,
 ) -> Event {
-    let duration = started.elapsed().saturating_sub(info.compile.unwrap_or_default());
+    let duration = started.elapsed();
     let kind = if info.compiled.is_some() { StepKind::Kernel } else { StepKind::Reference };
     let mut e =
         plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), k.cut.to_string());
@@ -338,23 +429,17 @@ fn track_memory(
         .collect();
 }
 
-/// The reference executor's value of every kernel output of `plan`.
+/// The reference executor's value of every kernel output of a plan.
 fn reference_values(
     graph: &Graph,
     inputs: &[Buffer],
-    plan: &kiln_ir::fuse::Plan,
+    steps: &[PreparedStep],
 ) -> Result<HashMap<NodeId, Buffer>, RunError> {
     let mut g = graph.clone();
-    let wanted: Vec<NodeId> = plan
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Kernel(k) => Some(k.outputs[0]),
-            Step::Node(_) | Step::MatMul { .. } => None,
-        })
-        .collect();
-    for &n in &wanted {
-        g.mark_output(n);
+    for s in steps {
+        if let PreparedStep::Kernel { step, .. } = s {
+            g.mark_output(step.outputs[0]);
+        }
     }
     let values = reference::run(&g, inputs)?;
     Ok(g.outputs().iter().copied().zip(values).collect())
@@ -411,15 +496,14 @@ const CHUNK: usize = 1 << 15;
 fn run_kernel(
     graph: &Graph,
     step: &KernelStep,
+    kernel: Option<&CpuKernel>,
     bufs: &HashMap<NodeId, Buffer>,
-) -> Result<(Vec<Buffer>, KernelRun), RunError> {
+) -> Result<Vec<Buffer>, RunError> {
     let root = graph.node(step.outputs[0]);
     let at =
         |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
-    let (kernel, compile) = compiled(step);
     let Some(kernel) = kernel else {
-        let outs = run_fused_nodes_on_reference(graph, step, bufs)?;
-        return Ok((outs, KernelRun { compiled: None, compile }));
+        return run_fused_nodes_on_reference(graph, step, bufs);
     };
     let n = step.kernel.output_len();
     // Domain positions per output position: 1, or the size of a reduction's reduced dims.
@@ -434,12 +518,11 @@ fn run_kernel(
         Buffer::from_raw_fill(out_dtype, n, |out| {
             let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
             ptrs.push(out);
-            launch(&kernel, &ptrs, &params, n, per_output);
+            launch(kernel, &ptrs, &params, n, per_output);
             Ok::<(), RuntimeError>(())
         })
     };
-    let out = filled.map_err(at)?.map_err(at)?;
-    Ok((vec![out], KernelRun { compiled: Some(kernel), compile }))
+    Ok(vec![filled.map_err(at)?.map_err(at)?])
 }
 
 /// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`
