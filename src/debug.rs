@@ -119,7 +119,8 @@ pub struct KernelSource {
 /// use kiln::prelude::*;
 /// let x = Tensor::ones([8, 8]);
 /// x.realize();
-/// let (_, kernels) = kiln::debug::kernels(|| (&x * 2.0).exp().sum_dim(1, false).realize().clone());
+/// let y = (&x * 2.0).exp().sum_dim(1, false); // the temporaries end with the statement
+/// let (_, kernels) = kiln::debug::kernels(|| y.realize().clone());
 /// assert_eq!(kernels.len(), 1);
 /// assert_eq!(kernels[0].ops, "mul exp sum[1]");
 /// assert!(kernels[0].clif.as_deref().unwrap().contains("function"));

@@ -77,6 +77,15 @@ pub enum Error {
         /// The value, its valid range and the fix.
         detail: String,
     },
+    /// Misuse of [`crate::compile()`]: reading a value inside a compiled function (a graph
+    /// break), calling one compiled function from another.
+    #[error("{op}: {detail}")]
+    Compile {
+        /// The call.
+        op: &'static str,
+        /// What happened, where, and the fix.
+        detail: String,
+    },
     /// Reading or writing a file failed, or the file is not in the expected format.
     #[error("{op}: {detail}")]
     Io {

@@ -1,6 +1,7 @@
 //! Lazy nodes: the recorded, not yet computed, program.
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kiln_ir::{DType, Op, Shape};
@@ -15,7 +16,17 @@ pub(crate) struct LazyNode {
     pub(crate) device: Device,
     /// The user's source line that recorded the op.
     pub(crate) origin: &'static Location<'static>,
+    /// When the node was recorded: a process-wide counter (compile() tells the nodes its
+    /// closure recorded from older ones by it).
+    pub(crate) serial: u64,
     state: Mutex<State>,
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+/// The serial number the next recorded node will get.
+pub(crate) fn next_serial() -> u64 {
+    SERIAL.load(Ordering::Relaxed)
 }
 
 pub(crate) enum State {
@@ -38,6 +49,7 @@ impl LazyNode {
             dtype,
             device,
             origin,
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::Pending(inputs)),
         })
     }
@@ -53,6 +65,7 @@ impl LazyNode {
             device: buffer.device(),
             shape,
             origin,
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::Realized(buffer)),
         })
     }

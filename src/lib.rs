@@ -91,6 +91,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod compile;
 pub mod data;
 pub mod debug;
 mod error;
@@ -108,6 +109,7 @@ pub use autograd::{
     BackwardOptions, GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, grad,
     inference_mode, is_grad_enabled, no_grad, try_grad,
 };
+pub use compile::{Compiled, compile};
 pub use error::{Error, Result};
 pub use execution::{
     Execution, execution, with_check, with_check_scale, with_execution, with_fusion,

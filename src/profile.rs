@@ -6,10 +6,9 @@
 //!
 //! let x = Tensor::randn([256, 256]);
 //! x.realize();
-//! let (y, fused) = kiln::profile(|| ((&x * 2.0).exp() + 1.0).sum_dim(1, false).realize().clone());
-//! let (_, unfused) = kiln::with_fusion(false, || {
-//!     kiln::profile(|| ((&x * 2.0).exp() + 1.0).sum_dim(1, false).realize().clone())
-//! });
+//! let program = || ((&x * 2.0).exp() + 1.0).sum_dim(1, false);
+//! let (y, fused) = kiln::profile(|| program().realize().clone());
+//! let (_, unfused) = kiln::with_fusion(false, || kiln::profile(|| program().realize().clone()));
 //! assert_eq!(fused.launches(), 1);       // one kernel: mul, exp, add and the row sum
 //! assert_eq!(unfused.launches(), 4);
 //! println!("{fused}");                   // the per-kernel table

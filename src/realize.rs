@@ -14,13 +14,17 @@ use crate::lazy::{LazyNode, State};
 /// still refers to (a user's tensor, a pending consumer), so nothing is computed twice.
 /// Everything else computed on the way is freed when this returns.
 pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
+    if crate::compile::defer(targets) {
+        return Ok(());
+    }
     let captured = capture(targets);
     if captured.pending == 0 {
         return Ok(());
     }
-    let (graph, inputs, outputs) = build_graph(&captured, targets)?;
-    let buffers = exec::run(&graph, &inputs, crate::execution(), crate::execution::check_scale())?;
-    for (slot, buffer) in outputs.into_iter().zip(buffers) {
+    let built = build_graph(&captured, targets)?;
+    let buffers =
+        exec::run(&built.graph, &built.buffers, crate::execution(), crate::execution::check_scale())?;
+    for (slot, buffer) in built.outputs.into_iter().zip(buffers) {
         captured.nodes[slot].set_realized(buffer);
     }
     Ok(())
@@ -29,20 +33,20 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
 /// The graph that realizing `targets` would run, without running it.
 pub(crate) fn pending_graph(targets: &[Arc<LazyNode>]) -> Result<Graph> {
     let captured = capture(targets);
-    Ok(build_graph(&captured, targets)?.0)
+    Ok(build_graph(&captured, targets)?.graph)
 }
 
-struct Captured {
+pub(crate) struct Captured {
     /// The nodes in topological order (inputs first).
-    nodes: Vec<Arc<LazyNode>>,
+    pub(crate) nodes: Vec<Arc<LazyNode>>,
     /// Position of each node in `nodes`, by address.
-    index: HashMap<*const LazyNode, usize>,
+    pub(crate) index: HashMap<*const LazyNode, usize>,
     /// How many pending nodes there are.
-    pending: usize,
+    pub(crate) pending: usize,
 }
 
 /// Iterative post-order walk from `targets` over pending nodes; realized nodes are leaves.
-fn capture(targets: &[Arc<LazyNode>]) -> Captured {
+pub(crate) fn capture(targets: &[Arc<LazyNode>]) -> Captured {
     let mut nodes = Vec::new();
     let mut index: HashMap<*const LazyNode, usize> = HashMap::new();
     let mut pending = 0;
@@ -84,10 +88,10 @@ fn capture(targets: &[Arc<LazyNode>]) -> Captured {
 
 /// The graph of the captured nodes, the buffers bound to its inputs, and for each output the
 /// position of its node in `captured.nodes`.
-fn build_graph(
+pub(crate) fn build_graph(
     captured: &Captured,
     targets: &[Arc<LazyNode>],
-) -> Result<(Graph, Vec<kiln_runtime::Buffer>, Vec<usize>)> {
+) -> Result<Built> {
     let mut graph = Graph::new();
     let mut ids: Vec<NodeId> = Vec::with_capacity(captured.nodes.len());
     let mut buffers = Vec::new();
@@ -119,9 +123,46 @@ fn build_graph(
         graph.set_origin(id, node.origin);
         ids.push(id);
     }
-    // Outputs: the targets, then every pending node referenced from outside the graph. Its
-    // handles are `captured.nodes` (one), its consumers' input lists in the graph (`uses`),
-    // and anything else: a live tensor, a pending consumer outside this capture.
+    let outputs = output_slots(captured, targets, &uses);
+    for &slot in &outputs {
+        graph.mark_output(ids[slot]);
+    }
+    Ok(Built { graph, buffers, outputs, ids })
+}
+
+/// A captured graph ready to run.
+pub(crate) struct Built {
+    pub(crate) graph: Graph,
+    /// The buffers bound to the graph's inputs, in order.
+    pub(crate) buffers: Vec<kiln_runtime::Buffer>,
+    /// The slots (positions in `Captured::nodes`) of the graph's outputs, in order.
+    pub(crate) outputs: Vec<usize>,
+    /// The graph node of each slot.
+    pub(crate) ids: Vec<NodeId>,
+}
+
+/// How many captured nodes use each captured node as an input.
+pub(crate) fn uses(captured: &Captured) -> Vec<usize> {
+    let mut uses = vec![0usize; captured.nodes.len()];
+    for node in &captured.nodes {
+        if let State::Pending(inputs) = &*node.state() {
+            for i in inputs {
+                uses[captured.index[&Arc::as_ptr(i)]] += 1;
+            }
+        }
+    }
+    uses
+}
+
+/// The captured nodes a realization must keep: the targets, then every pending node
+/// referenced from outside the graph. A node's handles are `captured.nodes` (one), its
+/// consumers' input lists in the graph (`uses`), and anything else: a live tensor, a pending
+/// consumer outside this capture.
+pub(crate) fn output_slots(
+    captured: &Captured,
+    targets: &[Arc<LazyNode>],
+    uses: &[usize],
+) -> Vec<usize> {
     let mut outputs = Vec::new();
     let mut is_output = vec![false; captured.nodes.len()];
     for t in targets {
@@ -138,8 +179,5 @@ fn build_graph(
             outputs.push(slot);
         }
     }
-    for &slot in &outputs {
-        graph.mark_output(ids[slot]);
-    }
-    Ok((graph, buffers, outputs))
+    outputs
 }

@@ -3,8 +3,6 @@
 use half::{bf16, f16};
 use kiln::prelude::*;
 
-use crate::common::random_lock;
-
 #[test]
 fn from_data_keeps_values_and_dtype() {
     let t = Tensor::from_vec(vec![1.5f64, -2.0, 3.25], [3]);
@@ -51,7 +49,6 @@ fn fills_and_ranges() {
 
 #[test]
 fn like_constructors_copy_shape_and_dtype() {
-    let _random = random_lock();
     let x = Tensor::from_vec(vec![1.0f64; 6], [2, 3]);
     for t in [x.zeros_like(), x.ones_like(), x.full_like(4), x.rand_like(), x.randn_like()] {
         assert_eq!((t.dims(), t.dtype()), (&[2usize, 3][..], DType::F64));
@@ -64,7 +61,6 @@ fn like_constructors_copy_shape_and_dtype() {
 
 #[test]
 fn random_values_are_seeded_and_distributed() {
-    let _random = random_lock();
     kiln::manual_seed(1234);
     let a = Tensor::rand([10_000]).to_vec::<f32>();
     let b = Tensor::rand([10_000]).to_vec::<f32>();

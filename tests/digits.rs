@@ -8,7 +8,6 @@ use kiln::nn::Parameters;
 
 #[test]
 fn train_digits_reaches_95_percent() {
-    let _g = crate::common::random_lock();
     let data =
         example::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits.csv.gz"))
             .expect("the bundled data set");

@@ -3,6 +3,8 @@
 
 mod common;
 
+mod compile;
+
 mod autograd;
 mod construction;
 mod data;

@@ -9,7 +9,7 @@ use kiln::nn::{
 };
 use kiln::prelude::*;
 
-use crate::common::{Rng, assert_close_tol, random_lock, values};
+use crate::common::{Rng, assert_close_tol, values};
 
 fn f64_tensor(rng: &mut Rng, shape: &[usize]) -> (Vec<f64>, Tensor) {
     let n = shape.iter().product();
@@ -19,7 +19,6 @@ fn f64_tensor(rng: &mut Rng, shape: &[usize]) -> (Vec<f64>, Tensor) {
 
 #[test]
 fn linear_initialization_follows_pytorch_bounds() {
-    let _g = random_lock();
     kiln::manual_seed(3);
     for (fan_in, fan_out) in [(784, 128), (3, 5), (1, 1)] {
         let layer = Linear::new(fan_in, fan_out);
@@ -154,7 +153,6 @@ fn linear_forward_matches_a_loop() {
 
 #[test]
 fn layers_pass_gradcheck() {
-    let _g = random_lock();
     kiln::manual_seed(5);
     let lin = Linear::with_options(4, 3, true, DType::F64);
     let (w, b) = (lin.weight.clone(), lin.bias.clone().expect("bias"));
@@ -388,7 +386,6 @@ fn regression_losses_match_a_loop() {
 
 #[test]
 fn dropout_keeps_scales_and_respects_eval() {
-    let _g = random_lock();
     kiln::manual_seed(9);
     let x = Tensor::ones([100_000]);
     for p in [0.1, 0.5, 0.9] {
@@ -414,7 +411,6 @@ fn dropout_keeps_scales_and_respects_eval() {
 
 #[test]
 fn embedding_looks_up_rows_and_accumulates_gradients() {
-    let _g = random_lock();
     kiln::manual_seed(1);
     let emb = Embedding::new(5, 3);
     let table = emb.weight.to_vec::<f32>();

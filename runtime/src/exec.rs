@@ -158,7 +158,9 @@ impl Prepared {
         let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::new();
         let mut steps = Vec::with_capacity(plan.steps.len());
         for (i, step) in plan.steps.into_iter().enumerate() {
-            let read = |n: NodeId, readers: &mut HashMap<NodeId, usize>| *readers.entry(n).or_default() += 1;
+            let read = |n: NodeId, readers: &mut HashMap<NodeId, usize>| {
+                *readers.entry(n).or_default() += 1;
+            };
             steps.push(match step {
                 Step::Kernel(k) => {
                     for &n in &k.inputs {
@@ -263,7 +265,8 @@ impl Prepared {
                     if tracing {
                         let node = graph.node(*n);
                         let name = node.op.name();
-                        let mut e = plain_event(name, StepKind::Reference, name.to_string(), String::new());
+                        let mut e =
+                            plain_event(name, StepKind::Reference, name.to_string(), String::new());
                         e.shape = node.shape.to_string();
                         e.bytes_read = arg_bufs.iter().map(|b| bytes(b)).sum();
                         e.bytes_written = bytes(&out);
@@ -280,11 +283,17 @@ impl Prepared {
                 PreparedStep::MatMul(node, operands) => {
                     let n = graph.node(*node);
                     let [(a, va), (b, vb)] = &*operands;
-                    let out = crate::matmul::matmul(&bufs[a], va, &bufs[b], vb).map_err(|error| {
-                        RunError { error, op: Some(n.op.name()), origin: n.origin }
-                    })?;
+                    let out =
+                        crate::matmul::matmul(&bufs[a], va, &bufs[b], vb).map_err(|error| {
+                            RunError { error, op: Some(n.op.name()), origin: n.origin }
+                        })?;
                     if tracing {
-                        let mut e = plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
+                        let mut e = plain_event(
+                            "matmul",
+                            StepKind::Library,
+                            "matmul".into(),
+                            String::new(),
+                        );
                         e.shape = format!("{} @ {}", va.shape(), vb.shape());
                         e.bytes_read = bytes(&bufs[a]) + bytes(&bufs[b]);
                         e.bytes_written = bytes(&out);

@@ -87,6 +87,7 @@ impl Tensor {
         if let Some(b) = node.buffer() {
             return Ok(b);
         }
+        crate::compile::check_read(&node)?;
         crate::realize::realize(std::slice::from_ref(&node))?;
         node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))
     }

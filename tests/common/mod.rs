@@ -203,10 +203,3 @@ pub fn read(t: &Tensor, dtype: DType) -> Vec<f64> {
     assert_eq!(t.dtype(), dtype, "result dtype");
     t.to_vec::<f64>()
 }
-
-/// Serializes the tests that draw from kiln's global random generator, so that one test's
-/// draws cannot fall between another's `manual_seed` and its own draws.
-pub fn random_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}

@@ -1,0 +1,543 @@
+//! `compile()`: a function whose calls run one cached, fused plan.
+//!
+//! kiln is lazy already; what `compile` adds is that each call of the function is *one*
+//! realization, planned once. Realizations that the closure asks for (`backward()`,
+//! `Optimizer::step`, `realize()`) are deferred to its end, so forward pass, loss, backward
+//! pass and optimizer update become one graph. The first call plans that graph: symbolic
+//! graph passes, fusion, code generation. Later calls run the closure again only to *record*
+//! its ops (a few hundred nanoseconds each), check them node by node against the cached plan,
+//! and run the plan: no graph building, no optimization, no fusion, no hashing, no compiling.
+//!
+//! Running the closure on every call is what keeps a compiled function honest in Rust, where
+//! a trace cannot see the closure's environment: Rust scalars (a learning rate, Adam's step
+//! count) are read afresh and bound as kernel parameters, random ops get fresh keys, Rust-side
+//! state (optimizer moments) is updated, and control flow is re-evaluated. When the recorded
+//! program differs in structure (another shape, another branch taken), the call replans and
+//! [`CompileStats`] says why, naming the user line that recorded the differing op.
+//!
+//! Reading a value that the closure itself computed (`.item()`, `.to_vec()`, printing) would
+//! need a realization in the middle of the plan: it is an error ([`Error::Compile`]), a
+//! *graph break*; return the tensor and read it after the call.
+//!
+//! ```
+//! use kiln::prelude::*;
+//!
+//! let w = Tensor::randn([4, 3]).requires_grad_(true);
+//! let mut step = kiln::compile(|x: &Tensor| {
+//!     let loss = x.matmul(&w).tanh().square().mean();
+//!     loss.backward();
+//!     kiln::no_grad(|| w.sub_(&(w.grad().unwrap() * 0.1)));
+//!     w.zero_grad();
+//!     loss
+//! });
+//! let x = Tensor::randn([8, 4]);
+//! let first = step.call(&x).item::<f32>();
+//! let second = step.call(&x).item::<f32>();
+//! assert!(second < first);                   // the update happened
+//! assert_eq!(step.stats().plans, 1);         // planned once
+//! assert_eq!(step.stats().replays, 1);       // then replayed
+//! ```
+
+use std::cell::RefCell;
+use std::fmt;
+use std::sync::Arc;
+
+use kiln_ir::{DType, NodeId, Op, Shape};
+use kiln_runtime::Device;
+use kiln_runtime::exec::Prepared;
+
+use crate::error::ok;
+use crate::lazy::{LazyNode, State};
+use crate::realize::{Captured, build_graph, capture, output_slots, uses};
+use crate::tensor::Storage;
+use crate::{Error, Execution, Result, Tensor};
+
+/// What one compiled call records: realizations asked for, storages written.
+struct Session {
+    deferred: Vec<Arc<LazyNode>>,
+    written: Vec<Arc<Storage>>,
+    first_serial: u64,
+}
+
+thread_local! {
+    static SESSION: RefCell<Option<Session>> = const { RefCell::new(None) };
+}
+
+/// Inside a compiled call, a realization is deferred to the end of the call: returns `true`
+/// when it was.
+pub(crate) fn defer(targets: &[Arc<LazyNode>]) -> bool {
+    SESSION.with(|s| match &mut *s.borrow_mut() {
+        Some(session) => {
+            session.deferred.extend(targets.iter().cloned());
+            true
+        }
+        None => false,
+    })
+}
+
+/// Inside a compiled call, reading a pending value is a graph break.
+pub(crate) fn check_read(node: &Arc<LazyNode>) -> Result<()> {
+    let inside = SESSION.with(|s| s.borrow().is_some());
+    if !inside {
+        return Ok(());
+    }
+    Err(Error::Compile {
+        op: "compile",
+        detail: format!(
+            "the value of the {} recorded at {} was read inside a compiled function, which would split its plan (a graph break); return the tensor from the closure and read it after the call",
+            node.op.name(),
+            node.origin
+        ),
+    })
+}
+
+/// Inside a compiled call, an in-place write makes the storage's new value a result of the
+/// call.
+pub(crate) fn note_write(t: &Tensor) {
+    SESSION.with(|s| {
+        if let Some(session) = &mut *s.borrow_mut()
+            && !session.written.iter().any(|w| Arc::ptr_eq(w, t.storage()))
+        {
+            session.written.push(t.storage().clone());
+        }
+    });
+}
+
+/// Arguments a compiled function can take: `&Tensor`, tuples of up to four `&Tensor`s,
+/// `&[Tensor]`, `Tensor`, and `()`.
+pub trait Inputs {
+    /// The tensors, in order.
+    fn tensors(&self) -> Vec<&Tensor>;
+}
+
+/// Results a compiled function can return: `Tensor`, tuples of up to four, `Vec<Tensor>`,
+/// and `()` (for a step that only updates parameters in place).
+pub trait Outputs {
+    /// The tensors, in order.
+    fn tensors(&self) -> Vec<&Tensor>;
+}
+
+impl Inputs for () {
+    fn tensors(&self) -> Vec<&Tensor> {
+        Vec::new()
+    }
+}
+
+impl Outputs for () {
+    fn tensors(&self) -> Vec<&Tensor> {
+        Vec::new()
+    }
+}
+
+impl Inputs for &Tensor {
+    fn tensors(&self) -> Vec<&Tensor> {
+        vec![*self]
+    }
+}
+
+impl Inputs for Tensor {
+    fn tensors(&self) -> Vec<&Tensor> {
+        vec![self]
+    }
+}
+
+impl Inputs for &[Tensor] {
+    fn tensors(&self) -> Vec<&Tensor> {
+        self.iter().collect()
+    }
+}
+
+impl Outputs for Tensor {
+    fn tensors(&self) -> Vec<&Tensor> {
+        vec![self]
+    }
+}
+
+impl Outputs for Vec<Tensor> {
+    fn tensors(&self) -> Vec<&Tensor> {
+        self.iter().collect()
+    }
+}
+
+macro_rules! tuples {
+    ($(($($t:ident $i:tt),+))*) => {$(
+        impl Inputs for ($(tuples!(@ref $t),)+) {
+            fn tensors(&self) -> Vec<&Tensor> {
+                vec![$(self.$i),+]
+            }
+        }
+        impl Outputs for ($(tuples!(@own $t),)+) {
+            fn tensors(&self) -> Vec<&Tensor> {
+                vec![$(&self.$i),+]
+            }
+        }
+    )*};
+    (@ref $t:ident) => { &Tensor };
+    (@own $t:ident) => { Tensor };
+}
+
+tuples! {
+    (A 0, B 1)
+    (A 0, B 1, C 2)
+    (A 0, B 1, C 2, D 3)
+}
+
+/// The shapes, dtypes, devices and `requires_grad` of a call's arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Signature(Vec<(Shape, DType, Device, bool)>);
+
+impl Signature {
+    fn of(inputs: &[&Tensor]) -> Signature {
+        Signature(
+            inputs
+                .iter()
+                .map(|t| (t.shape().clone(), t.dtype(), t.device(), t.requires_grad()))
+                .collect(),
+        )
+    }
+
+    /// How `self` differs from `old`, for a recompile reason.
+    fn difference(&self, old: &Signature) -> Option<String> {
+        if self.0.len() != old.0.len() {
+            return Some(format!("{} arguments instead of {}", self.0.len(), old.0.len()));
+        }
+        self.0.iter().zip(&old.0).enumerate().find_map(|(i, (new, old))| {
+            let what = |(s, d, dev, g): &(Shape, DType, Device, bool)| {
+                format!("{s} {d} on {dev}{}", if *g { " requiring grad" } else { "" })
+            };
+            (new != old).then(|| format!("argument {i} is {} (was {})", what(new), what(old)))
+        })
+    }
+}
+
+/// One recorded node as the plan expects it.
+#[derive(Clone, Debug)]
+struct SlotKey {
+    /// `None` for a realized value (an input of the plan).
+    op: Option<Op>,
+    shape: Shape,
+    dtype: DType,
+    args: Vec<usize>,
+}
+
+/// Whether `recorded` is `planned` up to the values a plan rebinds (constants, random keys).
+fn same_op(planned: &Op, recorded: &Op) -> bool {
+    match (planned, recorded) {
+        (Op::Full(a), Op::Full(b)) => a.category() == b.category(),
+        (Op::Random { dist: a, .. }, Op::Random { dist: b, .. }) => a == b,
+        (a, b) => a == b,
+    }
+}
+
+/// A plan and what it was built from.
+struct Entry {
+    signature: Signature,
+    keys: Vec<SlotKey>,
+    outputs: Vec<usize>,
+    /// Slots of the constants and random leaves, with their node in the plan's graph.
+    rebind: Vec<(usize, NodeId)>,
+    prepared: Prepared,
+}
+
+impl Entry {
+    /// `None` when `captured` (with `outputs` kept) is what this plan computes; otherwise why
+    /// not.
+    fn mismatch(&self, captured: &Captured, outputs: &[usize]) -> Option<String> {
+        if captured.nodes.len() != self.keys.len() {
+            return Some(format!(
+                "the closure recorded {} ops and values this time, {} when it was planned",
+                captured.nodes.len(),
+                self.keys.len()
+            ));
+        }
+        for (slot, (node, key)) in captured.nodes.iter().zip(&self.keys).enumerate() {
+            let differs = || {
+                let planned =
+                    key.op.as_ref().map_or("a realized value".to_string(), ToString::to_string);
+                let recorded = match &*node.state() {
+                    State::Realized(_) => "a realized value".to_string(),
+                    State::Pending(_) => node.op.to_string(),
+                };
+                Some(format!(
+                    "the {} recorded at {} ({} {}) differs from the plan's {} ({} {}) at position {slot}",
+                    recorded, node.origin, node.shape, node.dtype, planned, key.shape, key.dtype
+                ))
+            };
+            if node.shape != key.shape || node.dtype != key.dtype {
+                return differs();
+            }
+            let same = match (&*node.state(), &key.op) {
+                (State::Realized(_), None) => true,
+                (State::Pending(inputs), Some(op)) => {
+                    same_op(op, &node.op)
+                        && inputs.len() == key.args.len()
+                        && inputs
+                            .iter()
+                            .zip(&key.args)
+                            .all(|(i, &a)| captured.index[&Arc::as_ptr(i)] == a)
+                }
+                _ => false,
+            };
+            if !same {
+                return differs();
+            }
+        }
+        (outputs != self.outputs.as_slice()).then(|| {
+            "a different set of recorded values is kept after the call (a tensor of the closure is now held elsewhere, or no longer)".to_string()
+        })
+    }
+}
+
+/// What a compiled function has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    /// Calls made.
+    pub calls: usize,
+    /// Plans built (the first call, and each recompile).
+    pub plans: usize,
+    /// Calls that ran a cached plan.
+    pub replays: usize,
+    /// Calls with nothing to compute.
+    pub empty: usize,
+    /// Why each plan after the first was built, with the call it happened in.
+    pub recompiles: Vec<Recompile>,
+    /// Steps (kernel launches, library calls, reference ops) of the last call's plan.
+    pub steps_per_call: usize,
+}
+
+/// Why a compiled function planned again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recompile {
+    /// The call (counting from 1).
+    pub call: usize,
+    /// What differed from every cached plan.
+    pub reason: String,
+}
+
+impl fmt::Display for CompileStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} calls: {} planned, {} replayed, {} with nothing to compute; {} steps per call",
+            self.calls, self.plans, self.replays, self.empty, self.steps_per_call
+        )?;
+        for r in &self.recompiles {
+            write!(f, "\n  call {} planned again: {}", r.call, r.reason)?;
+        }
+        Ok(())
+    }
+}
+
+/// A function compiled by [`compile`].
+pub struct Compiled<F> {
+    f: F,
+    entries: Vec<Entry>,
+    stats: CompileStats,
+    recompile_limit: usize,
+    warned: bool,
+}
+
+/// Compiles `f`: each call of the result records `f`'s ops and runs them as one cached,
+/// fused plan (see the [module documentation](self)). `f` takes [`Inputs`] (a `&Tensor`, a
+/// tuple of them, a slice) and returns [`Outputs`] (a `Tensor`, a tuple, a `Vec`, `()`).
+/// Tensors it captures from its environment (parameters) are read afresh on every call.
+pub fn compile<F>(f: F) -> Compiled<F> {
+    Compiled {
+        f,
+        entries: Vec::new(),
+        stats: CompileStats::default(),
+        recompile_limit: 8,
+        warned: false,
+    }
+}
+
+/// Plans kept per compiled function; the oldest is dropped beyond this.
+const MAX_PLANS: usize = 16;
+
+impl<F> Compiled<F> {
+    /// What the function has done so far.
+    pub fn stats(&self) -> &CompileStats {
+        &self.stats
+    }
+
+    /// After how many recompiles a warning is printed to standard error (8 by default): a
+    /// function that replans on most calls is slower than not compiling it.
+    #[must_use]
+    pub fn recompile_limit(mut self, limit: usize) -> Compiled<F> {
+        self.recompile_limit = limit;
+        self
+    }
+
+    /// Calls the function.
+    ///
+    /// # Panics
+    /// When the closure panics, and as [`Compiled::try_call`] fails.
+    #[track_caller]
+    pub fn call<I: Inputs, O: Outputs>(&mut self, inputs: I) -> O
+    where
+        F: FnMut(I) -> O,
+    {
+        ok(self.try_call(inputs))
+    }
+
+    /// [`Compiled::call`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Compile`] for a graph break (the closure read a value it computed);
+    /// [`Error::Runtime`] when running the plan fails.
+    pub fn try_call<I: Inputs, O: Outputs>(&mut self, inputs: I) -> Result<O>
+    where
+        F: FnMut(I) -> O,
+    {
+        self.stats.calls += 1;
+        let signature = Signature::of(&inputs.tensors());
+        let (out, session) = record(|| (self.f)(inputs))?;
+        let mut targets: Vec<Arc<LazyNode>> =
+            out.tensors().iter().map(|t| t.storage().node()).collect();
+        targets.extend(session.deferred);
+        targets.extend(session.written.iter().map(|s| s.node()));
+        self.run(signature, &targets, session.first_serial)?;
+        Ok(out)
+    }
+
+    fn run(
+        &mut self,
+        signature: Signature,
+        targets: &[Arc<LazyNode>],
+        first_serial: u64,
+    ) -> Result<()> {
+        let fuse = match crate::execution() {
+            Execution::Reference => return crate::realize::realize(targets),
+            Execution::Fused => true,
+            Execution::Unfused => false,
+        };
+        let mut captured = capture(targets);
+        // Values recorded before the call (an in-place write made outside) are not part of
+        // the function: compute them first, so the plan sees them as inputs.
+        let older: Vec<Arc<LazyNode>> = captured
+            .nodes
+            .iter()
+            .filter(|n| n.serial < first_serial && n.buffer().is_none())
+            .cloned()
+            .collect();
+        if !older.is_empty() {
+            crate::realize::realize(&older)?;
+            captured = capture(targets);
+        }
+        if captured.pending == 0 {
+            self.stats.empty += 1;
+            return Ok(());
+        }
+        let node_uses = uses(&captured);
+        let outputs = output_slots(&captured, targets, &node_uses);
+        let check = crate::execution::check_scale();
+
+        let mut reason = None;
+        for i in 0..self.entries.len() {
+            let entry = &self.entries[i];
+            let why = if entry.signature == signature {
+                entry.mismatch(&captured, &outputs)
+            } else {
+                signature.difference(&entry.signature)
+            };
+            let Some(why) = why else {
+                let entry = &mut self.entries[i];
+                for &(slot, node) in &entry.rebind {
+                    entry.prepared.rebind(node, &captured.nodes[slot].op);
+                }
+                let buffers: Vec<_> = captured.nodes.iter().filter_map(|n| n.buffer()).collect();
+                let results = entry.prepared.run(&buffers, check)?;
+                for (&slot, buffer) in outputs.iter().zip(results) {
+                    captured.nodes[slot].set_realized(buffer);
+                }
+                self.stats.replays += 1;
+                self.stats.steps_per_call = entry.prepared.steps();
+                return Ok(());
+            };
+            reason = Some(why);
+        }
+
+        let built = build_graph(&captured, targets)?;
+        debug_assert_eq!(built.outputs, outputs);
+        let (graph, buffers, ids) = (built.graph, built.buffers, built.ids);
+        let mut rebind = Vec::new();
+        for (slot, node) in captured.nodes.iter().enumerate() {
+            if matches!(node.op, Op::Full(_) | Op::Random { .. }) && node.buffer().is_none() {
+                rebind.push((slot, ids[slot]));
+            }
+        }
+        let keys = captured
+            .nodes
+            .iter()
+            .map(|n| {
+                let args = match &*n.state() {
+                    State::Pending(inputs) => {
+                        inputs.iter().map(|i| captured.index[&Arc::as_ptr(i)]).collect()
+                    }
+                    State::Realized(_) => Vec::new(),
+                };
+                SlotKey {
+                    op: n.buffer().is_none().then(|| n.op.clone()),
+                    shape: n.shape.clone(),
+                    dtype: n.dtype,
+                    args,
+                }
+            })
+            .collect();
+        let mut prepared = Prepared::new(&graph, fuse, true);
+        let results = prepared.run(&buffers, check)?;
+        for (&slot, buffer) in outputs.iter().zip(results) {
+            captured.nodes[slot].set_realized(buffer);
+        }
+        self.stats.plans += 1;
+        self.stats.steps_per_call = prepared.steps();
+        if let Some(reason) = reason {
+            self.stats
+                .recompiles
+                .push(Recompile { call: self.stats.calls, reason: reason.clone() });
+            if self.stats.recompiles.len() > self.recompile_limit && !self.warned {
+                self.warned = true;
+                eprintln!(
+                    "kiln: warning: a compiled function has planned {} times in {} calls; the last time because {reason}. Pass values that change as tensors, keep shapes fixed, or call it uncompiled.",
+                    self.stats.plans, self.stats.calls
+                );
+            }
+        }
+        if self.entries.len() == MAX_PLANS {
+            self.entries.remove(0);
+        }
+        self.entries.push(Entry { signature, keys, outputs, rebind, prepared });
+        Ok(())
+    }
+}
+
+/// Runs `f` with realizations deferred and writes noted; returns its value and the session.
+fn record<T>(f: impl FnOnce() -> T) -> Result<(T, Session)> {
+    /// Ends the session however `f` returns, a panic included.
+    struct End;
+    impl Drop for End {
+        fn drop(&mut self) {
+            SESSION.with(|s| s.borrow_mut().take());
+        }
+    }
+    if SESSION.with(|s| s.borrow().is_some()) {
+        return Err(Error::Compile {
+            op: "compile",
+            detail: "a compiled function called another compiled function; call the inner one's closure directly (its ops join the outer plan)".into(),
+        });
+    }
+    SESSION.with(|s| {
+        *s.borrow_mut() = Some(Session {
+            deferred: Vec::new(),
+            written: Vec::new(),
+            first_serial: crate::lazy::next_serial(),
+        });
+    });
+    let end = End;
+    let value = f();
+    let session = SESSION.with(|s| s.borrow_mut().take());
+    drop(end);
+    let session =
+        session.ok_or_else(|| Error::Internal("the compile session disappeared".into()))?;
+    Ok((value, session))
+}
