@@ -47,8 +47,8 @@ use kiln_runtime::Device;
 use kiln_runtime::exec::Prepared;
 
 use crate::error::ok;
-use crate::lazy::{LazyNode, State};
-use crate::realize::{Captured, build_graph, capture, output_slots, uses};
+use crate::lazy::LazyNode;
+use crate::realize::{Captured, build_graph, capture, output_slots};
 use crate::tensor::Storage;
 use crate::{Error, Execution, Result, Tensor};
 
@@ -217,7 +217,7 @@ struct SlotKey {
     op: Option<Op>,
     shape: Shape,
     dtype: DType,
-    args: Vec<usize>,
+    args: Vec<u32>,
 }
 
 /// Whether `recorded` is `planned` up to the values a plan rebinds (constants, random keys).
@@ -254,9 +254,10 @@ impl Entry {
             let differs = || {
                 let planned =
                     key.op.as_ref().map_or("a realized value".to_string(), ToString::to_string);
-                let recorded = match &*node.state() {
-                    State::Realized(_) => "a realized value".to_string(),
-                    State::Pending(_) => node.op.to_string(),
+                let recorded = if captured.buffers[slot].is_some() {
+                    "a realized value".to_string()
+                } else {
+                    node.op.to_string()
                 };
                 Some(format!(
                     "the {} recorded at {} ({} {}) differs from the plan's {} ({} {}) at position {slot}",
@@ -266,15 +267,10 @@ impl Entry {
             if node.shape != key.shape || node.dtype != key.dtype {
                 return differs();
             }
-            let same = match (&*node.state(), &key.op) {
-                (State::Realized(_), None) => true,
-                (State::Pending(inputs), Some(op)) => {
-                    same_op(op, &node.op)
-                        && inputs.len() == key.args.len()
-                        && inputs
-                            .iter()
-                            .zip(&key.args)
-                            .all(|(i, &a)| captured.index[&Arc::as_ptr(i)] == a)
+            let same = match (&captured.buffers[slot], &key.op) {
+                (Some(_), None) => true,
+                (None, Some(op)) => {
+                    same_op(op, &node.op) && captured.args(slot) == key.args.as_slice()
                 }
                 _ => false,
             };
@@ -417,7 +413,9 @@ impl<F> Compiled<F> {
         let older: Vec<Arc<LazyNode>> = captured
             .nodes
             .iter()
-            .filter(|n| n.serial < first_serial && n.buffer().is_none())
+            .zip(&captured.buffers)
+            .filter(|(n, b)| n.serial < first_serial && b.is_none())
+            .map(|(n, _)| n)
             .cloned()
             .collect();
         if !older.is_empty() {
@@ -428,8 +426,7 @@ impl<F> Compiled<F> {
             self.stats.empty += 1;
             return Ok(());
         }
-        let node_uses = uses(&captured);
-        let outputs = output_slots(&captured, targets, &node_uses);
+        let outputs = output_slots(&captured, targets);
         let check = crate::execution::check_scale();
 
         let mut reason = None;
@@ -445,7 +442,7 @@ impl<F> Compiled<F> {
                 for &(slot, node) in &entry.rebind {
                     entry.prepared.rebind(node, &captured.nodes[slot].op);
                 }
-                let buffers: Vec<_> = captured.nodes.iter().filter_map(|n| n.buffer()).collect();
+                let buffers: Vec<_> = captured.buffers.iter().flatten().cloned().collect();
                 let results = entry.prepared.run(&buffers, check)?;
                 for (&slot, buffer) in outputs.iter().zip(results) {
                     captured.nodes[slot].set_realized(buffer);
@@ -462,26 +459,21 @@ impl<F> Compiled<F> {
         let (graph, buffers, ids) = (built.graph, built.buffers, built.ids);
         let mut rebind = Vec::new();
         for (slot, node) in captured.nodes.iter().enumerate() {
-            if matches!(node.op, Op::Full(_) | Op::Random { .. }) && node.buffer().is_none() {
+            if matches!(node.op, Op::Full(_) | Op::Random { .. })
+                && captured.buffers[slot].is_none()
+            {
                 rebind.push((slot, ids[slot]));
             }
         }
         let keys = captured
             .nodes
             .iter()
-            .map(|n| {
-                let args = match &*n.state() {
-                    State::Pending(inputs) => {
-                        inputs.iter().map(|i| captured.index[&Arc::as_ptr(i)]).collect()
-                    }
-                    State::Realized(_) => Vec::new(),
-                };
-                SlotKey {
-                    op: n.buffer().is_none().then(|| n.op.clone()),
-                    shape: n.shape.clone(),
-                    dtype: n.dtype,
-                    args,
-                }
+            .enumerate()
+            .map(|(slot, n)| SlotKey {
+                op: captured.buffers[slot].is_none().then(|| n.op.clone()),
+                shape: n.shape.clone(),
+                dtype: n.dtype,
+                args: captured.args(slot).to_vec(),
             })
             .collect();
         let mut prepared = Prepared::new(&graph, fuse, true);

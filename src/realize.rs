@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_ir::{Graph, NodeId};
-use kiln_runtime::exec;
+use kiln_runtime::{Buffer, exec};
 
 use crate::Result;
 use crate::lazy::{LazyNode, State};
@@ -22,8 +22,12 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         return Ok(());
     }
     let built = build_graph(&captured, targets)?;
-    let buffers =
-        exec::run(&built.graph, &built.buffers, crate::execution(), crate::execution::check_scale())?;
+    let buffers = exec::run(
+        &built.graph,
+        &built.buffers,
+        crate::execution(),
+        crate::execution::check_scale(),
+    )?;
     for (slot, buffer) in built.outputs.into_iter().zip(buffers) {
         captured.nodes[slot].set_realized(buffer);
     }
@@ -39,91 +43,147 @@ pub(crate) fn pending_graph(targets: &[Arc<LazyNode>]) -> Result<Graph> {
 pub(crate) struct Captured {
     /// The nodes in topological order (inputs first).
     pub(crate) nodes: Vec<Arc<LazyNode>>,
+    /// For each node, its buffer if it was realized when captured (an input of the graph).
+    pub(crate) buffers: Vec<Option<Buffer>>,
+    /// For each pending node, the positions of its inputs in `nodes`
+    /// (`args[arg_start[i]..arg_start[i + 1]]`).
+    pub(crate) args: Vec<u32>,
+    pub(crate) arg_start: Vec<u32>,
+    /// How many captured nodes read each node.
+    pub(crate) uses: Vec<u32>,
     /// Position of each node in `nodes`, by address.
-    pub(crate) index: HashMap<*const LazyNode, usize>,
+    pub(crate) index: HashMap<*const LazyNode, usize, PtrHash>,
     /// How many pending nodes there are.
     pub(crate) pending: usize,
 }
 
+impl Captured {
+    /// The positions of node `slot`'s inputs.
+    pub(crate) fn args(&self, slot: usize) -> &[u32] {
+        &self.args[self.arg_start[slot] as usize..self.arg_start[slot + 1] as usize]
+    }
+}
+
+/// Hashes node addresses with one multiplication: they are distinct and well spread, and
+/// capture hashes every node of every realization.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PtrHash;
+
+impl std::hash::BuildHasher for PtrHash {
+    type Hasher = PtrHasher;
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
+
+pub(crate) struct PtrHasher(u64);
+
+impl std::hash::Hasher for PtrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Addresses are 8-aligned: drop the zero bits, then spread with a Fibonacci multiply.
+        self.0 = ((n as u64) >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Iterative post-order walk from `targets` over pending nodes; realized nodes are leaves.
+/// Each node's state is read once.
 pub(crate) fn capture(targets: &[Arc<LazyNode>]) -> Captured {
-    let mut nodes = Vec::new();
-    let mut index: HashMap<*const LazyNode, usize> = HashMap::new();
-    let mut pending = 0;
-    // (node, whether its inputs have been pushed already)
-    let mut stack: Vec<(Arc<LazyNode>, bool)> =
-        targets.iter().rev().map(|t| (t.clone(), false)).collect();
+    let mut c = Captured {
+        nodes: Vec::new(),
+        buffers: Vec::new(),
+        args: Vec::new(),
+        arg_start: vec![0],
+        uses: Vec::new(),
+        index: HashMap::with_capacity_and_hasher(64, PtrHash),
+        pending: 0,
+    };
+    // (node, its inputs once they have been pushed)
+    type Visit = (Arc<LazyNode>, Option<Vec<Arc<LazyNode>>>);
+    let mut stack: Vec<Visit> = targets.iter().rev().map(|t| (t.clone(), None)).collect();
     while let Some((node, expanded)) = stack.pop() {
         let key = Arc::as_ptr(&node);
-        if index.contains_key(&key) {
+        if c.index.contains_key(&key) {
             continue;
         }
-        if expanded {
-            pending += 1;
-            index.insert(key, nodes.len());
-            nodes.push(node);
-            continue;
-        }
-        let inputs = match &*node.state() {
-            State::Realized(_) => None,
-            State::Pending(inputs) => Some(inputs.clone()),
-        };
-        match inputs {
-            None => {
-                index.insert(key, nodes.len());
-                nodes.push(node);
+        if let Some(inputs) = expanded {
+            for input in &inputs {
+                let slot = c.index[&Arc::as_ptr(input)];
+                c.args.push(slot as u32);
+                c.uses[slot] += 1;
             }
-            Some(inputs) => {
-                stack.push((node, true));
-                for input in inputs.into_iter().rev() {
-                    if !index.contains_key(&Arc::as_ptr(&input)) {
-                        stack.push((input, false));
+            c.pending += 1;
+            c.push(key, node, None);
+            continue;
+        }
+        let state = match &*node.state() {
+            State::Realized(b) => Err(b.clone()),
+            State::Pending(inputs) => Ok(inputs.clone()),
+        };
+        match state {
+            Err(buffer) => c.push(key, node, Some(buffer)),
+            Ok(inputs) => {
+                // The node goes below its inputs, so that they are all placed before it.
+                let at = stack.len();
+                let n = inputs.len();
+                stack.push((node, Some(inputs)));
+                for k in (0..n).rev() {
+                    let Some(inputs) = &stack[at].1 else { unreachable!("pushed with inputs") };
+                    let input = inputs[k].clone();
+                    if !c.index.contains_key(&Arc::as_ptr(&input)) {
+                        stack.push((input, None));
                     }
                 }
             }
         }
     }
-    Captured { nodes, index, pending }
+    c
+}
+
+impl Captured {
+    fn push(&mut self, key: *const LazyNode, node: Arc<LazyNode>, buffer: Option<Buffer>) {
+        self.index.insert(key, self.nodes.len());
+        self.nodes.push(node);
+        self.buffers.push(buffer);
+        self.uses.push(0);
+        self.arg_start.push(self.args.len() as u32);
+    }
 }
 
 /// The graph of the captured nodes, the buffers bound to its inputs, and for each output the
 /// position of its node in `captured.nodes`.
-pub(crate) fn build_graph(
-    captured: &Captured,
-    targets: &[Arc<LazyNode>],
-) -> Result<Built> {
+pub(crate) fn build_graph(captured: &Captured, targets: &[Arc<LazyNode>]) -> Result<Built> {
     let mut graph = Graph::new();
     let mut ids: Vec<NodeId> = Vec::with_capacity(captured.nodes.len());
     let mut buffers = Vec::new();
-    let mut uses = vec![0usize; captured.nodes.len()];
-    for node in &captured.nodes {
-        let args: Option<Vec<usize>> = match &*node.state() {
-            State::Realized(b) => {
+    for (slot, node) in captured.nodes.iter().enumerate() {
+        let id = match &captured.buffers[slot] {
+            Some(b) => {
                 buffers.push(b.clone());
-                None
+                graph.input(node.shape.clone(), node.dtype)
             }
-            State::Pending(inputs) => {
-                Some(inputs.iter().map(|i| captured.index[&Arc::as_ptr(i)]).collect())
-            }
-        };
-        let id = match args {
-            None => graph.input(node.shape.clone(), node.dtype),
-            Some(args) if node.op.is_leaf() => {
-                debug_assert!(args.is_empty());
+            None if node.op.is_leaf() => {
                 graph.leaf(node.op.clone(), node.shape.clone(), node.dtype)?
             }
-            Some(args) => {
-                for &a in &args {
-                    uses[a] += 1;
-                }
-                let arg_ids: Vec<NodeId> = args.iter().map(|&a| ids[a]).collect();
+            None => {
+                let arg_ids: Vec<NodeId> =
+                    captured.args(slot).iter().map(|&a| ids[a as usize]).collect();
                 graph.push(node.op.clone(), &arg_ids)?
             }
         };
         graph.set_origin(id, node.origin);
         ids.push(id);
     }
-    let outputs = output_slots(captured, targets, &uses);
+    let outputs = output_slots(captured, targets);
     for &slot in &outputs {
         graph.mark_output(ids[slot]);
     }
@@ -141,40 +201,24 @@ pub(crate) struct Built {
     pub(crate) ids: Vec<NodeId>,
 }
 
-/// How many captured nodes use each captured node as an input.
-pub(crate) fn uses(captured: &Captured) -> Vec<usize> {
-    let mut uses = vec![0usize; captured.nodes.len()];
-    for node in &captured.nodes {
-        if let State::Pending(inputs) = &*node.state() {
-            for i in inputs {
-                uses[captured.index[&Arc::as_ptr(i)]] += 1;
-            }
-        }
-    }
-    uses
-}
-
 /// The captured nodes a realization must keep: the targets, then every pending node
 /// referenced from outside the graph. A node's handles are `captured.nodes` (one), its
 /// consumers' input lists in the graph (`uses`), and anything else: a live tensor, a pending
 /// consumer outside this capture.
-pub(crate) fn output_slots(
-    captured: &Captured,
-    targets: &[Arc<LazyNode>],
-    uses: &[usize],
-) -> Vec<usize> {
+pub(crate) fn output_slots(captured: &Captured, targets: &[Arc<LazyNode>]) -> Vec<usize> {
     let mut outputs = Vec::new();
     let mut is_output = vec![false; captured.nodes.len()];
     for t in targets {
         let slot = captured.index[&Arc::as_ptr(t)];
-        if t.buffer().is_none() && !is_output[slot] {
+        if captured.buffers[slot].is_none() && !is_output[slot] {
             is_output[slot] = true;
             outputs.push(slot);
         }
     }
     for (slot, node) in captured.nodes.iter().enumerate() {
-        let pending = matches!(&*node.state(), State::Pending(_));
-        if pending && !is_output[slot] && Arc::strong_count(node) > 1 + uses[slot] {
+        let pending = captured.buffers[slot].is_none();
+        if pending && !is_output[slot] && Arc::strong_count(node) > 1 + captured.uses[slot] as usize
+        {
             is_output[slot] = true;
             outputs.push(slot);
         }

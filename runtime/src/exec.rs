@@ -119,7 +119,7 @@ pub struct Prepared {
     graph: Graph,
     steps: Vec<PreparedStep>,
     /// How many steps (and outputs) read each node: buffers are freed after the last.
-    readers: HashMap<NodeId, usize>,
+    readers: Vec<u32>,
     outputs: Vec<NodeId>,
     /// The node of the prepared graph that each node of the given graph became.
     map: HashMap<NodeId, NodeId>,
@@ -154,13 +154,12 @@ impl Prepared {
         let policy = if fuse { FusionPolicy::On } else { FusionPolicy::Off };
         let plan = partition(&optimized, policy);
         let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
-        let mut readers: HashMap<NodeId, usize> = HashMap::new();
+        let bound = optimized.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
+        let mut readers = vec![0u32; bound];
         let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::new();
         let mut steps = Vec::with_capacity(plan.steps.len());
         for (i, step) in plan.steps.into_iter().enumerate() {
-            let read = |n: NodeId, readers: &mut HashMap<NodeId, usize>| {
-                *readers.entry(n).or_default() += 1;
-            };
+            let read = |n: NodeId, readers: &mut Vec<u32>| readers[n.index()] += 1;
             steps.push(match step {
                 Step::Kernel(k) => {
                     for &n in &k.inputs {
@@ -187,7 +186,7 @@ impl Prepared {
             });
         }
         for &o in &outputs {
-            *readers.entry(o).or_default() += 1;
+            readers[o.index()] += 1;
         }
         if trace::enabled() {
             let ops = format!("{} nodes, {} steps", optimized.len(), steps.len());
@@ -245,11 +244,13 @@ impl Prepared {
             Some(_) => Some(reference_values(graph, inputs, &self.steps)?),
             None => None,
         };
-        let mut bufs: HashMap<NodeId, Buffer> =
-            graph.inputs().iter().copied().zip(inputs.iter().cloned()).collect();
+        let mut bufs = Bufs(vec![None; self.readers.len()]);
+        for (&n, b) in graph.inputs().iter().zip(inputs) {
+            bufs.insert(n, b.clone());
+        }
         let mut readers = self.readers.clone();
-        let mut done_reading = |bufs: &mut HashMap<NodeId, Buffer>, n: NodeId| {
-            let r = readers.get_mut(&n).expect("every read node is counted");
+        let mut done_reading = |bufs: &mut Bufs, n: NodeId| {
+            let r = &mut readers[n.index()];
             *r -= 1;
             if *r == 0 {
                 bufs.remove(&n);
@@ -334,6 +335,32 @@ impl Prepared {
     }
 }
 
+/// The live buffers of a run, by node index.
+struct Bufs(Vec<Option<Buffer>>);
+
+impl Bufs {
+    fn insert(&mut self, n: NodeId, b: Buffer) {
+        self.0[n.index()] = Some(b);
+    }
+
+    fn remove(&mut self, n: &NodeId) {
+        self.0[n.index()] = None;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (NodeId, &Buffer)> {
+        self.0.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (NodeId::new(i), b)))
+    }
+}
+
+impl std::ops::Index<&NodeId> for Bufs {
+    type Output = Buffer;
+    fn index(&self, n: &NodeId) -> &Buffer {
+        self.0[n.index()]
+            .as_ref()
+            .expect("a step reads only buffers computed before it and not yet freed")
+    }
+}
+
 /// The ops of a fused kernel for people: scalar constants and their broadcasts are left
 /// out, reductions show their axes and casts their target.
 pub fn describe_ops(graph: &Graph, nodes: &[NodeId]) -> String {
@@ -386,7 +413,7 @@ struct KernelRun {
 fn kernel_event(
     graph: &Graph,
     k: &KernelStep,
-    bufs: &HashMap<NodeId, Buffer>,
+    bufs: &Bufs,
     outs: &[Buffer],
     info: KernelRun,
     started: Instant,
@@ -414,11 +441,11 @@ fn kernel_event(
 fn track_memory(
     memory: Option<&mut MemoryPeak>,
     graph: &Graph,
-    bufs: &HashMap<NodeId, Buffer>,
+    bufs: &Bufs,
     new: Option<(NodeId, &Buffer)>,
 ) {
     let Some(memory) = memory else { return };
-    let mut live: Vec<(u64, NodeId)> = bufs.iter().map(|(&n, b)| (bytes(b), n)).collect();
+    let mut live: Vec<(u64, NodeId)> = bufs.iter().map(|(n, b)| (bytes(b), n)).collect();
     if let Some((n, b)) = new {
         live.push((bytes(b), n));
     }
@@ -506,7 +533,7 @@ fn run_kernel(
     graph: &Graph,
     step: &KernelStep,
     kernel: Option<&CpuKernel>,
-    bufs: &HashMap<NodeId, Buffer>,
+    bufs: &Bufs,
 ) -> Result<Vec<Buffer>, RunError> {
     let root = graph.node(step.outputs[0]);
     let at =
@@ -562,7 +589,7 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_ou
 fn run_fused_nodes_on_reference(
     graph: &Graph,
     step: &KernelStep,
-    bufs: &HashMap<NodeId, Buffer>,
+    bufs: &Bufs,
 ) -> Result<Vec<Buffer>, RunError> {
     let mut local: HashMap<NodeId, Buffer> = HashMap::new();
     for &n in &step.fused {
