@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use crate::{Graph, NodeId, Op};
+use crate::{Graph, NodeId, Op, View};
 
 /// The graph with common subexpressions merged, and for each output of `graph` (in order)
 /// the node of the new graph that computes it. Inputs keep their order, so the same buffers
@@ -46,7 +46,102 @@ pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
 /// ([`Graph::rebind_leaf`]); the map gives the new node of every node of `graph` that is
 /// still computed.
 pub fn optimize_symbolic(graph: &Graph) -> (Graph, HashMap<NodeId, NodeId>) {
-    cse_with(graph, true)
+    let (products, first) = transpose_products(graph);
+    let (merged, second) = cse_with(&products, true);
+    let map = first
+        .into_iter()
+        .filter_map(|(old, mid)| second.get(&mid).map(|&new| (old, new)))
+        .collect();
+    (merged, map)
+}
+
+/// Whether `view` swaps the last two dimensions of a dense tensor of shape `input`.
+fn is_transpose_of(view: &View, input: &crate::Shape) -> bool {
+    let r = input.rank();
+    if r < 2 || view.offset() != 0 {
+        return false;
+    }
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(r - 2, r - 1);
+    let swapped = View::contiguous(input.clone()).permute(&perm);
+    view.shape() == swapped.shape() && view.strides() == swapped.strides()
+}
+
+/// `(a @ b)ᵀ` rewritten as `bᵀ @ aᵀ` when the product is used only transposed: the
+/// transposes are strides that the matrix library reads for free, so the result is written
+/// in the layout it is read in instead of being copied. Autograd makes this pattern for
+/// every weight used as `x @ wᵀ` (the gradient of `w` is `(xᵀ g)ᵀ`). Returns the new graph
+/// and the new node of every node that is kept.
+pub fn transpose_products(graph: &Graph) -> (Graph, HashMap<NodeId, NodeId>) {
+    let order = graph.topo_order();
+    let mut fold: HashMap<NodeId, NodeId> = HashMap::new(); // view -> product it transposes
+    for &id in &order {
+        if let Op::View(view) = &graph.node(id).op {
+            let src = graph.args(id)[0];
+            let product = graph.node(src);
+            if matches!(product.op, Op::MatMul)
+                && graph.uses(src) == 1
+                && !graph.outputs().contains(&src)
+                && is_transpose_of(view, &product.shape)
+            {
+                fold.insert(id, src);
+            }
+        }
+    }
+    let folded: std::collections::HashSet<NodeId> = fold.values().copied().collect();
+    let mut out = Graph::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    for &id in &order {
+        if folded.contains(&id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let new = if let Some(&product) = fold.get(&id) {
+            let [a, b] = [graph.args(product)[0], graph.args(product)[1]];
+            // A transpose of a view is that view with two dimensions swapped, over the same
+            // source: views never stack up (the matrix library reads one view as strides).
+            let transposed = |out: &mut Graph, n: NodeId| {
+                let shape = graph.node(n).shape.clone();
+                let r = shape.rank();
+                let mut perm: Vec<usize> = (0..r).collect();
+                perm.swap(r - 2, r - 1);
+                let (view, src) = match &graph.node(n).op {
+                    Op::View(v) => (v.permute(&perm), graph.args(n)[0]),
+                    _ => (View::contiguous(shape).permute(&perm), n),
+                };
+                if view.is_identity_of(&graph.node(src).shape) {
+                    return Ok(map[&src]);
+                }
+                out.push(Op::View(view), &[map[&src]])
+            };
+            let bt = transposed(&mut out, b);
+            let at = transposed(&mut out, a);
+            let (bt, at) = (
+                bt.expect("a transpose of a matrix operand is a valid view"),
+                at.expect("a transpose of a matrix operand is a valid view"),
+            );
+            out.push(Op::MatMul, &[bt, at]).expect("bᵀ aᵀ has the shape of (a b)ᵀ")
+        } else {
+            match &node.op {
+                Op::Input => out.input(node.shape.clone(), node.dtype),
+                op if op.is_leaf() => out
+                    .leaf(op.clone(), node.shape.clone(), node.dtype)
+                    .expect("a valid leaf stays valid"),
+                op => {
+                    let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
+                    out.push(op.clone(), &args).expect("a node's inputs are unchanged")
+                }
+            }
+        };
+        if let Some(origin) = node.origin {
+            out.set_origin(new, origin);
+        }
+        map.insert(id, new);
+    }
+    for o in graph.outputs() {
+        out.mark_output(map[o]);
+    }
+    (out, map)
 }
 
 fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
@@ -90,10 +185,11 @@ fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
     (out, map)
 }
 
-/// Every pass in order ([`simplify`], then [`cse`]), with the new node of each output of
-/// `graph` (in order).
+/// Every pass in order ([`transpose_products`], [`simplify`], then [`cse`]), with the new
+/// node of each output of `graph` (in order).
 pub fn optimize(graph: &Graph) -> (Graph, Vec<NodeId>) {
-    let (simplified, first) = simplify(graph);
+    let (products, _) = transpose_products(graph);
+    let (simplified, first) = simplify(&products);
     let (merged, second) = cse(&simplified);
     let moved: HashMap<NodeId, NodeId> = simplified.outputs().iter().copied().zip(second).collect();
     let outputs = first.iter().map(|o| moved[o]).collect();

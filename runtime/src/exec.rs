@@ -310,8 +310,10 @@ impl Prepared {
                 }
                 PreparedStep::Kernel { step: k, kernel, compile } => {
                     let outs = run_kernel(graph, k, kernel.as_deref(), &bufs)?;
+                    // The compile is reported once, by the first run (if it is traced).
+                    let compile = compile.take();
                     if tracing {
-                        let info = KernelRun { compiled: kernel.clone(), compile: compile.take() };
+                        let info = KernelRun { compiled: kernel.clone(), compile };
                         let e = kernel_event(graph, k, &bufs, &outs, info, started);
                         trace::record(started, e);
                         track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
