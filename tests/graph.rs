@@ -56,3 +56,36 @@ fn generated_code_snapshots() {
         format!("{}\n\n{}", softmax.kernel_text[sum], softmax.clif[sum])
     );
 }
+
+/// Every kernel of a whole training step (a linear layer with GELU, cross-entropy, backward
+/// and an SGD update), as `debug::kernels` reports them: which ops each fuses and why it
+/// ends, and the Cranelift IR of the vectorized GELU. A change to fusion or to the code
+/// generator shows up here as a reviewed diff.
+#[test]
+fn training_step_kernel_snapshots() {
+    use kiln::nn::{Linear, Module, Parameters, functional as F};
+    use kiln::optim::{Optimizer, Sgd, SgdConfig};
+    let layer = Linear::from_parts(
+        Tensor::from_vec((0..24).map(|i| (i as f32 - 12.0) / 10.0).collect::<Vec<_>>(), [4, 6]),
+        Some(Tensor::from_vec(vec![0.1f32, -0.2, 0.3, 0.0], [4])),
+    )
+    .unwrap();
+    let params: Vec<Tensor> = layer.parameters().iter().map(|p| p.requires_grad_(true)).collect();
+    let mut opt = Sgd::new(params, SgdConfig { lr: 0.1, ..Default::default() });
+    let x = Tensor::from_vec((0..48).map(|i| (i as f32).sin()).collect::<Vec<_>>(), [8, 6]);
+    let y = Tensor::from_vec(vec![0i64, 1, 2, 3, 0, 1, 2, 3], [8]);
+    Tensor::try_realize_all(&[&x, &y]).unwrap();
+    let (_, kernels) = kiln::debug::kernels(|| {
+        let loss = F::cross_entropy(&layer.forward(&x).gelu(), &y);
+        loss.backward();
+        opt.step();
+    });
+    let listing: Vec<String> =
+        kernels.iter().map(|k| format!("{} {}: {} [{}]", k.name, k.shape, k.ops, k.cut)).collect();
+    insta::assert_snapshot!("training_step_kernels", listing.join("\n"));
+    let gelu = kernels.iter().find(|k| k.ops.contains("erf")).expect("the GELU kernel");
+    insta::assert_snapshot!(
+        "gelu_kernel",
+        format!("{}\n\n{}", gelu.text, gelu.clif.as_deref().expect("compiled"))
+    );
+}

@@ -334,4 +334,34 @@ mod tests {
         let (s, outs) = simplify(&g);
         assert_eq!(outs, s.inputs().to_vec());
     }
+
+    #[test]
+    fn transposed_products_swap_their_operands() {
+        // (xᵀ g)ᵀ, as autograd makes it for the weight of x @ wᵀ, becomes gᵀ x: the transpose
+        // of the view xᵀ is x itself, and the product is read in place.
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([5, 3]), DType::F32);
+        let grad = g.input(Shape::from([5, 4]), DType::F32);
+        let xt =
+            g.push(Op::View(View::contiguous(Shape::from([5, 3])).permute(&[1, 0])), &[x]).unwrap();
+        let p = g.push(Op::MatMul, &[xt, grad]).unwrap();
+        let back =
+            g.push(Op::View(View::contiguous(Shape::from([3, 4])).permute(&[1, 0])), &[p]).unwrap();
+        g.mark_output(back);
+        let (out, map) = transpose_products(&g);
+        let o = map[&back];
+        assert!(matches!(out.node(o).op, Op::MatMul));
+        assert_eq!(out.node(o).shape, Shape::from([4, 3]));
+        let args = out.args(o);
+        assert!(matches!(out.node(args[0]).op, Op::View(_)), "gᵀ");
+        assert_eq!(args[1], map[&x], "(xᵀ)ᵀ is x");
+        assert!(!map.contains_key(&p), "the old product is gone");
+        assert_eq!(out.inputs(), &[map[&x], map[&grad]]);
+        // A product with another consumer stays.
+        let mut g2 = g.clone();
+        let e = g2.push(Op::Unary(UnaryOp::Exp), &[p]).unwrap();
+        g2.mark_output(e);
+        let (out2, map2) = transpose_products(&g2);
+        assert!(matches!(out2.node(map2[&back]).op, Op::View(_)));
+    }
 }
