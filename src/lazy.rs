@@ -1,5 +1,6 @@
 //! Lazy nodes: the recorded, not yet computed, program.
 
+use std::cell::Cell;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,6 +24,24 @@ pub(crate) struct LazyNode {
 }
 
 static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The line that nodes recorded now are attributed to, instead of their caller's: set
+    /// while backward records the gradient of a forward op.
+    static ORIGIN: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every node it records attributed to `origin`.
+pub(crate) fn with_origin<T>(origin: &'static Location<'static>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<&'static Location<'static>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ORIGIN.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(ORIGIN.with(|o| o.replace(Some(origin))));
+    f()
+}
 
 /// The serial number the next recorded node will get.
 pub(crate) fn next_serial() -> u64 {
@@ -48,7 +67,7 @@ impl LazyNode {
             shape,
             dtype,
             device,
-            origin,
+            origin: ORIGIN.with(Cell::get).unwrap_or(origin),
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::Pending(inputs)),
         })

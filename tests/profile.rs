@@ -112,3 +112,15 @@ fn kernels_returns_each_generated_kernel_once() {
     let unfused = kiln::with_fusion(false, || kiln::debug::fused_dot(&[&y]));
     assert_eq!(unfused.matches("subgraph cluster_").count(), 6, "{unfused}");
 }
+
+#[test]
+fn gradient_kernels_name_the_forward_lines() {
+    let x = Tensor::randn([6, 4]).requires_grad_(true);
+    let w = Tensor::randn([4, 3]).requires_grad_(true);
+    let loss = x.matmul(&w).tanh().sum_dim(1, false).exp().mean();
+    let (_, p) = kiln::profile(|| loss.backward());
+    let sources: Vec<String> =
+        p.events().iter().flat_map(|e| e.sources.iter().map(ToString::to_string)).collect();
+    assert!(!sources.is_empty());
+    assert!(sources.iter().all(|s| s.starts_with("tests/profile.rs")), "{sources:?}");
+}

@@ -280,7 +280,11 @@ fn run_backward(
         }
         let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, node))?;
         check_versions(op, node, &inputs)?;
-        let grads = autodiff::vjp(&mut TensorBuilder, &node.op, &inputs, &g)?;
+        // The gradient ops are recorded as coming from the forward op's line, so profiles and
+        // errors point at user code rather than at the gradient rules.
+        let grads = crate::lazy::with_origin(node.origin, || {
+            autodiff::vjp(&mut TensorBuilder, &node.op, &inputs, &g)
+        })?;
         for (input, gi) in inputs.iter().zip(grads) {
             if let Some(gi) = gi
                 && input.requires_grad()
@@ -362,6 +366,7 @@ fn freed_error(op: &'static str, node: &GradNode) -> Error {
 }
 
 /// The seed gradient of a root: ones for a one-element output, else `gradient`, checked.
+#[track_caller]
 fn seed(output: &Tensor, gradient: Option<&Tensor>, op: &'static str) -> Result<Tensor> {
     if !output.requires_grad() {
         return Err(Error::Autograd {
@@ -382,7 +387,11 @@ fn seed(output: &Tensor, gradient: Option<&Tensor>, op: &'static str) -> Result<
             ),
         )),
         Some(g) => Ok(g.to_dtype(output.dtype())),
-        None if output.numel() == 1 => Ok(no_grad(|| output.ones_like())),
+        None if output.numel() == 1 => {
+            // A guard, not a closure, so that the seed records the caller's line.
+            let _no_grad = NoGradGuard::new();
+            Ok(output.ones_like())
+        }
         None => Err(Error::Autograd {
             op,
             detail: format!(
@@ -419,6 +428,7 @@ pub fn grad(outputs: &[&Tensor], inputs: &[&Tensor], create_graph: bool) -> Vec<
 /// [`Error::Autograd`] when an output does not require grad or is not a one-element tensor,
 /// when an input was not used to compute the outputs, or when the graph was freed by an
 /// earlier backward.
+#[track_caller]
 pub fn try_grad(
     outputs: &[&Tensor],
     inputs: &[&Tensor],
@@ -541,6 +551,7 @@ impl Tensor {
     /// [`Error::Autograd`] when the tensor does not require grad, has more than one element,
     /// or its graph was freed by an earlier backward; [`Error::Runtime`] when computing the
     /// gradients fails.
+    #[track_caller]
     pub fn try_backward(&self) -> Result<()> {
         self.try_backward_with(None, BackwardOptions::default())
     }
@@ -560,6 +571,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::try_backward`], and [`Error::Shape`] when the gradient's shape differs
     /// from the output's.
+    #[track_caller]
     pub fn try_backward_with(
         &self,
         gradient: Option<&Tensor>,
