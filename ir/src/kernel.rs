@@ -202,7 +202,7 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
     }
 }
 
-fn round(dtype: DType, v: f64) -> f64 {
+pub(crate) fn round(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => f64::from(v as f32),
         DType::F16 => half::f16::from_f64(v).to_f64(),
@@ -215,7 +215,7 @@ fn round(dtype: DType, v: f64) -> f64 {
     }
 }
 
-fn cast(v: f64, from: DType, to: DType) -> f64 {
+pub(crate) fn cast(v: f64, from: DType, to: DType) -> f64 {
     match (from.is_float(), to) {
         (_, DType::Bool) => f64::from(u8::from(v != 0.0)),
         (true, t) if !t.is_float() => {
@@ -229,7 +229,7 @@ fn cast(v: f64, from: DType, to: DType) -> f64 {
     }
 }
 
-fn unary(op: UnaryOp, x: f64, dtype: DType) -> f64 {
+pub(crate) fn unary(op: UnaryOp, x: f64, dtype: DType) -> f64 {
     match op {
         UnaryOp::Neg => -x,
         UnaryOp::Abs => x.abs(),
@@ -256,7 +256,7 @@ fn unary(op: UnaryOp, x: f64, dtype: DType) -> f64 {
     }
 }
 
-fn binary(op: BinaryOp, a: f64, b: f64, dtype: DType) -> f64 {
+pub(crate) fn binary(op: BinaryOp, a: f64, b: f64, dtype: DType) -> f64 {
     let flag = |c: bool| f64::from(u8::from(c));
     match op {
         BinaryOp::Add => a + b,

@@ -7,7 +7,9 @@
 //!   in the same graph the recomputation merges with it. Random fills are pure functions of
 //!   their key, so equal fills merge too.
 //!
-//! - [`simplify`]: algebraic identities that hold exactly in IEEE arithmetic: `x * 1`,
+//! - [`simplify`]: constant folding (a floating-point op of constants becomes a constant,
+//!   computed as the reference executor would), and algebraic identities that hold exactly
+//!   in IEEE arithmetic: `x * 1`,
 //!   `1 * x`, `x / 1` and `x - 0` are `x`, and `-(-x)` is `x`. (`x + 0` is not: `-0 + 0` is
 //!   `+0`; `exp(log x)` is not: it is NaN for negative `x`.)
 //!
@@ -196,13 +198,42 @@ pub fn optimize(graph: &Graph) -> (Graph, Vec<NodeId>) {
     (merged, outputs)
 }
 
-/// The constant a node holds everywhere, looking through views of a fill.
-fn constant(graph: &Graph, id: NodeId) -> Option<f64> {
+/// The constant a node holds everywhere, looking through views of a fill and through nodes
+/// already folded.
+fn constant(graph: &Graph, id: NodeId, folded: &HashMap<NodeId, f64>) -> Option<f64> {
+    if let Some(&v) = folded.get(&id) {
+        return Some(v);
+    }
     match &graph.node(id).op {
         Op::Full(v) => Some(v.to_f64()),
-        Op::View(_) => constant(graph, graph.args(id)[0]),
+        Op::View(_) => constant(graph, graph.args(id)[0], folded),
         _ => None,
     }
+}
+
+/// Constant folding: the value of a floating-point elementwise op whose inputs are all
+/// constants, computed as the reference executor computes it (in f64, rounded to the
+/// node's dtype after the op).
+fn fold(graph: &Graph, id: NodeId, args: &[NodeId], folded: &HashMap<NodeId, f64>) -> Option<f64> {
+    use crate::kernel::{binary, cast, round, unary};
+    let node = graph.node(id);
+    if !node.dtype.is_float() {
+        return None;
+    }
+    let float_arg = |a: NodeId| {
+        let n = graph.node(a);
+        if n.dtype.is_float() { constant(graph, a, folded) } else { None }
+    };
+    let v = match &node.op {
+        Op::Unary(op) => unary(*op, float_arg(args[0])?, node.dtype),
+        Op::Binary(op) => binary(*op, float_arg(args[0])?, float_arg(args[1])?, node.dtype),
+        Op::Cast(_) => {
+            let from = graph.node(args[0]).dtype;
+            cast(constant(graph, args[0], folded)?, from, node.dtype)
+        }
+        _ => return None,
+    };
+    Some(round(node.dtype, v))
 }
 
 /// The graph with exact algebraic identities applied, and where each output of `graph` went
@@ -212,14 +243,20 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     // First decide, for each node, which node of the same graph it can be replaced by.
     let order = graph.topo_order();
     let mut same_as: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut folded: HashMap<NodeId, f64> = HashMap::new();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
+        if let Some(v) = fold(graph, id, &args, &folded) {
+            folded.insert(id, v);
+            continue;
+        }
+        let c = |n: NodeId| constant(graph, n, &folded);
         let replacement = match graph.node(id).op {
-            Op::Binary(BinaryOp::Mul) if constant(graph, args[1]) == Some(1.0) => Some(args[0]),
-            Op::Binary(BinaryOp::Mul) if constant(graph, args[0]) == Some(1.0) => Some(args[1]),
-            Op::Binary(BinaryOp::Div) if constant(graph, args[1]) == Some(1.0) => Some(args[0]),
-            Op::Binary(BinaryOp::Sub) if constant(graph, args[1]) == Some(0.0) => Some(args[0]),
+            Op::Binary(BinaryOp::Mul) if c(args[1]) == Some(1.0) => Some(args[0]),
+            Op::Binary(BinaryOp::Mul) if c(args[0]) == Some(1.0) => Some(args[1]),
+            Op::Binary(BinaryOp::Div) if c(args[1]) == Some(1.0) => Some(args[0]),
+            Op::Binary(BinaryOp::Sub) if c(args[1]) == Some(0.0) => Some(args[0]),
             Op::Unary(UnaryOp::Neg)
                 if matches!(graph.node(args[0]).op, Op::Unary(UnaryOp::Neg)) =>
             {
@@ -238,7 +275,7 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     let mut stack: Vec<NodeId> = graph.outputs().iter().map(|&o| resolve(&same_as, o)).collect();
     stack.extend(graph.inputs().iter().copied()); // inputs keep their binding order
     while let Some(n) = stack.pop() {
-        if std::mem::replace(&mut needed[n.index()], true) {
+        if std::mem::replace(&mut needed[n.index()], true) || folded.contains_key(&n) {
             continue;
         }
         stack.extend(graph.args(n).iter().map(|&a| resolve(&same_as, a)));
@@ -249,6 +286,9 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
         }
         let node = graph.node(id);
         let new = match &node.op {
+            _ if folded.contains_key(&id) => out
+                .leaf(Op::Full(crate::Scalar::F64(folded[&id])), node.shape.clone(), node.dtype)
+                .expect("a float fill of a float node's shape is valid"),
             Op::Input => out.input(node.shape.clone(), node.dtype),
             op if op.is_leaf() => out
                 .leaf(op.clone(), node.shape.clone(), node.dtype)
@@ -363,5 +403,29 @@ mod tests {
         g2.mark_output(e);
         let (out2, map2) = transpose_products(&g2);
         assert!(matches!(out2.node(map2[&back]).op, Op::View(_)));
+    }
+
+    #[test]
+    fn constants_fold_as_the_reference_computes_them() {
+        // exp(2 * 0.5) + x: the constant subexpression becomes one fill of e (rounded to f32).
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3]), DType::F32);
+        let two = g.leaf(Op::Full(Scalar::F64(2.0)), Shape::from([3]), DType::F32).unwrap();
+        let half = g.leaf(Op::Full(Scalar::F64(0.5)), Shape::from([3]), DType::F32).unwrap();
+        let m = g.push(Op::Binary(BinaryOp::Mul), &[two, half]).unwrap();
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[m]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Add), &[e, x]).unwrap();
+        g.mark_output(y);
+        let (out, outputs) = simplify(&g);
+        assert_eq!(out.len(), 3, "x, the folded fill, the add");
+        let args = out.args(outputs[0]);
+        let Op::Full(v) = out.node(args[0]).op else { panic!("a fill") };
+        assert_eq!(v.to_f64(), f64::from(1f64.exp() as f32));
+        // Integer ops are left to the executor (wrapping semantics).
+        let mut g = Graph::new();
+        let a = g.leaf(Op::Full(Scalar::I64(i64::MAX)), Shape::from([1]), DType::I64).unwrap();
+        let b = g.push(Op::Binary(BinaryOp::Add), &[a, a]).unwrap();
+        g.mark_output(b);
+        assert_eq!(simplify(&g).0.len(), 2);
     }
 }
