@@ -7,8 +7,10 @@ use kiln::prelude::*;
 use crate::common::*;
 
 /// A random program: inputs of random shapes, dtypes and layouts, then random elementwise
-/// ops, broadcasts, movement ops, casts and reductions. Deterministic in `seed`.
-fn program(seed: u64) -> Tensor {
+/// ops, broadcasts, movement ops, casts and reductions. Deterministic in `seed`. Also says
+/// whether it used a function that generated code approximates in f32 (a few ULP), whose
+/// error a later promotion to f64 carries into an f64 result.
+fn program(seed: u64) -> (Tensor, bool) {
     let mut rng = Rng::new(seed);
     let dtypes = [
         DType::F32,
@@ -34,9 +36,12 @@ fn program(seed: u64) -> Tensor {
         pool.push(make(&data, &s, dtype, layout));
     }
     let mut x = pool[0].clone();
+    let mut approximated = false;
     for _ in 0..rng.int(2, 12) {
         let other = pool[rng.int(0, pool.len() as i64) as usize].clone();
-        x = match rng.int(0, 22) {
+        let op = rng.int(0, 22);
+        approximated |= matches!(op, 0 | 1 | 2 | 3 | 5 | 18 | 21);
+        x = match op {
             0 => x.float().tanh(),
             1 => x.float().sigmoid(),
             2 => x.float().exp().clamp(-10.0, 10.0),
@@ -75,26 +80,27 @@ fn program(seed: u64) -> Tensor {
             pool.push(x.clone());
         }
     }
-    x
+    (x, approximated)
 }
 
-fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>) {
+fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>, bool) {
     kiln::with_execution(mode, || {
-        let y = program(seed);
-        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>())
+        let (y, approximated) = program(seed);
+        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>(), approximated)
     })
 }
 
 #[test]
 fn random_programs_agree_fused_unfused_and_reference() {
     for seed in 0..2000 {
-        let (shape, dtype, reference) = run(seed, Execution::Reference);
+        let (shape, dtype, reference, approximated) = run(seed, Execution::Reference);
         for mode in [Execution::Fused, Execution::Unfused] {
-            let (s, d, got) = run(seed, mode);
+            let (s, d, got, _) = run(seed, mode);
             assert_eq!((&s, d), (&shape, dtype), "seed {seed} {mode:?}");
             // The generated code computes what the reference computes, up to the double
-            // rounding of 16-bit floats (through f32) and erf's implementation.
-            let tol = 4.0 * tolerance(dtype).max(1e-12);
+            // rounding of 16-bit floats (through f32) and the few ULP of the f32 polynomials.
+            let floor = if approximated { tolerance(DType::F32) } else { 1e-12 };
+            let tol = 4.0 * tolerance(dtype).max(floor);
             assert_close_tol(&got, &reference, tol, &format!("seed {seed} {mode:?}"));
         }
     }
@@ -134,7 +140,7 @@ fn kernel_counts() {
 fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
     // With the default tolerances every kernel of these programs agrees with the reference.
     for seed in 0..50 {
-        kiln::with_check(|| program(seed).realize().clone());
+        kiln::with_check(|| program(seed).0.realize().clone());
     }
     // Demanding exact agreement, the polynomial exp differs from the reference's f64 exp in
     // the last bit somewhere: the report names the kernel, its ops and this file's line.

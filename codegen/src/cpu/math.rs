@@ -1,4 +1,4 @@
-//! Vectorized `exp`, `tanh`, `sigmoid` and `erf` for `f32x4`, as inline polynomials (Cranelift
+//! Vectorized `exp`, `tanh`, `sigmoid`, `erf` and `log` for `f32x4`, as inline polynomials (Cranelift
 //! has no transcendental instructions, and a call per lane would cost more than the math).
 //!
 //! The approximations are Cephes' `expf` and `tanhf`: `exp` reduces `x = n ln 2 + r` with
@@ -6,7 +6,7 @@
 //! exponent bits; `tanh` uses an odd polynomial below `|x| = 0.625` and `1 - 2 / (e^{2|x|} + 1)`
 //! above; `sigmoid` is `1 / (1 + e^{-x})`. Measured errors against f64, over inputs whose
 //! results are normal floats: `exp` at most 2 ULP, `tanh` at most 3 ULP, `sigmoid` at most 4
-//! ULP, `erf` at most 2 ULP (the tests of this crate enforce the bounds). `exp` overflows to infinity where f32
+//! ULP, `erf` at most 2 ULP, `log` at most 1 ULP (the tests of this crate enforce the bounds). `exp` overflows to infinity where f32
 //! does; below `-86.9` (where the result leaves the normal range) it returns `e^-86.9`, about
 //! `1.8e-38`, so the absolute error there is below `2e-38`. NaN propagates.
 
@@ -223,4 +223,89 @@ pub(super) fn erf(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), is_small);
     // NaN compares false and takes the large branch, where it propagates.
     b.ins().bitselect(mask, small, large)
+}
+
+/// `ln(x)` for four lanes: Cephes' `logf`. `x = m 2^e` with `m` in `[√½, √2)`, then
+/// `ln(1 + f) ≈ f - f²/2 + f³ P(f)` and `e ln 2` added in two parts. Subnormal inputs are
+/// scaled into the normal range first; `ln(0) = -inf`, `ln(inf) = inf`, negative inputs and
+/// NaN give NaN.
+pub(super) fn log(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
+    const P: [f32; 9] = [
+        7.0376836292e-2,
+        -1.1514610310e-1,
+        1.1676998740e-1,
+        -1.2420140846e-1,
+        1.4249322787e-1,
+        -1.6668057665e-1,
+        2.0000714765e-1,
+        -2.4999993993e-1,
+        3.3333331174e-1,
+    ];
+    let flags = MemFlagsData::new();
+    let as_f = |b: &mut FunctionBuilder<'_>, v: Value| b.ins().bitcast(types::F32X4, flags, v);
+    let as_i = |b: &mut FunctionBuilder<'_>, v: Value| b.ins().bitcast(types::I32X4, flags, v);
+    // Subnormals: multiply by 2^23 and take 23 off the exponent.
+    let min_normal = splat(b, f32::MIN_POSITIVE);
+    let tiny = b.ins().fcmp(FloatCC::LessThan, x, min_normal);
+    let scale = splat(b, 8_388_608.0);
+    let scaled = b.ins().fmul(x, scale);
+    let tiny_f = as_f(b, tiny);
+    let xs = b.ins().bitselect(tiny_f, scaled, x);
+    let bits = as_i(b, xs);
+    let exp_bits = b.ins().ushr_imm_u(bits, 23);
+    let byte = isplat(b, 0xff);
+    let exp_bits = b.ins().band(exp_bits, byte);
+    let bias = isplat(b, 126);
+    let e = b.ins().isub(exp_bits, bias);
+    let adjust = isplat(b, 23);
+    let zero_i = isplat(b, 0);
+    let tiny_i = as_i(b, tiny);
+    let adjust = b.ins().bitselect(tiny_i, adjust, zero_i);
+    let e = b.ins().isub(e, adjust);
+    let mant_mask = isplat(b, 0x807f_ffff_u32 as i32);
+    let half_bits = isplat(b, 0x3f00_0000);
+    let m = b.ins().band(bits, mant_mask);
+    let m = b.ins().bor(m, half_bits);
+    let m = as_f(b, m);
+    // Below √½, use 2m and one less in the exponent.
+    let sqrt_half = splat(b, std::f32::consts::FRAC_1_SQRT_2);
+    let low = b.ins().fcmp(FloatCC::LessThan, m, sqrt_half);
+    let low_i = as_i(b, low);
+    let one_i = isplat(b, 1);
+    let dec = b.ins().bitselect(low_i, one_i, zero_i);
+    let e = b.ins().isub(e, dec);
+    let e = b.ins().fcvt_from_sint(types::F32X4, e);
+    let one = splat(b, 1.0);
+    let zero = splat(b, 0.0);
+    let f = b.ins().fsub(m, one);
+    let low_f = as_f(b, low);
+    let extra = b.ins().bitselect(low_f, m, zero);
+    let f = b.ins().fadd(f, extra);
+    let z = b.ins().fmul(f, f);
+    let p = horner(b, f, &P);
+    let y = b.ins().fmul(p, f);
+    let y = b.ins().fmul(y, z);
+    let q1 = splat(b, -2.12194440e-4);
+    let t = b.ins().fmul(e, q1);
+    let y = b.ins().fadd(y, t);
+    let minus_half = splat(b, -0.5);
+    let t = b.ins().fmul(z, minus_half);
+    let y = b.ins().fadd(y, t);
+    let r = b.ins().fadd(f, y);
+    let q2 = splat(b, 0.693359375);
+    let t = b.ins().fmul(e, q2);
+    let r = b.ins().fadd(r, t);
+    // Special values, last to first in priority.
+    let inf = splat(b, f32::INFINITY);
+    let is_inf = b.ins().fcmp(FloatCC::Equal, x, inf);
+    let is_inf = as_f(b, is_inf);
+    let r = b.ins().bitselect(is_inf, inf, r);
+    let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+    let is_zero = as_f(b, is_zero);
+    let neg_inf = splat(b, f32::NEG_INFINITY);
+    let r = b.ins().bitselect(is_zero, neg_inf, r);
+    let invalid = b.ins().fcmp(FloatCC::UnorderedOrLessThan, x, zero);
+    let invalid = as_f(b, invalid);
+    let nan = splat(b, f32::NAN);
+    b.ins().bitselect(invalid, nan, r)
 }

@@ -157,7 +157,7 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round => e.dtype == float,
-            UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf => {
+            UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf | UnaryOp::Log => {
                 e.dtype == DType::F32 && float == DType::F32
             }
             _ => false,
@@ -788,6 +788,7 @@ impl Translator<'_, '_> {
                         UnaryOp::Tanh => math::tanh(self.b, x),
                         UnaryOp::Sigmoid => math::sigmoid(self.b, x),
                         UnaryOp::Erf => math::erf(self.b, x),
+                        UnaryOp::Log => math::log(self.b, x),
                         other => unreachable!("{} is not vectorized", other.name()),
                     }
                 }

@@ -253,6 +253,18 @@ fn vector_exp_tanh_sigmoid_error_bounds() {
     e.extend((0..200).map(|i| 10f64.powf(-30.0 + i as f64 * 0.15)));
     let erf = max_ulp(UnaryOp::Erf, &e, kiln_ir::kernel::erf);
     assert!(erf.0 <= 2, "erf: {} ulp at {}", erf.0, erf.1);
+    // log over every binade, subnormals included, and densely around 1.
+    let mut l: Vec<f64> =
+        (0..400_000).map(|i| 2f64.powf(-149.0 + 277.0 * f64::from(i) / 400_000.0)).collect();
+    l.extend(sweep(0.5, 2.0, 200_003));
+    l.retain(|&v| (v as f32) > 0.0 && (v as f32).is_finite());
+    let log = max_ulp(UnaryOp::Log, &l, f64::ln);
+    assert!(log.0 <= 1, "log: {} ulp at {}", log.0, log.1);
+    let (k, p) = kernel_of(&[6], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Log), &[x]).unwrap());
+    let got = run(&k, &[vec![f64::NAN, f64::INFINITY, 0.0, -0.0, -1.0, 1.0]], &p, 1 << 20);
+    let got = &got[0];
+    assert!(got[0].is_nan() && got[1] == f64::INFINITY && got[2] == f64::NEG_INFINITY);
+    assert!(got[3] == f64::NEG_INFINITY && got[4].is_nan() && got[5] == 0.0, "{got:?}");
     let (k, p) = kernel_of(&[5], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Erf), &[x]).unwrap());
     let got = run(&k, &[vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, 30.0]], &p, 1 << 20);
     let got = &got[0];
