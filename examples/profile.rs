@@ -38,7 +38,12 @@ fn main() -> kiln::Result<()> {
     println!("fused:\n{fused}\n");
     println!("unfused:\n{unfused}\n");
     println!("{}", kiln::Profile::compare(&fused, &unfused));
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/profile_trace.json");
+    let out_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&out_dir).map_err(|e| kiln::Error::Io {
+        op: "create_dir_all",
+        detail: format!("cannot create {}: {e}", out_dir.display()),
+    })?;
+    let path = out_dir.join("profile_trace.json");
     fused.to_chrome_trace(&path)?;
     println!("Chrome trace of the fused step: {}", path.display());
     Ok(())

@@ -49,14 +49,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (fused, unfused) = (step(true), step(false));
     println!("\none training step, fused:\n{fused}\n");
     println!("{}", kiln::Profile::compare(&fused, &unfused));
-    let trace = root.join("target/train_digits_step.json");
+    // Outputs go to `target/` (created if the build used another target directory).
+    let out_dir = root.join("target");
+    std::fs::create_dir_all(&out_dir)?;
+    let trace = out_dir.join("train_digits_step.json");
     fused.to_chrome_trace(&trace)?;
     println!(
         "Chrome trace of the fused step: {} (open it in https://ui.perfetto.dev)",
         trace.display()
     );
 
-    let path = root.join("target/digits_mlp.safetensors");
+    let path = out_dir.join("digits_mlp.safetensors");
     report.model.save(&path)?;
     let mut reloaded = digits::Mlp::new(config.hidden);
     reloaded.load(&path)?;
