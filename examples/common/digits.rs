@@ -1,6 +1,7 @@
 //! The handwritten-digits training run shared by `examples/train_digits.rs` and the test
 //! that checks its accuracy.
 
+use std::cell::RefCell;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -123,8 +124,11 @@ pub(crate) fn train(data: &Digits, config: &Config) -> kiln::Result<Report> {
     let (test_x, test_y) = (pick(&data.images, &test_idx), pick(&data.labels, &test_idx));
 
     let mut model = Mlp::new(config.hidden);
-    let mut opt = Adam::new(model.parameters(), AdamConfig { lr: config.lr, ..Default::default() });
-    let mut schedule = CosineAnnealingLr::new(&opt, config.epochs, config.lr / 20.0);
+    let opt = RefCell::new(Adam::new(
+        model.parameters(),
+        AdamConfig { lr: config.lr, ..Default::default() },
+    ));
+    let mut schedule = CosineAnnealingLr::new(&*opt.borrow(), config.epochs, config.lr / 20.0);
     let loader =
         DataLoader::new(&train_set, config.batch_size).shuffle(config.seed).drop_last(true);
 
@@ -142,23 +146,31 @@ pub(crate) fn train(data: &Digits, config: &Config) -> kiln::Result<Report> {
     let start = Instant::now();
     let (mut final_loss, mut steps) = (f32::NAN, 0);
     model.train();
-    for epoch in 0..config.epochs {
-        for batch in &loader {
-            let batch = batch?;
+    {
+        // One training step, compiled: forward, loss, backward and the Adam update are one
+        // fused plan, planned on the first calls and replayed afterwards.
+        let mut step = kiln::compile(|(x, y): (&Tensor, &Tensor)| {
+            let mut opt = opt.borrow_mut();
             opt.zero_grad();
-            let loss = F::cross_entropy(&model.forward(&batch[0]), &batch[1]);
+            let loss = F::cross_entropy(&model.forward(x), y);
             loss.backward();
-            opt.step(); // forward, backward and the Adam update run here, as one graph
-            final_loss = loss.item();
-            steps += 1;
-            bar.inc(1);
+            opt.step();
+            loss
+        });
+        for epoch in 0..config.epochs {
+            for batch in &loader {
+                let batch = batch?;
+                final_loss = step.try_call((&batch[0], &batch[1]))?.item();
+                steps += 1;
+                bar.inc(1);
+            }
+            schedule.step(&mut *opt.borrow_mut());
+            bar.set_message(format!(
+                "epoch {:>2}  loss {final_loss:.4}  lr {:.5}",
+                epoch + 1,
+                opt.borrow().lr()
+            ));
         }
-        schedule.step(&mut opt);
-        bar.set_message(format!(
-            "epoch {:>2}  loss {final_loss:.4}  lr {:.5}",
-            epoch + 1,
-            opt.lr()
-        ));
     }
     let train_time = start.elapsed();
     bar.finish();
