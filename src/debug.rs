@@ -107,13 +107,14 @@ pub struct KernelSource {
     /// The Cranelift IR of its CPU code (`None` for a kernel that ran on the reference
     /// executor).
     pub clif: Option<String>,
-    /// Its CUDA C source, for kernels that ran on a GPU (`None` on the CPU).
+    /// The CUDA C the kernel compiles to on an NVIDIA GPU (NVRTC), generated from the same
+    /// kernel IR.
     pub cuda: Option<String>,
 }
 
 /// Runs `f` and returns every distinct kernel that realizations inside it launched, in order
-/// of first launch, with its kernel IR and generated code: snapshot-test these to review
-/// every change to the code generator.
+/// of first launch, with its kernel IR and generated code (Cranelift IR for the CPU, CUDA C
+/// for NVIDIA GPUs): snapshot-test these to review every change to the code generators.
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -140,7 +141,7 @@ pub fn kernels<T>(f: impl FnOnce() -> T) -> (T, Vec<KernelSource>) {
             shape: e.shape,
             text: e.text.unwrap_or_default(),
             clif: e.clif.filter(|_| e.kind == StepKind::Kernel),
-            cuda: None,
+            cuda: e.cuda,
         })
         .collect();
     (value, kernels)

@@ -88,4 +88,8 @@ fn training_step_kernel_snapshots() {
         "gelu_kernel",
         format!("{}\n\n{}", gelu.text, gelu.clif.as_deref().expect("compiled"))
     );
+    // The same kernels as CUDA C: the elementwise GELU and a row reduction.
+    insta::assert_snapshot!("gelu_kernel_cuda", gelu.cuda.as_deref().expect("CUDA C"));
+    let reduction = kernels.iter().find(|k| k.ops.contains("max[1]")).expect("the row max");
+    insta::assert_snapshot!("row_max_kernel_cuda", reduction.cuda.as_deref().expect("CUDA C"));
 }

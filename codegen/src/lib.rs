@@ -2,9 +2,11 @@
 //! into code for a target, together with the code's text.
 //!
 //! - [`cpu`]: Cranelift machine code for the host CPU.
+//! - [`cuda`]: CUDA C source, for NVRTC.
 #![warn(missing_docs)]
 
 pub mod cpu;
+pub mod cuda;
 
 pub use kiln_ir as ir;
 

@@ -402,6 +402,7 @@ fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) -> Event {
         sources: Vec::new(),
         text: None,
         clif: None,
+        cuda: None,
     }
 }
 
@@ -435,6 +436,7 @@ fn kernel_event(
     if trace::wants_sources() {
         e.text = Some(k.kernel.to_string());
         e.clif = info.compiled.map(|c| c.clif().to_string());
+        e.cuda = Some(kiln_codegen::cuda::source(&k.kernel));
     }
     e
 }

@@ -52,6 +52,8 @@ pub struct Event {
     pub text: Option<String>,
     /// The kernel's Cranelift IR, when sources were asked for.
     pub clif: Option<String>,
+    /// The CUDA C the kernel compiles to on a GPU, when sources were asked for.
+    pub cuda: Option<String>,
 }
 
 /// Memory of one realization: the peak of live buffers and the largest ones at that point.

@@ -85,13 +85,13 @@ impl Drop for CpuKernel {
 /// The layout the generated loops walk: coalesced dimensions (row-major, the last is the
 /// row) and each input's strides over them, in elements.
 #[derive(Debug)]
-struct Walk {
-    dims: Vec<usize>,
-    strides: Vec<Vec<i64>>,
-    offsets: Vec<i64>,
+pub(crate) struct Walk {
+    pub(crate) dims: Vec<usize>,
+    pub(crate) strides: Vec<Vec<i64>>,
+    pub(crate) offsets: Vec<i64>,
 }
 
-fn coalesce(kernel: &Kernel, range: std::ops::Range<usize>) -> Walk {
+pub(crate) fn coalesce(kernel: &Kernel, range: std::ops::Range<usize>) -> Walk {
     let mut dims: Vec<usize> = Vec::new();
     let mut strides: Vec<Vec<i64>> = vec![Vec::new(); kernel.inputs.len()];
     for d in range {

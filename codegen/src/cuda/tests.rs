@@ -1,0 +1,208 @@
+//! The generated CUDA C compiles with a real NVRTC (when the library can be loaded: `.ci/run`
+//! installs it from PyPI) and, checked with `ptxas`, uses no local memory for spills.
+
+use kiln_ir::fuse::{FusionPolicy, Step, partition};
+use kiln_ir::kernel::Kernel;
+use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
+
+use super::{param_types, source};
+
+fn kernels_of(g: &Graph) -> Vec<Kernel> {
+    partition(g, FusionPolicy::On)
+        .steps
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(k.kernel),
+            _ => None,
+        })
+        .collect()
+}
+
+fn scalar(g: &mut Graph, v: f64, dtype: DType, shape: &Shape) -> NodeId {
+    let c = g.leaf(Op::Full(Scalar::F64(v)), Shape::from(()), dtype).unwrap();
+    g.push(Op::View(View::contiguous(Shape::from(())).expand(shape)), &[c]).unwrap()
+}
+
+fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+    g.push(Op::Binary(op), &[a, b]).unwrap()
+}
+
+fn un(g: &mut Graph, op: UnaryOp, a: NodeId) -> NodeId {
+    g.push(Op::Unary(op), &[a]).unwrap()
+}
+
+/// A representative set: an elementwise chain, a broadcast, a row softmax's kernels, and a
+/// chain and a reduction in every dtype.
+pub(crate) fn representative() -> Vec<(String, Kernel)> {
+    let mut out = Vec::new();
+    // W1b: ((x * 1.5 + 0.5) * x + relu(x - 0.2)) / (1 + x * x), on an odd size.
+    let mut g = Graph::new();
+    let s = Shape::from([1000]);
+    let x = g.input(s.clone(), DType::F32);
+    let (a, b, c, one) = (
+        scalar(&mut g, 1.5, DType::F32, &s),
+        scalar(&mut g, 0.5, DType::F32, &s),
+        scalar(&mut g, 0.2, DType::F32, &s),
+        scalar(&mut g, 1.0, DType::F32, &s),
+    );
+    let t = bin(&mut g, BinaryOp::Mul, x, a);
+    let t = bin(&mut g, BinaryOp::Add, t, b);
+    let t = bin(&mut g, BinaryOp::Mul, t, x);
+    let r = bin(&mut g, BinaryOp::Sub, x, c);
+    let r = un(&mut g, UnaryOp::Relu, r);
+    let num = bin(&mut g, BinaryOp::Add, t, r);
+    let sq = bin(&mut g, BinaryOp::Mul, x, x);
+    let den = bin(&mut g, BinaryOp::Add, one, sq);
+    let y = bin(&mut g, BinaryOp::Div, num, den);
+    g.mark_output(y);
+    out.extend(kernels_of(&g).into_iter().map(|k| ("elementwise_chain".to_string(), k)));
+
+    // relu(A * col + row) - A / 2 over [8, 16], A transposed.
+    let mut g = Graph::new();
+    let s = Shape::from([8, 16]);
+    let at = g.input(Shape::from([16, 8]), DType::F32);
+    let a =
+        g.push(Op::View(View::contiguous(Shape::from([16, 8])).permute(&[1, 0])), &[at]).unwrap();
+    let col = g.input(Shape::from([8, 1]), DType::F32);
+    let row = g.input(Shape::from([16]), DType::F32);
+    let colb = g.push(Op::View(View::contiguous(Shape::from([8, 1])).expand(&s)), &[col]).unwrap();
+    let rowb = g.push(Op::View(View::contiguous(Shape::from([16])).expand(&s)), &[row]).unwrap();
+    let t = bin(&mut g, BinaryOp::Mul, a, colb);
+    let t = bin(&mut g, BinaryOp::Add, t, rowb);
+    let t = un(&mut g, UnaryOp::Relu, t);
+    let two = scalar(&mut g, 2.0, DType::F32, &s);
+    let h = bin(&mut g, BinaryOp::Div, a, two);
+    let y = bin(&mut g, BinaryOp::Sub, t, h);
+    g.mark_output(y);
+    out.extend(kernels_of(&g).into_iter().map(|k| ("broadcast".to_string(), k)));
+
+    // Row softmax of [4, 33]: the max, the sum of exp(x - max), the division.
+    let mut g = Graph::new();
+    let s = Shape::from([4, 33]);
+    let x = g.input(s.clone(), DType::F32);
+    let m = g.push(Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, &[x]).unwrap();
+    let mb = g.push(Op::View(View::contiguous(Shape::from([4, 1])).expand(&s)), &[m]).unwrap();
+    let d = bin(&mut g, BinaryOp::Sub, x, mb);
+    let e = un(&mut g, UnaryOp::Exp, d);
+    let sum = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[e]).unwrap();
+    let sb = g.push(Op::View(View::contiguous(Shape::from([4, 1])).expand(&s)), &[sum]).unwrap();
+    let y = bin(&mut g, BinaryOp::Div, e, sb);
+    g.mark_output(y);
+    out.extend(kernels_of(&g).into_iter().map(|k| ("softmax".to_string(), k)));
+
+    // Every dtype: a cast chain through f32 math and a comparison, and a reduction.
+    for dtype in [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ] {
+        let mut g = Graph::new();
+        let s = Shape::from([3, 5]);
+        let x = g.input(s.clone(), dtype);
+        let f = g.push(Op::Cast(DType::F32), &[x]).unwrap();
+        let e = un(&mut g, UnaryOp::Tanh, f);
+        let back = g.push(Op::Cast(dtype), &[e]).unwrap();
+        let mx = if dtype == DType::Bool {
+            bin(&mut g, BinaryOp::Or, back, x)
+        } else {
+            bin(&mut g, BinaryOp::Maximum, back, x)
+        };
+        let gt = bin(&mut g, BinaryOp::Gt, mx, x);
+        let y = g.push(Op::Where, &[gt, mx, x]).unwrap();
+        g.mark_output(y);
+        out.extend(kernels_of(&g).into_iter().map(|k| (format!("chain_{dtype}"), k)));
+
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([6, 7]), dtype);
+        let op = if dtype == DType::Bool { ReduceOp::Max } else { ReduceOp::Sum };
+        let acc = if dtype.is_float() || dtype == DType::Bool { dtype } else { DType::I64 };
+        let xi = if acc == dtype { x } else { g.push(Op::Cast(acc), &[x]).unwrap() };
+        let r = g.push(Op::Reduce { op, axes: vec![0] }, &[xi]).unwrap();
+        g.mark_output(r);
+        out.extend(kernels_of(&g).into_iter().map(|k| (format!("reduce_{dtype}"), k)));
+    }
+    out
+}
+
+#[test]
+fn sources_have_one_entry_point_and_typed_arguments() {
+    for (name, k) in representative() {
+        let src = source(&k);
+        let entry = format!("extern \"C\" __global__ void {}(", k.name());
+        assert_eq!(src.matches(&entry).count(), 1, "{name}:\n{src}");
+        assert_eq!(param_types(&k).len(), k.params, "{name}");
+        for i in 0..k.inputs.len() {
+            assert!(src.contains(&format!("in{i}")), "{name}: input {i}");
+        }
+        if k.reduce.is_some() {
+            assert!(src.contains("__shfl_down_sync"), "{name}: a warp reduction");
+        } else {
+            assert!(src.contains("i += (long long)gridDim.x * blockDim.x"), "{name}: grid-stride");
+        }
+        // Braces balance.
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{name}:\n{src}");
+    }
+}
+
+/// Whether NVRTC can be loaded; says why not otherwise.
+fn nvrtc() -> bool {
+    // SAFETY: this only looks the library up with `dlopen`; nothing in it is called.
+    let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    if !present && std::env::var_os("KILN_REQUIRE_NVRTC").is_some() {
+        panic!("KILN_REQUIRE_NVRTC is set but libnvrtc.so cannot be loaded: check LD_LIBRARY_PATH");
+    }
+    if !present {
+        eprintln!(
+            "skipped: libnvrtc.so was not found. `.ci/run` installs NVRTC 13.0 from PyPI into \
+             .venv-cuda and puts its lib directory on LD_LIBRARY_PATH; do the same to run this test"
+        );
+    }
+    present
+}
+
+/// `ptxas` from `KILN_PTXAS` or the `PATH`, if there is one.
+fn ptxas() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("KILN_PTXAS") {
+        return Some(p.into());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file())
+    })
+}
+
+#[test]
+fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
+    if !nvrtc() {
+        return;
+    }
+    let ptxas = ptxas();
+    if ptxas.is_none() {
+        eprintln!("ptxas not found (set KILN_PTXAS): register and spill checks skipped");
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, k) in representative() {
+        let src = source(&k);
+        let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_90"), ..Default::default() };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
+            .unwrap_or_else(|e| panic!("{name}: NVRTC rejected the source: {e:?}\n{src}"));
+        let Some(ptxas) = &ptxas else { continue };
+        let file = dir.join(format!("{}.ptx", k.name()));
+        std::fs::write(&file, ptx.to_src()).unwrap();
+        let out = std::process::Command::new(ptxas)
+            .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .expect("ptxas runs");
+        let report = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name}: ptxas failed:\n{report}");
+        assert!(report.contains("Used"), "{name}: no register report:\n{report}");
+        assert!(report.contains("0 bytes spill stores"), "{name} spills:\n{report}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
