@@ -35,7 +35,9 @@
 //! - [`optim`]: [`optim::Sgd`], [`optim::Adam`], [`optim::AdamW`], schedules, gradient
 //!   clipping. [`data`]: [`data::DataLoader`] over a [`data::Dataset`].
 //! - [`serialize`]: named tensors to and from safetensors files.
-//! - [`debug`]: the recorded graph as Graphviz DOT.
+//! - [`debug`]: the recorded graph as Graphviz DOT, before and after fusion, and the
+//!   generated kernels. [`profile()`]: what ran and how fast. [`compile()`]: one fused plan
+//!   per call of a function. [`cuda`]: whether there are NVIDIA GPUs.
 //! - [`manual_seed`]: deterministic random numbers.
 //!
 //! ## Type promotion
@@ -92,6 +94,7 @@
 
 pub mod autograd;
 pub mod compile;
+pub mod cuda;
 pub mod data;
 pub mod debug;
 mod error;

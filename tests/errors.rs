@@ -199,3 +199,21 @@ fn runtime_failures_name_the_op_and_the_line_that_recorded_it() {
     assert!(text.starts_with("out of memory on cpu: could not allocate"), "{text}");
     assert!(text.contains(&format!("errors.rs:{line}")), "{text}");
 }
+
+#[test]
+fn cuda_probing_never_fails_and_moves_say_why() {
+    let n = kiln::cuda::device_count();
+    assert_eq!(kiln::cuda::is_available(), n > 0);
+    let device = Device::cuda_if_available(0);
+    assert_eq!(device, if n > 0 { Device::Cuda(0) } else { Device::Cpu });
+    assert_eq!(Device::cuda_if_available(n), Device::Cpu);
+    let x = Tensor::ones([2]);
+    let e = x.try_to(Device::Cuda(0)).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("to: cannot move a tensor from cpu to cuda:0: "), "{msg}");
+    assert!(msg.ends_with("; keep tensors on Device::Cpu (Device::cuda_if_available picks the CPU when there is no GPU)"), "{msg}");
+    if n == 0 {
+        eprintln!("no CUDA device here ({msg})");
+    }
+    assert!(x.cpu().shares_storage_with(&x));
+}

@@ -20,3 +20,17 @@ impl fmt::Display for Device {
         }
     }
 }
+
+impl Device {
+    /// `Cuda(ordinal)` when that CUDA device exists, the CPU otherwise: the usual first line
+    /// of a program that should use a GPU when it has one.
+    ///
+    /// ```
+    /// use kiln_runtime::Device;
+    /// let device = Device::cuda_if_available(0);
+    /// assert!(device == Device::Cpu || device == Device::Cuda(0));
+    /// ```
+    pub fn cuda_if_available(ordinal: usize) -> Device {
+        if ordinal < crate::cuda::device_count() { Device::Cuda(ordinal) } else { Device::Cpu }
+    }
+}

@@ -8,6 +8,7 @@
 //! - [`reference::run`]: the reference executor, one op at a time with plain loops, the
 //!   oracle that generated kernels are tested against.
 //!
+//! - [`cuda`]: whether CUDA devices are there (the driver is loaded at run time).
 //! - [`trace`]: what the executor ran, for profiles and `KILN_DEBUG`.
 //!
 //! The runtime knows graphs and buffers, never tensors or autograd state.
@@ -15,6 +16,7 @@
 
 pub mod alloc;
 mod buffer;
+pub mod cuda;
 mod device;
 mod error;
 pub mod exec;

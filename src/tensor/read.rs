@@ -50,19 +50,43 @@ impl Tensor {
     /// [`Tensor::to`], returning an error instead of panicking.
     ///
     /// # Errors
-    /// [`Error::Device`] for a device this build cannot run on: kiln runs on the CPU until
-    /// its CUDA backend lands, so every CUDA device is refused with a message saying so.
+    /// [`Error::Device`] for a device this build cannot run on: kiln runs tensors on the CPU
+    /// until its CUDA backend is finished, so every CUDA device is refused, with the reason
+    /// (no driver, no such device, or the backend).
     pub fn try_to(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
+        let why = match (device, kiln_runtime::cuda::unavailable_reason()) {
+            (Device::Cuda(i), _)
+                if i >= kiln_runtime::cuda::device_count()
+                    && kiln_runtime::cuda::device_count() > 0 =>
+            {
+                format!("there are only {} CUDA devices", kiln_runtime::cuda::device_count())
+            }
+            (_, Some(reason)) => reason.to_string(),
+            _ => {
+                "this build of kiln runs tensors on the CPU only (its CUDA backend is not finished)"
+                    .to_string()
+            }
+        };
         Err(Error::Device {
             op: "to",
             detail: format!(
-                "cannot move a tensor from {} to {device}: this build of kiln has no CUDA backend yet; keep tensors on Device::Cpu",
+                "cannot move a tensor from {} to {device}: {why}; keep tensors on Device::Cpu (Device::cuda_if_available picks the CPU when there is no GPU)",
                 self.device()
             ),
         })
+    }
+
+    /// This tensor on CUDA device 0 (see [`Tensor::to`]).
+    ///
+    /// # Panics
+    /// As [`Tensor::try_to`] fails.
+    #[track_caller]
+    #[must_use]
+    pub fn cuda(&self) -> Tensor {
+        self.to(Device::Cuda(0))
     }
 
     /// This tensor on the CPU (see [`Tensor::to`]).
