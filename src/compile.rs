@@ -232,6 +232,8 @@ fn same_op(planned: &Op, recorded: &Op) -> bool {
 /// A plan and what it was built from.
 struct Entry {
     signature: Signature,
+    /// Whether the plan fuses (`with_fusion`): part of what a call must match.
+    fuse: bool,
     keys: Vec<SlotKey>,
     outputs: Vec<usize>,
     /// Slots of the constants and random leaves, with their node in the plan's graph.
@@ -432,7 +434,13 @@ impl<F> Compiled<F> {
         let mut reason = None;
         for i in 0..self.entries.len() {
             let entry = &self.entries[i];
-            let why = if entry.signature == signature {
+            let why = if entry.fuse != fuse {
+                Some(format!(
+                    "fusion is {} now and was {} when the plan was made",
+                    if fuse { "on" } else { "off" },
+                    if entry.fuse { "on" } else { "off" }
+                ))
+            } else if entry.signature == signature {
                 entry.mismatch(&captured, &outputs)
             } else {
                 signature.difference(&entry.signature)
@@ -498,7 +506,7 @@ impl<F> Compiled<F> {
         if self.entries.len() == MAX_PLANS {
             self.entries.remove(0);
         }
-        self.entries.push(Entry { signature, keys, outputs, rebind, prepared });
+        self.entries.push(Entry { signature, fuse, keys, outputs, rebind, prepared });
         Ok(())
     }
 }

@@ -217,3 +217,26 @@ fn a_compiled_training_step_matches_the_eager_loop() {
         assert_eq!(stats.replays, 6, "adam {adam}: {stats}");
     }
 }
+
+#[test]
+fn compiled_calls_honor_the_execution_mode_and_the_oracle() {
+    let w = Tensor::randn([5, 3]);
+    w.realize();
+    let x = Tensor::randn([4, 5]);
+    let want = (x.matmul(&w).tanh() + 1.0).sum_dim(1, false).to_vec::<f32>();
+    let mut f = kiln::compile(|x: &Tensor| (x.matmul(&w).tanh() + 1.0).sum_dim(1, false));
+    // One kernel per op, the reference executor, and every kernel checked against it.
+    let unfused = kiln::with_fusion(false, || f.call(&x)).to_vec::<f32>();
+    let reference = kiln::with_execution(kiln::Execution::Reference, || f.call(&x)).to_vec::<f32>();
+    let checked = kiln::with_check(|| f.call(&x)).to_vec::<f32>();
+    let fused = f.call(&x).to_vec::<f32>();
+    for got in [&unfused, &reference, &checked, &fused] {
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{got:?} vs {want:?}");
+        }
+    }
+    // A plan is made per fusion mode; the reference executor needs none.
+    let stats = f.stats();
+    assert_eq!((stats.plans, stats.replays), (2, 1), "{stats}");
+    assert_eq!(stats.recompiles[0].reason, "fusion is on now and was off when the plan was made");
+}
