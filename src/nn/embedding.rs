@@ -1,6 +1,6 @@
 //! Lookup tables.
 
-use super::{Module, Parameters};
+use super::Module;
 use crate::{Error, Result, Tensor};
 
 /// A table of `num_embeddings` vectors of size `embedding_dim`, indexed by integer tensors of
@@ -30,15 +30,7 @@ impl Embedding {
     }
 }
 
-impl Parameters for Embedding {
-    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        self.weight.visit(&super::join(prefix, "weight"), f);
-    }
-
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        self.weight.visit_mut(&super::join(prefix, "weight"), f);
-    }
-}
+crate::parameters!(Embedding { weight });
 
 impl Module for Embedding {
     fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {

@@ -1,6 +1,6 @@
 //! The fully connected layer.
 
-use super::{Module, Parameters, check_features};
+use super::{Module, check_features};
 use crate::{DType, Error, Result, Tensor};
 
 /// `y = x Wᵀ + b`, PyTorch's `nn.Linear`: weight `[out_features, in_features]`, bias
@@ -115,17 +115,7 @@ impl Linear {
     }
 }
 
-impl Parameters for Linear {
-    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        self.weight.visit(&super::join(prefix, "weight"), f);
-        self.bias.visit(&super::join(prefix, "bias"), f);
-    }
-
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        self.weight.visit_mut(&super::join(prefix, "weight"), f);
-        self.bias.visit_mut(&super::join(prefix, "bias"), f);
-    }
-}
+crate::parameters!(Linear { weight, bias });
 
 impl Module for Linear {
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {

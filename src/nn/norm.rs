@@ -1,6 +1,6 @@
 //! Normalization layers.
 
-use super::{Module, Parameters, functional};
+use super::{Module, functional};
 use crate::{Result, Tensor};
 
 /// Normalizes over the trailing `normalized_shape` dimensions to zero mean and unit
@@ -52,17 +52,7 @@ impl LayerNorm {
     }
 }
 
-impl Parameters for LayerNorm {
-    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        self.weight.visit(&super::join(prefix, "weight"), f);
-        self.bias.visit(&super::join(prefix, "bias"), f);
-    }
-
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        self.weight.visit_mut(&super::join(prefix, "weight"), f);
-        self.bias.visit_mut(&super::join(prefix, "bias"), f);
-    }
-}
+crate::parameters!(LayerNorm { weight, bias });
 
 impl Module for LayerNorm {
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
