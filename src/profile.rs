@@ -156,8 +156,15 @@ impl Profile {
         self.wall
     }
 
-    /// Realizations that ran.
+    /// Realizations that ran (plans run, whether just made or replayed by a compiled
+    /// function).
     pub fn realizations(&self) -> usize {
+        self.trace.memory.len()
+    }
+
+    /// Plans made (graph passes and fusion); fewer than realizations when a compiled
+    /// function replays its plan.
+    pub fn plans(&self) -> usize {
         self.trace.events.iter().filter(|e| e.kind == StepKind::Plan).count()
     }
 
@@ -315,9 +322,10 @@ impl fmt::Display for Profile {
         let step = self.step_time();
         writeln!(
             f,
-            "total: {} launches in {} realizations; {:.3} ms in steps, {:.3} ms planning, {:.3} ms compiling, {:.3} ms wall",
+            "total: {} launches in {} realizations ({} planned); {:.3} ms in steps, {:.3} ms planning, {:.3} ms compiling, {:.3} ms wall",
             self.launches(),
             self.realizations(),
+            self.plans(),
             ms(step),
             ms(self.planning_time()),
             ms(self.compile_time()),

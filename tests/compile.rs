@@ -24,8 +24,12 @@ fn compiled_values_match_uncompiled_and_replay() {
         assert_eq!(a.to_vec::<f32>(), ea.to_vec::<f32>(), "call {call}");
         assert_eq!(b.to_vec::<f32>(), eb.to_vec::<f32>(), "call {call}");
     }
+    let x = Tensor::randn([9, 7]);
+    x.realize();
+    let (_, profile) = kiln::profile(|| f.call((&x, &w)));
+    assert_eq!((profile.realizations(), profile.plans()), (1, 0), "a replay plans nothing");
     let stats = f.stats();
-    assert_eq!((stats.calls, stats.plans, stats.replays), (5, 1, 4), "{stats}");
+    assert_eq!((stats.calls, stats.plans, stats.replays), (6, 1, 5), "{stats}");
     assert!(stats.recompiles.is_empty());
     assert!(stats.steps_per_call >= 2);
 }

@@ -18,7 +18,7 @@ fn profile_counts_kernels_bytes_and_compiles() {
     assert_eq!(y.dims(), &[64, 33]);
     let kernels = fused.kernels();
     assert_eq!(fused.launches(), 2, "{fused}");
-    assert_eq!(fused.realizations(), 1);
+    assert_eq!((fused.realizations(), fused.plans()), (1, 1));
     assert!(kernels.iter().all(|k| k.kind == StepKind::Kernel && k.launches == 1));
     assert_eq!(kernels[0].ops, "mul exp add sum[1]");
     assert!(kernels[0].name.starts_with("k_"));
@@ -50,7 +50,7 @@ fn profile_counts_kernels_bytes_and_compiles() {
     assert!(table.contains("launches") && table.contains("speed-up"), "{table}");
     assert!(table.contains("mul exp add sum[1]"), "{table}");
     let shown = fused.to_string();
-    assert!(shown.contains("total: 2 launches in 1 realizations"), "{shown}");
+    assert!(shown.contains("total: 2 launches in 1 realizations (1 planned)"), "{shown}");
     assert!(shown.contains("peak memory"), "{shown}");
     assert!(kiln::machine_bandwidth() > 0.1);
 }
