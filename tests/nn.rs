@@ -289,6 +289,11 @@ fn cross_entropy_options_match_a_loop() {
     let a = F::nll_loss(&F::log_softmax(&xt, 1), &target).item::<f64>();
     let b = F::cross_entropy(&xt, &target).item::<f64>();
     assert!((a - b).abs() < 1e-14);
+    let summed =
+        F::nll_loss_with(&F::log_softmax(&xt, 1), &target, Reduction::Sum, None).item::<f64>();
+    assert!((summed - b * n as f64).abs() < 1e-12);
+    let mse = F::mse_loss_with(&xt, &xt.neg(), Reduction::Sum).item::<f64>();
+    assert!((mse - x.iter().map(|v| 4.0 * v * v).sum::<f64>()).abs() < 1e-12);
 
     // Classes in dimension 1 of a 3-D input; and a single sample of shape [C].
     let (x3, x3t) = f64_tensor(&mut rng, &[2, c, 3]);

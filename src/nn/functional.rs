@@ -145,6 +145,21 @@ pub fn nll_loss(input: &Tensor, target: &Tensor) -> Tensor {
 
 /// [`nll_loss`] with a reduction and an optional ignored target value.
 ///
+/// # Panics
+/// As [`try_nll_loss_with`] fails.
+#[track_caller]
+#[must_use]
+pub fn nll_loss_with(
+    input: &Tensor,
+    target: &Tensor,
+    reduction: Reduction,
+    ignore_index: Option<i64>,
+) -> Tensor {
+    ok(try_nll_loss_with(input, target, reduction, ignore_index))
+}
+
+/// [`nll_loss_with`], returning an error instead of panicking.
+///
 /// # Errors
 /// As [`try_cross_entropy_with`].
 pub fn try_nll_loss_with(
@@ -257,6 +272,16 @@ pub fn mse_loss(input: &Tensor, target: &Tensor) -> Tensor {
 }
 
 /// [`mse_loss`] with a reduction.
+///
+/// # Panics
+/// As [`try_mse_loss_with`] fails.
+#[track_caller]
+#[must_use]
+pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    ok(try_mse_loss_with(input, target, reduction))
+}
+
+/// [`mse_loss_with`], returning an error instead of panicking.
 ///
 /// # Errors
 /// [`Error::Shape`] when the shapes differ (PyTorch broadcasts with a warning; that is
