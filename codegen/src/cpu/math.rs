@@ -70,12 +70,7 @@ pub(super) fn exp(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
         1.666_666_5e-1,
         5.000_000_1e-1,
     ];
-    let mut p = splat(b, coeffs[0]);
-    for &c in &coeffs[1..] {
-        let cv = splat(b, c);
-        p = b.ins().fmul(p, r);
-        p = b.ins().fadd(p, cv);
-    }
+    let p = horner(b, r, &coeffs);
     let r2 = b.ins().fmul(r, r);
     let p = b.ins().fmul(p, r2);
     let p = b.ins().fadd(p, r);
@@ -103,12 +98,7 @@ pub(super) fn tanh(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let z = b.ins().fmul(x, x);
     let coeffs =
         [-5.704_988_7e-3f32, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
-    let mut p = splat(b, coeffs[0]);
-    for &c in &coeffs[1..] {
-        let cv = splat(b, c);
-        p = b.ins().fmul(p, z);
-        p = b.ins().fadd(p, cv);
-    }
+    let p = horner(b, z, &coeffs);
     let p = b.ins().fmul(p, z);
     let p = b.ins().fmul(p, x);
     let small = b.ins().fadd(p, x);
@@ -122,12 +112,7 @@ pub(super) fn tanh(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let d = b.ins().fadd(e, one);
     let q = b.ins().fdiv(two, d);
     let large = b.ins().fsub(one, q);
-    let sign_mask = isplat(b, i32::MIN);
-    let xbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), x);
-    let sign = b.ins().band(xbits, sign_mask);
-    let lbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), large);
-    let signed = b.ins().bor(lbits, sign);
-    let large = b.ins().bitcast(types::F32X4, MemFlagsData::new(), signed);
+    let large = with_sign_of(b, large, x);
     let threshold = splat(b, 0.625);
     let is_small = b.ins().fcmp(FloatCC::LessThan, ax, threshold);
     let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), is_small);
@@ -142,6 +127,16 @@ pub(super) fn sigmoid(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let one = splat(b, 1.0);
     let d = b.ins().fadd(e, one);
     b.ins().fdiv(one, d)
+}
+
+/// `magnitude` (non-negative) with the sign bit of `x`.
+fn with_sign_of(b: &mut FunctionBuilder<'_>, magnitude: Value, x: Value) -> Value {
+    let sign_mask = isplat(b, i32::MIN);
+    let xbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), x);
+    let sign = b.ins().band(xbits, sign_mask);
+    let mbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), magnitude);
+    let signed = b.ins().bor(mbits, sign);
+    b.ins().bitcast(types::F32X4, MemFlagsData::new(), signed)
 }
 
 /// `c[0] z^(n-1) + ... + c[n-1]` by Horner's rule.
@@ -212,12 +207,7 @@ pub(super) fn erf(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let erfc = b.ins().fmul(e, q);
     let erfc = b.ins().fmul(erfc, p);
     let large = b.ins().fsub(one, erfc);
-    let sign_mask = isplat(b, i32::MIN);
-    let xbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), x);
-    let sign = b.ins().band(xbits, sign_mask);
-    let lbits = b.ins().bitcast(types::I32X4, MemFlagsData::new(), large);
-    let signed = b.ins().bor(lbits, sign);
-    let large = b.ins().bitcast(types::F32X4, MemFlagsData::new(), signed);
+    let large = with_sign_of(b, large, x);
 
     let is_small = b.ins().fcmp(FloatCC::LessThan, ax, one);
     let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), is_small);
