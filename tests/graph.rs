@@ -84,6 +84,8 @@ fn training_step_kernel_snapshots() {
         kernels.iter().map(|k| format!("{} {}: {} [{}]", k.name, k.shape, k.ops, k.cut)).collect();
     insta::assert_snapshot!("training_step_kernels", listing.join("\n"));
     let gelu = kernels.iter().find(|k| k.ops.contains("erf")).expect("the GELU kernel");
+    // The CLIF is the host's: this snapshot is of an x86-64 host with FMA (Horner steps are
+    // `fma`; without FMA each is an `fmul` and an `fadd`).
     insta::assert_snapshot!(
         "gelu_kernel",
         format!("{}\n\n{}", gelu.text, gelu.clif.as_deref().expect("compiled"))

@@ -157,10 +157,13 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round => e.dtype == float,
-            UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf | UnaryOp::Log => {
-                e.dtype == DType::F32 && float == DType::F32
-            }
-            _ => false,
+            UnaryOp::Exp
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Erf
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos => e.dtype == DType::F32 && float == DType::F32,
         },
         ExprKind::Binary(op, a, _) => {
             let arg = kernel.exprs[a].dtype;
@@ -172,7 +175,7 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
                 | BinaryOp::Maximum
                 | BinaryOp::Minimum => e.dtype == float,
                 BinaryOp::And | BinaryOp::Or => arg == DType::Bool,
-                BinaryOp::Pow => false,
+                BinaryOp::Pow => e.dtype == DType::F32,
                 _ => arg == float,
             }
         }
@@ -208,6 +211,7 @@ pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
 /// module) or the host is not supported.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let isa = host_isa()?;
+    let fma = has_fma(&*isa);
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     for (name, ptr) in helpers::symbols() {
         builder.symbol(name, ptr);
@@ -251,7 +255,8 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         for (name, hid) in &helper_ids {
             helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
         }
-        let mut t = Translator { kernel, walk: &walk, vector, helpers: helper_refs, b: &mut b };
+        let mut t =
+            Translator { kernel, walk: &walk, vector, fma, helpers: helper_refs, b: &mut b };
         match kernel.reduce {
             Some(red) => t.body_reduce(red, &outer),
             None => t.body(),
@@ -288,6 +293,15 @@ fn host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
     isa.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Cranelift(e.to_string()))
 }
 
+/// Whether vector `fma` lowers to one instruction on this host.
+fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
+    match isa.name() {
+        "x64" => isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true)),
+        "aarch64" => true,
+        _ => false,
+    }
+}
+
 /// What every kernel function loads in its entry block.
 struct Prologue {
     start: Value,
@@ -302,11 +316,16 @@ struct Translator<'a, 'b> {
     kernel: &'a Kernel,
     walk: &'a Walk,
     vector: Option<(DType, Type)>,
+    fma: bool,
     helpers: HashMap<&'static str, cranelift_codegen::ir::FuncRef>,
     b: &'a mut FunctionBuilder<'b>,
 }
 
-impl Translator<'_, '_> {
+impl<'b> Translator<'_, 'b> {
+    fn math(&mut self) -> math::Math<'_, 'b> {
+        math::Math { b: self.b, fma: self.fma }
+    }
+
     fn iconst(&mut self, v: i64) -> Value {
         self.b.ins().iconst(types::I64, v)
     }
@@ -784,12 +803,12 @@ impl Translator<'_, '_> {
                             self.b.ins().bitselect(mask, zeros, x)
                         }
                         UnaryOp::Not => self.b.ins().bnot(x),
-                        UnaryOp::Exp => math::exp(self.b, x),
-                        UnaryOp::Tanh => math::tanh(self.b, x),
-                        UnaryOp::Sigmoid => math::sigmoid(self.b, x),
-                        UnaryOp::Erf => math::erf(self.b, x),
-                        UnaryOp::Log => math::log(self.b, x),
-                        other => unreachable!("{} is not vectorized", other.name()),
+                        UnaryOp::Exp => math::exp(&mut self.math(), x),
+                        UnaryOp::Tanh => math::tanh(&mut self.math(), x),
+                        UnaryOp::Sigmoid => math::sigmoid(&mut self.math(), x),
+                        UnaryOp::Erf => math::erf(&mut self.math(), x),
+                        UnaryOp::Log => math::log(&mut self.math(), x),
+                        UnaryOp::Sin | UnaryOp::Cos => self.trig_vector(op, x),
                     }
                 }
                 ExprKind::Binary(op, a, c) => {
@@ -799,6 +818,7 @@ impl Translator<'_, '_> {
                         BinaryOp::Sub => self.b.ins().fsub(x, y),
                         BinaryOp::Mul => self.b.ins().fmul(x, y),
                         BinaryOp::Div => self.b.ins().fdiv(x, y),
+                        BinaryOp::Pow => self.pow_vector(x, y),
                         BinaryOp::Maximum => self.b.ins().fmax(x, y),
                         BinaryOp::Minimum => self.b.ins().fmin(x, y),
                         BinaryOp::And => self.b.ins().band(x, y),
@@ -848,6 +868,62 @@ impl Translator<'_, '_> {
             vals.push(v);
         }
         vals
+    }
+
+    /// `x^y` for four f32 lanes: the vector path, and the scalar f64 function for every lane
+    /// when one of them needs IEEE's special cases (a zero, infinite or NaN operand, or a
+    /// negative base with a fractional exponent).
+    fn pow_vector(&mut self, x: Value, y: Value) -> Value {
+        let fast = math::pow(&mut self.math(), x, y);
+        let ok = math::pow_fast_lanes(&mut self.math(), x, y);
+        let special = self.b.ins().bnot(ok);
+        let any = self.b.ins().vany_true(special);
+        let slow = self.b.create_block();
+        let done = self.b.create_block();
+        let result = self.b.append_block_param(done, types::F32X4);
+        self.b.ins().brif(any, slow, &[], done, &[BlockArg::Value(fast)]);
+        self.b.set_cold_block(slow);
+        self.b.switch_to_block(slow);
+        let mut v = fast;
+        for lane in 0..4u8 {
+            let xs = self.b.ins().extractlane(x, lane);
+            let ys = self.b.ins().extractlane(y, lane);
+            let r = self.via_f64("kiln_pow", &[xs, ys], DType::F32);
+            v = self.b.ins().insertlane(v, r, lane);
+        }
+        self.b.ins().jump(done, &[BlockArg::Value(v)]);
+        self.b.switch_to_block(done);
+        result
+    }
+
+    /// `sin` or `cos` of four f32 lanes: the vector path, and the scalar f64 function for
+    /// every lane when one of them is beyond its range (huge, infinite or NaN).
+    fn trig_vector(&mut self, op: UnaryOp, x: Value) -> Value {
+        let (cos, name) = match op {
+            UnaryOp::Cos => (true, "kiln_cos"),
+            _ => (false, "kiln_sin"),
+        };
+        let fast = math::sin_cos(&mut self.math(), x, cos);
+        let ax = self.b.ins().fabs(x);
+        let limit = self.b.ins().f32const(math::TRIG_LIMIT);
+        let limit = self.b.ins().splat(types::F32X4, limit);
+        let outside = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, ax, limit);
+        let any = self.b.ins().vany_true(outside);
+        let slow = self.b.create_block();
+        let done = self.b.create_block();
+        let result = self.b.append_block_param(done, types::F32X4);
+        self.b.ins().brif(any, slow, &[], done, &[BlockArg::Value(fast)]);
+        self.b.set_cold_block(slow);
+        self.b.switch_to_block(slow);
+        let mut v = fast;
+        for lane in 0..4u8 {
+            let s = self.b.ins().extractlane(x, lane);
+            let r = self.via_f64(name, &[s], DType::F32);
+            v = self.b.ins().insertlane(v, r, lane);
+        }
+        self.b.ins().jump(done, &[BlockArg::Value(v)]);
+        self.b.switch_to_block(done);
+        result
     }
 
     fn float_const(&mut self, v: f64, ty: Type) -> Value {

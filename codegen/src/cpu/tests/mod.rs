@@ -240,6 +240,39 @@ fn sweep(lo: f64, hi: f64, n: usize) -> Vec<f64> {
 }
 
 #[test]
+fn vector_sin_cos_error_bounds() {
+    // Dense near zero, across the first periods, over every binade up to the vector path's
+    // limit and past it (where lanes go to the scalar functions), and the inputs closest to
+    // multiples of π/2 that f32 has below 2^23 (the hardest cases for the reduction).
+    let mut v = sweep(-10.0, 10.0, 400_003);
+    v.extend((0..4000).map(|i| 2f64.powf(-140.0 + 170.0 * f64::from(i) / 4000.0)));
+    v.extend((0..4000).map(|i| -(2f64.powf(-20.0 + 50.0 * f64::from(i) / 4000.0))));
+    v.extend([16_367_173.0, 13_176_794.0, 8_388_607.0, 8_388_609.0, 1e30, -3e38]);
+    for k in [1.0f64, 3.0, 71.0, 355.0, 6_588_397.0, 5_340_353.0] {
+        let t = (k * std::f64::consts::FRAC_PI_2) as f32;
+        for d in -3..=3i32 {
+            v.push(f64::from(f32::from_bits((t.to_bits() as i32 + d) as u32)));
+        }
+    }
+    let sin = max_ulp(UnaryOp::Sin, &v, f64::sin);
+    assert!(sin.0 <= 2, "sin: {} ulp at {}", sin.0, sin.1);
+    let cos = max_ulp(UnaryOp::Cos, &v, f64::cos);
+    assert!(cos.0 <= 2, "cos: {} ulp at {}", cos.0, cos.1);
+    for op in [UnaryOp::Sin, UnaryOp::Cos] {
+        let (k, p) = kernel_of(&[7], DType::F32, |g, x| g.push(Op::Unary(op), &[x]).unwrap());
+        let specials = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e-45, 3e38];
+        let got = run(&k, &[specials.clone()], &p, 1 << 20).remove(0);
+        assert!(got[0].is_nan() && got[1].is_nan() && got[2].is_nan(), "{op:?}: {got:?}");
+        let f = if op == UnaryOp::Sin { f64::sin } else { f64::cos };
+        for i in 3..7 {
+            let want = f(f64::from(specials[i] as f32)) as f32;
+            assert_eq!(got[i] as f32, want, "{op:?}({})", specials[i]);
+            assert_eq!((got[i] as f32).is_sign_negative(), want.is_sign_negative());
+        }
+    }
+}
+
+#[test]
 fn vector_exp_tanh_sigmoid_error_bounds() {
     let exp = max_ulp(UnaryOp::Exp, &sweep(-86.9, 88.7, 400_003), f64::exp);
     assert!(exp.0 <= 2, "exp: {} ulp at {}", exp.0, exp.1);
@@ -337,4 +370,66 @@ fn reduction_kernels_over_any_axes() {
             }
         }
     }
+}
+
+#[test]
+fn vector_pow_error_bound_and_special_cases() {
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    };
+    // Positive bases over every binade with exponents whose results stay in range or leave
+    // it; negative bases with integral exponents; bases near 1 with large exponents.
+    for _ in 0..200_000 {
+        let b = 2f64.powf(-149.0 + 276.0 * next());
+        let e = (next() - 0.5) * 8.0;
+        xs.push(b);
+        ys.push(e);
+        xs.push(-(0.25 + 8.0 * next()));
+        ys.push((next() * 40.0 - 20.0).round());
+        xs.push(1.0 + (next() - 0.5) * 1e-3);
+        ys.push((next() - 0.5) * 1e5);
+    }
+    let specials =
+        [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    for &a in &specials {
+        for &b in &specials {
+            xs.push(a);
+            ys.push(b);
+        }
+        xs.push(a);
+        ys.push(3.0);
+        xs.push(-3.0);
+        ys.push(a);
+    }
+    let n = xs.len();
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([n]), DType::F32);
+    let y = g.input(Shape::from([n]), DType::F32);
+    let p = g.push(Op::Binary(BinaryOp::Pow), &[x, y]).unwrap();
+    g.mark_output(p);
+    let plan = partition(&g, FusionPolicy::On);
+    let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+    assert!(compile(&k.kernel).unwrap().vectorized(), "pow should vectorize");
+    let got = run(&k.kernel, &[xs.clone(), ys.clone()], &k.params, 1 << 20).remove(0);
+    let mut worst = (0, 0.0, 0.0);
+    for ((&a, &b), &r) in xs.iter().zip(&ys).zip(&got) {
+        let want = (f64::from(a as f32)).powf(f64::from(b as f32)) as f32;
+        let r = r as f32;
+        if want.is_nan() || r.is_nan() {
+            assert!(want.is_nan() && r.is_nan(), "pow({a}, {b}) = {r}, want {want}");
+            continue;
+        }
+        assert_eq!(r.is_sign_negative(), want.is_sign_negative(), "pow({a}, {b}) = {r}");
+        let u = ulps(r, want);
+        if u > worst.0 {
+            worst = (u, a, b);
+        }
+    }
+    assert!(worst.0 <= 1, "pow: {} ulp at ({}, {})", worst.0, worst.1, worst.2);
 }
