@@ -302,6 +302,15 @@ fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
     }
 }
 
+/// Where one vector iteration finds an input.
+#[derive(Clone, Copy)]
+enum VecSrc {
+    /// Constant along the row: the splatted value.
+    Splat(Value),
+    /// The address of the iteration's first element.
+    At(Value),
+}
+
 /// What every kernel function loads in its entry block.
 struct Prologue {
     start: Value,
@@ -324,6 +333,11 @@ struct Translator<'a, 'b> {
 impl<'b> Translator<'_, 'b> {
     fn math(&mut self) -> math::Math<'_, 'b> {
         math::Math { b: self.b, fma: self.fma }
+    }
+
+    /// `n` pointer-sized parameters of `block`.
+    fn carried(&mut self, block: cranelift_codegen::ir::Block, n: usize) -> Vec<Value> {
+        (0..n).map(|_| self.b.append_block_param(block, types::I64)).collect()
     }
 
     fn iconst(&mut self, v: i64) -> Value {
@@ -430,23 +444,35 @@ impl<'b> Translator<'_, 'b> {
 
         if let Some((_, lanes)) = self.vector {
             let width = i64::from(lanes.lane_count());
+            let (splats, mut starts) = self.vector_row(&bases, j0, lanes);
+            let n_in_ptrs = starts.len();
+            for (&o, &base) in k.outputs.iter().zip(&out_bases) {
+                let size = k.exprs[o].dtype.size_in_bytes() as i64;
+                let off = self.b.ins().imul_imm_s(j0, size);
+                starts.push(self.b.ins().iadd(base, off));
+            }
             let vec_head = self.b.create_block();
             let jv = self.b.append_block_param(vec_head, types::I64);
+            let ptrs = self.carried(vec_head, starts.len());
             let vec_body = self.b.create_block();
-            self.b.ins().jump(vec_head, &[BlockArg::Value(j0)]);
+            let mut args = vec![BlockArg::Value(j0)];
+            args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
+            self.b.ins().jump(vec_head, &args);
             self.b.switch_to_block(vec_head);
             let next = self.b.ins().iadd_imm_s(jv, width);
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, jend);
             self.b.ins().brif(fits, vec_body, &[], scalar_head, &[BlockArg::Value(jv)]);
             self.b.switch_to_block(vec_body);
-            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            let srcs = Self::vector_srcs(&splats, &ptrs[..n_in_ptrs]);
+            let values = self.compute_vector(&srcs, &param_vector, lanes);
             for (o, &e) in k.outputs.iter().enumerate() {
-                let size = k.exprs[e].dtype.size_in_bytes() as i64;
-                let off = self.b.ins().imul_imm_s(jv, size);
-                let addr = self.b.ins().iadd(out_bases[o], off);
+                let addr = ptrs[n_in_ptrs + o];
                 self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
             }
-            self.b.ins().jump(vec_head, &[BlockArg::Value(next)]);
+            let mut loop_args = vec![BlockArg::Value(next)];
+            let advanced = self.advance_ptrs(&ptrs, lanes);
+            loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
+            self.b.ins().jump(vec_head, &loop_args);
         } else {
             self.b.ins().jump(scalar_head, &[BlockArg::Value(j0)]);
         }
@@ -636,9 +662,11 @@ impl<'b> Translator<'_, 'b> {
             // Max and min are exact in any order: keep a vector accumulator in the lanes'
             // own type and fold its lanes into the scalar one when the row's vector part ends.
             let width = lanes.lane_count();
+            let (splats, starts) = self.vector_row(&bases, zero, lanes);
             let vhead = self.b.create_block();
             let jv = self.b.append_block_param(vhead, types::I64);
             let vacc = self.b.append_block_param(vhead, lanes);
+            let ptrs = self.carried(vhead, starts.len());
             let vbody = self.b.create_block();
             let vdone = self.b.create_block();
             let ident = self.float_const(
@@ -646,19 +674,25 @@ impl<'b> Translator<'_, 'b> {
                 lanes.lane_type(),
             );
             let init = self.b.ins().splat(lanes, ident);
-            self.b.ins().jump(vhead, &[BlockArg::Value(zero), BlockArg::Value(init)]);
+            let mut args = vec![BlockArg::Value(zero), BlockArg::Value(init)];
+            args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
+            self.b.ins().jump(vhead, &args);
             self.b.switch_to_block(vhead);
             let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
             self.b.ins().brif(fits, vbody, &[], vdone, &[]);
             self.b.switch_to_block(vbody);
-            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            let srcs = Self::vector_srcs(&splats, &ptrs);
+            let values = self.compute_vector(&srcs, &param_vector, lanes);
             let folded = if red.op == ReduceOp::Max {
                 self.b.ins().fmax(vacc, values[out_expr])
             } else {
                 self.b.ins().fmin(vacc, values[out_expr])
             };
-            self.b.ins().jump(vhead, &[BlockArg::Value(next), BlockArg::Value(folded)]);
+            let mut loop_args = vec![BlockArg::Value(next), BlockArg::Value(folded)];
+            let advanced = self.advance_ptrs(&ptrs, lanes);
+            loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
+            self.b.ins().jump(vhead, &loop_args);
             self.b.switch_to_block(vdone);
             let mut acc = racc;
             for lane in 0..width {
@@ -670,27 +704,33 @@ impl<'b> Translator<'_, 'b> {
             // One accumulator per lane, so that the lanes' additions do not wait on each
             // other; they are combined when the row's vector part ends.
             let width = lanes.lane_count();
+            let (splats, starts) = self.vector_row(&bases, zero, lanes);
             let vhead = self.b.create_block();
             let jv = self.b.append_block_param(vhead, types::I64);
             let vaccs: Vec<Value> =
                 (0..width).map(|_| self.b.append_block_param(vhead, acc_ty)).collect();
+            let ptrs = self.carried(vhead, starts.len());
             let vbody = self.b.create_block();
             let vdone = self.b.create_block();
             let identity = self.identity(red.op, dtype);
             let mut args = vec![BlockArg::Value(zero), BlockArg::Value(racc)];
             args.extend((1..width).map(|_| BlockArg::Value(identity)));
+            args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &args);
             self.b.switch_to_block(vhead);
             let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
             self.b.ins().brif(fits, vbody, &[], vdone, &[]);
             self.b.switch_to_block(vbody);
-            let values = self.compute_vector(jv, &bases, &param_vector, lanes);
+            let srcs = Self::vector_srcs(&splats, &ptrs);
+            let values = self.compute_vector(&srcs, &param_vector, lanes);
             let mut next_args = vec![BlockArg::Value(next)];
             for (lane, &acc) in vaccs.iter().enumerate() {
                 let v = self.b.ins().extractlane(values[out_expr], lane as u8);
                 next_args.push(BlockArg::Value(self.combine(red.op, acc, v, dtype)));
             }
+            let advanced = self.advance_ptrs(&ptrs, lanes);
+            next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &next_args);
             self.b.switch_to_block(vdone);
             let mut acc = vaccs[0];
@@ -743,6 +783,57 @@ impl<'b> Translator<'_, 'b> {
         self.walk.offsets[idx] * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
     }
 
+    /// How the vector loop of a row reads each input: inputs constant along the row are
+    /// loaded and splatted once, here (in the row's block); the others are read through
+    /// pointers that the loop carries and advances, starting at element `j0`. Returns the
+    /// splats (`None` for a moving input) and the moving inputs' first addresses.
+    ///
+    /// Carrying pointers matters: addresses recomputed from the loop index would be
+    /// rematerialized by Cranelift (adds and masks of constants) inside every iteration.
+    fn vector_row(
+        &mut self,
+        bases: &[Value],
+        j0: Value,
+        lanes: Type,
+    ) -> (Vec<Option<Value>>, Vec<Value>) {
+        let mut splats = Vec::with_capacity(bases.len());
+        let mut starts = Vec::new();
+        for idx in 0..bases.len() {
+            if *self.walk.strides[idx].last().expect("a row") == 0 {
+                let s = self.b.ins().load(
+                    lanes.lane_type(),
+                    MemFlagsData::new().with_notrap(),
+                    bases[idx],
+                    0,
+                );
+                splats.push(Some(self.b.ins().splat(lanes, s)));
+            } else {
+                splats.push(None);
+                starts.push(self.element_addr(idx, j0, bases));
+            }
+        }
+        (splats, starts)
+    }
+
+    /// The sources of one vector iteration, from [`Self::vector_row`]'s splats and the
+    /// loop's current pointers.
+    fn vector_srcs(splats: &[Option<Value>], ptrs: &[Value]) -> Vec<VecSrc> {
+        let mut moving = ptrs.iter();
+        splats
+            .iter()
+            .map(|s| match s {
+                Some(v) => VecSrc::Splat(*v),
+                None => VecSrc::At(*moving.next().expect("a pointer per moving input")),
+            })
+            .collect()
+    }
+
+    /// Pointers advanced by one vector of `lanes`.
+    fn advance_ptrs(&mut self, ptrs: &[Value], lanes: Type) -> Vec<Value> {
+        let bytes = i64::from(lanes.bytes());
+        ptrs.iter().map(|&p| self.b.ins().iadd_imm_s(p, bytes)).collect()
+    }
+
     /// The address of element `j` of the row for input `idx`.
     fn element_addr(&mut self, idx: usize, j: Value, bases: &[Value]) -> Value {
         let stride = *self.walk.strides[idx].last().expect("at least one dimension");
@@ -756,8 +847,7 @@ impl<'b> Translator<'_, 'b> {
 
     fn compute_vector(
         &mut self,
-        j: Value,
-        bases: &[Value],
+        srcs: &[VecSrc],
         params: &HashMap<usize, Value>,
         lanes: Type,
     ) -> Vec<Value> {
@@ -766,20 +856,12 @@ impl<'b> Translator<'_, 'b> {
         let mut vals: Vec<Value> = Vec::with_capacity(k.exprs.len());
         for (e, expr) in k.exprs.iter().enumerate() {
             let v = match expr.kind {
-                ExprKind::Load(idx) => {
-                    let addr = self.element_addr(idx, j, bases);
-                    if *self.walk.strides[idx].last().expect("a row") == 0 {
-                        let s = self.b.ins().load(
-                            lanes.lane_type(),
-                            MemFlagsData::new().with_notrap(),
-                            addr,
-                            0,
-                        );
-                        self.b.ins().splat(lanes, s)
-                    } else {
+                ExprKind::Load(idx) => match srcs[idx] {
+                    VecSrc::Splat(v) => v,
+                    VecSrc::At(addr) => {
                         self.b.ins().load(lanes, MemFlagsData::new().with_notrap(), addr, 0)
                     }
-                }
+                },
                 ExprKind::Param(_) => params[&e],
                 ExprKind::Unary(op, a) => {
                     let x = vals[a];
