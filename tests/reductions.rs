@@ -166,6 +166,32 @@ fn max_propagates_nan_and_argmax_points_at_it() {
 }
 
 #[test]
+fn max_and_min_rows_propagate_nan_from_any_position() {
+    // Rows long enough for the vector loop and its scalar tail: a NaN in any lane of any
+    // vector, or in the tail, makes that row's max and min NaN; other rows are exact.
+    let (rows, cols) = (19usize, 19usize);
+    for dtype in [DType::F32, DType::F64] {
+        let mut data: Vec<f64> =
+            (0..rows * cols).map(|i| ((i * 7919) % 101) as f64 - 50.0).collect();
+        for r in 0..rows - 1 {
+            data[r * cols + r] = f64::NAN;
+        }
+        let x = Tensor::from_vec(data.clone(), [rows, cols]).to_dtype(dtype);
+        let max = x.max_dim(1, false).0.to_vec::<f64>();
+        let min = x.min_dim(1, false).0.to_vec::<f64>();
+        for r in 0..rows {
+            let row = &data[r * cols..(r + 1) * cols];
+            if r < rows - 1 {
+                assert!(max[r].is_nan() && min[r].is_nan(), "{dtype:?} row {r}");
+            } else {
+                assert_eq!(max[r], row.iter().cloned().fold(f64::MIN, f64::max));
+                assert_eq!(min[r], row.iter().cloned().fold(f64::MAX, f64::min));
+            }
+        }
+    }
+}
+
+#[test]
 fn sums_of_integers_wrap_like_i64() {
     let x = Tensor::from_vec(vec![i64::MAX, 1], [2]);
     assert_eq!(x.sum().item::<i64>(), i64::MIN);
