@@ -184,8 +184,8 @@ fn max_and_min_rows_propagate_nan_from_any_position() {
             if r < rows - 1 {
                 assert!(max[r].is_nan() && min[r].is_nan(), "{dtype:?} row {r}");
             } else {
-                assert_eq!(max[r], row.iter().cloned().fold(f64::MIN, f64::max));
-                assert_eq!(min[r], row.iter().cloned().fold(f64::MAX, f64::min));
+                assert_eq!(max[r], row.iter().copied().fold(f64::MIN, f64::max));
+                assert_eq!(min[r], row.iter().copied().fold(f64::MAX, f64::min));
             }
         }
     }
