@@ -144,6 +144,36 @@ fn kernel_counts() {
 }
 
 #[test]
+fn kept_intermediates_are_written_by_the_consuming_kernel() {
+    // `t` is still held when `z` is realized (as a statement's temporaries are): one kernel
+    // computes both and writes both, and both hold the right values.
+    let (rows, cols) = (37, 23);
+    let mut rng = Rng::new(5);
+    let xs = values(&mut rng, rows * cols, DType::F32);
+    let cs = values(&mut rng, rows, DType::F32);
+    let x = Tensor::from_vec(xs.clone(), [rows, cols]).to_dtype(DType::F32);
+    let col = Tensor::from_vec(cs.clone(), [rows, 1]).to_dtype(DType::F32);
+    Tensor::try_realize_all(&[&x, &col]).unwrap();
+    let t = &x * &col + 1.0;
+    let z = t.relu() - &x / 2.0;
+    let ((), profile) = kiln::profile(|| {
+        z.realize();
+    });
+    let kernels = profile.kernels();
+    assert_eq!(kernels.len(), 1, "{profile}");
+    assert!(kernels[0].cut.contains("also writes 1 kept result"), "{profile}");
+    let want_t: Vec<f64> = (0..rows * cols).map(|i| xs[i] * cs[i / cols] + 1.0).collect();
+    let want_z: Vec<f64> = (0..rows * cols).map(|i| want_t[i].max(0.0) - xs[i] / 2.0).collect();
+    assert_close(&t.to_vec::<f64>(), &want_t, DType::F32, "kept t");
+    assert_close(&z.to_vec::<f64>(), &want_z, DType::F32, "z");
+    // The check oracle compares every output of a kernel with several.
+    let t2 = &x * &col + 1.0;
+    let z2 = t2.relu() - &x / 2.0;
+    kiln::with_check(|| z2.realize().clone());
+    assert_close(&t2.to_vec::<f64>(), &want_t, DType::F32, "kept t, checked");
+}
+
+#[test]
 fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
     // With the default tolerances every kernel of these programs agrees with the reference.
     for seed in 0..50 {

@@ -13,6 +13,8 @@
 //!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
 //!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
 //!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
+//! - A kept result that only elementwise ops of one kernel consume is written by that kernel
+//!   as a second output instead of being stored by its own (see `merge_kept_results`).
 //!
 //! The partition depends only on the graph, so the same program gives the same kernels with
 //! the same names on every run.
@@ -232,14 +234,33 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
         }
     }
 
+    let merged = if policy == FusionPolicy::On {
+        merge_kept_results(graph, &order, &stored, &size, &consumers)
+    } else {
+        HashMap::new()
+    };
+    // Kernels that write merged results build with those values computed inline.
+    let mut written_by: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    for &n in &order {
+        if let Some(&root) = merged.get(&n) {
+            written_by.entry(root).or_default().push(n);
+        }
+    }
+    let inline_stored: HashMap<NodeId, Cut> =
+        stored.iter().filter(|(n, _)| !merged.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
+
     let mut steps = Vec::new();
     for &n in &order {
         let op = &graph.node(n).op;
-        if matches!(op, Op::Input) {
+        if matches!(op, Op::Input) || merged.contains_key(&n) {
             continue;
         }
         if let Some(&cut) = stored.get(&n) {
-            steps.push(Step::Kernel(Box::new(build_kernel(graph, n, cut, &stored))));
+            let step = match written_by.get(&n) {
+                Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
+                None => build_kernel(graph, n, cut, &stored, &[]),
+            };
+            steps.push(Step::Kernel(Box::new(step)));
         } else if is_kernel_reduce(op) {
             steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
         } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype) {
@@ -308,26 +329,100 @@ fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut
     }
 }
 
+/// The kernel that stores `root`, and also writes the kept results `extra` that it
+/// computes on the way (see [`merge_kept_results`]).
 fn build_kernel(
     graph: &Graph,
     root: NodeId,
     cut: Cut,
     stored: &HashMap<NodeId, Cut>,
+    extra: &[NodeId],
 ) -> KernelStep {
     let node = graph.node(root);
     let mut b = Builder::new(graph, stored, node.shape.clone());
     let out = b.expr(root, true);
     b.kernel.outputs.push(out);
+    let mut outputs = vec![root];
+    for &m in extra {
+        let e = b.expr(m, false);
+        b.kernel.outputs.push(e);
+        outputs.push(m);
+    }
     b.kernel.params = b.params.len();
     KernelStep {
         kernel: b.kernel,
         inputs: b.inputs,
         params: b.params,
         param_nodes: b.param_nodes,
-        outputs: vec![root],
+        outputs,
         fused: b.fused,
         cut,
     }
+}
+
+/// Kept results ([`Cut::Output`]) that are written by the kernel consuming them instead of by
+/// a kernel of their own, mapped to that kernel's root.
+///
+/// A tensor the user still holds (often only a temporary of the statement that realizes,
+/// `((a * b + c).relu() - a).realize()`) must be stored, but storing it in its own kernel
+/// costs a write and a read back of the value. When every op that consumes it is elementwise
+/// and all of them end in one elementwise kernel, that kernel computes it inline and writes
+/// it as a second output: one pass over the inputs instead of two. Merges follow chains (a
+/// kept value consumed by another kept value) and respect [`MAX_KERNEL_OPS`].
+fn merge_kept_results(
+    graph: &Graph,
+    order: &[NodeId],
+    stored: &HashMap<NodeId, Cut>,
+    size: &HashMap<NodeId, usize>,
+    consumers: &HashMap<NodeId, Vec<NodeId>>,
+) -> HashMap<NodeId, NodeId> {
+    let consumers_of = |n: NodeId| consumers.get(&n).map_or(&[][..], Vec::as_slice);
+    // The root of the one elementwise kernel an unstored elementwise value is computed in,
+    // if there is exactly one (values shared by several kernels are recomputed in each).
+    let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::new();
+    let mut merged: HashMap<NodeId, NodeId> = HashMap::new();
+    // The ops each kernel root holds, growing as results merge into it.
+    let mut ops: HashMap<NodeId, usize> = HashMap::new();
+    for &n in order.iter().rev() {
+        let op = &graph.node(n).op;
+        if !is_elementwise(op) {
+            continue;
+        }
+        let mut single = None;
+        let mut ok = !consumers_of(n).is_empty();
+        for &c in consumers_of(n) {
+            let r = if !is_elementwise(&graph.node(c).op) {
+                None
+            } else if stored.contains_key(&c) {
+                Some(merged.get(&c).copied().unwrap_or(c))
+            } else {
+                root_of.get(&c).copied().flatten()
+            };
+            match (r, single) {
+                (Some(r), None) => single = Some(r),
+                (Some(r), Some(s)) if r == s => {}
+                _ => ok = false,
+            }
+        }
+        let root = single.filter(|_| ok);
+        match stored.get(&n) {
+            None => {
+                root_of.insert(n, root);
+            }
+            Some(Cut::Output) => {
+                if let Some(r) = root {
+                    let held = *ops.entry(r).or_insert_with(|| size.get(&r).copied().unwrap_or(0));
+                    let own = size.get(&n).copied().unwrap_or(0);
+                    if held + own <= MAX_KERNEL_OPS {
+                        ops.insert(r, held + own);
+                        merged.insert(n, r);
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    merged
 }
 
 impl<'a> Builder<'a> {
@@ -541,5 +636,69 @@ mod tests {
         assert_eq!(k1.inputs, vec![x, s]);
         // Unfused, every op is stored.
         assert_eq!(partition(&g, FusionPolicy::Off).steps.len(), 3);
+    }
+
+    fn unary(g: &mut Graph, op: UnaryOp, x: NodeId) -> NodeId {
+        g.push(Op::Unary(op), &[x]).unwrap()
+    }
+
+    #[test]
+    fn kept_results_are_written_by_the_kernel_that_consumes_them() {
+        // a = exp(x) and b = a + 1 are kept (live handles), c = relu(b) is asked for: one
+        // kernel computes all three and writes them.
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([4, 3]), DType::F32);
+        let a = unary(&mut g, UnaryOp::Exp, x);
+        let one = g.leaf(Op::Full(Scalar::F64(1.0)), Shape::from([4, 3]), DType::F32).unwrap();
+        let b = g.push(Op::Binary(BinaryOp::Add), &[a, one]).unwrap();
+        let c = unary(&mut g, UnaryOp::Relu, b);
+        for n in [a, b, c] {
+            g.mark_output(n);
+        }
+        let plan = partition(&g, FusionPolicy::On);
+        assert_eq!(plan.steps.len(), 1);
+        let Step::Kernel(k) = &plan.steps[0] else { panic!("a kernel") };
+        assert_eq!(k.outputs, vec![c, a, b]);
+        assert_eq!(k.kernel.outputs.len(), 3);
+        assert_eq!(k.inputs, vec![x]);
+        // Unfused, each is its own kernel.
+        assert_eq!(partition(&g, FusionPolicy::Off).steps.len(), 3);
+    }
+
+    #[test]
+    fn kept_results_read_by_reductions_views_or_several_kernels_stay_stored() {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([4, 3]), DType::F32);
+        let a = unary(&mut g, UnaryOp::Exp, x);
+        g.mark_output(a);
+        // Read by a reduction: the reduction kernel reads it back.
+        let s = g.push(Op::Reduce { op: crate::ReduceOp::Sum, axes: vec![1] }, &[a]).unwrap();
+        g.mark_output(s);
+        let plan = partition(&g, FusionPolicy::On);
+        assert_eq!(plan.steps.len(), 2);
+        // Read through a view (a transpose) and by two kernels that are both kept.
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3, 3]), DType::F32);
+        let a = unary(&mut g, UnaryOp::Exp, x);
+        let t = g.push(Op::View(View::contiguous(Shape::from([3, 3])).permute(&[1, 0])), &[a]);
+        let t = t.unwrap();
+        let y = unary(&mut g, UnaryOp::Neg, t);
+        g.mark_output(a);
+        g.mark_output(y);
+        assert_eq!(partition(&g, FusionPolicy::On).steps.len(), 2);
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3, 3]), DType::F32);
+        let a = unary(&mut g, UnaryOp::Exp, x);
+        let p = unary(&mut g, UnaryOp::Neg, a);
+        let q = unary(&mut g, UnaryOp::Sqrt, a);
+        for n in [a, p, q] {
+            g.mark_output(n);
+        }
+        let plan = partition(&g, FusionPolicy::On);
+        assert_eq!(plan.steps.len(), 3);
+        for step in &plan.steps {
+            let Step::Kernel(k) = step else { panic!("kernels") };
+            assert_eq!(k.outputs.len(), 1);
+        }
     }
 }

@@ -135,6 +135,38 @@ impl Buffer {
         Ok(fill(ptr.as_ptr()).map(|()| Buffer(Arc::new(block))))
     }
 
+    /// Buffers of `len` elements of each of `dtypes`, written together by `fill` (a kernel
+    /// with several outputs), which receives their uninitialized memory in order.
+    ///
+    /// # Safety
+    /// `fill` must write every element of every buffer with a valid value of its dtype
+    /// before returning.
+    ///
+    /// # Errors
+    /// [`RuntimeError::OutOfMemory`] when an allocation fails.
+    pub unsafe fn from_raw_fill_many<E>(
+        dtypes: &[DType],
+        len: usize,
+        fill: impl FnOnce(&[*mut u8]) -> Result<(), E>,
+    ) -> Result<Result<Vec<Buffer>, E>, RuntimeError> {
+        let mut blocks = Vec::with_capacity(dtypes.len());
+        for &dtype in dtypes {
+            let bytes = len
+                .checked_mul(dtype.size_in_bytes())
+                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
+            let (ptr, class) = if bytes == 0 {
+                (NonNull::<u64>::dangling().cast::<u8>(), 0)
+            } else {
+                alloc::allocate(bytes)
+                    .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
+            };
+            // Built before filling, so that an early return releases what was allocated.
+            blocks.push(Block { ptr, class, len, dtype });
+        }
+        let ptrs: Vec<*mut u8> = blocks.iter().map(|b| b.ptr.as_ptr()).collect();
+        Ok(fill(&ptrs).map(|()| blocks.into_iter().map(|b| Buffer(Arc::new(b))).collect()))
+    }
+
     /// The address of the first element, for generated code that only reads it.
     pub fn as_ptr(&self) -> *const u8 {
         self.0.ptr.as_ptr()

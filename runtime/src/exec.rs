@@ -319,7 +319,9 @@ impl Prepared {
                         track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
                     }
                     if let (Some(expected), Some(scale)) = (&expected, check) {
-                        compare(graph, k, &outs[0], &expected[&k.outputs[0]], scale)?;
+                        for (o, out) in k.outputs.iter().zip(&outs) {
+                            compare(graph, k, out, &expected[o], scale)?;
+                        }
                     }
                     for &n in &k.inputs {
                         done_reading(&mut bufs, n);
@@ -423,8 +425,13 @@ fn kernel_event(
 ) -> Event {
     let duration = started.elapsed();
     let kind = if info.compiled.is_some() { StepKind::Kernel } else { StepKind::Reference };
-    let mut e =
-        plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), k.cut.to_string());
+    let cut = match k.outputs.len() {
+        1 => k.cut.to_string(),
+        n => {
+            format!("{}; also writes {} kept result{}", k.cut, n - 1, if n > 2 { "s" } else { "" })
+        }
+    };
+    let mut e = plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), cut);
     e.shape = k.kernel.shape.to_string();
     e.duration = duration;
     e.compile = info.compile;
@@ -478,7 +485,9 @@ fn reference_values(
     let mut g = graph.clone();
     for s in steps {
         if let PreparedStep::Kernel { step, .. } = s {
-            g.mark_output(step.outputs[0]);
+            for &o in &step.outputs {
+                g.mark_output(o);
+            }
         }
     }
     let values = reference::run(&g, inputs)?;
@@ -550,19 +559,19 @@ fn run_kernel(
     let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
     let params: Vec<u64> = cpu::param_slots(&step.kernel, &step.params);
     let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
-    let out_dtype = root.dtype;
-    // SAFETY: the kernel writes every one of the `n` output positions (its range is 0..n,
-    // split into disjoint chunks), reads its inputs only through views that the graph
+    let dtypes: Vec<_> = step.outputs.iter().map(|&o| graph.node(o).dtype).collect();
+    // SAFETY: the kernel writes every one of the `n` positions of each output (its range is
+    // 0..n, split into disjoint chunks), reads its inputs only through views that the graph
     // checked to lie inside their buffers, and the buffers outlive the calls.
     let filled = unsafe {
-        Buffer::from_raw_fill(out_dtype, n, |out| {
+        Buffer::from_raw_fill_many(&dtypes, n, |outs| {
             let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
-            ptrs.push(out);
+            ptrs.extend_from_slice(outs);
             launch(kernel, &ptrs, &params, n, per_output);
             Ok::<(), RuntimeError>(())
         })
     };
-    Ok(vec![filled.map_err(at)?.map_err(at)?])
+    filled.map_err(at)?.map_err(at)
 }
 
 /// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`
