@@ -588,7 +588,7 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_ou
         // SAFETY: see `run_kernel`; `start..end` lies inside `0..n`.
         unsafe { entry(a.0, a.1, start as u64, end as u64) };
     };
-    let chunk = (CHUNK / per_output).max(1);
+    let chunk = (CHUNK / per_output).max(kernel.min_chunk());
     if n <= chunk || rayon::current_num_threads() == 1 {
         call(0, n);
         return;

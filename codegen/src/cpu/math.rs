@@ -346,7 +346,7 @@ fn shuffle(m: &mut Math<'_, '_>, a: Value, b: Value, mask: [u8; 16]) -> Value {
 }
 
 /// Four f32 lanes as two f64x2 vectors (lanes 0-1 and 2-3), exactly.
-fn widen(m: &mut Math<'_, '_>, x: Value) -> (Value, Value) {
+pub(super) fn widen(m: &mut Math<'_, '_>, x: Value) -> (Value, Value) {
     let lo = m.b.ins().fvpromote_low(x);
     let bytes = as_bytes(m, x);
     let high_first =

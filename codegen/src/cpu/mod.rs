@@ -25,7 +25,8 @@ use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, BlockArg, InstBuilder, MemFlagsData, Type, UserFuncName, Value, types,
+    AbiParam, BlockArg, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type,
+    UserFuncName, Value, types,
 };
 use cranelift_codegen::isa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -47,7 +48,14 @@ pub struct CpuKernel {
     entry: Entry,
     clif: String,
     vectorized: bool,
+    min_chunk: usize,
 }
+
+/// Outputs per block of a reduction vectorized across its outputs (a sum over rows, whose
+/// neighbouring outputs read neighbouring elements): the block's f64 accumulators live in an
+/// 8 KiB stack slot, in L1, while the kernel streams the input one row segment of the block
+/// (4 KiB of f32, a page) at a time.
+pub const COLUMN_BLOCK: usize = 1024;
 
 // SAFETY: the module's code is immutable once finalized and the entry point is a plain
 // function pointer; sharing them across threads is what running a kernel in parallel does.
@@ -56,6 +64,13 @@ unsafe impl Send for CpuKernel {}
 unsafe impl Sync for CpuKernel {}
 
 impl CpuKernel {
+    /// The fewest output positions a parallel task should take: a reduction vectorized
+    /// across its outputs works in blocks of [`COLUMN_BLOCK`] of them, and smaller tasks
+    /// would waste its vector lanes and cache lines.
+    pub fn min_chunk(&self) -> usize {
+        self.min_chunk
+    }
+
     /// The entry point; see the module docs for its contract.
     pub fn entry(&self) -> Entry {
         self.entry
@@ -134,8 +149,28 @@ fn scalar_type(dtype: DType) -> Type {
     }
 }
 
-/// The lane type when the whole kernel can run on vectors of one float type.
+/// The lane type when the whole kernel can run on vectors of one float type along its row
+/// (every input contiguous or broadcast along the walk's innermost dimension).
 fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
+    let inner_ok = walk.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
+    lane_type(kernel).filter(|_| inner_ok)
+}
+
+/// The lanes of a reduction that vectorizes across its outputs instead: its reduced walk
+/// is strided (a sum over rows, `x.sum_dim(0)`), but neighbouring outputs read neighbouring
+/// elements of every input.
+fn column_type(kernel: &Kernel, walk: &Walk, outer: &Walk) -> Option<(DType, Type)> {
+    if kernel.reduce.is_none() || kernel.outputs.len() != 1 || vector_type(kernel, walk).is_some() {
+        return None;
+    }
+    let (float, lanes) = lane_type(kernel)?;
+    let across_ok = outer.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
+    let wide = *outer.dims.last().expect("a dimension") >= lanes.lane_count() as usize;
+    (across_ok && wide).then_some((float, lanes))
+}
+
+/// The lane type when every value of the kernel is of one float type that vectorizes.
+fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
     let float =
         kernel.inputs.first().map(|i| i.dtype).or_else(|| kernel.exprs.first().map(|e| e.dtype))?;
     let lanes = match float {
@@ -143,7 +178,6 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
         DType::F64 => types::F64X2,
         _ => return None,
     };
-    let inner_ok = walk.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
     let inputs_ok = kernel.inputs.iter().all(|i| i.dtype == float);
     let exprs_ok = kernel.exprs.iter().all(|e| match e.kind {
         ExprKind::Load(_) | ExprKind::Param(_) => e.dtype == float,
@@ -183,7 +217,7 @@ fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
         ExprKind::Cast(_) => false,
     });
     let outputs_ok = kernel.outputs.iter().all(|&o| kernel.exprs[o].dtype == float);
-    (inner_ok && inputs_ok && exprs_ok && outputs_ok).then_some((float, lanes))
+    (inputs_ok && exprs_ok && outputs_ok).then_some((float, lanes))
 }
 
 fn flags() -> MemFlagsData {
@@ -240,6 +274,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let outer = coalesce(kernel, 0..kept);
     let walk = coalesce(kernel, kept..rank);
     let vector = vector_type(kernel, &walk);
+    let columns = column_type(kernel, &walk, &outer);
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
     for (name, sig) in helpers::signatures(&module) {
@@ -255,11 +290,14 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         for (name, hid) in &helper_ids {
             helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
         }
+        // A column reduction's lanes run across its outputs; its parameters splat the same.
+        let lanes = vector.or(columns);
         let mut t =
-            Translator { kernel, walk: &walk, vector, fma, helpers: helper_refs, b: &mut b };
-        match kernel.reduce {
-            Some(red) => t.body_reduce(red, &outer),
-            None => t.body(),
+            Translator { kernel, walk: &walk, vector: lanes, fma, helpers: helper_refs, b: &mut b };
+        match (kernel.reduce, columns) {
+            (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
+            (Some(red), None) => t.body_reduce(red, &outer),
+            (None, _) => t.body(),
         }
         b.seal_all_blocks();
         b.finalize(target);
@@ -277,7 +315,13 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let code = module.get_finalized_function(id);
     // SAFETY: `code` is the finalized function declared above with exactly this signature.
     let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
-    Ok(CpuKernel { module: Some(module), entry, clif, vectorized: vector.is_some() })
+    Ok(CpuKernel {
+        module: Some(module),
+        entry,
+        clif,
+        vectorized: vector.is_some() || columns.is_some(),
+        min_chunk: if columns.is_some() { COLUMN_BLOCK } else { 1 },
+    })
 }
 
 fn host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
@@ -591,6 +635,221 @@ impl<'b> Translator<'_, 'b> {
     /// A reduction kernel: for each output position in `start..end`, fold the body's value
     /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
     /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
+    /// A reduction vectorized across its outputs: for each block of up to [`COLUMN_BLOCK`]
+    /// neighbouring outputs, f64 accumulators in a stack slot, and a walk over the reduced
+    /// positions that adds each position's row segment of the block to them with vectors.
+    /// The input streams one contiguous segment at a time, where a walk per output would
+    /// stride across the whole input for every element.
+    fn body_reduce_columns(&mut self, red: KernelReduce, outer: &Walk, lanes: Type) {
+        let k = self.kernel;
+        let out_expr = k.outputs[0];
+        let dtype = k.exprs[out_expr].dtype;
+        let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
+        let n_in = ins.len();
+        let out_ptr = outs[0];
+        let starts: Vec<Value> = (0..n_in)
+            .map(|idx| {
+                let bytes = self.walk_offset_bytes(idx);
+                self.b.ins().iadd_imm_s(ins[idx], bytes)
+            })
+            .collect();
+        let width = i64::from(lanes.lane_count());
+        let sizes: Vec<i64> = k.inputs.iter().map(|i| i.dtype.size_in_bytes() as i64).collect();
+        // Per input: its stride across outputs (0 or 1) and along the innermost reduced dim.
+        let across: Vec<i64> = outer.strides.iter().map(|s| *s.last().expect("a dim")).collect();
+        let along: Vec<i64> = self.walk.strides.iter().map(|s| *s.last().expect("a dim")).collect();
+        let inner_dims = self.walk.dims.clone();
+        let len = *inner_dims.last().expect("a dimension") as i64;
+        let rows: i64 = inner_dims[..inner_dims.len() - 1].iter().product::<usize>() as i64;
+        let row_strides: Vec<Vec<i64>> =
+            self.walk.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+        let kept_inner = *outer.dims.last().expect("a dimension") as i64;
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (COLUMN_BLOCK * 8) as u32,
+            4,
+        ));
+        let slot_addr = self.b.ins().stack_addr(types::I64, slot, 0);
+        let ptr_args = |v: &[Value]| v.iter().map(|&x| BlockArg::Value(x)).collect::<Vec<_>>();
+
+        let head = self.b.create_block();
+        let o = self.b.append_block_param(head, types::I64);
+        let block_start = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(head, &[BlockArg::Value(start)]);
+        self.b.switch_to_block(head);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, o, end);
+        self.b.ins().brif(more, block_start, &[], exit, &[]);
+
+        // The block: outputs o..o+count, within one run of the innermost kept dimension.
+        self.b.switch_to_block(block_start);
+        let kept_v = self.iconst(kept_inner);
+        let j0 = self.b.ins().urem(o, kept_v);
+        let to_row_end = self.b.ins().isub(kept_v, j0);
+        let to_end = self.b.ins().isub(end, o);
+        let block_v = self.iconst(COLUMN_BLOCK as i64);
+        let count = self.b.ins().umin(to_row_end, to_end);
+        let count = self.b.ins().umin(count, block_v);
+        let bases = self.advance(&starts, o, &outer.dims, &outer.strides);
+        let identity = self.identity(red.op, dtype);
+        let identities = self.b.ins().splat(types::F64X2, identity);
+        let ihead = self.b.create_block();
+        let i = self.b.append_block_param(ihead, types::I64);
+        let ibody = self.b.create_block();
+        let rows_start = self.b.create_block();
+        let zero = self.iconst(0);
+        self.b.ins().jump(ihead, &[BlockArg::Value(zero)]);
+        self.b.switch_to_block(ihead);
+        let all = self.iconst((COLUMN_BLOCK * 8) as i64);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i, all);
+        self.b.ins().brif(more, ibody, &[], rows_start, &[]);
+        self.b.switch_to_block(ibody);
+        let at = self.b.ins().iadd(slot_addr, i);
+        self.b.ins().store(MemFlagsData::trusted(), identities, at, 0);
+        let i_next = self.b.ins().iadd_imm_s(i, 16);
+        self.b.ins().jump(ihead, &[BlockArg::Value(i_next)]);
+
+        // Rows of the reduced walk (all but its innermost dimension).
+        self.b.switch_to_block(rows_start);
+        let rhead = self.b.create_block();
+        let ir = self.b.append_block_param(rhead, types::I64);
+        let rbody = self.b.create_block();
+        let store = self.b.create_block();
+        self.b.ins().jump(rhead, &[BlockArg::Value(zero)]);
+        self.b.switch_to_block(rhead);
+        let rows_v = self.iconst(rows);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
+        self.b.ins().brif(more, rbody, &[], store, &[]);
+        self.b.switch_to_block(rbody);
+        let rbases = self.advance(&bases, ir, &inner_dims[..inner_dims.len() - 1], &row_strides);
+        // The innermost reduced dimension, with the inputs' addresses carried.
+        let lhead = self.b.create_block();
+        let jl = self.b.append_block_param(lhead, types::I64);
+        let ptrs = self.carried(lhead, n_in);
+        let lbody = self.b.create_block();
+        let rdone = self.b.create_block();
+        let mut args = vec![BlockArg::Value(zero)];
+        args.extend(ptr_args(&rbases));
+        self.b.ins().jump(lhead, &args);
+        self.b.switch_to_block(lhead);
+        let len_v = self.iconst(len);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, jl, len_v);
+        self.b.ins().brif(more, lbody, &[], rdone, &[]);
+
+        // One reduced position: the block's segment, by vectors then one by one.
+        self.b.switch_to_block(lbody);
+        let chead = self.b.create_block();
+        let j = self.b.append_block_param(chead, types::I64);
+        let cbody = self.b.create_block();
+        let thead = self.b.create_block();
+        let tj = self.b.append_block_param(thead, types::I64);
+        let tbody = self.b.create_block();
+        let lnext = self.b.create_block();
+        self.b.ins().jump(chead, &[BlockArg::Value(zero)]);
+        self.b.switch_to_block(chead);
+        let next = self.b.ins().iadd_imm_s(j, width);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, count);
+        self.b.ins().brif(fits, cbody, &[], thead, &[BlockArg::Value(j)]);
+        self.b.switch_to_block(cbody);
+        let mut srcs = Vec::with_capacity(n_in);
+        for idx in 0..n_in {
+            if across[idx] == 0 {
+                let v = self.b.ins().load(
+                    lanes.lane_type(),
+                    MemFlagsData::new().with_notrap(),
+                    ptrs[idx],
+                    0,
+                );
+                srcs.push(VecSrc::Splat(self.b.ins().splat(lanes, v)));
+            } else {
+                let off = self.b.ins().imul_imm_s(j, sizes[idx]);
+                srcs.push(VecSrc::At(self.b.ins().iadd(ptrs[idx], off)));
+            }
+        }
+        let values = self.compute_vector(&srcs, &param_vector, lanes);
+        let v = values[out_expr];
+        let wide = if lanes == types::F32X4 {
+            let (lo, hi) = math::widen(&mut self.math(), v);
+            vec![lo, hi]
+        } else {
+            vec![v]
+        };
+        let acc_at = self.b.ins().imul_imm_s(j, 8);
+        let acc_at = self.b.ins().iadd(slot_addr, acc_at);
+        for (h, w) in wide.into_iter().enumerate() {
+            let offset = (h * 16) as i32;
+            let acc = self.b.ins().load(types::F64X2, MemFlagsData::trusted(), acc_at, offset);
+            let folded = match red.op {
+                ReduceOp::Sum => self.b.ins().fadd(acc, w),
+                ReduceOp::Prod => self.b.ins().fmul(acc, w),
+                ReduceOp::Max => self.b.ins().fmax(acc, w),
+                _ => self.b.ins().fmin(acc, w),
+            };
+            self.b.ins().store(MemFlagsData::trusted(), folded, acc_at, offset);
+        }
+        self.b.ins().jump(chead, &[BlockArg::Value(next)]);
+
+        self.b.switch_to_block(thead);
+        let go = self.b.ins().icmp(IntCC::UnsignedLessThan, tj, count);
+        self.b.ins().brif(go, tbody, &[], lnext, &[]);
+        self.b.switch_to_block(tbody);
+        let addrs: Vec<Value> = (0..n_in)
+            .map(|idx| {
+                let off = self.b.ins().imul_imm_s(tj, across[idx] * sizes[idx]);
+                self.b.ins().iadd(ptrs[idx], off)
+            })
+            .collect();
+        let values = self.compute_scalar(zero, &addrs, &param_scalar);
+        let acc_at = self.b.ins().imul_imm_s(tj, 8);
+        let acc_at = self.b.ins().iadd(slot_addr, acc_at);
+        let acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
+        let folded = self.combine(red.op, acc, values[out_expr], dtype);
+        self.b.ins().store(MemFlagsData::trusted(), folded, acc_at, 0);
+        let tj_next = self.b.ins().iadd_imm_s(tj, 1);
+        self.b.ins().jump(thead, &[BlockArg::Value(tj_next)]);
+
+        self.b.switch_to_block(lnext);
+        let stepped: Vec<Value> = (0..n_in)
+            .map(|idx| self.b.ins().iadd_imm_s(ptrs[idx], along[idx] * sizes[idx]))
+            .collect();
+        let jl_next = self.b.ins().iadd_imm_s(jl, 1);
+        let mut args = vec![BlockArg::Value(jl_next)];
+        args.extend(ptr_args(&stepped));
+        self.b.ins().jump(lhead, &args);
+
+        self.b.switch_to_block(rdone);
+        let ir_next = self.b.ins().iadd_imm_s(ir, 1);
+        self.b.ins().jump(rhead, &[BlockArg::Value(ir_next)]);
+
+        // The block's results, rounded to the output dtype.
+        self.b.switch_to_block(store);
+        let shead = self.b.create_block();
+        let sj = self.b.append_block_param(shead, types::I64);
+        let sbody = self.b.create_block();
+        let block_done = self.b.create_block();
+        self.b.ins().jump(shead, &[BlockArg::Value(zero)]);
+        self.b.switch_to_block(shead);
+        let go = self.b.ins().icmp(IntCC::UnsignedLessThan, sj, count);
+        self.b.ins().brif(go, sbody, &[], block_done, &[]);
+        self.b.switch_to_block(sbody);
+        let acc_at = self.b.ins().imul_imm_s(sj, 8);
+        let acc_at = self.b.ins().iadd(slot_addr, acc_at);
+        let acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
+        let result = if dtype == DType::F64 { acc } else { self.b.ins().fdemote(types::F32, acc) };
+        let pos = self.b.ins().iadd(o, sj);
+        let off = self.b.ins().imul_imm_s(pos, dtype.size_in_bytes() as i64);
+        let addr = self.b.ins().iadd(out_ptr, off);
+        self.store(result, dtype, addr);
+        let sj_next = self.b.ins().iadd_imm_s(sj, 1);
+        self.b.ins().jump(shead, &[BlockArg::Value(sj_next)]);
+        self.b.switch_to_block(block_done);
+        let o_next = self.b.ins().iadd(o, count);
+        self.b.ins().jump(head, &[BlockArg::Value(o_next)]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
+
     fn body_reduce(&mut self, red: KernelReduce, outer: &Walk) {
         let k = self.kernel;
         let out_expr = k.outputs[0];
@@ -714,20 +973,24 @@ impl<'b> Translator<'_, 'b> {
             let acc = self.b.ins().select(any_nan, nan, acc);
             self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
         } else if let Some((_, lanes)) = self.vector {
-            // One accumulator per lane, so that the lanes' additions do not wait on each
-            // other; they are combined when the row's vector part ends.
+            // Every lane accumulates in f64, in f64x2 vectors (an f32x4 is widened into two),
+            // so that the lanes' additions do not wait on each other; the lanes are combined
+            // in order when the row's vector part ends.
             let width = lanes.lane_count();
+            let n_acc = (width / 2) as usize;
             let (splats, starts) = self.vector_row(&bases, zero, lanes);
             let vhead = self.b.create_block();
             let jv = self.b.append_block_param(vhead, types::I64);
             let vaccs: Vec<Value> =
-                (0..width).map(|_| self.b.append_block_param(vhead, acc_ty)).collect();
+                (0..n_acc).map(|_| self.b.append_block_param(vhead, types::F64X2)).collect();
             let ptrs = self.carried(vhead, starts.len());
             let vbody = self.b.create_block();
             let vdone = self.b.create_block();
             let identity = self.identity(red.op, dtype);
-            let mut args = vec![BlockArg::Value(zero), BlockArg::Value(racc)];
-            args.extend((1..width).map(|_| BlockArg::Value(identity)));
+            let identities = self.b.ins().splat(types::F64X2, identity);
+            let first = self.b.ins().insertlane(identities, racc, 0);
+            let mut args = vec![BlockArg::Value(zero), BlockArg::Value(first)];
+            args.extend((1..n_acc).map(|_| BlockArg::Value(identities)));
             args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &args);
             self.b.switch_to_block(vhead);
@@ -737,19 +1000,36 @@ impl<'b> Translator<'_, 'b> {
             self.b.switch_to_block(vbody);
             let srcs = Self::vector_srcs(&splats, &ptrs);
             let values = self.compute_vector(&srcs, &param_vector, lanes);
+            let v = values[out_expr];
+            let wide = if lanes == types::F32X4 {
+                let (lo, hi) = math::widen(&mut self.math(), v);
+                vec![lo, hi]
+            } else {
+                vec![v]
+            };
             let mut next_args = vec![BlockArg::Value(next)];
-            for (lane, &acc) in vaccs.iter().enumerate() {
-                let v = self.b.ins().extractlane(values[out_expr], lane as u8);
-                next_args.push(BlockArg::Value(self.combine(red.op, acc, v, dtype)));
+            for (&acc, &w) in vaccs.iter().zip(&wide) {
+                let folded = match red.op {
+                    ReduceOp::Prod => self.b.ins().fmul(acc, w),
+                    _ => self.b.ins().fadd(acc, w),
+                };
+                next_args.push(BlockArg::Value(folded));
             }
             let advanced = self.advance_ptrs(&ptrs, lanes);
             next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &next_args);
             self.b.switch_to_block(vdone);
-            let mut acc = vaccs[0];
-            for &other in &vaccs[1..] {
-                acc = self.combine(red.op, acc, other, acc_ty_dtype(dtype));
+            let mut acc = None;
+            for &vacc in &vaccs {
+                for lane in 0..2u8 {
+                    let v = self.b.ins().extractlane(vacc, lane);
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.combine(red.op, a, v, acc_ty_dtype(dtype)),
+                    });
+                }
             }
+            let acc = acc.expect("at least one accumulator");
             self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
         } else {
             self.b.ins().jump(shead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);

@@ -433,3 +433,57 @@ fn vector_pow_error_bound_and_special_cases() {
     }
     assert!(worst.0 <= 1, "pow: {} ulp at ({}, {})", worst.0, worst.1, worst.2);
 }
+
+#[test]
+fn reductions_vectorized_across_outputs() {
+    use kiln_ir::ReduceOp;
+    // Sums over rows: more outputs than a block (600 = 256 + 256 + 88), odd row runs (a
+    // middle axis of [4, 7, 13]), a transposed input (the kept axis is then strided, so the
+    // row path runs instead), an input broadcast across the outputs, and NaN.
+    for dtype in [DType::F32, DType::F64] {
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            for (shape, axes) in [
+                (vec![3usize, 600], vec![0usize]),
+                (vec![4, 7, 13], vec![1]),
+                (vec![5, 2, 9], vec![0, 1]),
+                (vec![1, 9], vec![0]),
+            ] {
+                let n: usize = shape.iter().product();
+                let mut g = Graph::new();
+                let x = g.input(Shape::from(shape.clone()), dtype);
+                let col_shape: Vec<usize> = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &s)| if axes.contains(&d) { s } else { 1 })
+                    .collect();
+                let col = g.input(Shape::from(col_shape.clone()), dtype);
+                let colv = g
+                    .push(
+                        Op::View(
+                            View::contiguous(Shape::from(col_shape.clone()))
+                                .expand(&Shape::from(shape.clone())),
+                        ),
+                        &[col],
+                    )
+                    .unwrap();
+                let p = g.push(Op::Binary(BinaryOp::Mul), &[x, colv]).unwrap();
+                let r = g.push(Op::Reduce { op, axes: axes.clone() }, &[p]).unwrap();
+                g.mark_output(r);
+                let plan = partition(&g, FusionPolicy::On);
+                let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+                let compiled = compile(&k.kernel).unwrap();
+                assert!(compiled.vectorized(), "{op:?} {shape:?} {axes:?}\n{}", k.kernel);
+                let mut data: Vec<f64> =
+                    values(n, dtype, 3).iter().map(|v| 1.0 + v / 64.0).collect();
+                if op == ReduceOp::Max {
+                    data[n / 2] = f64::NAN;
+                }
+                let cols = values(col_shape.iter().product(), dtype, 4)
+                    .iter()
+                    .map(|v| 1.0 + v / 64.0)
+                    .collect();
+                check(&k.kernel, &[data, cols], &k.params);
+            }
+        }
+    }
+}
