@@ -169,6 +169,23 @@ fn column_type(kernel: &Kernel, walk: &Walk, outer: &Walk) -> Option<(DType, Typ
     (across_ok && wide).then_some((float, lanes))
 }
 
+/// Rows a task of a strip-walking kernel should cover: a cache line of an input read across
+/// rows serves this many of them.
+pub const STRIP_ROWS: usize = 16;
+
+/// The strip width for an elementwise kernel that reads an input across its rows (a
+/// transposed view: innermost stride neither 0 nor 1, but 1 along another dimension) over
+/// rows long enough to strip; `None` for kernels that walk rows in order.
+fn strip_width(kernel: &Kernel, walk: &Walk) -> Option<usize> {
+    const STRIP: usize = 64;
+    let inner = *walk.dims.last()?;
+    let crosses = walk.strides.iter().any(|s| {
+        let last = *s.last().expect("a dimension");
+        last != 0 && last != 1 && s[..s.len() - 1].contains(&1)
+    });
+    (walk.dims.len() >= 2 && inner > STRIP && crosses && kernel.reduce.is_none()).then_some(STRIP)
+}
+
 /// The lane type when every value of the kernel is of one float type that vectorizes.
 fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
     let float =
@@ -275,6 +292,9 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let walk = coalesce(kernel, kept..rank);
     let vector = vector_type(kernel, &walk);
     let columns = column_type(kernel, &walk, &outer);
+    let strip = if kernel.reduce.is_none() { strip_width(kernel, &walk) } else { None };
+    // A strip-walking kernel vectorizes too, gathering its transposed reads.
+    let vector = vector.or_else(|| strip.and_then(|_| lane_type(kernel)));
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
     for (name, sig) in helpers::signatures(&module) {
@@ -292,8 +312,15 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         }
         // A column reduction's lanes run across its outputs; its parameters splat the same.
         let lanes = vector.or(columns);
-        let mut t =
-            Translator { kernel, walk: &walk, vector: lanes, fma, helpers: helper_refs, b: &mut b };
+        let mut t = Translator {
+            kernel,
+            walk: &walk,
+            vector: lanes,
+            strip,
+            fma,
+            helpers: helper_refs,
+            b: &mut b,
+        };
         match (kernel.reduce, columns) {
             (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
             (Some(red), None) => t.body_reduce(red, &outer),
@@ -320,7 +347,11 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         entry,
         clif,
         vectorized: vector.is_some() || columns.is_some(),
-        min_chunk: if columns.is_some() { COLUMN_BLOCK } else { 1 },
+        min_chunk: match (columns, strip) {
+            (Some(_), _) => COLUMN_BLOCK,
+            (None, Some(_)) => STRIP_ROWS * walk.dims.last().copied().unwrap_or(1),
+            (None, None) => 1,
+        },
     })
 }
 
@@ -351,8 +382,10 @@ fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
 enum VecSrc {
     /// Constant along the row: the splatted value.
     Splat(Value),
-    /// The address of the iteration's first element.
+    /// The address of the iteration's first element, the others following it.
     At(Value),
+    /// The address of the iteration's first element and the bytes between elements.
+    Gather(Value, i64),
 }
 
 /// What every kernel function loads in its entry block.
@@ -369,6 +402,8 @@ struct Translator<'a, 'b> {
     kernel: &'a Kernel,
     walk: &'a Walk,
     vector: Option<(DType, Type)>,
+    /// Columns per strip when an elementwise kernel walks in strips (see [`strip_width`]).
+    strip: Option<usize>,
     fma: bool,
     helpers: HashMap<&'static str, cranelift_codegen::ir::FuncRef>,
     b: &'a mut FunctionBuilder<'b>,
@@ -425,32 +460,101 @@ impl<'b> Translator<'_, 'b> {
     }
 
     fn body(&mut self) {
-        let k = self.kernel;
-        let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
-        let n_in = ins.len();
-
-        let head = self.b.create_block();
-        let i_var = self.b.append_block_param(head, types::I64);
-        let row = self.b.create_block();
+        let pro = self.prologue();
+        let (start, end) = (pro.start, pro.end);
+        let inner = *self.walk.dims.last().expect("at least one dimension") as i64;
         let exit = self.b.create_block();
-        self.b.ins().jump(head, &[BlockArg::Value(start)]);
+        match self.strip {
+            None => {
+                // Positions in order: each row's piece of the range, one after another.
+                let head = self.b.create_block();
+                let i_var = self.b.append_block_param(head, types::I64);
+                let row = self.b.create_block();
+                self.b.ins().jump(head, &[BlockArg::Value(start)]);
+                self.b.switch_to_block(head);
+                let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i_var, end);
+                self.b.ins().brif(more, row, &[], exit, &[]);
+                self.b.switch_to_block(row);
+                let inner_v = self.iconst(inner);
+                let j0 = self.b.ins().urem(i_var, inner_v);
+                let left = self.b.ins().isub(end, i_var);
+                let reach = self.b.ins().iadd(j0, left);
+                let jend = self.b.ins().umin(reach, inner_v);
+                self.piece(&pro, i_var, j0, jend);
+                let done = self.b.ins().isub(jend, j0);
+                let i_next = self.b.ins().iadd(i_var, done);
+                self.b.ins().jump(head, &[BlockArg::Value(i_next)]);
+            }
+            Some(strip) => {
+                // Strips of columns, each over all the range's rows: an input read across
+                // the rows (a transpose) then reuses each cache line for the next rows
+                // instead of fetching a line per element.
+                let outer_head = self.b.create_block();
+                let s = self.b.append_block_param(outer_head, types::I64);
+                let strip_body = self.b.create_block();
+                let empty = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, start, end);
+                let zero = self.iconst(0);
+                let first = self.b.create_block();
+                self.b.ins().brif(empty, exit, &[], first, &[]);
+                self.b.switch_to_block(first);
+                let inner_v = self.iconst(inner);
+                let r_first = self.b.ins().udiv(start, inner_v);
+                let last = self.b.ins().iadd_imm_s(end, -1);
+                let r_last = self.b.ins().udiv(last, inner_v);
+                self.b.ins().jump(outer_head, &[BlockArg::Value(zero)]);
+                self.b.switch_to_block(outer_head);
+                let more = self.b.ins().icmp(IntCC::SignedLessThan, s, inner_v);
+                self.b.ins().brif(more, strip_body, &[], exit, &[]);
+                self.b.switch_to_block(strip_body);
+                let s_end = self.b.ins().iadd_imm_s(s, strip as i64);
+                let s_end = self.b.ins().umin(s_end, inner_v);
+                let row_head = self.b.create_block();
+                let r = self.b.append_block_param(row_head, types::I64);
+                let row_body = self.b.create_block();
+                let strip_done = self.b.create_block();
+                self.b.ins().jump(row_head, &[BlockArg::Value(r_first)]);
+                self.b.switch_to_block(row_head);
+                let more = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, r, r_last);
+                self.b.ins().brif(more, row_body, &[], strip_done, &[]);
+                self.b.switch_to_block(row_body);
+                // This row's part of the strip, clipped to the range.
+                let row_start = self.b.ins().imul(r, inner_v);
+                let lo = self.b.ins().iadd(row_start, s);
+                let lo = self.b.ins().umax(lo, start);
+                let hi = self.b.ins().iadd(row_start, s_end);
+                let hi = self.b.ins().umin(hi, end);
+                let nonempty = self.b.ins().icmp(IntCC::UnsignedLessThan, lo, hi);
+                let work = self.b.create_block();
+                let next_row = self.b.create_block();
+                self.b.ins().brif(nonempty, work, &[], next_row, &[]);
+                self.b.switch_to_block(work);
+                let j0 = self.b.ins().isub(lo, row_start);
+                let jend = self.b.ins().isub(hi, row_start);
+                self.piece(&pro, lo, j0, jend);
+                self.b.ins().jump(next_row, &[]);
+                self.b.switch_to_block(next_row);
+                let r_next = self.b.ins().iadd_imm_s(r, 1);
+                self.b.ins().jump(row_head, &[BlockArg::Value(r_next)]);
+                self.b.switch_to_block(strip_done);
+                self.b.ins().jump(outer_head, &[BlockArg::Value(s_end)]);
+            }
+        }
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
 
-        // head(i): while i < end
-        self.b.switch_to_block(head);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i_var, end);
-        self.b.ins().brif(more, row, &[], exit, &[]);
-
-        // row: locate the row of position i and the bases of every input.
-        self.b.switch_to_block(row);
+    /// Computes positions `i_var..` of one row, from column `j0` to `jend`: locates the row
+    /// and every input's base, runs the vector loop and the scalar tail, and leaves the
+    /// builder in a block after them.
+    fn piece(&mut self, pro: &Prologue, i_var: Value, j0: Value, jend: Value) {
+        let k = self.kernel;
+        let (ins, outs) = (&pro.ins, &pro.outs);
+        let (param_scalar, param_vector) = (&pro.param_scalar, &pro.param_vector);
+        let n_in = ins.len();
         let dims = self.walk.dims.clone();
         let inner = *dims.last().expect("at least one dimension") as i64;
         let inner_v = self.iconst(inner);
         let row_index = self.b.ins().udiv(i_var, inner_v);
-        let j0 = self.b.ins().urem(i_var, inner_v);
-        let left = self.b.ins().isub(end, i_var);
-        let reach = self.b.ins().iadd(j0, left);
-        let shorter = self.b.ins().icmp(IntCC::UnsignedLessThan, reach, inner_v);
-        let jend = self.b.ins().select(shorter, reach, inner_v);
         // Coordinates of the row in the outer dimensions, innermost first.
         let mut coords = Vec::new();
         let mut rest = row_index;
@@ -474,7 +578,7 @@ impl<'b> Translator<'_, 'b> {
         let out_bases: Vec<Value> = k
             .outputs
             .iter()
-            .zip(&outs)
+            .zip(outs)
             .map(|(&o, &p)| {
                 let bytes =
                     self.b.ins().imul_imm_s(row_start, k.exprs[o].dtype.size_in_bytes() as i64);
@@ -507,14 +611,16 @@ impl<'b> Translator<'_, 'b> {
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, jend);
             self.b.ins().brif(fits, vec_body, &[], scalar_head, &[BlockArg::Value(jv)]);
             self.b.switch_to_block(vec_body);
-            let srcs = Self::vector_srcs(&splats, &ptrs[..n_in_ptrs]);
-            let values = self.compute_vector(&srcs, &param_vector, lanes);
+            let srcs = self.vector_srcs(&splats, &ptrs[..n_in_ptrs]);
+            let values = self.compute_vector(&srcs, param_vector, lanes);
             for (o, &e) in k.outputs.iter().enumerate() {
                 let addr = ptrs[n_in_ptrs + o];
                 self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
             }
             let mut loop_args = vec![BlockArg::Value(next)];
-            let advanced = self.advance_ptrs(&ptrs, lanes);
+            let mut steps = self.input_steps(&splats, lanes);
+            steps.resize(ptrs.len(), i64::from(lanes.bytes()));
+            let advanced = self.advance_ptrs(&ptrs, &steps);
             loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vec_head, &loop_args);
         } else {
@@ -527,7 +633,7 @@ impl<'b> Translator<'_, 'b> {
         let go = self.b.ins().icmp(IntCC::UnsignedLessThan, j_scalar, jend);
         self.b.ins().brif(go, scalar_body, &[], row_done, &[]);
         self.b.switch_to_block(scalar_body);
-        let values = self.compute_scalar(j_scalar, &bases, &param_scalar);
+        let values = self.compute_scalar(j_scalar, &bases, param_scalar);
         for (o, &e) in k.outputs.iter().enumerate() {
             let dtype = k.exprs[e].dtype;
             let off = self.b.ins().imul_imm_s(j_scalar, dtype.size_in_bytes() as i64);
@@ -537,14 +643,7 @@ impl<'b> Translator<'_, 'b> {
         let j_next = self.b.ins().iadd_imm_s(j_scalar, 1);
         self.b.ins().jump(scalar_head, &[BlockArg::Value(j_next)]);
 
-        // row_done: advance i past this row's piece.
         self.b.switch_to_block(row_done);
-        let done = self.b.ins().isub(jend, j0);
-        let i_next = self.b.ins().iadd(i_var, done);
-        self.b.ins().jump(head, &[BlockArg::Value(i_next)]);
-
-        self.b.switch_to_block(exit);
-        self.b.ins().return_(&[]);
     }
 
     /// Byte addresses of each input at coordinates `coords` of `dims` (flat index `index`)
@@ -948,7 +1047,7 @@ impl<'b> Translator<'_, 'b> {
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
             self.b.ins().brif(fits, vbody, &[], vdone, &[]);
             self.b.switch_to_block(vbody);
-            let srcs = Self::vector_srcs(&splats, &ptrs);
+            let srcs = self.vector_srcs(&splats, &ptrs);
             let values = self.compute_vector(&srcs, &param_vector, lanes);
             let v = values[out_expr];
             let cc = if red.op == ReduceOp::Max { FloatCC::GreaterThan } else { FloatCC::LessThan };
@@ -959,7 +1058,8 @@ impl<'b> Translator<'_, 'b> {
             let nans = self.b.ins().bor(vnan, is_nan);
             let mut loop_args =
                 vec![BlockArg::Value(next), BlockArg::Value(folded), BlockArg::Value(nans)];
-            let advanced = self.advance_ptrs(&ptrs, lanes);
+            let steps = self.input_steps(&splats, lanes);
+            let advanced = self.advance_ptrs(&ptrs, &steps);
             loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &loop_args);
             self.b.switch_to_block(vdone);
@@ -998,7 +1098,7 @@ impl<'b> Translator<'_, 'b> {
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
             self.b.ins().brif(fits, vbody, &[], vdone, &[]);
             self.b.switch_to_block(vbody);
-            let srcs = Self::vector_srcs(&splats, &ptrs);
+            let srcs = self.vector_srcs(&splats, &ptrs);
             let values = self.compute_vector(&srcs, &param_vector, lanes);
             let v = values[out_expr];
             let wide = if lanes == types::F32X4 {
@@ -1015,7 +1115,8 @@ impl<'b> Translator<'_, 'b> {
                 };
                 next_args.push(BlockArg::Value(folded));
             }
-            let advanced = self.advance_ptrs(&ptrs, lanes);
+            let steps = self.input_steps(&splats, lanes);
+            let advanced = self.advance_ptrs(&ptrs, &steps);
             next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vhead, &next_args);
             self.b.switch_to_block(vdone);
@@ -1109,22 +1210,46 @@ impl<'b> Translator<'_, 'b> {
     }
 
     /// The sources of one vector iteration, from [`Self::vector_row`]'s splats and the
-    /// loop's current pointers.
-    fn vector_srcs(splats: &[Option<Value>], ptrs: &[Value]) -> Vec<VecSrc> {
+    /// loop's current pointers: contiguous inputs load a vector, inputs strided along the
+    /// row (a transposed read in a strip-walking kernel) gather their lanes.
+    fn vector_srcs(&self, splats: &[Option<Value>], ptrs: &[Value]) -> Vec<VecSrc> {
         let mut moving = ptrs.iter();
         splats
             .iter()
-            .map(|s| match s {
+            .enumerate()
+            .map(|(idx, s)| match s {
                 Some(v) => VecSrc::Splat(*v),
-                None => VecSrc::At(*moving.next().expect("a pointer per moving input")),
+                None => {
+                    let ptr = *moving.next().expect("a pointer per moving input");
+                    match self.inner_stride_bytes(idx) {
+                        bytes if bytes == self.kernel.inputs[idx].dtype.size_in_bytes() as i64 => {
+                            VecSrc::At(ptr)
+                        }
+                        bytes => VecSrc::Gather(ptr, bytes),
+                    }
+                }
             })
             .collect()
     }
 
-    /// Pointers advanced by one vector of `lanes`.
-    fn advance_ptrs(&mut self, ptrs: &[Value], lanes: Type) -> Vec<Value> {
-        let bytes = i64::from(lanes.bytes());
-        ptrs.iter().map(|&p| self.b.ins().iadd_imm_s(p, bytes)).collect()
+    /// Bytes between neighbouring elements of input `idx` along the row.
+    fn inner_stride_bytes(&self, idx: usize) -> i64 {
+        let stride = *self.walk.strides[idx].last().expect("at least one dimension");
+        stride * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
+    }
+
+    /// How far each moving input's pointer advances per vector of `lanes`, in order.
+    fn input_steps(&self, splats: &[Option<Value>], lanes: Type) -> Vec<i64> {
+        let width = i64::from(lanes.lane_count());
+        (0..splats.len())
+            .filter(|&idx| splats[idx].is_none())
+            .map(|idx| width * self.inner_stride_bytes(idx))
+            .collect()
+    }
+
+    /// Pointers advanced by `steps` bytes each.
+    fn advance_ptrs(&mut self, ptrs: &[Value], steps: &[i64]) -> Vec<Value> {
+        ptrs.iter().zip(steps).map(|(&p, &s)| self.b.ins().iadd_imm_s(p, s)).collect()
     }
 
     /// The address of element `j` of the row for input `idx`.
@@ -1153,6 +1278,17 @@ impl<'b> Translator<'_, 'b> {
                     VecSrc::Splat(v) => v,
                     VecSrc::At(addr) => {
                         self.b.ins().load(lanes, MemFlagsData::new().with_notrap(), addr, 0)
+                    }
+                    VecSrc::Gather(addr, step) => {
+                        let flags = MemFlagsData::new().with_notrap();
+                        let first = self.b.ins().load(lanes.lane_type(), flags, addr, 0);
+                        let mut v = self.b.ins().splat(lanes, first);
+                        for lane in 1..lanes.lane_count() {
+                            let at = self.b.ins().iadd_imm_s(addr, step * i64::from(lane));
+                            let x = self.b.ins().load(lanes.lane_type(), flags, at, 0);
+                            v = self.b.ins().insertlane(v, x, lane as u8);
+                        }
+                        v
                     }
                 },
                 ExprKind::Param(_) => params[&e],

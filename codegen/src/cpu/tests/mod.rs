@@ -487,3 +487,50 @@ fn reductions_vectorized_across_outputs() {
         }
     }
 }
+
+#[test]
+fn transposed_reads_walk_in_strips() {
+    // y = xᵀ * 2 + row over [37, 203] (rows longer than a strip, and not a multiple of it),
+    // with x read transposed out of an offset slice of a larger buffer, and a 3-D case whose
+    // middle dimension is the transposed one; every chunking of the range, dtypes of both
+    // widths.
+    for dtype in [DType::F32, DType::F64, DType::I32] {
+        let mut g = Graph::new();
+        let buf = g.input(Shape::from([205, 37]), dtype);
+        let row = g.input(Shape::from([203]), dtype);
+        let x = g
+            .push(
+                Op::View(
+                    View::contiguous(Shape::from([205, 37])).narrow(0, 2, 203).permute(&[1, 0]),
+                ),
+                &[buf],
+            )
+            .unwrap();
+        let r = g
+            .push(
+                Op::View(View::contiguous(Shape::from([203])).expand(&Shape::from([37, 203]))),
+                &[row],
+            )
+            .unwrap();
+        let two = scalar(&mut g, 2.0, dtype, &[37, 203]);
+        let m = g.push(Op::Binary(BinaryOp::Mul), &[x, two]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Add), &[m, r]).unwrap();
+        g.mark_output(y);
+        let plan = partition(&g, FusionPolicy::On);
+        let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+        assert!(super::strip_width(&k.kernel, &super::coalesce(&k.kernel, 0..2)).is_some());
+        check(&k.kernel, &[values(205 * 37, dtype, 5), values(203, dtype, 6)], &k.params);
+
+        let (k3, p3) = kernel_of(&[3, 70, 90], dtype, |g, x| {
+            let t = g
+                .push(
+                    Op::View(View::contiguous(Shape::from([3, 70, 90])).permute(&[0, 2, 1])),
+                    &[x],
+                )
+                .unwrap();
+            g.push(Op::Unary(UnaryOp::Neg), &[t]).unwrap()
+        });
+        assert!(super::strip_width(&k3, &super::coalesce(&k3, 0..3)).is_some(), "{k3}");
+        check(&k3, &[values(3 * 70 * 90, dtype, 7)], &p3);
+    }
+}
