@@ -195,3 +195,52 @@ fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
         kiln::Error::Runtime(kiln::RunError { error: kiln::RuntimeError::CheckFailed { .. }, .. })
     ));
 }
+
+#[test]
+fn native_gather_and_argmax_agree_with_the_reference() {
+    // Random tensors with ties and NaNs, every axis, several dtypes and layouts: the native
+    // loops give exactly what the reference executor gives.
+    let mut rng = Rng::new(77);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::I64, DType::U8] {
+        for layout in LAYOUTS {
+            let shape = [4usize, 5, 6];
+            let mut data = values(&mut rng, 120, dtype);
+            for v in data.iter_mut().step_by(7) {
+                *v = (*v).round(); // ties
+            }
+            if dtype.is_float() {
+                data[17] = f64::NAN;
+            }
+            let x = make(&data, &shape, dtype, layout);
+            for axis in 0..3i64 {
+                let n_index = [3usize, 2, 4];
+                let len = shape[axis as usize] as i64;
+                let mut idx_shape = shape.to_vec();
+                idx_shape[axis as usize] = n_index[axis as usize];
+                let count: usize = idx_shape.iter().product();
+                let idx: Vec<i64> = (0..count).map(|_| rng.int(0, len)).collect();
+                let index = Tensor::from_vec(idx, idx_shape.clone());
+                let run = |mode: Execution| {
+                    kiln::with_execution(mode, || {
+                        let g = x.gather(axis, &index).to_vec::<f64>();
+                        let a = x.argmax(axis, false).to_vec::<i64>();
+                        let b = x.argmin(axis, true).to_vec::<i64>();
+                        (g, a, b)
+                    })
+                };
+                let (g, a, b) = run(Execution::Fused);
+                let (rg, ra, rb) = run(Execution::Reference);
+                let same = |p: &[f64], q: &[f64]| {
+                    p.iter().zip(q).all(|(u, v)| u == v || (u.is_nan() && v.is_nan()))
+                };
+                assert!(same(&g, &rg), "gather {dtype} {layout:?} axis {axis}");
+                assert_eq!((a, b), (ra, rb), "argmax/argmin {dtype} {layout:?} axis {axis}");
+            }
+        }
+    }
+    // An index out of range is the same error.
+    let x = Tensor::randn([3, 4]);
+    let bad = Tensor::from_vec(vec![0i64, 4], [1, 2]);
+    let err = x.gather(1, &bad).try_realize().unwrap_err().to_string();
+    assert!(err.contains("gather") && err.contains('4'), "{err}");
+}

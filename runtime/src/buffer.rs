@@ -47,6 +47,7 @@ macro_rules! with_element_type {
         }
     };
 }
+pub(crate) use with_element_type;
 
 /// A dense block of `len` elements of one dtype, written once when created and read-only
 /// afterwards, so clones share it freely across threads. CPU blocks come from kiln's caching

@@ -262,12 +262,14 @@ impl Prepared {
                 PreparedStep::Node(n) => {
                     let args = graph.args(*n);
                     let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                    let out = reference::eval_node(graph, *n, &arg_bufs)?;
+                    let (out, kind) = match crate::native::eval(graph, *n, &arg_bufs) {
+                        Some(out) => (out?, StepKind::Library),
+                        None => (reference::eval_node(graph, *n, &arg_bufs)?, StepKind::Reference),
+                    };
                     if tracing {
                         let node = graph.node(*n);
                         let name = node.op.name();
-                        let mut e =
-                            plain_event(name, StepKind::Reference, name.to_string(), String::new());
+                        let mut e = plain_event(name, kind, name.to_string(), String::new());
                         e.shape = node.shape.to_string();
                         e.bytes_read = arg_bufs.iter().map(|b| bytes(b)).sum();
                         e.bytes_written = bytes(&out);

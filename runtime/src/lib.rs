@@ -21,6 +21,7 @@ mod device;
 mod error;
 pub mod exec;
 mod matmul;
+mod native;
 pub mod reference;
 pub mod trace;
 

@@ -328,7 +328,7 @@ fn eval(
 
 /// For each position of `index` (row-major), the flat offset in a dense tensor of shape `x`
 /// that it selects: the position itself with coordinate `axis` replaced by the index value.
-fn index_targets(
+pub(crate) fn index_targets(
     op: &'static str,
     axis: usize,
     x: &Shape,
