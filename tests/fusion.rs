@@ -197,9 +197,10 @@ fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
 }
 
 #[test]
-fn native_gather_and_argmax_agree_with_the_reference() {
-    // Random tensors with ties and NaNs, every axis, several dtypes and layouts: the native
-    // loops give exactly what the reference executor gives.
+fn native_index_ops_agree_with_the_reference() {
+    // Random tensors with ties and NaNs, every axis, several dtypes and layouts, indices with
+    // repeats: the native loops (gather, scatter, scatter_add, cumsum, assign, argmax,
+    // argmin) give exactly what the reference executor gives.
     let mut rng = Rng::new(77);
     for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::I64, DType::U8] {
         for layout in LAYOUTS {
@@ -220,21 +221,39 @@ fn native_gather_and_argmax_agree_with_the_reference() {
                 let count: usize = idx_shape.iter().product();
                 let idx: Vec<i64> = (0..count).map(|_| rng.int(0, len)).collect();
                 let index = Tensor::from_vec(idx, idx_shape.clone());
+                // Sources for scatter: as many elements as the index, of x's dtype.
+                let src = make(&values(&mut rng, count, dtype), &idx_shape, dtype, layout);
                 let run = |mode: Execution| {
                     kiln::with_execution(mode, || {
                         let g = x.gather(axis, &index).to_vec::<f64>();
                         let a = x.argmax(axis, false).to_vec::<i64>();
                         let b = x.argmin(axis, true).to_vec::<i64>();
-                        (g, a, b)
+                        let s = x.scatter(axis, &index, &src).to_vec::<f64>();
+                        let sa = x.scatter_add(axis, &index, &src).to_vec::<f64>();
+                        let c = if dtype == DType::U8 {
+                            vec![]
+                        } else {
+                            x.cumsum(axis).to_vec::<f64>()
+                        };
+                        // An in-place write through a strided view (an `assign`).
+                        let y = make(&data, &shape, dtype, layout);
+                        y.narrow(axis, 1, 2).copy_(&x.narrow(axis, 0, 2));
+                        (g, a, b, s, sa, c, y.to_vec::<f64>())
                     })
                 };
-                let (g, a, b) = run(Execution::Fused);
-                let (rg, ra, rb) = run(Execution::Reference);
+                let (g, a, b, s, sa, c, y) = run(Execution::Fused);
+                let (rg, ra, rb, rs, rsa, rc, ry) = run(Execution::Reference);
                 let same = |p: &[f64], q: &[f64]| {
-                    p.iter().zip(q).all(|(u, v)| u == v || (u.is_nan() && v.is_nan()))
+                    p.len() == q.len()
+                        && p.iter().zip(q).all(|(u, v)| u == v || (u.is_nan() && v.is_nan()))
                 };
-                assert!(same(&g, &rg), "gather {dtype} {layout:?} axis {axis}");
-                assert_eq!((a, b), (ra, rb), "argmax/argmin {dtype} {layout:?} axis {axis}");
+                let at = format!("{dtype} {layout:?} axis {axis}");
+                assert!(same(&g, &rg), "gather {at}");
+                assert_eq!((a, b), (ra, rb), "argmax/argmin {at}");
+                assert!(same(&s, &rs), "scatter {at}");
+                assert!(same(&sa, &rsa), "scatter_add {at}");
+                assert!(same(&c, &rc), "cumsum {at}");
+                assert!(same(&y, &ry), "copy_ into a view {at}");
             }
         }
     }

@@ -1,4 +1,6 @@
-//! Native CPU loops for ops that do not fuse into kernels: `gather` and `argmax`/`argmin`.
+//! Native CPU loops for ops that do not fuse into kernels: `gather`, `scatter` and
+//! `scatter_add`, `assign` (an in-place write through a view), `cumsum`, `argmax` and
+//! `argmin`.
 //! They read the buffers in their own element types, where the reference executor converts
 //! whole tensors to f64 first (a 4096-row cross-entropy gathered its 4096 logits in 79 ms
 //! that way, and an argmax over 4096x4096 took 234 ms). Their semantics are the reference
@@ -25,6 +27,21 @@ pub(crate) fn eval(
         Op::Gather { axis } => {
             Some(gather(args[0], shape_of(0), args[1], shape_of(1), *axis).map_err(at))
         }
+        Op::Scatter { axis, accumulate } => Some(
+            scatter(
+                args[0],
+                shape_of(0),
+                args[1],
+                shape_of(1),
+                args[2],
+                shape_of(2),
+                *axis,
+                *accumulate,
+            )
+            .map_err(at),
+        ),
+        Op::Assign(view) => Some(assign(args[0], view, args[1]).map_err(at)),
+        Op::CumSum { axis } => Some(cumsum(args[0], &node.shape, *axis).map_err(at)),
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             Some(arg_extreme(*op, args[0], shape_of(0), axes[0]).map_err(at))
         }
@@ -44,6 +61,99 @@ fn gather(
     with_element_type!(x.dtype(), T => {
         let x = x.as_slice::<T>().expect("the buffer's own element type");
         Buffer::from_iter(targets.len(), targets.iter().map(|&t| x[t]))
+    })
+}
+
+/// A copy of `base` with `src` written (or, with `accumulate`, added) at the positions the
+/// index selects. Sums are formed as the reference executor forms them: floats in f64 from
+/// the base value, rounded once; integers wrapping.
+#[allow(clippy::too_many_arguments, reason = "an op's three operands and their shapes")]
+fn scatter(
+    base: &Buffer,
+    base_shape: &Shape,
+    index: &Buffer,
+    index_shape: &Shape,
+    src: &Buffer,
+    src_shape: &Shape,
+    axis: usize,
+    accumulate: bool,
+) -> Result<Buffer, RuntimeError> {
+    let name = if accumulate { "scatter_add" } else { "scatter" };
+    let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
+    let targets = reference::index_targets(name, axis, base_shape, index_shape, &values)?;
+    let positions = reference::src_positions(index_shape, src_shape);
+    with_element_type!(base.dtype(), T => {
+        let mut out: Vec<T> = base.as_slice::<T>().expect("the buffer's own element type").to_vec();
+        let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
+        let pairs = targets.iter().zip(positions.offsets());
+        match T::DTYPE.category() {
+            kiln_ir::Category::Float if accumulate => {
+                let mut sums: std::collections::HashMap<usize, f64> = Default::default();
+                for (&t, p) in pairs {
+                    let start = out[t].to_scalar().to_f64();
+                    *sums.entry(t).or_insert(start) += src[p].to_scalar().to_f64();
+                }
+                for (t, v) in sums {
+                    out[t] = T::from_scalar(Scalar::F64(v));
+                }
+            }
+            kiln_ir::Category::Int if accumulate => {
+                for (&t, p) in pairs {
+                    let sum = out[t].to_scalar().to_i64().wrapping_add(src[p].to_scalar().to_i64());
+                    out[t] = T::from_scalar(Scalar::I64(sum));
+                }
+            }
+            _ => {
+                for (&t, p) in pairs {
+                    out[t] = src[p];
+                }
+            }
+        }
+        Buffer::from_slice(&out)
+    })
+}
+
+/// A copy of `base` with `values` written at the positions `view` selects.
+fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, RuntimeError> {
+    with_element_type!(base.dtype(), T => {
+        let mut out: Vec<T> = base.as_slice::<T>().expect("the buffer's own element type").to_vec();
+        let values = values.as_slice::<T>().expect("assign's values have the base's dtype");
+        for (p, &v) in view.offsets().zip(values) {
+            out[p] = v;
+        }
+        Buffer::from_slice(&out)
+    })
+}
+
+/// Running sums along `axis`: floats accumulated in f64 and each rounded once, integers
+/// wrapping, as the reference executor computes them.
+fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError> {
+    let dims = shape.dims();
+    let len = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product();
+    let outer: usize = dims[..axis].iter().product();
+    with_element_type!(x.dtype(), T => {
+        let x = x.as_slice::<T>().expect("the buffer's own element type");
+        let mut out: Vec<T> = x.to_vec();
+        let float = T::DTYPE.category() == kiln_ir::Category::Float;
+        for o in 0..outer {
+            for i in 0..inner {
+                let first = o * len * inner + i;
+                let (mut f, mut n) = (0.0f64, 0i64);
+                for k in 0..len {
+                    let at = first + k * inner;
+                    let v = x[at].to_scalar();
+                    out[at] = if float {
+                        f += v.to_f64();
+                        T::from_scalar(Scalar::F64(f))
+                    } else {
+                        n = n.wrapping_add(v.to_i64());
+                        T::from_scalar(Scalar::I64(n))
+                    };
+                }
+            }
+        }
+        Buffer::from_slice(&out)
     })
 }
 

@@ -353,7 +353,7 @@ pub(crate) fn index_targets(
 }
 
 /// The positions of a dense `src` read at each position of `index` (same rank, no larger).
-fn src_positions(index: &Shape, src: &Shape) -> kiln_ir::View {
+pub(crate) fn src_positions(index: &Shape, src: &Shape) -> kiln_ir::View {
     kiln_ir::View::from_parts(index.clone(), src.contiguous_strides(), 0)
 }
 
