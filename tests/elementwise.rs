@@ -365,3 +365,26 @@ fn large_integer_constants_pass_exactly() {
     assert_eq!(Tensor::full([2], big).to_vec::<i64>(), vec![big, big]);
     assert_eq!(x.eq(big - big + 1).to_vec::<bool>(), vec![false, true, false]);
 }
+
+#[test]
+fn integer_powers_rewritten_as_products_stay_exact() {
+    // `pow(x, 2)` runs as `x * x` and `pow(x, -1)` as `1 / x`: both round the exact value
+    // once, as `pow` does, so they match the reference bit for bit, special values included.
+    let mut data = vec![0.0, -0.0, 1.5, -2.25, 1e-40, -3e30, 7e38, f64::INFINITY];
+    data.extend([f64::NEG_INFINITY, f64::NAN, 0.1, -0.3333]);
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        let x = Tensor::from_vec(data.clone(), [data.len()]).to_dtype(dtype);
+        for e in [2.0, -1.0, 1.0] {
+            let fused = x.pow(e).to_vec::<f64>();
+            let reference =
+                kiln::with_execution(kiln::Execution::Reference, || x.pow(e).to_vec::<f64>());
+            for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{dtype} pow({}, {e}): {a} vs {b}",
+                    data[i]
+                );
+            }
+        }
+    }
+}

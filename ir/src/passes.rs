@@ -251,6 +251,8 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     let order = graph.topo_order();
     let mut same_as: HashMap<NodeId, NodeId> = HashMap::new();
     let mut folded: HashMap<NodeId, f64> = HashMap::new();
+    // Nodes computed by another op over other arguments (`x^2` as `x * x`).
+    let mut rewritten: HashMap<NodeId, (Op, Vec<NodeId>)> = HashMap::new();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
@@ -259,6 +261,28 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
             continue;
         }
         let c = |n: NodeId| constant(graph, n, &folded);
+        // Integer powers that are exact as products: `pow` rounds the exact power once, and
+        // so do `x * x` and `1 / x`; `x^1` is `x`.
+        if let Op::Binary(BinaryOp::Pow) = graph.node(id).op
+            && graph.node(args[0]).dtype == graph.node(id).dtype
+        {
+            let x = args[0];
+            match c(args[1]) {
+                Some(1.0) => {
+                    same_as.insert(id, x);
+                    continue;
+                }
+                Some(2.0) => {
+                    rewritten.insert(id, (Op::Binary(BinaryOp::Mul), vec![x, x]));
+                    continue;
+                }
+                Some(-1.0) => {
+                    rewritten.insert(id, (Op::Unary(UnaryOp::Recip), vec![x]));
+                    continue;
+                }
+                _ => {}
+            }
+        }
         let replacement = match graph.node(id).op {
             Op::Binary(BinaryOp::Mul) if c(args[1]) == Some(1.0) => Some(args[0]),
             Op::Binary(BinaryOp::Mul) if c(args[0]) == Some(1.0) => Some(args[1]),
@@ -285,7 +309,10 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
         if std::mem::replace(&mut needed[n.index()], true) || folded.contains_key(&n) {
             continue;
         }
-        stack.extend(graph.args(n).iter().map(|&a| resolve(&same_as, a)));
+        match rewritten.get(&n) {
+            Some((_, args)) => stack.extend(args.iter().copied()),
+            None => stack.extend(graph.args(n).iter().map(|&a| resolve(&same_as, a))),
+        }
     }
     for &id in &order {
         if !needed[id.index()] || same_as.contains_key(&id) {
@@ -300,6 +327,11 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
             op if op.is_leaf() => out
                 .leaf(op.clone(), node.shape.clone(), node.dtype)
                 .expect("a valid leaf stays valid"),
+            _ if rewritten.contains_key(&id) => {
+                let (op, args) = &rewritten[&id];
+                let args: Vec<NodeId> = args.iter().map(|&a| map[&a]).collect();
+                out.push(op.clone(), &args).expect("a rewrite keeps the shape and dtype")
+            }
             op => {
                 let args: Vec<NodeId> =
                     graph.args(id).iter().map(|&a| map[&resolve(&same_as, a)]).collect();
@@ -380,6 +412,26 @@ mod tests {
         g.mark_output(n2);
         let (s, outs) = simplify(&g);
         assert_eq!(outs, s.inputs().to_vec());
+    }
+
+    #[test]
+    fn exact_integer_powers_become_products() {
+        let pow_of = |e: f64| {
+            let mut g = Graph::new();
+            let x = g.input(Shape::from([3]), DType::F32);
+            let c = g.leaf(Op::Full(Scalar::F64(e)), Shape::from([3]), DType::F32).unwrap();
+            let p = g.push(Op::Binary(BinaryOp::Pow), &[x, c]).unwrap();
+            g.mark_output(p);
+            let (s, outs) = simplify(&g);
+            s.verify().unwrap();
+            (s.node(outs[0]).op.clone(), s.len())
+        };
+        assert_eq!(pow_of(2.0), (Op::Binary(BinaryOp::Mul), 2));
+        assert_eq!(pow_of(-1.0), (Op::Unary(UnaryOp::Recip), 2));
+        assert_eq!(pow_of(1.0), (Op::Input, 1));
+        // Others are not exact as products (x^3 would round twice), so they stay.
+        assert_eq!(pow_of(3.0), (Op::Binary(BinaryOp::Pow), 3));
+        assert_eq!(pow_of(0.5), (Op::Binary(BinaryOp::Pow), 3));
     }
 
     #[test]
