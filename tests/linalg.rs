@@ -141,3 +141,34 @@ fn transposed_and_broadcast_operands_go_to_gemm_as_strides() {
     let r = kiln::with_execution(kiln::Execution::Reference, || at.matmul(&bb).to_vec::<f64>());
     assert_close_tol(&r, &want, 1e-6, "reference");
 }
+
+#[test]
+fn products_split_across_threads_match_the_loop() {
+    // Sizes past the threshold at which products run on several threads (kiln's own split
+    // below a size, gemm's above): bands of columns, bands of rows, parallel batches, with
+    // transposed operands, against the f64 loop.
+    let mut rng = Rng::new(41);
+    for (batch, m, k, n) in
+        [(1, 70, 300, 90), (1, 300, 64, 37), (3, 40, 100, 70), (1, 128, 784, 256)]
+    {
+        for (la, lb) in [
+            (Layout::Contiguous, Layout::Contiguous),
+            (Layout::Contiguous, Layout::Permuted),
+            (Layout::Permuted, Layout::Permuted),
+        ] {
+            let dtype = DType::F32;
+            let da = values(&mut rng, batch * m * k, dtype);
+            let db = values(&mut rng, batch * k * n, dtype);
+            let a = make(&da, &[batch, m, k], dtype, la);
+            let b = make(&db, &[batch, k, n], dtype, lb);
+            let got = read(&a.matmul(&b), dtype);
+            let mut want = Vec::new();
+            for p in 0..batch {
+                let (pa, pb) = (&da[p * m * k..(p + 1) * m * k], &db[p * k * n..(p + 1) * k * n]);
+                want.extend(mm_ref(pa, pb, m, k, n));
+            }
+            let context = format!("{batch}x{m}x{k}x{n} {la:?} {lb:?}");
+            assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
+        }
+    }
+}
