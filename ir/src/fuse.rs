@@ -19,7 +19,7 @@
 //! The partition depends only on the graph, so the same program gives the same kernels with
 //! the same names on every run.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::kernel::{Expr, ExprKind, Kernel, KernelInput, KernelReduce};
 use crate::{Graph, NodeId, Op, ReduceOp, Scalar, View};
@@ -162,7 +162,7 @@ fn is_free(op: &Op) -> bool {
 /// Partitions `graph` into a plan.
 pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
     let order = graph.topo_order();
-    let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for &n in &order {
         for a in graph.args(n) {
             consumers.entry(a).or_default().push(n);
@@ -172,9 +172,9 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
 
     // Decide which fusable values are stored, and why. `size` counts the ops a value's
     // kernel would hold if it were stored now.
-    let mut stored: HashMap<NodeId, Cut> = HashMap::new();
-    let mut size: HashMap<NodeId, usize> = HashMap::new();
-    let mut costs: HashMap<NodeId, usize> = HashMap::new();
+    let mut stored: HashMap<NodeId, Cut> = HashMap::default();
+    let mut size: HashMap<NodeId, usize> = HashMap::default();
+    let mut costs: HashMap<NodeId, usize> = HashMap::default();
     for &n in &order {
         let op = &graph.node(n).op;
         if !is_elementwise(op) && !is_free(op) {
@@ -237,10 +237,10 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
     let merged = if policy == FusionPolicy::On {
         merge_kept_results(graph, &order, &stored, &size, &consumers)
     } else {
-        HashMap::new()
+        HashMap::default()
     };
     // Kernels that write merged results build with those values computed inline.
-    let mut written_by: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+    let mut written_by: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for &n in &order {
         if let Some(&root) = merged.get(&n) {
             written_by.entry(root).or_default().push(n);
@@ -379,10 +379,10 @@ fn merge_kept_results(
     let consumers_of = |n: NodeId| consumers.get(&n).map_or(&[][..], Vec::as_slice);
     // The root of the one elementwise kernel an unstored elementwise value is computed in,
     // if there is exactly one (values shared by several kernels are recomputed in each).
-    let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::new();
-    let mut merged: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::default();
+    let mut merged: HashMap<NodeId, NodeId> = HashMap::default();
     // The ops each kernel root holds, growing as results merge into it.
-    let mut ops: HashMap<NodeId, usize> = HashMap::new();
+    let mut ops: HashMap<NodeId, usize> = HashMap::default();
     for &n in order.iter().rev() {
         let op = &graph.node(n).op;
         if !is_elementwise(op) {
@@ -442,8 +442,8 @@ impl<'a> Builder<'a> {
             params: Vec::new(),
             param_nodes: Vec::new(),
             fused: Vec::new(),
-            memo: HashMap::new(),
-            loads: HashMap::new(),
+            memo: HashMap::default(),
+            loads: HashMap::default(),
         }
     }
 }

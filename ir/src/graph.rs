@@ -4,7 +4,7 @@ use std::panic::Location;
 
 use petgraph::Direction;
 use petgraph::stable_graph::StableDiGraph;
-use petgraph::visit::{EdgeRef, NodeIndexable};
+use petgraph::visit::EdgeRef;
 
 use crate::{DType, IrError, Op, Shape};
 
@@ -45,6 +45,9 @@ pub struct Node {
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     graph: StableDiGraph<Node, usize>,
+    /// Each node's inputs in argument order, by node index: `args` is called for every node
+    /// by every pass, and reading the edges back (collect, sort) cost two allocations a call.
+    arg_lists: Vec<Vec<NodeId>>,
     inputs: Vec<NodeId>,
     outputs: Vec<NodeId>,
 }
@@ -58,6 +61,7 @@ impl Graph {
     /// Adds an `Input` node, bound to the next buffer passed when the graph runs.
     pub fn input(&mut self, shape: Shape, dtype: DType) -> NodeId {
         let id = self.graph.add_node(Node { op: Op::Input, shape, dtype, origin: None });
+        self.arg_lists.push(Vec::new());
         self.inputs.push(id);
         id
     }
@@ -68,7 +72,9 @@ impl Graph {
             return Ok(self.input(shape, dtype));
         }
         op.check_leaf(dtype)?;
-        Ok(self.graph.add_node(Node { op, shape, dtype, origin: None }))
+        let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
+        self.arg_lists.push(Vec::new());
+        Ok(id)
     }
 
     /// Adds an op over existing nodes, inferring its shape and dtype.
@@ -86,6 +92,7 @@ impl Graph {
         for (slot, &i) in inputs.iter().enumerate() {
             self.graph.add_edge(i, id, slot);
         }
+        self.arg_lists.push(inputs.to_vec());
         Ok(id)
     }
 
@@ -128,13 +135,12 @@ impl Graph {
 
     /// The inputs of `id`, in argument order.
     pub fn args(&self, id: NodeId) -> Vec<NodeId> {
-        let mut edges: Vec<(usize, NodeId)> = self
-            .graph
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| (*e.weight(), e.source()))
-            .collect();
-        edges.sort_unstable();
-        edges.into_iter().map(|(_, n)| n).collect()
+        self.arg_slice(id).to_vec()
+    }
+
+    /// The inputs of `id`, in argument order, without a copy.
+    pub fn arg_slice(&self, id: NodeId) -> &[NodeId] {
+        &self.arg_lists[id.index()]
     }
 
     /// The number of consumers of `id` (one per argument slot it fills).
@@ -162,32 +168,12 @@ impl Graph {
         self.graph.node_count() == 0
     }
 
-    /// The nodes in an order where every input comes before its consumers (iterative: deep
-    /// graphs do not grow the stack). Ties keep insertion order, so the result is
-    /// deterministic.
+    /// The nodes in an order where every input comes before its consumers: insertion order,
+    /// which is deterministic.
     pub fn topo_order(&self) -> Vec<NodeId> {
-        // Kahn's algorithm over node indices in insertion order.
-        let mut pending: Vec<usize> = Vec::new();
-        let bound = self.graph.node_bound();
-        let mut indegree = vec![0usize; bound];
-        for id in self.graph.node_indices() {
-            indegree[id.index()] = self.graph.edges_directed(id, Direction::Incoming).count();
-        }
-        let mut ready: std::collections::BTreeSet<NodeId> =
-            self.graph.node_indices().filter(|id| indegree[id.index()] == 0).collect();
-        let mut order = Vec::with_capacity(self.len());
-        while let Some(id) = ready.pop_first() {
-            order.push(id);
-            for e in self.graph.edges_directed(id, Direction::Outgoing) {
-                let t = e.target().index();
-                indegree[t] -= 1;
-                if indegree[t] == 0 {
-                    pending.push(t);
-                }
-            }
-            ready.extend(pending.drain(..).map(NodeId::new));
-        }
-        order
+        // Nodes are only ever added over existing nodes and never removed, so insertion
+        // order is topological.
+        self.graph.node_indices().collect()
     }
 
     /// Checks the graph's invariants: no cycles, every op's inputs agree with its inferred

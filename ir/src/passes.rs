@@ -15,7 +15,7 @@
 //!
 //! Dead code needs no pass: a captured graph holds only ancestors of what is wanted.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::{Graph, NodeId, Op, View};
 
@@ -79,7 +79,7 @@ fn is_transpose_of(view: &View, input: &crate::Shape) -> bool {
 /// (the graph is not copied then).
 pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeId>)> {
     let order = graph.topo_order();
-    let mut fold: HashMap<NodeId, NodeId> = HashMap::new(); // view -> product it transposes
+    let mut fold: HashMap<NodeId, NodeId> = HashMap::default(); // view -> product it transposes
     for &id in &order {
         if let Op::View(view) = &graph.node(id).op {
             let src = graph.args(id)[0];
@@ -98,7 +98,7 @@ pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeI
     }
     let folded: std::collections::HashSet<NodeId> = fold.values().copied().collect();
     let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
     for &id in &order {
         if folded.contains(&id) {
             continue;
@@ -152,10 +152,50 @@ pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeI
     Some((out, map))
 }
 
+/// What makes two nodes compute the same values, for [`cse`].
+#[derive(PartialEq, Eq, Hash)]
+enum CseKey {
+    /// A constant or random leaf that stays distinct (symbolic plans rebind them).
+    Leaf(usize),
+    /// The op with its parameters, the result's type, and the inputs.
+    Node(OpKey, crate::DType, crate::Shape, Vec<NodeId>),
+}
+
+/// An op as a hashable key: the common ops structurally, fills by the bits of their value,
+/// the rest by their debug text.
+#[derive(PartialEq, Eq, Hash)]
+enum OpKey {
+    Unary(crate::UnaryOp),
+    Binary(crate::BinaryOp),
+    Where,
+    Cast(crate::DType),
+    View(crate::View),
+    Reduce(crate::ReduceOp, Vec<usize>),
+    Fill(u8, u64),
+    Other(String),
+}
+
+impl OpKey {
+    fn of(op: &Op) -> OpKey {
+        match op {
+            Op::Unary(u) => OpKey::Unary(*u),
+            Op::Binary(b) => OpKey::Binary(*b),
+            Op::Where => OpKey::Where,
+            Op::Cast(d) => OpKey::Cast(*d),
+            Op::View(v) => OpKey::View(v.clone()),
+            Op::Reduce { op, axes } => OpKey::Reduce(*op, axes.clone()),
+            Op::Full(crate::Scalar::F64(v)) => OpKey::Fill(0, v.to_bits()),
+            Op::Full(crate::Scalar::I64(v)) => OpKey::Fill(1, *v as u64),
+            Op::Full(crate::Scalar::Bool(v)) => OpKey::Fill(2, u64::from(*v)),
+            other => OpKey::Other(format!("{other:?}")),
+        }
+    }
+}
+
 fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
     let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-    let mut seen: HashMap<String, NodeId> = HashMap::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
+    let mut seen: HashMap<CseKey, NodeId> = HashMap::default();
     for id in graph.topo_order() {
         let node = graph.node(id);
         let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
@@ -167,9 +207,9 @@ fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
         // Everything that determines the values: the op (with its parameters), the result's
         // type, and the inputs.
         let key = if symbolic && matches!(node.op, Op::Full(_) | Op::Random { .. }) {
-            format!("leaf {}", id.index())
+            CseKey::Leaf(id.index())
         } else {
-            format!("{:?}|{}|{}|{:?}", node.op, node.dtype, node.shape, args)
+            CseKey::Node(OpKey::of(&node.op), node.dtype, node.shape.clone(), args.clone())
         };
         if let Some(&existing) = seen.get(&key) {
             map.insert(id, existing);
@@ -249,10 +289,10 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     use crate::{BinaryOp, UnaryOp};
     // First decide, for each node, which node of the same graph it can be replaced by.
     let order = graph.topo_order();
-    let mut same_as: HashMap<NodeId, NodeId> = HashMap::new();
-    let mut folded: HashMap<NodeId, f64> = HashMap::new();
+    let mut same_as: HashMap<NodeId, NodeId> = HashMap::default();
+    let mut folded: HashMap<NodeId, f64> = HashMap::default();
     // Nodes computed by another op over other arguments (`x^2` as `x * x`).
-    let mut rewritten: HashMap<NodeId, (Op, Vec<NodeId>)> = HashMap::new();
+    let mut rewritten: HashMap<NodeId, (Op, Vec<NodeId>)> = HashMap::default();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
@@ -301,7 +341,7 @@ pub fn simplify(graph: &Graph) -> (Graph, Vec<NodeId>) {
     }
     // Then rebuild, skipping replaced nodes and anything only they used.
     let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
     let mut needed = vec![false; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
     let mut stack: Vec<NodeId> = graph.outputs().iter().map(|&o| resolve(&same_as, o)).collect();
     stack.extend(graph.inputs().iter().copied()); // inputs keep their binding order

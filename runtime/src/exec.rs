@@ -1,7 +1,7 @@
 //! The executor: runs a graph as a plan of fused kernels (compiled once and cached) and the
 //! ops that are not fused.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -44,8 +44,9 @@ struct Cache {
     stats: CacheStats,
 }
 
-static CACHE: LazyLock<Mutex<Cache>> =
-    LazyLock::new(|| Mutex::new(Cache { kernels: HashMap::new(), stats: CacheStats::default() }));
+static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| {
+    Mutex::new(Cache { kernels: HashMap::default(), stats: CacheStats::default() })
+});
 
 /// The kernel cache's counters.
 pub fn cache_stats() -> CacheStats {
@@ -156,7 +157,7 @@ impl Prepared {
         let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
         let bound = optimized.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let mut readers = vec![0u32; bound];
-        let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::new();
+        let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::default();
         let mut steps = Vec::with_capacity(plan.steps.len());
         for (i, step) in plan.steps.into_iter().enumerate() {
             let read = |n: NodeId, readers: &mut Vec<u32>| readers[n.index()] += 1;
@@ -606,7 +607,7 @@ fn run_fused_nodes_on_reference(
     step: &KernelStep,
     bufs: &Bufs,
 ) -> Result<Vec<Buffer>, RunError> {
-    let mut local: HashMap<NodeId, Buffer> = HashMap::new();
+    let mut local: HashMap<NodeId, Buffer> = HashMap::default();
     for &n in &step.fused {
         let args = graph.args(n);
         let arg_bufs: Vec<&Buffer> =

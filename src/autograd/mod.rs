@@ -10,7 +10,7 @@
 mod check;
 mod mode;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -226,7 +226,7 @@ fn run_backward(
 
     // Reverse topological order of the nodes reachable from the roots (iterative DFS).
     let mut order: Vec<Arc<GradNode>> = Vec::new();
-    let mut seen: HashMap<*const GradNode, ()> = HashMap::new();
+    let mut seen: HashMap<*const GradNode, ()> = HashMap::default();
     let mut stack: Vec<(Arc<GradNode>, bool)> =
         roots.iter().filter_map(|(t, _)| t.grad_fn()).map(|f| (f, false)).collect();
     while let Some((node, expanded)) = stack.pop() {
@@ -250,10 +250,10 @@ fn run_backward(
     }
 
     let mut pass = Pass {
-        nodes: HashMap::new(),
+        nodes: HashMap::default(),
         leaves: Vec::new(),
-        leaf_index: HashMap::new(),
-        captured: HashMap::new(),
+        leaf_index: HashMap::default(),
+        captured: HashMap::default(),
     };
     for (root, seed) in roots {
         pass.route(root, seed.clone())?;
