@@ -123,17 +123,9 @@ impl Buffer {
         len: usize,
         fill: impl FnOnce(*mut u8) -> Result<(), E>,
     ) -> Result<Result<Buffer, E>, RuntimeError> {
-        let bytes = len
-            .checked_mul(dtype.size_in_bytes())
-            .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
-        let (ptr, class) = if bytes == 0 {
-            (NonNull::<u64>::dangling().cast::<u8>(), 0)
-        } else {
-            alloc::allocate(bytes)
-                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
-        };
-        let block = Block { ptr, class, len, dtype };
-        Ok(fill(ptr.as_ptr()).map(|()| Buffer(Arc::new(block))))
+        // SAFETY: `fill` writes the one buffer, per this function's contract.
+        let filled = unsafe { Buffer::from_raw_fill_many(&[dtype], len, |ptrs| fill(ptrs[0])) }?;
+        Ok(filled.map(|mut one| one.pop().expect("one buffer")))
     }
 
     /// Buffers of `len` elements of each of `dtypes`, written together by `fill` (a kernel

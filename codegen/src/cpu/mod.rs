@@ -746,12 +746,7 @@ impl<'b> Translator<'_, 'b> {
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
         let n_in = ins.len();
         let out_ptr = outs[0];
-        let starts: Vec<Value> = (0..n_in)
-            .map(|idx| {
-                let bytes = self.walk_offset_bytes(idx);
-                self.b.ins().iadd_imm_s(ins[idx], bytes)
-            })
-            .collect();
+        let starts = self.input_starts(&ins);
         let width = i64::from(lanes.lane_count());
         let sizes: Vec<i64> = k.inputs.iter().map(|i| i.dtype.size_in_bytes() as i64).collect();
         // Per input: its stride across outputs (0 or 1) and along the innermost reduced dim.
@@ -949,20 +944,23 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().return_(&[]);
     }
 
+    /// Each input's address with its view's offset added.
+    fn input_starts(&mut self, ins: &[Value]) -> Vec<Value> {
+        (0..ins.len())
+            .map(|idx| {
+                let bytes = self.walk_offset_bytes(idx);
+                self.b.ins().iadd_imm_s(ins[idx], bytes)
+            })
+            .collect()
+    }
+
     fn body_reduce(&mut self, red: KernelReduce, outer: &Walk) {
         let k = self.kernel;
         let out_expr = k.outputs[0];
         let dtype = k.exprs[out_expr].dtype;
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
-        let n_in = ins.len();
         let out_ptr = outs[0];
-        // Input start addresses including their offsets.
-        let starts: Vec<Value> = (0..n_in)
-            .map(|idx| {
-                let bytes = self.walk_offset_bytes(idx);
-                self.b.ins().iadd_imm_s(ins[idx], bytes)
-            })
-            .collect();
+        let starts = self.input_starts(&ins);
         let acc_ty = if dtype == DType::Bool {
             types::I8
         } else if dtype.is_float() {
