@@ -68,6 +68,23 @@ unsafe impl Send for Block {}
 // SAFETY: as above.
 unsafe impl Sync for Block {}
 
+impl Block {
+    /// Uninitialized memory for `len` elements of `dtype` from the caching allocator (a
+    /// dangling, never-dereferenced pointer when empty).
+    fn new(dtype: DType, len: usize) -> Result<Block, RuntimeError> {
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
+        let (ptr, class) = if bytes == 0 {
+            (NonNull::<u64>::dangling().cast::<u8>(), 0)
+        } else {
+            alloc::allocate(bytes)
+                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
+        };
+        Ok(Block { ptr, class, len, dtype })
+    }
+}
+
 impl Drop for Block {
     fn drop(&mut self) {
         if self.class > 0 {
@@ -86,16 +103,8 @@ impl Buffer {
         len: usize,
         values: impl IntoIterator<Item = T>,
     ) -> Result<Buffer, RuntimeError> {
-        let bytes = len
-            .checked_mul(T::DTYPE.size_in_bytes())
-            .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
-        let (ptr, class) = if bytes == 0 {
-            (NonNull::<u64>::dangling().cast::<u8>(), 0)
-        } else {
-            alloc::allocate(bytes)
-                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
-        };
-        let typed = ptr.cast::<T>();
+        let block = Block::new(T::DTYPE, len)?;
+        let typed = block.ptr.cast::<T>();
         let mut written = 0;
         for v in values.into_iter().take(len) {
             // SAFETY: `written < len` and the block holds `len` elements of `T`, aligned to 64.
@@ -106,7 +115,7 @@ impl Buffer {
             // SAFETY: as above; the all-zero bit pattern is a valid value of every element type.
             unsafe { typed.as_ptr().add(i).cast::<u8>().write_bytes(0, std::mem::size_of::<T>()) };
         }
-        Ok(Buffer(Arc::new(Block { ptr, class, len, dtype: T::DTYPE })))
+        Ok(Buffer(Arc::new(block)))
     }
 
     /// A buffer of `len` elements of `dtype` whose contents `fill` writes through a raw
@@ -144,17 +153,8 @@ impl Buffer {
     ) -> Result<Result<Vec<Buffer>, E>, RuntimeError> {
         let mut blocks = Vec::with_capacity(dtypes.len());
         for &dtype in dtypes {
-            let bytes = len
-                .checked_mul(dtype.size_in_bytes())
-                .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes: usize::MAX })?;
-            let (ptr, class) = if bytes == 0 {
-                (NonNull::<u64>::dangling().cast::<u8>(), 0)
-            } else {
-                alloc::allocate(bytes)
-                    .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
-            };
             // Built before filling, so that an early return releases what was allocated.
-            blocks.push(Block { ptr, class, len, dtype });
+            blocks.push(Block::new(dtype, len)?);
         }
         let ptrs: Vec<*mut u8> = blocks.iter().map(|b| b.ptr.as_ptr()).collect();
         Ok(fill(&ptrs).map(|()| blocks.into_iter().map(|b| Buffer(Arc::new(b))).collect()))
