@@ -409,6 +409,11 @@ impl<F> Compiled<F> {
             Execution::Fused => true,
             Execution::Unfused => false,
         };
+        let device = targets.first().map_or(Device::Cpu, |t| t.device);
+        if targets.iter().any(|t| t.device != device) {
+            // A step whose results live on several devices runs as separate realizations.
+            return crate::realize::realize(targets);
+        }
         let mut captured = capture(targets);
         // Values recorded before the call (an in-place write made outside) are not part of
         // the function: compute them first, so the plan sees them as inputs.
@@ -440,6 +445,8 @@ impl<F> Compiled<F> {
                     if fuse { "on" } else { "off" },
                     if entry.fuse { "on" } else { "off" }
                 ))
+            } else if entry.prepared.device() != device {
+                Some(format!("the results are on {device}, the plan was made for {}", entry.prepared.device()))
             } else if entry.signature == signature {
                 entry.mismatch(&captured, &outputs)
             } else {
@@ -484,7 +491,7 @@ impl<F> Compiled<F> {
                 args: captured.args(slot).to_vec(),
             })
             .collect();
-        let mut prepared = Prepared::new(&graph, fuse, true);
+        let mut prepared = Prepared::new(&graph, fuse, true, device);
         let results = prepared.run(&buffers, check)?;
         for (&slot, buffer) in outputs.iter().zip(results) {
             captured.nodes[slot].set_realized(buffer);

@@ -1,15 +1,25 @@
-//! NVIDIA GPUs: whether there are any.
+//! NVIDIA GPUs: whether there are any, and their memory.
 //!
 //! kiln loads the CUDA driver at run time, so it builds and runs on machines without one;
-//! these functions never fail or panic. Generated kernels already have a CUDA C form
-//! ([`crate::debug::kernels`] shows it, and CI compiles it with NVRTC), but this build runs
-//! tensors on the CPU only: moving a tensor to a CUDA device is an error that says so.
+//! these functions never fail or panic. Move tensors with [`crate::Tensor::to`] (or
+//! `.cuda()`); ops then run on the device: fused kernels as CUDA C compiled by NVRTC for the
+//! device's architecture (cached per kernel structure, and on disk under `KILN_CUDA_CACHE`
+//! when set), matrix products in cuBLAS, on one stream per device. Ops without a CUDA kernel
+//! (gather, scatter, cumsum, argmax, random fills) run on host copies of their inputs and
+//! their result is copied back: correct, not fast. Reading values (`to_vec`, `item`,
+//! printing) copies to the host and waits for the device.
+//!
+//! NVRTC and cuBLAS are found by `dlopen` (`libnvrtc.so`, `libcublas.so`): with the CUDA
+//! toolkit or the `nvidia-cuda-nvrtc`/`nvidia-cublas` wheels, put their `lib` directory on
+//! `LD_LIBRARY_PATH` before the program starts.
 //!
 //! ```
 //! let n = kiln::cuda::device_count();
 //! assert_eq!(kiln::cuda::is_available(), n > 0);
 //! let device = kiln::Device::cuda_if_available(0);
 //! println!("{n} CUDA devices; using {device}");
+//! // Nothing allocated yet on a device that was never used (or does not exist).
+//! assert_eq!(kiln::cuda::memory_allocated(7), 0);
 //! ```
 
 /// Whether at least one CUDA device can be used.
@@ -20,4 +30,41 @@ pub fn is_available() -> bool {
 /// The number of CUDA devices the driver reports: 0 without a driver.
 pub fn device_count() -> usize {
     kiln_runtime::cuda::device_count()
+}
+
+/// Bytes of device `ordinal`'s memory held by live tensors (0 for a device never used).
+pub fn memory_allocated(ordinal: usize) -> usize {
+    kiln_runtime::cuda::memory_allocated(ordinal)
+}
+
+/// Bytes of device `ordinal`'s memory kiln holds: live tensors plus blocks its caching
+/// allocator keeps for reuse ([`empty_cache`] returns those to the driver).
+pub fn memory_reserved(ordinal: usize) -> usize {
+    kiln_runtime::cuda::memory_reserved(ordinal)
+}
+
+/// Returns every cached, unused block of device memory to the driver (live tensors keep
+/// theirs).
+///
+/// # Errors
+/// [`crate::Error::Runtime`] when the driver fails to free a block.
+pub fn empty_cache() -> crate::Result<()> {
+    kiln_runtime::cuda::empty_cache().map_err(|e| kiln_runtime::RunError::from(e).into())
+}
+
+/// Waits until the work queued on device `ordinal` has finished; kiln waits by itself
+/// whenever values reach the host, so this is only needed for timing.
+///
+/// # Errors
+/// [`crate::Error::Runtime`] when the device cannot be used or its work failed.
+pub fn synchronize(ordinal: usize) -> crate::Result<()> {
+    kiln_runtime::cuda::synchronize(ordinal).map_err(|e| kiln_runtime::RunError::from(e).into())
+}
+
+/// The device's name, architecture and multiprocessor count, for reports.
+///
+/// # Errors
+/// [`crate::Error::Runtime`] when the device cannot be used.
+pub fn describe(ordinal: usize) -> crate::Result<String> {
+    kiln_runtime::cuda::describe(ordinal).map_err(|e| kiln_runtime::RunError::from(e).into())
 }

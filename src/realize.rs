@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_ir::{Graph, NodeId};
-use kiln_runtime::{Buffer, exec};
+use kiln_runtime::{Buffer, Device, exec};
 
 use crate::Result;
 use crate::lazy::{LazyNode, State};
@@ -15,6 +15,20 @@ use crate::lazy::{LazyNode, State};
 /// Everything else computed on the way is freed when this returns.
 pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
     if crate::compile::defer(targets) {
+        return Ok(());
+    }
+    let device = targets.first().map_or(Device::Cpu, |t| t.device);
+    if targets.iter().any(|t| t.device != device) {
+        // One graph per device: ops never mix devices, so the groups share no pending work.
+        let mut devices: Vec<Device> = targets.iter().map(|t| t.device).collect();
+        devices.dedup();
+        devices.sort_by_key(ToString::to_string);
+        devices.dedup();
+        for d in devices {
+            let group: Vec<Arc<LazyNode>> =
+                targets.iter().filter(|t| t.device == d).cloned().collect();
+            realize(&group)?;
+        }
         return Ok(());
     }
     let captured = capture(targets);
@@ -27,6 +41,7 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         &built.buffers,
         crate::execution(),
         crate::execution::check_scale(),
+        device,
     )?;
     for (slot, buffer) in built.outputs.into_iter().zip(buffers) {
         captured.nodes[slot].set_realized(buffer);

@@ -51,15 +51,22 @@ pub(crate) use with_element_type;
 
 /// A dense block of `len` elements of one dtype, written once when created and read-only
 /// afterwards, so clones share it freely across threads. CPU blocks come from kiln's caching
-/// allocator, aligned to 64 bytes.
+/// allocator, aligned to 64 bytes; CUDA blocks from the device's caching allocator.
 #[derive(Clone)]
 pub struct Buffer(Arc<Block>);
 
 struct Block {
-    ptr: NonNull<u8>,
-    class: usize,
+    memory: Memory,
     len: usize,
     dtype: DType,
+}
+
+enum Memory {
+    /// Host memory from [`alloc`]: `class` is its size class (0 for an empty block, whose
+    /// pointer is dangling and never dereferenced).
+    Host { ptr: NonNull<u8>, class: usize },
+    /// Device memory, returned to its device's cache on drop.
+    Cuda(crate::cuda::DeviceMemory),
 }
 
 // SAFETY: the block's memory is written only before the `Buffer` is handed out and is
@@ -69,7 +76,7 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    /// Uninitialized memory for `len` elements of `dtype` from the caching allocator (a
+    /// Uninitialized host memory for `len` elements of `dtype` from the caching allocator (a
     /// dangling, never-dereferenced pointer when empty).
     fn new(dtype: DType, len: usize) -> Result<Block, RuntimeError> {
         let bytes = len
@@ -81,14 +88,31 @@ impl Block {
             alloc::allocate(bytes)
                 .ok_or(RuntimeError::OutOfMemory { device: Device::Cpu, bytes })?
         };
-        Ok(Block { ptr, class, len, dtype })
+        Ok(Block { memory: Memory::Host { ptr, class }, len, dtype })
+    }
+
+    /// The host address of the first element.
+    ///
+    /// # Panics
+    /// For a device block: the executors hand host code only host buffers.
+    fn host_ptr(&self) -> NonNull<u8> {
+        match &self.memory {
+            Memory::Host { ptr, .. } => *ptr,
+            Memory::Cuda(_) => panic!("a CUDA buffer was handed to host code (a bug in kiln)"),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.len * self.dtype.size_in_bytes()
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if self.class > 0 {
-            alloc::release(self.ptr, self.class);
+        if let Memory::Host { ptr, class } = self.memory
+            && class > 0
+        {
+            alloc::release(ptr, class);
         }
     }
 }
@@ -104,7 +128,7 @@ impl Buffer {
         values: impl IntoIterator<Item = T>,
     ) -> Result<Buffer, RuntimeError> {
         let block = Block::new(T::DTYPE, len)?;
-        let typed = block.ptr.cast::<T>();
+        let typed = block.host_ptr().cast::<T>();
         let mut written = 0;
         for v in values.into_iter().take(len) {
             // SAFETY: `written < len` and the block holds `len` elements of `T`, aligned to 64.
@@ -156,13 +180,16 @@ impl Buffer {
             // Built before filling, so that an early return releases what was allocated.
             blocks.push(Block::new(dtype, len)?);
         }
-        let ptrs: Vec<*mut u8> = blocks.iter().map(|b| b.ptr.as_ptr()).collect();
+        let ptrs: Vec<*mut u8> = blocks.iter().map(|b| b.host_ptr().as_ptr()).collect();
         Ok(fill(&ptrs).map(|()| blocks.into_iter().map(|b| Buffer(Arc::new(b))).collect()))
     }
 
-    /// The address of the first element, for generated code that only reads it.
+    /// The host address of the first element, for generated code that only reads it.
+    ///
+    /// # Panics
+    /// For a buffer on a CUDA device ([`Buffer::device`] tells).
     pub fn as_ptr(&self) -> *const u8 {
-        self.0.ptr.as_ptr()
+        self.0.host_ptr().as_ptr()
     }
 
     /// A buffer holding a copy of `data`.
@@ -190,33 +217,119 @@ impl Buffer {
 
     /// The device holding the data.
     pub fn device(&self) -> Device {
-        Device::Cpu
+        match &self.0.memory {
+            Memory::Host { .. } => Device::Cpu,
+            Memory::Cuda(m) => m.gpu().device(),
+        }
     }
 
-    /// The elements, if `T` is the buffer's element type.
+    /// This buffer's data on `device`: the same buffer when it is already there, else a copy
+    /// (which waits for the device's queued work when it reads from a GPU).
+    ///
+    /// # Errors
+    /// [`RuntimeError::BackendUnavailable`] for a device that cannot be used,
+    /// [`RuntimeError::OutOfMemory`], [`RuntimeError::Cuda`] when a copy fails.
+    pub fn to_device(&self, device: Device) -> Result<Buffer, RuntimeError> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let host = match &self.0.memory {
+            Memory::Host { .. } => self.clone(),
+            Memory::Cuda(m) => {
+                let block = Block::new(self.0.dtype, self.0.len)?;
+                // SAFETY: the host block holds `bytes` bytes, written completely by the copy
+                // before it is read or shared.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(block.host_ptr().as_ptr(), block.bytes())
+                };
+                m.gpu().download(m.ptr(), dst)?;
+                Buffer(Arc::new(block))
+            }
+        };
+        match device {
+            Device::Cpu => Ok(host),
+            Device::Cuda(i) => {
+                let gpu = crate::cuda::gpu(i)?;
+                // SAFETY: the host block holds `bytes` initialized bytes and is immutable.
+                let src = unsafe {
+                    std::slice::from_raw_parts(host.0.host_ptr().as_ptr(), host.0.bytes())
+                };
+                let memory = Memory::Cuda(gpu.upload(src)?);
+                Ok(Buffer(Arc::new(Block { memory, len: self.0.len, dtype: self.0.dtype })))
+            }
+        }
+    }
+
+    /// Uninitialized device memory for `len` elements of `dtype` on `gpu`, to be written by a
+    /// kernel queued before anything reads it.
+    pub(crate) fn on_gpu(
+        gpu: &'static crate::cuda::Gpu,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Buffer, RuntimeError> {
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or(RuntimeError::OutOfMemory { device: gpu.device(), bytes: usize::MAX })?;
+        let memory = Memory::Cuda(gpu.alloc(bytes)?);
+        Ok(Buffer(Arc::new(Block { memory, len, dtype })))
+    }
+
+    /// The device address of the first element on `gpu`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Binding`] when the buffer is not on that device (a bug in the caller).
+    pub(crate) fn device_ptr(&self, gpu: &crate::cuda::Gpu) -> Result<u64, RuntimeError> {
+        match &self.0.memory {
+            Memory::Cuda(m) if m.gpu().device() == gpu.device() => Ok(m.ptr()),
+            _ => Err(RuntimeError::Binding {
+                index: 0,
+                expected: format!("a buffer on {}", gpu.device()),
+                got: format!("a buffer on {}", self.device()),
+            }),
+        }
+    }
+
+    /// The elements, if `T` is the buffer's element type and the buffer is in host memory.
     pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
         if T::DTYPE != self.0.dtype {
             return None;
         }
+        let Memory::Host { ptr, .. } = &self.0.memory else { return None };
         // SAFETY: the block holds `len` initialized elements of `T` (checked by dtype), is
         // aligned for it, and is immutable while `self` borrows it.
-        Some(unsafe { std::slice::from_raw_parts(self.0.ptr.cast::<T>().as_ptr(), self.0.len) })
+        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<T>().as_ptr(), self.0.len) })
     }
 
     /// Element `i` as a scalar.
     ///
     /// # Panics
-    /// If `i` is out of range.
+    /// If `i` is out of range, or the buffer is on a GPU and cannot be copied to the host
+    /// (copy it first with [`Buffer::to_device`] to handle that error).
     pub fn get(&self, i: usize) -> Scalar {
+        if self.device() != Device::Cpu {
+            return self.host_copy().get(i);
+        }
         with_element_type!(self.dtype(), T => self.typed::<T>()[i].to_scalar())
+    }
+
+    /// A host copy of a device buffer, for the panicking readers.
+    fn host_copy(&self) -> Buffer {
+        match self.to_device(Device::Cpu) {
+            Ok(b) => b,
+            Err(e) => panic!("reading a buffer on {}: {e}", self.device()),
+        }
     }
 
     /// The elements that `view` selects, in row-major order, converted to `T` (Rust `as`
     /// semantics).
     ///
     /// # Panics
-    /// If the view reaches past the end of the buffer.
+    /// If the view reaches past the end of the buffer, or as [`Buffer::get`] for a buffer on
+    /// a GPU.
     pub fn gather<T: Element>(&self, view: &View) -> Vec<T> {
+        if self.device() != Device::Cpu {
+            return self.host_copy().gather(view);
+        }
         assert!(
             view.span() <= self.len(),
             "view {view} reaches past a buffer of {} elements",

@@ -31,6 +31,14 @@ pub enum RuntimeError {
         /// What was looked for and not found.
         reason: String,
     },
+    /// A CUDA call failed: the driver, NVRTC or cuBLAS reported an error.
+    #[error("CUDA failed on {device} while {detail}")]
+    Cuda {
+        /// The device.
+        device: Device,
+        /// What kiln was doing and the library's message.
+        detail: String,
+    },
     /// An index tensor holds a value outside the dimension it indexes (found when computing,
     /// since indices are data).
     #[error("{op}: index {index} is out of bounds for dimension {axis} with size {size}")]

@@ -11,7 +11,7 @@ use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
 use crate::trace::{self, Event, MemoryPeak, StepKind};
-use crate::{Buffer, CheckReport, RunError, RuntimeError, reference};
+use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, cuda, reference};
 
 /// How a graph is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -90,7 +90,8 @@ pub fn clif(kernel: &Kernel) -> Result<String, String> {
     cpu::compile(kernel).map(|k| k.clif().to_string()).map_err(|e| e.to_string())
 }
 
-/// Runs `graph` with `inputs` bound to its `Input` nodes and returns its outputs' buffers.
+/// Runs `graph` on `device` with `inputs` bound to its `Input` nodes and returns its outputs'
+/// buffers (on `device`; inputs elsewhere are copied there first).
 ///
 /// With `check` (a tolerance scale, 1.0 for the default tolerances), every fused kernel's
 /// result is compared with the reference executor's value of the same node; the first
@@ -104,13 +105,22 @@ pub fn run(
     inputs: &[Buffer],
     mode: Execution,
     check: Option<f64>,
+    device: Device,
 ) -> Result<Vec<Buffer>, RunError> {
     let fuse = match mode {
-        Execution::Reference => return reference::run(graph, inputs),
+        Execution::Reference => {
+            let host = on_device(inputs, Device::Cpu)?;
+            return on_device(&reference::run(graph, &host)?, device);
+        }
         Execution::Fused => true,
         Execution::Unfused => false,
     };
-    Prepared::new(graph, fuse, false).run(inputs, check)
+    Prepared::new(graph, fuse, false, device).run(inputs, check)
+}
+
+/// `buffers` on `device` (copies of those elsewhere).
+fn on_device(buffers: &[Buffer], device: Device) -> Result<Vec<Buffer>, RunError> {
+    buffers.iter().map(|b| b.to_device(device).map_err(RunError::from)).collect()
 }
 
 /// A graph made ready to run: optimized, partitioned, its kernels compiled. Running it again
@@ -118,6 +128,7 @@ pub fn run(
 /// also take new values for its constants and random keys between runs ([`Prepared::rebind`]).
 pub struct Prepared {
     graph: Graph,
+    device: Device,
     steps: Vec<PreparedStep>,
     /// How many steps (and outputs) read each node: buffers are freed after the last.
     readers: Vec<u32>,
@@ -140,9 +151,10 @@ enum PreparedStep {
 }
 
 impl Prepared {
-    /// Optimizes and partitions `graph` (fused or one kernel per op) and compiles its kernels
-    /// (through the kernel cache). `symbolic` keeps constants and random keys rebindable.
-    pub fn new(graph: &Graph, fuse: bool, symbolic: bool) -> Prepared {
+    /// Optimizes and partitions `graph` (fused or one kernel per op) for `device` and compiles
+    /// its CPU kernels (through the kernel cache; CUDA kernels are compiled by their first
+    /// run). `symbolic` keeps constants and random keys rebindable.
+    pub fn new(graph: &Graph, fuse: bool, symbolic: bool, device: Device) -> Prepared {
         let planning = Instant::now();
         let (optimized, map) = if symbolic {
             kiln_ir::passes::optimize_symbolic(graph)
@@ -169,7 +181,8 @@ impl Prepared {
                     for (j, &n) in k.param_nodes.iter().enumerate() {
                         params_of.entry(n).or_default().push((i, j));
                     }
-                    let (kernel, compile) = compiled(&k);
+                    let (kernel, compile) =
+                        if device == Device::Cpu { compiled(&k) } else { (None, None) };
                     PreparedStep::Kernel { step: k, kernel, compile }
                 }
                 Step::Node(n) => {
@@ -202,7 +215,7 @@ impl Prepared {
             e.duration = planning.elapsed().saturating_sub(compiling);
             trace::record(planning, e);
         }
-        Prepared { graph: optimized, steps, readers, outputs, map, params_of }
+        Prepared { graph: optimized, device, steps, readers, outputs, map, params_of }
     }
 
     /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
@@ -226,6 +239,11 @@ impl Prepared {
         self.graph.rebind_leaf(n, op.clone());
     }
 
+    /// The device the plan runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// The number of steps (kernels, library calls and reference ops) one run takes.
     pub fn steps(&self) -> usize {
         self.steps.len()
@@ -241,9 +259,33 @@ impl Prepared {
         let graph = &self.graph;
         let tracing = trace::enabled();
         let mut memory = tracing.then(MemoryPeak::default);
+        let gpu = match self.device {
+            Device::Cpu => None,
+            Device::Cuda(i) => Some(cuda::gpu(i)?),
+        };
+        let moved;
+        let inputs = if inputs.iter().all(|b| b.device() == self.device) {
+            inputs
+        } else {
+            moved = on_device(inputs, self.device)?;
+            &moved[..]
+        };
         let expected = match check {
-            Some(_) => Some(reference_values(graph, inputs, &self.steps)?),
+            Some(_) => {
+                Some(reference_values(graph, &on_device(inputs, Device::Cpu)?, &self.steps)?)
+            }
             None => None,
+        };
+        // GPU work is queued, not done: a traced step waits for it so its time is its own.
+        let settle = |at: &kiln_ir::Node| -> Result<(), RunError> {
+            match gpu {
+                Some(g) if tracing => g.synchronize().map_err(|error| RunError {
+                    error,
+                    op: Some(at.op.name()),
+                    origin: at.origin,
+                }),
+                _ => Ok(()),
+            }
         };
         let mut bufs = Bufs(vec![None; self.readers.len()]);
         for (&n, b) in graph.inputs().iter().zip(inputs) {
@@ -263,10 +305,7 @@ impl Prepared {
                 PreparedStep::Node(n) => {
                     let args = graph.args(*n);
                     let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                    let (out, kind) = match crate::native::eval(graph, *n, &arg_bufs) {
-                        Some(out) => (out?, StepKind::Library),
-                        None => (reference::eval_node(graph, *n, &arg_bufs)?, StepKind::Reference),
-                    };
+                    let (out, kind) = eval_node_on(self.device, graph, *n, &arg_bufs)?;
                     if tracing {
                         let node = graph.node(*n);
                         let name = node.op.name();
@@ -287,10 +326,10 @@ impl Prepared {
                 PreparedStep::MatMul(node, operands) => {
                     let n = graph.node(*node);
                     let [(a, va), (b, vb)] = &*operands;
-                    let out =
-                        crate::matmul::matmul(&bufs[a], va, &bufs[b], vb).map_err(|error| {
-                            RunError { error, op: Some(n.op.name()), origin: n.origin }
-                        })?;
+                    let out = matmul_on(gpu, &bufs[a], va, &bufs[b], vb).map_err(|error| {
+                        RunError { error, op: Some(n.op.name()), origin: n.origin }
+                    })?;
+                    settle(n)?;
                     if tracing {
                         let mut e = plain_event(
                             "matmul",
@@ -312,11 +351,20 @@ impl Prepared {
                     bufs.insert(*node, out);
                 }
                 PreparedStep::Kernel { step: k, kernel, compile } => {
-                    let outs = run_kernel(graph, k, kernel.as_deref(), &bufs)?;
-                    // The compile is reported once, by the first run (if it is traced).
-                    let compile = compile.take();
+                    let (outs, compile, generated) = match gpu {
+                        None => {
+                            let outs = run_kernel(graph, k, kernel.as_deref(), &bufs)?;
+                            // The compile is reported once, by the first run (if traced).
+                            (outs, compile.take(), kernel.is_some())
+                        }
+                        Some(g) => {
+                            let (outs, took) = run_gpu_kernel(g, graph, k, &bufs)?;
+                            settle(graph.node(k.outputs[0]))?;
+                            (outs, took, true)
+                        }
+                    };
                     if tracing {
-                        let info = KernelRun { compiled: kernel.clone(), compile };
+                        let info = KernelRun { compiled: kernel.clone(), generated, compile };
                         let e = kernel_event(graph, k, &bufs, &outs, info, started);
                         trace::record(started, e);
                         track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
@@ -414,7 +462,10 @@ fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) -> Event {
 /// How a kernel step ran: on generated code (with its compile time, if it was compiled for
 /// this launch), or on the reference executor.
 struct KernelRun {
+    /// The CPU kernel, when one ran.
     compiled: Option<Arc<CpuKernel>>,
+    /// Whether generated code ran (on the CPU or a GPU) rather than the reference executor.
+    generated: bool,
     compile: Option<Duration>,
 }
 
@@ -427,7 +478,7 @@ fn kernel_event(
     started: Instant,
 ) -> Event {
     let duration = started.elapsed();
-    let kind = if info.compiled.is_some() { StepKind::Kernel } else { StepKind::Reference };
+    let kind = if info.generated { StepKind::Kernel } else { StepKind::Reference };
     let cut = match k.outputs.len() {
         1 => k.cut.to_string(),
         n => {
@@ -537,6 +588,66 @@ fn compare(
             sources: sources.join(", "),
             text: step.kernel.to_string(),
         })),
+        op: Some(root.op.name()),
+        origin: root.origin,
+    })
+}
+
+/// Runs a node that is not a kernel: natively or on the reference executor, on the host (a
+/// node of a GPU graph runs on host copies of its inputs and its result is copied back).
+fn eval_node_on(
+    device: Device,
+    graph: &Graph,
+    n: NodeId,
+    args: &[&Buffer],
+) -> Result<(Buffer, StepKind), RunError> {
+    let host;
+    let args = if device == Device::Cpu {
+        args
+    } else {
+        host = on_device(&args.iter().map(|&b| b.clone()).collect::<Vec<_>>(), Device::Cpu)?;
+        &host.iter().collect::<Vec<_>>()[..]
+    };
+    let (out, kind) = match crate::native::eval(graph, n, args) {
+        Some(out) => (out?, StepKind::Library),
+        None => (reference::eval_node(graph, n, args)?, StepKind::Reference),
+    };
+    let node = graph.node(n);
+    let out = out
+        .to_device(device)
+        .map_err(|error| RunError { error, op: Some(node.op.name()), origin: node.origin })?;
+    Ok((out, kind))
+}
+
+/// A matrix product: `gemm` on the CPU, cuBLAS on a GPU (or the host's `gemm` over copies
+/// for operand layouts cuBLAS cannot take).
+fn matmul_on(
+    gpu: Option<&'static cuda::Gpu>,
+    a: &Buffer,
+    va: &kiln_ir::View,
+    b: &Buffer,
+    vb: &kiln_ir::View,
+) -> Result<Buffer, RuntimeError> {
+    let Some(gpu) = gpu else { return crate::matmul::matmul(a, va, b, vb) };
+    if let Some(out) = cuda::matmul(gpu, a, va, b, vb)? {
+        return Ok(out);
+    }
+    let (ha, hb) = (a.to_device(Device::Cpu)?, b.to_device(Device::Cpu)?);
+    crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device())
+}
+
+/// Launches a kernel step on a GPU.
+fn run_gpu_kernel(
+    gpu: &'static cuda::Gpu,
+    graph: &Graph,
+    step: &KernelStep,
+    bufs: &Bufs,
+) -> Result<(Vec<Buffer>, Option<Duration>), RunError> {
+    let root = graph.node(step.outputs[0]);
+    let inputs: Vec<&Buffer> = step.inputs.iter().map(|i| &bufs[i]).collect();
+    let dtypes: Vec<_> = step.outputs.iter().map(|&o| graph.node(o).dtype).collect();
+    cuda::run_kernel(gpu, step, &dtypes, &inputs).map_err(|error| RunError {
+        error,
         op: Some(root.op.name()),
         origin: root.origin,
     })

@@ -41,7 +41,8 @@ pub(crate) struct AutogradMeta {
 
 /// One differentiable op in the autograd graph.
 pub(crate) struct GradNode {
-    op: Op,
+    /// The op, or `None` for a copy between devices (whose gradient is the copy back).
+    op: Option<Op>,
     /// The op's inputs; `None` once a backward pass without `retain_graph` freed them.
     inputs: Mutex<Option<Vec<Tensor>>>,
     /// The storage version of each input when the op was recorded.
@@ -53,6 +54,10 @@ pub(crate) struct GradNode {
 }
 
 impl GradNode {
+    fn name(&self) -> &'static str {
+        self.op.as_ref().map_or("to", Op::name)
+    }
+
     fn inputs(&self) -> MutexGuard<'_, Option<Vec<Tensor>>> {
         self.inputs.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -93,13 +98,29 @@ pub(crate) fn wants_grad(op: &Op, out_dtype: DType, inputs: &[&Tensor]) -> bool 
 #[track_caller]
 pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
     let node = GradNode {
-        op,
+        op: Some(op),
         inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
         output: Arc::downgrade(&out.0),
         origin: Location::caller(),
     };
     meta(out).grad_fn = Some(Arc::new(node));
+}
+
+/// Attaches the grad node of a copy of `input` to another device to `out`, if `input` needs
+/// gradients.
+#[track_caller]
+pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
+    if is_grad_enabled() && out.dtype().is_float() && input.requires_grad() {
+        let node = GradNode {
+            op: None,
+            inputs: Mutex::new(Some(vec![input.clone()])),
+            versions: vec![input.storage().version()],
+            output: Arc::downgrade(&out.0),
+            origin: Location::caller(),
+        };
+        meta(out).grad_fn = Some(Arc::new(node));
+    }
 }
 
 /// The autograd state a snapshot of `t` starts with: the same flag and history.
@@ -282,8 +303,9 @@ fn run_backward(
         check_versions(op, node, &inputs)?;
         // The gradient ops are recorded as coming from the forward op's line, so profiles and
         // errors point at user code rather than at the gradient rules.
-        let grads = crate::lazy::with_origin(node.origin, || {
-            autodiff::vjp(&mut TensorBuilder, &node.op, &inputs, &g)
+        let grads = crate::lazy::with_origin(node.origin, || match &node.op {
+            Some(op) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
+            None => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
         })?;
         for (input, gi) in inputs.iter().zip(grads) {
             if let Some(gi) = gi
@@ -339,13 +361,14 @@ fn run_backward(
 fn check_versions(op: &'static str, node: &GradNode, inputs: &[Tensor]) -> Result<()> {
     for (i, (t, &saved)) in inputs.iter().zip(&node.versions).enumerate() {
         let now = t.storage().version();
-        if now != saved && autodiff::reads_input(&node.op, i) {
+        // A copy reads no input values: its gradient is the copy back.
+        if now != saved && node.op.as_ref().is_some_and(|op| autodiff::reads_input(op, i)) {
             return Err(Error::Autograd {
                 op,
                 detail: format!(
                     "input {i} (shape {}) of `{}` (recorded at {}) was modified by an in-place operation: it is at version {now}, the gradient needs version {saved}; use the out-of-place form (add instead of add_), or .copy() the tensor before modifying it",
                     t.shape(),
-                    node.op.name(),
+                    node.name(),
                     node.origin
                 ),
             });
@@ -359,7 +382,7 @@ fn freed_error(op: &'static str, node: &GradNode) -> Error {
         op,
         detail: format!(
             "trying to backward through the graph a second time: the tensors saved by `{}` (recorded at {}) were freed by the first backward; pass retain_graph: true to the first call if you need to backward twice",
-            node.op.name(),
+            node.name(),
             node.origin
         ),
     }
@@ -498,7 +521,7 @@ impl Tensor {
 
     /// The name of the op that made this tensor, for display (`None` for leaves).
     pub(crate) fn grad_fn_name(&self) -> Option<&'static str> {
-        meta(self).grad_fn.as_ref().map(|f| f.op.name())
+        meta(self).grad_fn.as_ref().map(|f| f.name())
     }
 
     /// The gradient accumulated by backward passes: on leaves that require grad, and on

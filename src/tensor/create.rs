@@ -259,22 +259,23 @@ impl Tensor {
         ok(Tensor::from_leaf(Op::Random { dist, key }, shape, dtype))
     }
 
-    /// Zeros of this tensor's shape and dtype.
+    /// Zeros of this tensor's shape and dtype, on its device.
     #[track_caller]
     pub fn zeros_like(&self) -> Tensor {
-        Tensor::full_dtype(self.shape(), 0, self.dtype())
+        self.full_like(0)
     }
 
-    /// Ones of this tensor's shape and dtype.
+    /// Ones of this tensor's shape and dtype, on its device.
     #[track_caller]
     pub fn ones_like(&self) -> Tensor {
-        Tensor::full_dtype(self.shape(), 1, self.dtype())
+        self.full_like(1)
     }
 
-    /// `value` in this tensor's shape and dtype.
+    /// `value` in this tensor's shape and dtype, on its device.
     #[track_caller]
     pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
-        Tensor::full_dtype(self.shape(), value, self.dtype())
+        let op = Op::Full(value.into());
+        ok(Tensor::from_leaf_on(op, self.shape().clone(), self.dtype(), self.device()))
     }
 
     /// Uniform random values in `[0, 1)` of this tensor's shape and (float) dtype.
@@ -307,7 +308,8 @@ impl Tensor {
             ));
         }
         let key = crate::random::next_key();
-        Tensor::from_leaf(Op::Random { dist, key }, self.shape().clone(), self.dtype())
+        let op = Op::Random { dist, key };
+        Tensor::from_leaf_on(op, self.shape().clone(), self.dtype(), self.device())
     }
 }
 

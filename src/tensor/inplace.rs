@@ -63,6 +63,20 @@ impl Tensor {
             ));
         }
         let mut new = new.to_dtype(self.dtype());
+        if new.device() != self.device() {
+            if !new.is_floating_constant() {
+                return Err(Error::Device {
+                    op,
+                    detail: format!(
+                        "cannot write a tensor on {} into one on {}; move it first with .to({})",
+                        new.device(),
+                        self.device(),
+                        self.device()
+                    ),
+                });
+            }
+            new = new.rehomed(self.device());
+        }
         if grad_on && old.requires_grad() && !new.requires_grad() {
             // A constant overwrote a value with history: keep the tensor in the graph with a
             // zero gradient to that history, as PyTorch's FillBackward does.

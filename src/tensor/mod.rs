@@ -161,13 +161,16 @@ impl Tensor {
     /// Records `op` over `inputs` (which must share a device), inferring shape and dtype.
     #[track_caller]
     pub(crate) fn from_op(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
-        let device = inputs.first().map_or(Device::Cpu, |t| t.device());
-        check_same_device(op.name(), inputs)?;
+        let device = check_same_device(op.name(), inputs)?;
         // A loop, not a closure: `#[track_caller]` does not pass through closures, and a
         // view node made here must record the user's line.
         let mut nodes: Vec<Arc<LazyNode>> = Vec::with_capacity(inputs.len());
         for t in inputs {
-            nodes.push(t.node());
+            if t.device() == device {
+                nodes.push(t.node());
+            } else {
+                nodes.push(t.rehomed(device).node());
+            }
         }
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
         let (shape, dtype) = op.infer(&typed)?;
@@ -189,15 +192,44 @@ impl Tensor {
     /// Records a leaf op (a fill) with the given shape and dtype.
     #[track_caller]
     pub(crate) fn from_leaf(op: Op, shape: Shape, dtype: DType) -> Result<Tensor> {
+        Tensor::from_leaf_on(op, shape, dtype, Device::Cpu)
+    }
+
+    /// Records a leaf op (a fill) on `device`.
+    #[track_caller]
+    pub(crate) fn from_leaf_on(op: Op, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
         op.check_leaf(dtype)?;
         Ok(Tensor::from_node(LazyNode::pending(
             op,
             Vec::new(),
             shape,
             dtype,
-            Device::Cpu,
+            device,
             Location::caller(),
         )))
+    }
+
+    /// Whether this tensor is a constant not computed yet (a pending fill, or a view of
+    /// one): it holds no data, so it can join tensors of any device, as scalars in
+    /// expressions like `&x * 2.0` do.
+    pub(crate) fn is_floating_constant(&self) -> bool {
+        let node = self.storage().node();
+        matches!(node.op, Op::Full(_)) && node.buffer().is_none()
+    }
+
+    /// A floating constant recorded again on `device` (same value, shape and view), so that
+    /// every node of a graph is on the device the graph runs on.
+    pub(crate) fn rehomed(&self, device: Device) -> Tensor {
+        let base = self.storage().node();
+        let leaf = LazyNode::pending(
+            base.op.clone(),
+            Vec::new(),
+            base.shape.clone(),
+            base.dtype,
+            device,
+            base.origin,
+        );
+        Tensor::from_node(leaf).with_view(self.layout().clone())
     }
 
     // ----- attributes ---------------------------------------------------------------------
@@ -289,19 +321,24 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
-/// The devices of `inputs` agree, or an error naming both.
-pub(crate) fn check_same_device(op: &'static str, inputs: &[&Tensor]) -> Result<()> {
-    if let Some(first) = inputs.first()
-        && let Some(other) = inputs.iter().find(|t| t.device() != first.device())
-    {
+/// The device an op over `inputs` runs on: theirs, which must agree (constants not computed
+/// yet join any device), or an error naming both.
+pub(crate) fn check_same_device(op: &'static str, inputs: &[&Tensor]) -> Result<Device> {
+    let Some(first) = inputs.first() else { return Ok(Device::Cpu) };
+    if inputs.iter().all(|t| t.device() == first.device()) {
+        return Ok(first.device());
+    }
+    let placed: Vec<&&Tensor> = inputs.iter().filter(|t| !t.is_floating_constant()).collect();
+    let Some(anchor) = placed.first() else { return Ok(first.device()) };
+    if let Some(other) = placed.iter().find(|t| t.device() != anchor.device()) {
         return Err(Error::Device {
             op,
             detail: format!(
                 "expected all tensors on one device, found {} and {}; move one with .to(device)",
-                first.device(),
+                anchor.device(),
                 other.device()
             ),
         });
     }
-    Ok(())
+    Ok(anchor.device())
 }

@@ -30,7 +30,8 @@ impl Tensor {
     }
 
     /// This tensor on `device`: the same tensor when it is already there, otherwise a copy
-    /// (which realizes it). Autograd history is kept: gradients flow back across the copy.
+    /// (which computes it first: moving data is a realization trigger). Autograd history is
+    /// kept: gradients flow back across the copy, to the source's device.
     ///
     /// # Panics
     /// As [`Tensor::try_to`] fails.
@@ -39,7 +40,11 @@ impl Tensor {
     /// # use kiln::prelude::*;
     /// let x = Tensor::ones([2]);
     /// assert!(x.to(Device::Cpu).shares_storage_with(&x));
-    /// assert!(x.try_to(Device::Cuda(0)).is_err());
+    /// let device = Device::cuda_if_available(0);
+    /// assert_eq!(x.to(device).to_vec::<f32>(), vec![1.0, 1.0]);
+    /// if !kiln::cuda::is_available() {
+    ///     assert!(x.try_to(Device::Cuda(0)).is_err());
+    /// }
     /// ```
     #[track_caller]
     #[must_use]
@@ -50,33 +55,38 @@ impl Tensor {
     /// [`Tensor::to`], returning an error instead of panicking.
     ///
     /// # Errors
-    /// [`Error::Device`] for a device this build cannot run on: kiln runs tensors on the CPU
-    /// until its CUDA backend is finished, so every CUDA device is refused, with the reason
-    /// (no driver, no such device, or the backend).
+    /// [`Error::Device`] for a device that cannot be used (no CUDA driver, no such device),
+    /// with the reason; [`Error::Runtime`] when computing the tensor or the copy fails.
+    #[track_caller]
     pub fn try_to(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
-        let why = match (device, kiln_runtime::cuda::unavailable_reason()) {
-            (Device::Cuda(i), _)
-                if i >= kiln_runtime::cuda::device_count()
-                    && kiln_runtime::cuda::device_count() > 0 =>
-            {
-                format!("there are only {} CUDA devices", kiln_runtime::cuda::device_count())
-            }
-            (_, Some(reason)) => reason.to_string(),
-            _ => {
-                "this build of kiln runs tensors on the CPU only (its CUDA backend is not finished)"
-                    .to_string()
-            }
-        };
-        Err(Error::Device {
-            op: "to",
-            detail: format!(
-                "cannot move a tensor from {} to {device}: {why}; keep tensors on Device::Cpu (Device::cuda_if_available picks the CPU when there is no GPU)",
-                self.device()
-            ),
-        })
+        if let Device::Cuda(i) = device
+            && i >= kiln_runtime::cuda::device_count()
+        {
+            let why = match kiln_runtime::cuda::unavailable_reason() {
+                Some(reason) => reason.to_string(),
+                None => format!("there are only {} CUDA devices", kiln_runtime::cuda::device_count()),
+            };
+            return Err(Error::Device {
+                op: "to",
+                detail: format!(
+                    "cannot move a tensor from {} to {device}: {why}; keep tensors on Device::Cpu (Device::cuda_if_available picks the CPU when there is no GPU)",
+                    self.device()
+                ),
+            });
+        }
+        // The node whose dense result is exactly this tensor's elements.
+        let node = self.node();
+        crate::compile::check_read(&node)?;
+        crate::realize::realize(std::slice::from_ref(&node))?;
+        let buffer =
+            node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))?;
+        let moved = buffer.to_device(device).map_err(kiln_runtime::RunError::from)?;
+        let out = Tensor::from_buffer(moved, self.shape().clone());
+        crate::autograd::record_copy(&out, self);
+        Ok(out)
     }
 
     /// This tensor on CUDA device 0 (see [`Tensor::to`]).
@@ -103,6 +113,12 @@ impl Tensor {
     pub fn try_realize_all(tensors: &[&Tensor]) -> Result<()> {
         let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
         crate::realize::realize(&nodes)
+    }
+
+    /// The storage's buffer in host memory (a copy of a GPU tensor's), computing it if needed.
+    pub(crate) fn host_buffer(&self) -> Result<Buffer> {
+        let buffer = self.buffer()?;
+        buffer.to_device(Device::Cpu).map_err(|e| kiln_runtime::RunError::from(e).into())
     }
 
     /// The storage's buffer, computing it if needed.
@@ -137,7 +153,7 @@ impl Tensor {
     /// # Errors
     /// [`Error::Runtime`] when the computation fails.
     pub fn try_to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        Ok(self.buffer()?.gather(self.layout()))
+        Ok(self.host_buffer()?.gather(self.layout()))
     }
 
     /// The value of a one-element tensor, converted to `T`.
@@ -172,7 +188,7 @@ impl Tensor {
                 ),
             ));
         }
-        let buffer = self.buffer()?;
+        let buffer = self.host_buffer()?;
         Ok(T::from_scalar(buffer.get(self.layout().offset())))
     }
 }

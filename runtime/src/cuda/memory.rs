@@ -1,0 +1,159 @@
+//! Device memory: a caching allocator per device, and copies between host and device.
+//!
+//! Sizes are rounded up (to 512 bytes below 1 MiB, to 2 MiB above) and freed blocks are kept
+//! in free lists by rounded size, so a training loop that allocates the same shapes every
+//! step stops calling the driver after its first step. When an allocation fails, the cache
+//! is returned to the driver and the allocation tried once more.
+
+use std::collections::BTreeMap;
+use std::sync::PoisonError;
+
+use cudarc::driver::{result, sys};
+
+use super::Gpu;
+use crate::RuntimeError;
+
+/// Free lists and counters of one device.
+#[derive(Default)]
+pub(crate) struct Pool {
+    /// Cached blocks by rounded size.
+    free: BTreeMap<usize, Vec<sys::CUdeviceptr>>,
+    /// Bytes in live blocks.
+    pub(crate) allocated: usize,
+    /// Bytes in cached blocks.
+    pub(crate) cached: usize,
+}
+
+/// The size a request of `bytes` is served with.
+fn rounded(bytes: usize) -> usize {
+    const SMALL: usize = 512;
+    const LARGE: usize = 2 << 20;
+    if bytes <= 1 << 20 { bytes.div_ceil(SMALL) * SMALL } else { bytes.div_ceil(LARGE) * LARGE }
+}
+
+/// A block of device memory, returned to its device's cache when dropped.
+pub(crate) struct DeviceMemory {
+    gpu: &'static Gpu,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceMemory {
+    /// The device address (0 for an empty block).
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    pub(crate) fn gpu(&self) -> &'static Gpu {
+        self.gpu
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        let mut pool = self.gpu.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.allocated -= self.bytes;
+        pool.cached += self.bytes;
+        pool.free.entry(self.bytes).or_default().push(self.ptr);
+    }
+}
+
+impl Gpu {
+    /// Uninitialized device memory for `bytes` bytes.
+    pub(crate) fn alloc(&'static self, bytes: usize) -> Result<DeviceMemory, RuntimeError> {
+        if bytes == 0 {
+            return Ok(DeviceMemory { gpu: self, ptr: 0, bytes: 0 });
+        }
+        let size = rounded(bytes);
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(ptr) = pool.free.get_mut(&size).and_then(Vec::pop) {
+                pool.cached -= size;
+                pool.allocated += size;
+                return Ok(DeviceMemory { gpu: self, ptr, bytes: size });
+            }
+        }
+        self.bind()?;
+        // SAFETY: a plain allocation in the current context; the memory is only used through
+        // the returned block.
+        let ptr = match unsafe { result::malloc_sync(size) } {
+            Ok(p) => p,
+            Err(_) => {
+                // Give the cache back (after the queued work that may still use it) and retry.
+                self.release_cached()?;
+                // SAFETY: as above.
+                unsafe { result::malloc_sync(size) }.map_err(|_| RuntimeError::OutOfMemory {
+                    device: self.device(),
+                    bytes: size,
+                })?
+            }
+        };
+        self.pool.lock().unwrap_or_else(PoisonError::into_inner).allocated += size;
+        Ok(DeviceMemory { gpu: self, ptr, bytes: size })
+    }
+
+    /// Frees every cached block.
+    pub(crate) fn release_cached(&self) -> Result<(), RuntimeError> {
+        self.synchronize()?;
+        let blocks: Vec<(usize, Vec<sys::CUdeviceptr>)> = {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            pool.cached = 0;
+            std::mem::take(&mut pool.free).into_iter().collect()
+        };
+        for ptr in blocks.into_iter().flat_map(|(_, ptrs)| ptrs) {
+            // SAFETY: the block came from `malloc_sync` in this context, no buffer refers to it
+            // (it was in the free list) and the stream has finished with it (synchronized).
+            unsafe { result::free_sync(ptr) }.map_err(|e| self.error("freeing cached memory", e))?;
+        }
+        Ok(())
+    }
+
+    /// Device memory holding a copy of `host`.
+    pub(crate) fn upload(&'static self, host: &[u8]) -> Result<DeviceMemory, RuntimeError> {
+        let mem = self.alloc(host.len())?;
+        if !host.is_empty() {
+            self.bind()?;
+            // SAFETY: `mem` holds at least `host.len()` bytes. A copy from pageable memory
+            // returns once the source has been staged, so `host` may be freed afterwards.
+            unsafe { result::memcpy_htod_async(mem.ptr, host, self.stream.cu_stream()) }
+                .map_err(|e| self.error("copying to the device", e))?;
+        }
+        Ok(mem)
+    }
+
+    /// Copies `host.len()` bytes from device address `ptr` into `host`, after the work queued
+    /// before it has finished.
+    pub(crate) fn download(
+        &self,
+        ptr: sys::CUdeviceptr,
+        host: &mut [u8],
+    ) -> Result<(), RuntimeError> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees that `ptr` holds `host.len()` bytes; the stream is
+        // synchronized before `host` is read.
+        unsafe { result::memcpy_dtoh_async(host, ptr, self.stream.cu_stream()) }
+            .map_err(|e| self.error("copying to the host", e))?;
+        self.synchronize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounded;
+
+    #[test]
+    fn sizes_round_to_their_class() {
+        assert_eq!(rounded(1), 512);
+        assert_eq!(rounded(512), 512);
+        assert_eq!(rounded(513), 1024);
+        assert_eq!(rounded(1 << 20), 1 << 20);
+        assert_eq!(rounded((1 << 20) + 1), 2 << 20);
+        assert_eq!(rounded(5 << 20), 6 << 20);
+    }
+}

@@ -1,0 +1,163 @@
+//! NVIDIA GPUs through the CUDA driver, loaded at run time: kiln builds and runs everywhere,
+//! and without a driver every CUDA entry point returns an error saying what was looked for.
+//!
+//! - [`device_count`] and [`unavailable_reason`] probe for devices once per process.
+//! - Each device gets one context (the primary one), one stream that all of kiln's work on
+//!   it is ordered on, a caching allocator ([`memory_allocated`], [`memory_reserved`],
+//!   [`empty_cache`]), a cache of compiled kernels keyed by the kernel's structure (the
+//!   architecture is the device's own), and a cuBLAS handle for matrix products.
+//! - Because everything on a device runs on its one stream, a buffer returned to the
+//!   allocator's cache can be handed out again at once: the next kernel that writes it is
+//!   ordered after every kernel that read it.
+
+mod blas;
+mod kernels;
+mod memory;
+mod probe;
+
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::{Device, RuntimeError};
+
+pub(crate) use blas::matmul;
+pub(crate) use kernels::run_kernel;
+pub(crate) use memory::DeviceMemory;
+pub use probe::{device_count, unavailable_reason};
+
+/// One device's state, created on first use and kept for the life of the process.
+pub(crate) struct Gpu {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Compute capability (major, minor): kernels are compiled for exactly this.
+    arch: (i32, i32),
+    /// NVRTC's name for it (`sm_90`).
+    arch_flag: &'static str,
+    /// Streaming multiprocessors: launch sizes are multiples of it.
+    sms: u32,
+    pool: Mutex<memory::Pool>,
+    kernels: Mutex<kernels::Cache>,
+    blas: OnceLock<Result<blas::Handle, String>>,
+}
+
+static GPUS: LazyLock<Vec<OnceLock<Result<&'static Gpu, RuntimeError>>>> =
+    LazyLock::new(|| (0..device_count()).map(|_| OnceLock::new()).collect());
+
+/// The state of CUDA device `ordinal`, initializing it on first use.
+pub(crate) fn gpu(ordinal: usize) -> Result<&'static Gpu, RuntimeError> {
+    let device = Device::Cuda(ordinal);
+    let Some(slot) = GPUS.get(ordinal) else {
+        let reason = match unavailable_reason() {
+            Some(why) => why.to_string(),
+            None => format!("there are only {} CUDA devices", device_count()),
+        };
+        return Err(RuntimeError::BackendUnavailable { device, reason });
+    };
+    slot.get_or_init(|| Gpu::new(ordinal).map(|g| &*Box::leak(Box::new(g)))).clone()
+}
+
+impl Gpu {
+    fn new(ordinal: usize) -> Result<Gpu, RuntimeError> {
+        let device = Device::Cuda(ordinal);
+        let failed = |what: &str, e: cudarc::driver::DriverError| RuntimeError::Cuda {
+            device,
+            detail: format!("{what}: {e}"),
+        };
+        let ctx = CudaContext::new(ordinal).map_err(|e| failed("creating its context", e))?;
+        let arch = ctx.compute_capability().map_err(|e| failed("reading its architecture", e))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| failed("reading its multiprocessor count", e))?;
+        let stream = ctx.default_stream();
+        // Leaked once per device: NVRTC's options take a `&'static str`.
+        let arch_flag: &'static str = Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            stream,
+            arch,
+            arch_flag,
+            sms: u32::try_from(sms).unwrap_or(1).max(1),
+            pool: Mutex::new(memory::Pool::default()),
+            kernels: Mutex::new(kernels::Cache::default()),
+            blas: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+
+    /// Makes this device's context current on the calling thread (kiln's threads move
+    /// between devices freely).
+    fn bind(&self) -> Result<(), RuntimeError> {
+        self.ctx.bind_to_thread().map_err(|e| self.error("binding its context", e))
+    }
+
+    /// Waits until all work queued on the device has finished.
+    pub(crate) fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.bind()?;
+        self.stream.synchronize().map_err(|e| self.error("waiting for its work", e))
+    }
+
+    fn error(&self, what: &str, e: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::Cuda { device: self.device(), detail: format!("{what}: {e}") }
+    }
+}
+
+/// Bytes of device `ordinal`'s memory held by live buffers (0 for a device that was never
+/// used or does not exist).
+pub fn memory_allocated(ordinal: usize) -> usize {
+    used(ordinal).map_or(0, |g| g.pool.lock().unwrap_or_else(PoisonError::into_inner).allocated)
+}
+
+/// Bytes of device `ordinal`'s memory held by kiln: live buffers plus blocks cached for
+/// reuse (see [`empty_cache`]).
+pub fn memory_reserved(ordinal: usize) -> usize {
+    used(ordinal).map_or(0, |g| {
+        let pool = g.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.allocated + pool.cached
+    })
+}
+
+/// Returns every cached, unused block of every device to the driver. Live buffers are not
+/// affected.
+///
+/// # Errors
+/// [`RuntimeError::Cuda`] when the driver fails to free a block.
+pub fn empty_cache() -> Result<(), RuntimeError> {
+    for ordinal in 0..GPUS.len() {
+        if let Some(g) = used(ordinal) {
+            g.release_cached()?;
+        }
+    }
+    Ok(())
+}
+
+/// The state of device `ordinal` if it was initialized successfully.
+fn used(ordinal: usize) -> Option<&'static Gpu> {
+    GPUS.get(ordinal)?.get()?.as_ref().ok().copied()
+}
+
+/// The device's name and compute capability, for reports ("NVIDIA H100 80GB HBM3, sm_90").
+///
+/// # Errors
+/// When the device cannot be used.
+pub fn describe(ordinal: usize) -> Result<String, RuntimeError> {
+    let g = gpu(ordinal)?;
+    let name = g.ctx.name().map_err(|e| g.error("reading its name", e))?;
+    Ok(format!("{name}, sm_{}{}, {} SMs", g.arch.0, g.arch.1, g.sms))
+}
+
+/// Waits until all work queued on device `ordinal` has finished (kiln waits by itself
+/// whenever values reach the host; this is for timing).
+///
+/// # Errors
+/// When the device cannot be used or its work failed.
+pub fn synchronize(ordinal: usize) -> Result<(), RuntimeError> {
+    gpu(ordinal)?.synchronize()
+}
