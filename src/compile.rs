@@ -446,7 +446,10 @@ impl<F> Compiled<F> {
                     if entry.fuse { "on" } else { "off" }
                 ))
             } else if entry.prepared.device() != device {
-                Some(format!("the results are on {device}, the plan was made for {}", entry.prepared.device()))
+                Some(format!(
+                    "the results are on {device}, the plan was made for {}",
+                    entry.prepared.device()
+                ))
             } else if entry.signature == signature {
                 entry.mismatch(&captured, &outputs)
             } else {

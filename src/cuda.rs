@@ -68,3 +68,14 @@ pub fn synchronize(ordinal: usize) -> crate::Result<()> {
 pub fn describe(ordinal: usize) -> crate::Result<String> {
     kiln_runtime::cuda::describe(ordinal).map_err(|e| kiln_runtime::RunError::from(e).into())
 }
+
+/// The device-to-device copy bandwidth of device `ordinal` in GB/s (bytes read plus bytes
+/// written, the median of `reps` copies of `bytes` bytes): the ceiling for memory-bound
+/// kernels.
+///
+/// # Errors
+/// [`crate::Error::Runtime`] when the device cannot be used or runs out of memory.
+pub fn copy_bandwidth(ordinal: usize, bytes: usize, reps: usize) -> crate::Result<f64> {
+    kiln_runtime::cuda::copy_bandwidth(ordinal, bytes, reps)
+        .map_err(|e| kiln_runtime::RunError::from(e).into())
+}

@@ -11,6 +11,11 @@ use crate::common::*;
 /// whether it used a function that generated code approximates in f32 (a few ULP), whose
 /// error a later promotion to f64 carries into an f64 result.
 fn program(seed: u64) -> (Tensor, bool) {
+    program_on(seed, Device::Cpu)
+}
+
+/// [`program`] with its inputs stored on `device`.
+pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
     let mut rng = Rng::new(seed);
     let dtypes = [
         DType::F32,
@@ -33,7 +38,7 @@ fn program(seed: u64) -> (Tensor, bool) {
             shape[drop..].iter().map(|&d| if rng.int(0, 4) == 0 { 1 } else { d }).collect();
         let data = values(&mut rng, s.iter().product(), dtype);
         let layout = LAYOUTS[rng.int(0, 3) as usize];
-        pool.push(make(&data, &s, dtype, layout));
+        pool.push(make_on(&data, &s, dtype, layout, device));
     }
     let mut x = pool[0].clone();
     let approximated = std::cell::Cell::new(false);

@@ -7,6 +7,7 @@ mod compile;
 
 mod autograd;
 mod construction;
+mod cuda;
 mod data;
 mod digits;
 mod display;

@@ -613,9 +613,11 @@ fn eval_node_on(
         None => (reference::eval_node(graph, n, args)?, StepKind::Reference),
     };
     let node = graph.node(n);
-    let out = out
-        .to_device(device)
-        .map_err(|error| RunError { error, op: Some(node.op.name()), origin: node.origin })?;
+    let out = out.to_device(device).map_err(|error| RunError {
+        error,
+        op: Some(node.op.name()),
+        origin: node.origin,
+    })?;
     Ok((out, kind))
 }
 

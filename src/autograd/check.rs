@@ -6,6 +6,7 @@ use crate::{Error, Result, Tensor};
 /// as PyTorch's `gradcheck` does (in its fast mode: the output is projected onto a fixed
 /// random direction, which catches any wrong Jacobian entry with probability 1).
 ///
+/// Inputs may live on any device; the perturbed copies are made on each input's device.
 /// `inputs` should be `f64` tensors (in lower precision the finite differences are too
 /// noisy); each is checked element by element with steps of `±eps`. An analytic and a
 /// numeric value agree when `|a - n| <= tol * (1 + |n|)`.
@@ -32,7 +33,9 @@ pub fn gradcheck(
     // A fixed direction with entries in [0.5, 1.5): generic enough to see every column.
     let direction: Vec<f64> =
         (0..out.numel() as u64).map(|i| 0.5 + kiln_ir::random::uniform(0x5eed, i, 53)).collect();
-    let direction = Tensor::from_vec(direction, out.shape().clone()).to_dtype(out.dtype());
+    let direction = Tensor::from_vec(direction, out.shape().clone())
+        .to_dtype(out.dtype())
+        .try_to(out.device())?;
     let project = |y: &Tensor| -> Result<f64> { y.try_mul(&direction)?.sum().try_item::<f64>() };
     let loss = out.try_mul(&direction)?.sum();
     let wrt: Vec<&Tensor> = leaves.iter().collect();
@@ -50,14 +53,16 @@ pub fn gradcheck(
                     .enumerate()
                     .map(|(k, t)| {
                         let moved = if k == i {
-                            Tensor::from_vec(v.clone(), t.shape().clone()).to_dtype(t.dtype())
+                            Tensor::from_vec(v.clone(), t.shape().clone())
+                                .to_dtype(t.dtype())
+                                .try_to(t.device())?
                         } else {
                             t.detach()
                         };
                         // `f` may differentiate internally (a gradient of a gradient).
-                        moved.requires_grad_(true)
+                        Ok(moved.requires_grad_(true))
                     })
-                    .collect();
+                    .collect::<Result<_>>()?;
                 project(&f(&moved))
             };
             let numeric = (at(eps)? - at(-eps)?) / (2.0 * eps);

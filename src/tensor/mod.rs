@@ -197,7 +197,12 @@ impl Tensor {
 
     /// Records a leaf op (a fill) on `device`.
     #[track_caller]
-    pub(crate) fn from_leaf_on(op: Op, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+    pub(crate) fn from_leaf_on(
+        op: Op,
+        shape: Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
         op.check_leaf(dtype)?;
         Ok(Tensor::from_node(LazyNode::pending(
             op,

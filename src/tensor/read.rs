@@ -67,7 +67,9 @@ impl Tensor {
         {
             let why = match kiln_runtime::cuda::unavailable_reason() {
                 Some(reason) => reason.to_string(),
-                None => format!("there are only {} CUDA devices", kiln_runtime::cuda::device_count()),
+                None => {
+                    format!("there are only {} CUDA devices", kiln_runtime::cuda::device_count())
+                }
             };
             return Err(Error::Device {
                 op: "to",

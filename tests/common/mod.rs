@@ -31,6 +31,16 @@ impl Rng {
     }
 }
 
+/// CUDA device 0 when there is one; otherwise `None`, after printing why the calling test
+/// is skipped.
+pub fn gpu_or_skip(test: &str) -> Option<Device> {
+    if kiln::cuda::is_available() {
+        return Some(Device::Cuda(0));
+    }
+    eprintln!("skipped {test}: no CUDA device (kiln::cuda::device_count() is 0)");
+    None
+}
+
 /// Rounds an f64 to the nearest value of `dtype` (Rust `as` semantics for integers).
 pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
@@ -92,6 +102,20 @@ pub const LAYOUTS: [Layout; 3] = [Layout::Contiguous, Layout::Permuted, Layout::
 
 /// A tensor whose logical row-major values are `data`, stored in `layout`.
 pub fn make(data: &[f64], shape: &[usize], dtype: DType, layout: Layout) -> Tensor {
+    make_on(data, shape, dtype, layout, Device::Cpu)
+}
+
+/// [`make`] on `device`: the storage is moved there before the view is taken, so the
+/// device's kernels read the layout itself.
+pub fn make_on(
+    data: &[f64],
+    shape: &[usize],
+    dtype: DType,
+    layout: Layout,
+    device: Device,
+) -> Tensor {
+    let tensor =
+        |data: &[f64], shape: &[usize], dtype: DType| tensor(data, shape, dtype).to(device);
     let rank = shape.len();
     match layout {
         Layout::Contiguous => tensor(data, shape, dtype),

@@ -125,7 +125,9 @@ pub(crate) fn matmul(
     let pa = a.device_ptr(gpu)? + oa as u64 * size;
     let pb = b.device_ptr(gpu)? + ob as u64 * size;
     let pc = out.device_ptr(gpu)?;
-    let op = |t: bool| if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
+    let op = |t: bool| {
+        if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N }
+    };
     // Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: B comes first.
     let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
     let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {

@@ -33,7 +33,8 @@ pub(crate) fn compile_kernel(
     gpu: &'static Gpu,
     kernel: &Kernel,
 ) -> Result<(Arc<CudaFunction>, Option<Duration>), RuntimeError> {
-    if let Some(f) = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).functions.get(kernel)
+    if let Some(f) =
+        gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).functions.get(kernel)
     {
         return Ok((f.clone(), None));
     }
@@ -56,9 +57,9 @@ pub(crate) fn compile_kernel(
 fn ptx_for(gpu: &Gpu, name: &str, source: &str) -> Result<Ptx, RuntimeError> {
     let arch = format!("sm_{}{}", gpu.arch.0, gpu.arch.1);
     let dir = std::env::var_os("KILN_CUDA_CACHE").map(std::path::PathBuf::from);
-    let paths = dir.as_ref().map(|d| {
-        (d.join(format!("{name}_{arch}.cu")), d.join(format!("{name}_{arch}.ptx")))
-    });
+    let paths = dir
+        .as_ref()
+        .map(|d| (d.join(format!("{name}_{arch}.cu")), d.join(format!("{name}_{arch}.ptx"))));
     if let Some((cu, ptx)) = &paths
         && std::fs::read_to_string(cu).is_ok_and(|stored| stored == source)
         && let Ok(text) = std::fs::read_to_string(ptx)

@@ -85,10 +85,8 @@ impl Gpu {
                 // Give the cache back (after the queued work that may still use it) and retry.
                 self.release_cached()?;
                 // SAFETY: as above.
-                unsafe { result::malloc_sync(size) }.map_err(|_| RuntimeError::OutOfMemory {
-                    device: self.device(),
-                    bytes: size,
-                })?
+                unsafe { result::malloc_sync(size) }
+                    .map_err(|_| RuntimeError::OutOfMemory { device: self.device(), bytes: size })?
             }
         };
         self.pool.lock().unwrap_or_else(PoisonError::into_inner).allocated += size;
@@ -106,7 +104,8 @@ impl Gpu {
         for ptr in blocks.into_iter().flat_map(|(_, ptrs)| ptrs) {
             // SAFETY: the block came from `malloc_sync` in this context, no buffer refers to it
             // (it was in the free list) and the stream has finished with it (synchronized).
-            unsafe { result::free_sync(ptr) }.map_err(|e| self.error("freeing cached memory", e))?;
+            unsafe { result::free_sync(ptr) }
+                .map_err(|e| self.error("freeing cached memory", e))?;
         }
         Ok(())
     }
@@ -141,6 +140,31 @@ impl Gpu {
             .map_err(|e| self.error("copying to the host", e))?;
         self.synchronize()
     }
+}
+
+/// The device-to-device copy bandwidth of device `ordinal` in GB/s (bytes read plus bytes
+/// written), the median of `reps` copies of `bytes` bytes: the ceiling that memory-bound
+/// kernels are measured against.
+///
+/// # Errors
+/// When the device cannot be used or runs out of memory.
+pub fn copy_bandwidth(ordinal: usize, bytes: usize, reps: usize) -> Result<f64, RuntimeError> {
+    let gpu = super::gpu(ordinal)?;
+    let (src, dst) = (gpu.alloc(bytes)?, gpu.alloc(bytes)?);
+    let copy = || -> Result<f64, RuntimeError> {
+        gpu.synchronize()?;
+        let started = std::time::Instant::now();
+        // SAFETY: both blocks hold at least `bytes` bytes and live until the stream is
+        // synchronized below.
+        unsafe { result::memcpy_dtod_async(dst.ptr, src.ptr, bytes, gpu.stream.cu_stream()) }
+            .map_err(|e| gpu.error("copying on the device", e))?;
+        gpu.synchronize()?;
+        Ok(started.elapsed().as_secs_f64())
+    };
+    copy()?;
+    let mut times = (0..reps.max(1)).map(|_| copy()).collect::<Result<Vec<f64>, _>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * bytes as f64 / times[times.len() / 2] / 1e9)
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use crate::{Device, RuntimeError};
 pub(crate) use blas::matmul;
 pub(crate) use kernels::run_kernel;
 pub(crate) use memory::DeviceMemory;
+pub use memory::copy_bandwidth;
 pub use probe::{device_count, unavailable_reason};
 
 /// One device's state, created on first use and kept for the life of the process.
@@ -74,7 +75,8 @@ impl Gpu {
             .map_err(|e| failed("reading its multiprocessor count", e))?;
         let stream = ctx.default_stream();
         // Leaked once per device: NVRTC's options take a `&'static str`.
-        let arch_flag: &'static str = Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
+        let arch_flag: &'static str =
+            Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
         Ok(Gpu {
             ordinal,
             ctx,

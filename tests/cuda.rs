@@ -1,0 +1,284 @@
+//! CUDA tensors. Without a device, only the error paths run (each GPU test prints why it is
+//! skipped); with one, the same checks as the CPU JIT: random programs fused on the GPU
+//! against the CPU reference executor, products against plain loops, gradients in f64 on the
+//! device, exact transfers, the allocator's counters.
+
+use kiln::Execution;
+use kiln::nn::functional as F;
+use kiln::optim::{Adam, AdamConfig, Optimizer};
+use kiln::prelude::*;
+
+use crate::common::*;
+
+#[test]
+fn unavailable_devices_are_clear_errors() {
+    let x = Tensor::ones([2]);
+    let missing = Device::Cuda(kiln::cuda::device_count() + 3);
+    let err = x.try_to(missing).unwrap_err().to_string();
+    assert!(err.contains(&missing.to_string()), "{err}");
+    assert!(err.contains("Device::cuda_if_available"), "{err}");
+    if !kiln::cuda::is_available() {
+        assert!(err.contains("driver") || err.contains("no devices"), "{err}");
+        assert_eq!(Device::cuda_if_available(0), Device::Cpu);
+        assert!(kiln::cuda::describe(0).is_err());
+        assert!(kiln::cuda::synchronize(0).is_err());
+    }
+    let ordinal = kiln::cuda::device_count() + 3;
+    assert_eq!(kiln::cuda::memory_allocated(ordinal), 0);
+    assert_eq!(kiln::cuda::memory_reserved(ordinal), 0);
+    kiln::cuda::empty_cache().unwrap();
+}
+
+#[test]
+fn transfers_round_trip_exactly_in_every_dtype() {
+    let Some(gpu) = gpu_or_skip("transfers_round_trip_exactly_in_every_dtype") else { return };
+    let mut rng = Rng::new(3);
+    let dtypes = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ];
+    for dtype in dtypes {
+        for shape in [vec![], vec![0], vec![1], vec![17], vec![3, 1023], vec![5, 7, 2]] {
+            let data = values(&mut rng, shape.iter().product(), dtype);
+            for layout in LAYOUTS {
+                let x = make(&data, &shape, dtype, layout);
+                let on_gpu = x.to(gpu);
+                assert_eq!(on_gpu.device(), gpu);
+                assert_eq!(on_gpu.dims(), x.dims());
+                let back = on_gpu.cpu();
+                assert_eq!(back.device(), Device::Cpu);
+                let (want, got) = (x.to_vec::<f64>(), back.to_vec::<f64>());
+                let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same && want.len() == got.len(), "{dtype} {shape:?} {layout:?}");
+                // Reading straight from the device gives the same values.
+                let direct = on_gpu.to_vec::<f64>();
+                assert!(direct.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+}
+
+#[test]
+fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip("random_programs_on_the_gpu_agree_with_the_cpu_reference") else {
+        return;
+    };
+    for seed in 0..2000 {
+        let (want, dtype, approximated) = kiln::with_execution(Execution::Reference, || {
+            let (y, approximated) = crate::fusion::program_on(seed, Device::Cpu);
+            (y.to_vec::<f64>(), y.dtype(), approximated)
+        });
+        for mode in [Execution::Fused, Execution::Unfused] {
+            let (got, d, device) = kiln::with_execution(mode, || {
+                let (y, _) = crate::fusion::program_on(seed, gpu);
+                (y.to_vec::<f64>(), y.dtype(), y.device())
+            });
+            assert_eq!((d, device), (dtype, gpu), "seed {seed} {mode:?}");
+            // CUDA's libm is within a few ULP of f64 math, like kiln's CPU polynomials.
+            let floor = if approximated { tolerance(DType::F32) } else { 1e-12 };
+            let tol = 4.0 * tolerance(dtype).max(floor);
+            assert_close_tol(&got, &want, tol, &format!("seed {seed} {mode:?} on {gpu}"));
+        }
+    }
+}
+
+/// `a @ b` in f64 with plain loops, for `[.., m, k] @ [.., k, n]` row-major data.
+fn matmul_loop(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; batch * m * n];
+    for p in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                out[(p * m + i) * n + j] =
+                    (0..k).map(|l| a[(p * m + i) * k + l] * b[(p * k + l) * n + j]).sum();
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn products_on_the_gpu_match_the_loop() {
+    let Some(gpu) = gpu_or_skip("products_on_the_gpu_match_the_loop") else { return };
+    let mut rng = Rng::new(11);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for &(batch, m, k, n) in
+            &[(1, 1, 1, 1), (1, 3, 17, 5), (2, 33, 7, 65), (3, 64, 128, 32), (1, 129, 1, 3)]
+        {
+            let a = values(&mut rng, batch * m * k, dtype);
+            let b = values(&mut rng, batch * k * n, dtype);
+            let want = matmul_loop(&a, &b, batch, m, k, n);
+            for layout in LAYOUTS {
+                let ta = make_on(&a, &[batch, m, k], dtype, layout, gpu);
+                let tb = make_on(&b, &[batch, k, n], dtype, layout, gpu);
+                let got = ta.matmul(&tb);
+                assert_eq!(got.device(), gpu);
+                let tol = 4.0 * tolerance(dtype) * (k as f64).sqrt();
+                assert_close_tol(&got.to_vec::<f64>(), &want, tol, &format!("{dtype} {layout:?}"));
+            }
+            // A transposed operand (`x @ w.t()`), and a batch broadcast against one matrix.
+            let wt = make_on(&b[..k * n], &[k, n], dtype, Layout::Contiguous, gpu).t().contiguous();
+            let x = make_on(&a, &[batch, m, k], dtype, Layout::Contiguous, gpu);
+            let got = x.matmul(&wt.t());
+            let b1: Vec<f64> = (0..batch).flat_map(|_| b[..k * n].iter().copied()).collect();
+            let want = matmul_loop(&a, &b1, batch, m, k, n);
+            let tol = 4.0 * tolerance(dtype) * (k as f64).sqrt();
+            assert_close_tol(&got.to_vec::<f64>(), &want, tol, &format!("{dtype} broadcast"));
+        }
+    }
+}
+
+#[test]
+fn row_reductions_softmax_and_cross_entropy_on_the_gpu() {
+    let Some(gpu) = gpu_or_skip("row_reductions_softmax_and_cross_entropy_on_the_gpu") else {
+        return;
+    };
+    kiln::manual_seed(5);
+    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099)] {
+        let x = Tensor::randn([rows, cols]);
+        let target = Tensor::randint(0, cols as i64, [rows]);
+        let g = x.to(gpu);
+        let pairs = [
+            (x.softmax(1), g.softmax(1)),
+            (x.log_softmax(1), g.log_softmax(1)),
+            (x.max_dim(1, false).0, g.max_dim(1, false).0),
+            (x.sum_dim(0, true), g.sum_dim(0, true)),
+            (x.var_dim(1, false), g.var_dim(1, false)),
+            (F::cross_entropy(&x, &target), F::cross_entropy(&g, &target.to(gpu))),
+        ];
+        for (i, (cpu, cuda)) in pairs.iter().enumerate() {
+            assert_eq!(cuda.device(), gpu);
+            assert_close_tol(
+                &cuda.to_vec::<f64>(),
+                &cpu.to_vec::<f64>(),
+                1e-5,
+                &format!("reduction {i} on {rows}x{cols}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn gradients_on_the_gpu_pass_gradcheck_in_f64() {
+    let Some(gpu) = gpu_or_skip("gradients_on_the_gpu_pass_gradcheck_in_f64") else { return };
+    let mut rng = Rng::new(9);
+    let x = tensor(&values(&mut rng, 12, DType::F64), &[3, 4], DType::F64).to(gpu);
+    let w = tensor(&values(&mut rng, 20, DType::F64), &[4, 5], DType::F64).to(gpu);
+    let f = |xs: &[Tensor]| {
+        let h = (xs[0].matmul(&xs[1]) * 0.5 + 0.1).tanh();
+        (h.log_softmax(1) * h.sigmoid()).sum_dim(0, false)
+    };
+    kiln::autograd::gradcheck(f, &[x.clone(), w.clone()], 1e-6, 1e-6).unwrap();
+    // Higher order: the gradient of a gradient, on the device.
+    let g = |xs: &[Tensor]| {
+        let y = (xs[0].tanh() * &xs[0]).sum();
+        kiln::autograd::grad(&[&y], &[&xs[0]], true).remove(0)
+    };
+    kiln::autograd::gradcheck(g, &[x], 1e-6, 1e-6).unwrap();
+}
+
+#[test]
+fn gradients_flow_back_across_a_device_copy() {
+    let Some(gpu) = gpu_or_skip("gradients_flow_back_across_a_device_copy") else { return };
+    let mut rng = Rng::new(4);
+    let data = values(&mut rng, 15, DType::F32);
+    let loss = |x: &Tensor| (x.sigmoid() * x).sum();
+    let a = tensor(&data, &[3, 5], DType::F32).requires_grad_(true);
+    loss(&a).backward();
+    let b = tensor(&data, &[3, 5], DType::F32).requires_grad_(true);
+    let on_gpu = b.to(gpu);
+    assert_eq!(on_gpu.device(), gpu);
+    loss(&on_gpu).backward();
+    let (want, got) = (a.grad().unwrap(), b.grad().unwrap());
+    assert_eq!(got.device(), Device::Cpu, "the gradient lives where the leaf does");
+    assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-6, "grad across .to");
+}
+
+#[test]
+fn ops_between_devices_are_errors_and_scalars_join_any_device() {
+    let Some(gpu) = gpu_or_skip("ops_between_devices_are_errors_and_scalars_join_any_device")
+    else {
+        return;
+    };
+    let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], [3]);
+    let g = x.to(gpu);
+    let err = x.try_add(&g).unwrap_err().to_string();
+    assert!(err.contains("cpu") && err.contains("cuda:0") && err.contains(".to("), "{err}");
+    // Scalars, fills and `*_like` constants go where the data is.
+    let y = (&g * 2.0 + 1.0).relu();
+    assert_eq!(y.device(), gpu);
+    assert_eq!(y.to_vec::<f32>(), vec![3.0, 0.0, 7.0]);
+    assert_eq!(g.zeros_like().device(), gpu);
+    let z = g.copy();
+    z.fill_(4.0);
+    assert_eq!((z.device(), z.to_vec::<f32>()), (gpu, vec![4.0; 3]));
+    // A realized CPU tensor is data: it must be moved explicitly.
+    let ones = Tensor::ones([3]);
+    ones.realize();
+    assert!(g.try_add(&ones).is_err());
+}
+
+#[test]
+fn the_allocator_caches_and_releases_device_memory() {
+    let Some(gpu) = gpu_or_skip("the_allocator_caches_and_releases_device_memory") else {
+        return;
+    };
+    let Device::Cuda(i) = gpu else { unreachable!() };
+    let before = kiln::cuda::memory_allocated(i);
+    let x = Tensor::zeros([1 << 20]).to(gpu);
+    x.realize();
+    let held = kiln::cuda::memory_allocated(i);
+    assert!(held >= before + (4 << 20), "{before} -> {held}");
+    drop(x);
+    let after = kiln::cuda::memory_allocated(i);
+    assert!(after < held, "{held} -> {after}");
+    assert!(kiln::cuda::memory_reserved(i) >= held, "the block stays cached");
+    kiln::cuda::empty_cache().unwrap();
+    assert_eq!(kiln::cuda::memory_reserved(i), kiln::cuda::memory_allocated(i));
+}
+
+#[test]
+fn a_compiled_training_step_runs_on_the_gpu() {
+    let Some(gpu) = gpu_or_skip("a_compiled_training_step_runs_on_the_gpu") else { return };
+    kiln::manual_seed(2);
+    let x = Tensor::randn([16, 8]);
+    let w0 = Tensor::randn([8, 4]);
+    let target = Tensor::randint(0, 4, [16]);
+    let train = |device: Device| {
+        let w = w0.to(device).detach().requires_grad_(true);
+        let (x, target) = (x.to(device), target.to(device));
+        // Adam's state (zeros_like of the parameter) lives on the parameter's device.
+        let mut opt = Adam::new(vec![w.clone()], AdamConfig { lr: 1e-2, ..Default::default() });
+        let mut step = kiln::compile(|()| {
+            opt.zero_grad();
+            let loss = F::cross_entropy(&x.matmul(&w), &target);
+            loss.backward();
+            opt.step();
+            loss
+        });
+        let losses: Vec<f32> = (0..5).map(|_| step.call(()).item::<f32>()).collect();
+        assert_eq!(w.device(), device);
+        (losses, w.to_vec::<f32>())
+    };
+    let (cpu_losses, cpu_w) = train(Device::Cpu);
+    let (gpu_losses, gpu_w) = train(gpu);
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    assert_close_tol(&f64s(&gpu_losses), &f64s(&cpu_losses), 1e-5, "losses");
+    assert_close_tol(&f64s(&gpu_w), &f64s(&cpu_w), 1e-5, "weights");
+}
+
+#[test]
+fn kernels_compile_once_per_structure() {
+    let Some(gpu) = gpu_or_skip("kernels_compile_once_per_structure") else { return };
+    let x = Tensor::randn([1000]).to(gpu);
+    let run = |x: &Tensor| kiln::profile(|| ((x * 1.25 + 0.5).tanh() - 0.125).realize().clone());
+    let (_, first) = run(&x);
+    let (_, again) = run(&x);
+    assert!(again.compile_time().is_zero(), "the second realization compiles nothing");
+    assert!(first.launches() >= 1 && again.launches() >= 1);
+}
