@@ -57,19 +57,14 @@ pub struct PlanSummary {
 /// assert_eq!(kiln::with_fusion(false, || kiln::debug::plan_summary(&[&y])).kernels, 4);
 /// ```
 pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
-    use kiln_ir::fuse::{FusionPolicy, Step, partition};
+    use kiln_ir::fuse::Step;
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
     let Ok(captured) = crate::realize::pending_graph(&nodes) else {
         return PlanSummary::default();
     };
     let (graph, _) = kiln_ir::passes::optimize(&captured);
-    let policy = if crate::execution() == crate::Execution::Unfused {
-        FusionPolicy::Off
-    } else {
-        FusionPolicy::On
-    };
     let mut summary = PlanSummary::default();
-    for step in partition(&graph, policy).steps {
+    for step in plan(&graph, tensors).steps {
         match step {
             Step::Kernel(k) => {
                 summary.kernels += 1;
@@ -163,7 +158,7 @@ pub fn kernels<T>(f: impl FnOnce() -> T) -> (T, Vec<KernelSource>) {
 pub fn fused_dot(tensors: &[&Tensor]) -> String {
     use std::fmt::Write as _;
 
-    use kiln_ir::fuse::{FusionPolicy, Step, partition};
+    use kiln_ir::fuse::Step;
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
     let graph = match crate::realize::pending_graph(&nodes) {
         Ok(g) => kiln_ir::passes::optimize(&g).0,
@@ -174,12 +169,7 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
             );
         }
     };
-    let policy = if crate::execution() == crate::Execution::Unfused {
-        FusionPolicy::Off
-    } else {
-        FusionPolicy::On
-    };
-    let plan = partition(&graph, policy);
+    let plan = plan(&graph, tensors);
     let label = |id: kiln_ir::NodeId| {
         let n = graph.node(id);
         escape(&format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype))
@@ -225,4 +215,17 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
 
 fn escape(s: &str) -> String {
     s.replace('"', "\\\"")
+}
+
+/// The plan the executor would make for `graph`: fused or not as set now, priced for the
+/// device of the first tensor.
+fn plan(graph: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::fuse::Plan {
+    use kiln_ir::fuse::{FusionPolicy, partition_for};
+    let policy = if crate::execution() == crate::Execution::Unfused {
+        FusionPolicy::Off
+    } else {
+        FusionPolicy::On
+    };
+    let device = tensors.first().map_or(crate::Device::Cpu, |t| t.device());
+    partition_for(graph, policy, device.fusion_target())
 }

@@ -9,7 +9,8 @@
 //! - A reduction (`sum`, `prod`, `max`, `min`) fuses the elementwise expression it reduces.
 //! - A value is stored (a kernel boundary) when it is a result the caller wants
 //!   ([`Cut::Output`]), when several ops consume it and recomputing it in each costs more
-//!   than storing and reloading it ([`Cut::Shared`], see [`op_cost`]), when an op that is
+//!   than storing and reloading it on the plan's [`Target`] ([`Cut::Shared`], see
+//!   [`op_cost`]: a CPU stores a shared exponential, a GPU recomputes it), when an op that is
 //!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
 //!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
 //!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
@@ -130,9 +131,26 @@ fn is_kernel_reduce(op: &Op) -> bool {
 /// vectors) costs more.
 pub const MAX_RECOMPUTE_COST: usize = 8;
 
-/// The relative cost of computing an op once per element, for the recompute rule.
-pub fn op_cost(op: &Op) -> usize {
+/// The processor a plan is made for: it prices the recompute rule ([`op_cost`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// A CPU: transcendental functions are long polynomials on short vectors, so a shared
+    /// one is stored rather than computed again.
+    #[default]
+    Cpu,
+    /// A GPU: arithmetic, special functions included, is cheap next to memory traffic, so
+    /// shared values are recomputed (row softmax reads its input three times, not four).
+    Gpu,
+}
+
+/// The relative cost of computing an op once per element on `target`, for the recompute
+/// rule.
+pub fn op_cost(op: &Op, target: Target) -> usize {
     use crate::{BinaryOp, UnaryOp};
+    if target == Target::Gpu {
+        // One or a few hardware instructions (SFU approximations refined in registers).
+        return usize::from(is_elementwise(op)) * 2;
+    }
     match op {
         Op::Unary(
             UnaryOp::Exp
@@ -159,8 +177,13 @@ fn is_free(op: &Op) -> bool {
     matches!(op, Op::Full(_) | Op::View(_))
 }
 
-/// Partitions `graph` into a plan.
+/// Partitions `graph` into a plan for a CPU.
 pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
+    partition_for(graph, policy, Target::Cpu)
+}
+
+/// Partitions `graph` into a plan for `target`.
+pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Plan {
     let order = graph.topo_order();
     let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for &n in &order {
@@ -188,7 +211,7 @@ pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
                 .filter_map(|a| size.get(a))
                 .sum::<usize>();
         size.insert(n, own);
-        let cost = op_cost(op)
+        let cost = op_cost(op, target)
             + graph
                 .args(n)
                 .iter()
@@ -556,6 +579,54 @@ mod tests {
         assert_eq!(k.params, vec![Scalar::F64(0.5)]);
         assert_eq!(k.kernel.op_count(), 3);
         assert_eq!(k.cut, Cut::Output);
+    }
+
+    /// Row softmax: `exp(x - max) / sum(exp(x - max))` over `[rows, cols]`.
+    fn softmax(rows: usize, cols: usize) -> Graph {
+        let mut g = Graph::new();
+        let (full, row) = (Shape::from([rows, cols]), Shape::from([rows, 1]));
+        let x = g.input(full.clone(), DType::F32);
+        let red = |g: &mut Graph, op, v| {
+            let r = g.push(Op::Reduce { op, axes: vec![1] }, &[v]).unwrap();
+            g.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[r]).unwrap()
+        };
+        let m = red(&mut g, crate::ReduceOp::Max, x);
+        let d = g.push(Op::Binary(BinaryOp::Sub), &[x, m]).unwrap();
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[d]).unwrap();
+        let s = red(&mut g, crate::ReduceOp::Sum, e);
+        let y = g.push(Op::Binary(BinaryOp::Div), &[e, s]).unwrap();
+        g.mark_output(y);
+        g
+    }
+
+    #[test]
+    fn a_gpu_plan_recomputes_what_a_cpu_plan_stores() {
+        let g = softmax(5, 7);
+        // Full passes over the input-sized arrays: kernels reading or writing [5, 7].
+        let passes = |plan: &Plan| -> usize {
+            plan.steps
+                .iter()
+                .map(|s| match s {
+                    Step::Kernel(k) => {
+                        // Broadcast row values (stride 0) are not a pass.
+                        let full = |v: &View| !v.strides().contains(&0);
+                        k.kernel.inputs.iter().filter(|i| full(&i.view)).count()
+                            + usize::from(k.kernel.output_len() == 35)
+                    }
+                    _ => 0,
+                })
+                .sum()
+        };
+        let cpu = partition_for(&g, FusionPolicy::On, Target::Cpu);
+        let gpu = partition_for(&g, FusionPolicy::On, Target::Gpu);
+        // CPU: max reads x; exp(x - max) is stored (read x, write e); the sum reads e; the
+        // division reads e and writes y.
+        assert_eq!(passes(&cpu), 6, "{cpu:?}");
+        assert!(cpu.steps.iter().any(|s| matches!(s, Step::Kernel(k) if k.cut == Cut::Shared)));
+        // GPU: max reads x, the sum reads x, the division reads x and writes y.
+        assert_eq!(passes(&gpu), 4, "{gpu:?}");
+        assert!(!gpu.steps.iter().any(|s| matches!(s, Step::Kernel(k) if k.cut == Cut::Shared)));
+        assert_eq!(partition(&g, FusionPolicy::On).steps.len(), cpu.steps.len());
     }
 
     #[test]

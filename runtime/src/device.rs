@@ -33,4 +33,12 @@ impl Device {
     pub fn cuda_if_available(ordinal: usize) -> Device {
         if ordinal < crate::cuda::device_count() { Device::Cuda(ordinal) } else { Device::Cpu }
     }
+
+    /// The processor kind the fuser prices its recompute rule for on this device.
+    pub fn fusion_target(self) -> kiln_ir::fuse::Target {
+        match self {
+            Device::Cpu => kiln_ir::fuse::Target::Cpu,
+            Device::Cuda(_) => kiln_ir::fuse::Target::Gpu,
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kiln_codegen::cpu::{self, CpuKernel};
-use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition};
+use kiln_ir::fuse::{FusionPolicy, KernelStep, Step, partition_for};
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
@@ -165,7 +165,7 @@ impl Prepared {
             (g, graph.outputs().iter().copied().zip(outputs).collect())
         };
         let policy = if fuse { FusionPolicy::On } else { FusionPolicy::Off };
-        let plan = partition(&optimized, policy);
+        let plan = partition_for(&optimized, policy, device.fusion_target());
         let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
         let bound = optimized.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let mut readers = vec![0u32; bound];
