@@ -149,6 +149,31 @@ fn sources_have_one_entry_point_and_typed_arguments() {
     }
 }
 
+#[test]
+fn dense_chains_move_four_elements_per_thread() {
+    let kernels = representative();
+    let find = |name: &str| kernels.iter().find(|(n, _)| n == name).map(|(_, k)| source(k));
+    // W1b over one dense dimension: vector loads and stores, then the scalar tail.
+    let chain = find("elementwise_chain").expect("the chain");
+    assert!(chain.contains("const float4 v0 = *(const float4*)(in0 + 0LL + 4 * q);"), "{chain}");
+    assert!(chain.contains("*(float4*)(out0 + 4 * q) = r0;"), "{chain}");
+    assert!(chain.contains("% 16ULL == 0"), "alignment is checked at run time:\n{chain}");
+    assert!(chain.contains("start = n4 * 4;"), "{chain}");
+    // Every lane computes the body.
+    for lane in ["x", "y", "z", "w"] {
+        assert!(chain.contains(&format!("r0.{lane} = ")), "{chain}");
+    }
+    // A transposed input is not dense: scalar loads only.
+    let broadcast = find("broadcast").expect("the broadcast");
+    assert!(!broadcast.contains("float4"), "{broadcast}");
+    // 8-byte elements stay scalar.
+    let f64_chain = find("chain_f64").expect("the f64 chain");
+    assert!(!f64_chain.contains("n4"), "{f64_chain}");
+    // 16-bit floats move as four halves.
+    let f16_chain = find("chain_f16").expect("the f16 chain");
+    assert!(f16_chain.contains("ushort4"), "{f16_chain}");
+}
+
 /// Whether NVRTC can be loaded; says why not otherwise.
 fn nvrtc() -> bool {
     // SAFETY: this only looks the library up with `dlopen`; nothing in it is called.
