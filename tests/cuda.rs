@@ -65,6 +65,20 @@ fn transfers_round_trip_exactly_in_every_dtype() {
 }
 
 #[test]
+fn large_transfers_are_staged_and_exact() {
+    let Some(gpu) = gpu_or_skip("large_transfers_are_staged_and_exact") else { return };
+    // Above the staging threshold, across several 8 MiB chunks, with a ragged last chunk.
+    for n in [(1 << 18) + 1, 5_000_001, 9 << 20] {
+        let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let x = Tensor::from_vec(bytes.clone(), [n]);
+        assert_eq!(x.to(gpu).to_vec::<u8>(), bytes, "{n} bytes");
+        let f: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let y = Tensor::from_vec(f.clone(), [n]).to(gpu);
+        assert_eq!((&y + 1.0).cpu().to_vec::<f32>(), f.iter().map(|v| v + 1.0).collect::<Vec<_>>());
+    }
+}
+
+#[test]
 fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip("random_programs_on_the_gpu_agree_with_the_cpu_reference") else {
         return;

@@ -4,6 +4,10 @@
 //! in free lists by rounded size, so a training loop that allocates the same shapes every
 //! step stops calling the driver after its first step. When an allocation fails, the cache
 //! is returned to the driver and the allocation tried once more.
+//!
+//! Copies above [`STAGED_ABOVE`] bytes go through two pinned host buffers of [`STAGE`] bytes
+//! each, alternately: the CPU fills (or drains) one while the DMA engine moves the other, and
+//! the copy runs at the bus's pinned-memory speed without pinning the user's memory.
 
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
@@ -22,6 +26,39 @@ pub(crate) struct Pool {
     pub(crate) allocated: usize,
     /// Bytes in cached blocks.
     pub(crate) cached: usize,
+}
+
+/// The size of each pinned staging buffer.
+const STAGE: usize = 8 << 20;
+/// Copies larger than this are staged through pinned memory; smaller ones are not worth the
+/// extra host copy.
+const STAGED_ABOVE: usize = 1 << 20;
+
+/// Two pinned host buffers and the events that say when the copy using each has finished.
+pub(crate) struct Staging {
+    buffers: [*mut u8; 2],
+    events: [sys::CUevent; 2],
+}
+
+// SAFETY: the buffers and events are only used under the device's staging lock.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn new(gpu: &Gpu) -> Result<Staging, RuntimeError> {
+        gpu.bind()?;
+        let mut buffers = [std::ptr::null_mut(); 2];
+        let mut events = [std::ptr::null_mut(); 2];
+        for k in 0..2 {
+            // SAFETY: a plain pinned allocation in the current context, freed never (it lives
+            // as long as the device's state, which is the process).
+            buffers[k] = unsafe { result::malloc_host(STAGE, 0) }
+                .map_err(|e| gpu.error("allocating pinned staging memory", e))?
+                .cast::<u8>();
+            events[k] = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| gpu.error("creating an event", e))?;
+        }
+        Ok(Staging { buffers, events })
+    }
 }
 
 /// The size a request of `bytes` is served with.
@@ -113,7 +150,9 @@ impl Gpu {
     /// Device memory holding a copy of `host`.
     pub(crate) fn upload(&'static self, host: &[u8]) -> Result<DeviceMemory, RuntimeError> {
         let mem = self.alloc(host.len())?;
-        if !host.is_empty() {
+        if host.len() > STAGED_ABOVE {
+            self.upload_staged(mem.ptr, host)?;
+        } else if !host.is_empty() {
             self.bind()?;
             // SAFETY: `mem` holds at least `host.len()` bytes. A copy from pageable memory
             // returns once the source has been staged, so `host` may be freed afterwards.
@@ -133,12 +172,111 @@ impl Gpu {
         if host.is_empty() {
             return Ok(());
         }
+        if host.len() > STAGED_ABOVE {
+            return self.download_staged(ptr, host);
+        }
         self.bind()?;
         // SAFETY: the caller guarantees that `ptr` holds `host.len()` bytes; the stream is
         // synchronized before `host` is read.
         unsafe { result::memcpy_dtoh_async(host, ptr, self.stream.cu_stream()) }
             .map_err(|e| self.error("copying to the host", e))?;
         self.synchronize()
+    }
+}
+
+impl Gpu {
+    /// The staging buffers, created on first use.
+    fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>, RuntimeError> {
+        let mut guard = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.is_none() {
+            *guard = Some(Staging::new(self)?);
+        }
+        Ok(guard)
+    }
+
+    /// Copies `host` to device address `dst` through the staging buffers, returning once the
+    /// last chunk has left them.
+    fn upload_staged(&self, dst: sys::CUdeviceptr, host: &[u8]) -> Result<(), RuntimeError> {
+        let mut guard = self.staging()?;
+        let st = guard.as_mut().expect("created above");
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let mut pending = [false; 2];
+        for (c, chunk) in host.chunks(STAGE).enumerate() {
+            let k = c % 2;
+            if pending[k] {
+                // SAFETY: an event created by `Staging::new`, recorded below.
+                unsafe { result::event::synchronize(st.events[k]) }
+                    .map_err(|e| self.error("waiting for a copy", e))?;
+            }
+            // SAFETY: the staging buffer holds STAGE >= chunk.len() bytes and no copy is
+            // reading it (its event has completed); the device block holds `host.len()`
+            // bytes from `dst`; the event is recorded after the copy on the same stream.
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), st.buffers[k], chunk.len());
+                let staged = std::slice::from_raw_parts(st.buffers[k], chunk.len());
+                result::memcpy_htod_async(dst + (c * STAGE) as u64, staged, stream)
+                    .map_err(|e| self.error("copying to the device", e))?;
+                result::event::record(st.events[k], stream)
+                    .map_err(|e| self.error("recording an event", e))?;
+            }
+            pending[k] = true;
+        }
+        // The staging buffers may be refilled by the next copy only once these have run.
+        for k in 0..2 {
+            if pending[k] {
+                // SAFETY: as above.
+                unsafe { result::event::synchronize(st.events[k]) }
+                    .map_err(|e| self.error("waiting for a copy", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `host.len()` bytes from device address `src` into `host` through the staging
+    /// buffers, chunk `c + 2` moving while chunk `c` is copied out.
+    fn download_staged(&self, src: sys::CUdeviceptr, host: &mut [u8]) -> Result<(), RuntimeError> {
+        let mut guard = self.staging()?;
+        let st = guard.as_mut().expect("created above");
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let total = host.len();
+        let chunks = total.div_ceil(STAGE);
+        let len = |c: usize| STAGE.min(total - c * STAGE);
+        let issue = |c: usize, st: &Staging| -> Result<(), RuntimeError> {
+            let k = c % 2;
+            // SAFETY: the staging buffer holds STAGE >= len(c) bytes and nothing reads it until
+            // its event completes; the device block holds the chunk; the event is recorded
+            // after the copy on the same stream (ordered after the kernels that wrote `src`).
+            unsafe {
+                let staged = std::slice::from_raw_parts_mut(st.buffers[k], len(c));
+                result::memcpy_dtoh_async(staged, src + (c * STAGE) as u64, stream)
+                    .map_err(|e| self.error("copying to the host", e))?;
+                result::event::record(st.events[k], stream)
+                    .map_err(|e| self.error("recording an event", e))
+            }
+        };
+        for c in 0..chunks.min(2) {
+            issue(c, st)?;
+        }
+        for c in 0..chunks {
+            let k = c % 2;
+            // SAFETY: the event was recorded by `issue(c)`; once it completes the staging
+            // buffer holds chunk `c`, which is copied out before `issue(c + 2)` reuses it.
+            unsafe {
+                result::event::synchronize(st.events[k])
+                    .map_err(|e| self.error("waiting for a copy", e))?;
+                std::ptr::copy_nonoverlapping(
+                    st.buffers[k],
+                    host.as_mut_ptr().add(c * STAGE),
+                    len(c),
+                );
+            }
+            if c + 2 < chunks {
+                issue(c + 2, st)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct Gpu {
     /// Streaming multiprocessors: launch sizes are multiples of it.
     sms: u32,
     pool: Mutex<memory::Pool>,
+    /// Pinned buffers for large transfers, created by the first.
+    staging: Mutex<Option<memory::Staging>>,
     kernels: Mutex<kernels::Cache>,
     blas: OnceLock<Result<blas::Handle, String>>,
 }
@@ -85,6 +87,7 @@ impl Gpu {
             arch_flag,
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             pool: Mutex::new(memory::Pool::default()),
+            staging: Mutex::new(None),
             kernels: Mutex::new(kernels::Cache::default()),
             blas: OnceLock::new(),
         })
