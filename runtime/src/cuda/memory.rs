@@ -223,12 +223,10 @@ impl Gpu {
             pending[k] = true;
         }
         // The staging buffers may be refilled by the next copy only once these have run.
-        for k in 0..2 {
-            if pending[k] {
-                // SAFETY: as above.
-                unsafe { result::event::synchronize(st.events[k]) }
-                    .map_err(|e| self.error("waiting for a copy", e))?;
-            }
+        for (&event, _) in st.events.iter().zip(pending).filter(|(_, p)| *p) {
+            // SAFETY: as above.
+            unsafe { result::event::synchronize(event) }
+                .map_err(|e| self.error("waiting for a copy", e))?;
         }
         Ok(())
     }
