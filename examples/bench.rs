@@ -1,5 +1,5 @@
-//! kiln's benchmark workloads: fused vs unfused vs a plain Rust loop, against the memory
-//! bandwidth measured in the same run.
+//! kiln's benchmark workloads: fused vs unfused (one kernel per op) vs the reference executor
+//! vs a plain Rust loop, against the memory bandwidth measured in the same run.
 //!
 //! `cargo run --release --example bench` prints a table; `-- --json` prints one JSON object
 //! per line with `workload`, `variant`, `median_ms` and `gbps` or `gflops`.
@@ -13,6 +13,15 @@ use rayon::prelude::*;
 
 const N: usize = 1 << 24; // 16M f32 = 64 MiB
 const REPS: usize = 7;
+
+/// The executions compared: kiln's default, one generated kernel per op (what an eager
+/// library does, with kiln's own kernels), and the reference executor (one plain f64 loop
+/// per op, the correctness oracle).
+const MODES: [(&str, Execution); 3] = [
+    ("fused", Execution::Fused),
+    ("unfused", Execution::Unfused),
+    ("reference", Execution::Reference),
+];
 
 fn median_ms(mut f: impl FnMut()) -> f64 {
     f(); // warm up: compile kernels, fault in pages
@@ -91,7 +100,7 @@ fn main() {
         ),
         ("W1b", &w1b, |v: f32| ((v * 1.5 + 0.5) * v + (v - 0.2).max(0.0)) / (1.0 + v * v)),
     ] {
-        for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+        for (variant, mode) in MODES {
             let ms = median_ms(|| {
                 kiln::with_execution(mode, || {
                     black_box(f(&x).realize());
@@ -131,7 +140,7 @@ fn main() {
     // realized. (Written as one statement ending in `.realize()`, Rust keeps the temporaries
     // alive across the realization, and kiln stores them as results a user still holds.)
     let w2 = |a: &Tensor, col: &Tensor, row: &Tensor| (a * col + row).relu() - a / 2.0;
-    for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+    for (variant, mode) in MODES {
         let ms = median_ms(|| {
             kiln::with_execution(mode, || {
                 black_box(w2(&a, &col, &row).realize());
@@ -146,7 +155,7 @@ fn main() {
         });
     }
     // W3: row softmax of 4096 x 4096.
-    for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+    for (variant, mode) in MODES {
         let ms = median_ms(|| {
             kiln::with_execution(mode, || {
                 black_box(a.softmax(1).realize());
