@@ -102,6 +102,12 @@ fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
     }
 }
 
+#[test]
+fn index_ops_on_the_gpu_agree_with_the_reference() {
+    let Some(gpu) = gpu_or_skip("index_ops_on_the_gpu_agree_with_the_reference") else { return };
+    crate::fusion::index_ops_agree_with_the_reference_on(gpu);
+}
+
 /// `a @ b` in f64 with plain loops, for `[.., m, k] @ [.., k, n]` row-major data.
 fn matmul_loop(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
     let mut out = vec![0.0; batch * m * n];

@@ -203,9 +203,13 @@ fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
 
 #[test]
 fn native_index_ops_agree_with_the_reference() {
-    // Random tensors with ties and NaNs, every axis, several dtypes and layouts, indices with
-    // repeats: the native loops (gather, scatter, scatter_add, cumsum, assign, argmax,
-    // argmin) give exactly what the reference executor gives.
+    index_ops_agree_with_the_reference_on(Device::Cpu);
+}
+
+/// Random tensors with ties and NaNs, every axis, several dtypes and layouts, indices with
+/// repeats: the native loops (or device kernels) for gather, scatter, scatter_add, cumsum,
+/// assign, argmax and argmin give exactly what the reference executor gives.
+pub(crate) fn index_ops_agree_with_the_reference_on(device: Device) {
     let mut rng = Rng::new(77);
     for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::I64, DType::U8] {
         for layout in LAYOUTS {
@@ -217,7 +221,7 @@ fn native_index_ops_agree_with_the_reference() {
             if dtype.is_float() {
                 data[17] = f64::NAN;
             }
-            let x = make(&data, &shape, dtype, layout);
+            let x = make_on(&data, &shape, dtype, layout, device);
             for axis in 0..3i64 {
                 let n_index = [3usize, 2, 4];
                 let len = shape[axis as usize] as i64;
@@ -225,9 +229,10 @@ fn native_index_ops_agree_with_the_reference() {
                 idx_shape[axis as usize] = n_index[axis as usize];
                 let count: usize = idx_shape.iter().product();
                 let idx: Vec<i64> = (0..count).map(|_| rng.int(0, len)).collect();
-                let index = Tensor::from_vec(idx, idx_shape.clone());
+                let index = Tensor::from_vec(idx, idx_shape.clone()).to(device);
                 // Sources for scatter: as many elements as the index, of x's dtype.
-                let src = make(&values(&mut rng, count, dtype), &idx_shape, dtype, layout);
+                let src =
+                    make_on(&values(&mut rng, count, dtype), &idx_shape, dtype, layout, device);
                 let run = |mode: Execution| {
                     kiln::with_execution(mode, || {
                         let g = x.gather(axis, &index).to_vec::<f64>();
@@ -241,30 +246,46 @@ fn native_index_ops_agree_with_the_reference() {
                             x.cumsum(axis).to_vec::<f64>()
                         };
                         // An in-place write through a strided view (an `assign`).
-                        let y = make(&data, &shape, dtype, layout);
+                        let y = make_on(&data, &shape, dtype, layout, device);
                         y.narrow(axis, 1, 2).copy_(&x.narrow(axis, 0, 2));
-                        (g, a, b, s, sa, c, y.to_vec::<f64>())
+                        // The gradient of a slice (an `unview`).
+                        let u = if dtype.is_float() {
+                            let leaf = x.to_dtype(DType::F64).detach().requires_grad_(true);
+                            leaf.narrow(axis, 1, 2).sum().backward();
+                            leaf.grad().expect("a gradient").to_vec::<f64>()
+                        } else {
+                            vec![]
+                        };
+                        (g, a, b, s, sa, c, y.to_vec::<f64>(), u)
                     })
                 };
-                let (g, a, b, s, sa, c, y) = run(Execution::Fused);
-                let (rg, ra, rb, rs, rsa, rc, ry) = run(Execution::Reference);
+                let (g, a, b, s, sa, c, y, u) = run(Execution::Fused);
+                let (rg, ra, rb, rs, rsa, rc, ry, ru) = run(Execution::Reference);
                 let same = |p: &[f64], q: &[f64]| {
                     p.len() == q.len()
                         && p.iter().zip(q).all(|(u, v)| u == v || (u.is_nan() && v.is_nan()))
                 };
-                let at = format!("{dtype} {layout:?} axis {axis}");
+                let at = format!("{dtype} {layout:?} axis {axis} on {device}");
                 assert!(same(&g, &rg), "gather {at}");
                 assert_eq!((a, b), (ra, rb), "argmax/argmin {at}");
                 assert!(same(&s, &rs), "scatter {at}");
                 assert!(same(&sa, &rsa), "scatter_add {at}");
                 assert!(same(&c, &rc), "cumsum {at}");
                 assert!(same(&y, &ry), "copy_ into a view {at}");
+                assert!(same(&u, &ru), "gradient of a slice {at}");
             }
         }
     }
-    // An index out of range is the same error.
-    let x = Tensor::randn([3, 4]);
-    let bad = Tensor::from_vec(vec![0i64, 4], [1, 2]);
-    let err = x.gather(1, &bad).try_realize().unwrap_err().to_string();
-    assert!(err.contains("gather") && err.contains('4'), "{err}");
+    // An index out of range is the same error, naming the first bad index.
+    let x = Tensor::randn([3, 4]).to(device);
+    let bad = Tensor::from_vec(vec![0i64, 4, 1, -2], [1, 4]).to(device);
+    let err = x.gather(1, &bad).try_realize().expect_err("index 4 is out of range").to_string();
+    assert!(err.contains("gather") && err.contains("index 4 "), "{err}");
+    let src = Tensor::ones([1, 4]).to(device);
+    let err = x
+        .scatter_add(1, &bad, &src)
+        .try_realize()
+        .expect_err("index 4 is out of range")
+        .to_string();
+    assert!(err.contains("scatter_add") && err.contains("index 4 "), "{err}");
 }

@@ -305,7 +305,8 @@ impl Prepared {
                 PreparedStep::Node(n) => {
                     let args = graph.args(*n);
                     let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                    let (out, kind) = eval_node_on(self.device, graph, *n, &arg_bufs)?;
+                    let (out, kind) = eval_node_on(gpu, graph, *n, &arg_bufs)?;
+                    settle(graph.node(*n))?;
                     if tracing {
                         let node = graph.node(*n);
                         let name = node.op.name();
@@ -593,14 +594,21 @@ fn compare(
     })
 }
 
-/// Runs a node that is not a kernel: natively or on the reference executor, on the host (a
-/// node of a GPU graph runs on host copies of its inputs and its result is copied back).
+/// Runs a node that is not a kernel: natively or on the reference executor on the host; on
+/// a GPU with a library kernel, or else on host copies of its inputs with the result copied
+/// back.
 fn eval_node_on(
-    device: Device,
+    gpu: Option<&'static cuda::Gpu>,
     graph: &Graph,
     n: NodeId,
     args: &[&Buffer],
 ) -> Result<(Buffer, StepKind), RunError> {
+    if let Some(g) = gpu
+        && let Some(out) = cuda::eval_node(g, graph, n, args)
+    {
+        return Ok((out?, StepKind::Library));
+    }
+    let device = gpu.map_or(Device::Cpu, |g| g.device());
     let host;
     let args = if device == Device::Cpu {
         args

@@ -25,6 +25,7 @@ use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::cpu::{Walk, coalesce};
 
+pub mod library;
 #[cfg(test)]
 mod tests;
 

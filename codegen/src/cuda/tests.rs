@@ -5,7 +5,7 @@ use kiln_ir::fuse::{FusionPolicy, Step, partition};
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
-use super::{param_types, source};
+use super::{library, param_types, source};
 
 fn kernels_of(g: &Graph) -> Vec<Kernel> {
     partition(g, FusionPolicy::On)
@@ -149,6 +149,69 @@ fn sources_have_one_entry_point_and_typed_arguments() {
     }
 }
 
+/// Every library kernel in every dtype, on odd shapes.
+fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
+    use super::library;
+    let mut out = Vec::new();
+    let x = Shape::from([5, 7, 3]);
+    let index = Shape::from([4, 2, 3]);
+    let view = View::contiguous(Shape::from([5, 9])).narrow(1, 2, 4).permute(&[1, 0]);
+    for dtype in [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ] {
+        out.push((format!("gather_{dtype}"), library::gather(dtype, &x, &index, 1)));
+        for accumulate in [false, true] {
+            let k = library::scatter(dtype, &x, &index, &index, 1, accumulate);
+            out.push((format!("scatter_{accumulate}_{dtype}"), k));
+        }
+        out.push((format!("assign_{dtype}"), library::assign(dtype, &view)));
+        out.push((format!("cumsum_{dtype}"), library::cumsum(dtype, &x, 1)));
+        for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
+            out.push((format!("{op:?}_{dtype}"), library::arg_extreme(op, dtype, &x, 2)));
+        }
+    }
+    out
+}
+
+#[test]
+fn library_kernels_name_their_entry_points() {
+    for (name, k) in library_kernels() {
+        assert!(!k.entries.is_empty(), "{name}");
+        for e in &k.entries {
+            let entry = format!("extern \"C\" __global__ void {e}(");
+            assert_eq!(k.source.matches(&entry).count(), 1, "{name}:\n{}", k.source);
+        }
+        assert!(!k.source.contains("ENTRY"), "{name}: a placeholder is left");
+        assert_eq!(k.source.matches('{').count(), k.source.matches('}').count(), "{name}");
+    }
+    // Float sums take three passes through an f64 scratch copy; the others one.
+    let f32_add = library::scatter(
+        DType::F32,
+        &Shape::from([3]),
+        &Shape::from([2]),
+        &Shape::from([2]),
+        0,
+        true,
+    );
+    assert_eq!(f32_add.entries.len(), 3);
+    let i64_add = library::scatter(
+        DType::I64,
+        &Shape::from([3]),
+        &Shape::from([2]),
+        &Shape::from([2]),
+        0,
+        true,
+    );
+    assert_eq!(i64_add.entries.len(), 1);
+}
+
 #[test]
 fn dense_chains_move_four_elements_per_thread() {
     let kernels = representative();
@@ -211,13 +274,15 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
     }
     let dir = std::env::temp_dir().join(format!("kiln-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (name, k) in representative() {
-        let src = source(&k);
+    let mut sources: Vec<(String, String)> =
+        representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
+    sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
+    for (i, (name, src)) in sources.iter().enumerate() {
         let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_90"), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
             .unwrap_or_else(|e| panic!("{name}: NVRTC rejected the source: {e:?}\n{src}"));
         let Some(ptxas) = &ptxas else { continue };
-        let file = dir.join(format!("{}.ptx", k.name()));
+        let file = dir.join(format!("k{i}.ptx"));
         std::fs::write(&file, ptx.to_src()).unwrap();
         let out = std::process::Command::new(ptxas)
             .args(["-arch=sm_90", "-v", "-o", "/dev/null"])

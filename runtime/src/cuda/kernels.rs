@@ -21,6 +21,31 @@ use crate::{Buffer, RuntimeError};
 #[derive(Default)]
 pub(crate) struct Cache {
     functions: HashMap<Kernel, Arc<CudaFunction>>,
+    /// Library kernels' entry points, by source text.
+    library: HashMap<String, Vec<Arc<CudaFunction>>>,
+}
+
+/// The entry points of a library kernel on `gpu`, compiled on first use.
+pub(crate) fn library_functions(
+    gpu: &'static Gpu,
+    kernel: &codegen::library::LibraryKernel,
+) -> Result<Vec<Arc<CudaFunction>>, RuntimeError> {
+    if let Some(f) =
+        gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).library.get(&kernel.source)
+    {
+        return Ok(f.clone());
+    }
+    let ptx = ptx_for(gpu, &kernel.entries[0], &kernel.source)?;
+    gpu.bind()?;
+    let module = gpu.ctx.load_module(ptx).map_err(|e| gpu.error("loading a compiled kernel", e))?;
+    let functions = kernel
+        .entries
+        .iter()
+        .map(|e| module.load_function(e).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| gpu.error("finding a compiled kernel", e))?;
+    let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+    Ok(cache.library.entry(kernel.source.clone()).or_insert(functions).clone())
 }
 
 /// The compiled function for `kernel` on `gpu`, and the time compiling took when it was
@@ -89,7 +114,7 @@ fn ptx_for(gpu: &Gpu, name: &str, source: &str) -> Result<Ptx, RuntimeError> {
 }
 
 /// One kernel argument, kept alive until the launch has read it.
-enum Arg {
+pub(crate) enum Arg {
     Ptr(u64),
     F32(f32),
     F64(f64),
@@ -147,9 +172,30 @@ pub(crate) fn run_kernel(
     }
     args.push(Arg::I64(i64::try_from(n).unwrap_or(i64::MAX)));
     let config = launch_config(gpu, kernel, n);
+    // SAFETY: the arguments match the generated signature (inputs, outputs, parameters of
+    // `param_types`, the count); every output holds `n` elements, which the kernel writes
+    // (grid-stride loops bounded by `n`); inputs are read through views the graph checked to
+    // lie inside their buffers; all buffers live until the stream has run the kernel, since
+    // freed blocks are reused only by later work on the same stream.
+    unsafe { launch(gpu, &function, &args, config) }?;
+    Ok((outputs, compile))
+}
+
+/// Queues `function` with `args` on the device's stream.
+///
+/// # Safety
+/// `args` must match the function's parameters in number and type, and every buffer they
+/// address must hold what the kernel reads and writes, and stay allocated until the stream
+/// has run it (buffers freed later are reused only by later work on the same stream).
+pub(crate) unsafe fn launch(
+    gpu: &Gpu,
+    function: &CudaFunction,
+    args: &[Arg],
+    config: LaunchConfig,
+) -> Result<(), RuntimeError> {
     gpu.bind()?;
-    let mut launch = gpu.stream.launch_builder(&function);
-    for a in &args {
+    let mut launch = gpu.stream.launch_builder(function);
+    for a in args {
         match a {
             Arg::Ptr(v) => launch.arg(v),
             Arg::F32(v) => launch.arg(v),
@@ -160,13 +206,21 @@ pub(crate) fn run_kernel(
             Arg::Bool(v) => launch.arg(v),
         };
     }
-    // SAFETY: the arguments match the generated signature (inputs, outputs, parameters of
-    // `param_types`, the count); every output holds `n` elements, which the kernel writes
-    // (grid-stride loops bounded by `n`); inputs are read through views the graph checked to
-    // lie inside their buffers; all buffers live until the stream has run the kernel, since
-    // freed blocks are reused only by later work on the same stream.
+    // SAFETY: the caller's contract.
     unsafe { launch.launch(config) }.map_err(|e| gpu.error("launching a kernel", e))?;
-    Ok((outputs, compile))
+    Ok(())
+}
+
+/// A grid-stride launch over `n` items: blocks of [`BLOCK`] threads, at most 32 blocks per
+/// multiprocessor.
+pub(crate) fn grid_config(gpu: &Gpu, n: usize) -> LaunchConfig {
+    let max_blocks = u64::from(gpu.sms) * 32;
+    let blocks = (n as u64).div_ceil(u64::from(BLOCK)).clamp(1, max_blocks);
+    LaunchConfig {
+        grid_dim: (u32::try_from(blocks).unwrap_or(1), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Grid and block sizes: elementwise kernels use blocks of [`BLOCK`] threads and at most 32
@@ -176,11 +230,7 @@ fn launch_config(gpu: &Gpu, kernel: &Kernel, n: usize) -> LaunchConfig {
     let max_blocks = u64::from(gpu.sms) * 32;
     let blocks = |wanted: u64| u32::try_from(wanted.clamp(1, max_blocks)).unwrap_or(1);
     match kernel.reduce {
-        None => LaunchConfig {
-            grid_dim: (blocks((n as u64).div_ceil(u64::from(BLOCK))), 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        },
+        None => grid_config(gpu, n),
         Some(_) => {
             let row = kernel.shape.numel() / n.max(1);
             let threads = (row.div_ceil(32) * 32).clamp(32, 1024) as u32;

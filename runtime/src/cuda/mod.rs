@@ -12,6 +12,7 @@
 
 mod blas;
 mod kernels;
+mod library;
 mod memory;
 mod probe;
 
@@ -23,6 +24,7 @@ use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
 pub(crate) use kernels::run_kernel;
+pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;
 pub use probe::{device_count, unavailable_reason};

@@ -1,0 +1,252 @@
+//! The ops that are not fused kernels, on a GPU: `gather`, `scatter`/`scatter_add`, `assign`,
+//! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin`, each a kernel from
+//! [`kiln_codegen::cuda::library`] with the reference executor's exact semantics. The others
+//! (random fills, products of dtypes cuBLAS does not take, overlapping `unview`s) return
+//! `None` and run on host copies.
+
+use cudarc::driver::result;
+use kiln_codegen::cuda::library::{self as source, LibraryKernel};
+use kiln_ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
+
+use super::Gpu;
+use super::kernels::{Arg, grid_config, launch, library_functions};
+use crate::{Buffer, RunError, RuntimeError};
+
+/// The op's value computed on `gpu`, or `None` when it has no device kernel.
+pub(crate) fn eval(
+    gpu: &'static Gpu,
+    graph: &Graph,
+    id: NodeId,
+    args: &[&Buffer],
+) -> Option<Result<Buffer, RunError>> {
+    let node = graph.node(id);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+    let ids = graph.args(id);
+    let shape_of = |i: usize| &graph.node(ids[i]).shape;
+    let result = match &node.op {
+        Op::Gather { axis } => gather(gpu, args[0], shape_of(0), args[1], shape_of(1), *axis),
+        Op::Scatter { axis, accumulate } => {
+            let shapes = [shape_of(0), shape_of(1), shape_of(2)];
+            scatter(gpu, [args[0], args[1], args[2]], shapes, *axis, *accumulate)
+        }
+        Op::Assign(view) => copy(gpu, args[0]).and_then(|out| {
+            write_view(gpu, &out, view, args[1])?;
+            Ok(out)
+        }),
+        Op::Unview { view, .. } if view.is_non_overlapping() => {
+            zeros(gpu, node.dtype, node.shape.numel()).and_then(|out| {
+                write_view(gpu, &out, view, args[0])?;
+                Ok(out)
+            })
+        }
+        Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
+        Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
+            arg_extreme(gpu, *op, args[0], shape_of(0), axes[0])
+        }
+        _ => return None,
+    };
+    Some(result.map_err(at))
+}
+
+/// Runs entry point `entry` of `kernel` over `n` items with `args`.
+///
+/// # Safety
+/// As [`launch`]: `args` match the entry point and the buffers they address hold what it
+/// reads and writes.
+unsafe fn run(
+    gpu: &'static Gpu,
+    kernel: &LibraryKernel,
+    entry: usize,
+    args: &[Arg],
+    n: usize,
+) -> Result<(), RuntimeError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let functions = library_functions(gpu, kernel)?;
+    // SAFETY: the caller's contract.
+    unsafe { launch(gpu, &functions[entry], args, grid_config(gpu, n)) }
+}
+
+fn count(n: usize) -> Arg {
+    Arg::I64(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// A device copy of `b`.
+fn copy(gpu: &'static Gpu, b: &Buffer) -> Result<Buffer, RuntimeError> {
+    let out = Buffer::on_gpu(gpu, b.dtype(), b.len())?;
+    let bytes = b.len() * b.dtype().size_in_bytes();
+    if bytes > 0 {
+        gpu.bind()?;
+        // SAFETY: both blocks hold `bytes` bytes; the copy is ordered on the device's stream.
+        unsafe {
+            result::memcpy_dtod_async(
+                out.device_ptr(gpu)?,
+                b.device_ptr(gpu)?,
+                bytes,
+                gpu.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| gpu.error("copying on the device", e))?;
+    }
+    Ok(out)
+}
+
+/// `len` zeros of `dtype` on the device.
+fn zeros(gpu: &'static Gpu, dtype: DType, len: usize) -> Result<Buffer, RuntimeError> {
+    let out = Buffer::on_gpu(gpu, dtype, len)?;
+    let bytes = len * dtype.size_in_bytes();
+    if bytes > 0 {
+        gpu.bind()?;
+        // SAFETY: the block holds `bytes` bytes; all-zero bytes are zero in every dtype.
+        unsafe { result::memset_d8_async(out.device_ptr(gpu)?, 0, bytes, gpu.stream.cu_stream()) }
+            .map_err(|e| gpu.error("clearing device memory", e))?;
+    }
+    Ok(out)
+}
+
+/// A one-element device flag holding `i64::MAX`, which index kernels lower to the first
+/// position holding an out-of-range index.
+fn error_flag(gpu: &'static Gpu) -> Result<Buffer, RuntimeError> {
+    Buffer::from_slice(&[i64::MAX])?.to_device(gpu.device())
+}
+
+/// Fails with the reference executor's error if the flag names a position of `index`.
+fn check_flag(
+    op: &'static str,
+    flag: &Buffer,
+    index: &Buffer,
+    axis: usize,
+    size: usize,
+) -> Result<(), RuntimeError> {
+    let position = flag.to_device(crate::Device::Cpu)?.get(0).to_i64();
+    if position == i64::MAX {
+        return Ok(());
+    }
+    let host = index.to_device(crate::Device::Cpu)?;
+    let index = host.get(position as usize).to_i64();
+    Err(RuntimeError::IndexOutOfRange { op, index, axis, size })
+}
+
+fn gather(
+    gpu: &'static Gpu,
+    x: &Buffer,
+    x_shape: &Shape,
+    index: &Buffer,
+    index_shape: &Shape,
+    axis: usize,
+) -> Result<Buffer, RuntimeError> {
+    let out = Buffer::on_gpu(gpu, x.dtype(), index.len())?;
+    let flag = error_flag(gpu)?;
+    let kernel = source::gather(x.dtype(), x_shape, index_shape, axis);
+    let args = [
+        Arg::Ptr(x.device_ptr(gpu)?),
+        Arg::Ptr(index.device_ptr(gpu)?),
+        Arg::Ptr(out.device_ptr(gpu)?),
+        Arg::Ptr(flag.device_ptr(gpu)?),
+        count(index.len()),
+    ];
+    // SAFETY: `gather(x, index, out, err, n)`: x holds the dense `x_shape`, the index and the
+    // output `n` elements, the flag one i64; every read of x is bounds-checked by the kernel.
+    unsafe { run(gpu, &kernel, 0, &args, index.len()) }?;
+    check_flag("gather", &flag, index, axis, x_shape.dims()[axis])?;
+    Ok(out)
+}
+
+fn scatter(
+    gpu: &'static Gpu,
+    [base, index, src]: [&Buffer; 3],
+    [base_shape, index_shape, src_shape]: [&Shape; 3],
+    axis: usize,
+    accumulate: bool,
+) -> Result<Buffer, RuntimeError> {
+    let dtype = base.dtype();
+    let out = copy(gpu, base)?;
+    let flag = error_flag(gpu)?;
+    let kernel = source::scatter(dtype, base_shape, index_shape, src_shape, axis, accumulate);
+    let float_sum = kernel.entries.len() == 3;
+    let scratch = if float_sum { Some(Buffer::on_gpu(gpu, DType::F64, base.len())?) } else { None };
+    let lines = index_shape.numel() / index_shape.dims()[axis].max(1);
+    let lines = if index_shape.dims()[axis] == 0 { 0 } else { lines };
+    let args = |n: usize| -> Result<[Arg; 6], RuntimeError> {
+        Ok([
+            Arg::Ptr(out.device_ptr(gpu)?),
+            Arg::Ptr(index.device_ptr(gpu)?),
+            Arg::Ptr(src.device_ptr(gpu)?),
+            Arg::Ptr(flag.device_ptr(gpu)?),
+            Arg::Ptr(scratch.as_ref().map_or(Ok(0), |s| s.device_ptr(gpu))?),
+            count(n),
+        ])
+    };
+    // SAFETY: `(out, index, src, err, scratch, n)`: out and scratch hold the base's elements,
+    // the index and src their dense shapes (src no smaller than the index), the flag one i64;
+    // the first and last entry points walk the base (`n` = its length), the middle one the
+    // index's lines, checking every index before it writes.
+    unsafe {
+        if float_sum {
+            run(gpu, &kernel, 0, &args(base.len())?, base.len())?;
+            run(gpu, &kernel, 1, &args(lines)?, lines)?;
+        } else {
+            run(gpu, &kernel, 0, &args(lines)?, lines)?;
+        }
+    }
+    let name = if accumulate { "scatter_add" } else { "scatter" };
+    check_flag(name, &flag, index, axis, base_shape.dims()[axis])?;
+    if float_sum {
+        // SAFETY: as above.
+        unsafe { run(gpu, &kernel, 2, &args(base.len())?, base.len()) }?;
+    }
+    Ok(out)
+}
+
+/// Writes `values` into `out` at the positions `view` selects (distinct, inside `out`).
+fn write_view(
+    gpu: &'static Gpu,
+    out: &Buffer,
+    view: &kiln_ir::View,
+    values: &Buffer,
+) -> Result<(), RuntimeError> {
+    let kernel = source::assign(out.dtype(), view);
+    let n = view.shape().numel();
+    let args = [Arg::Ptr(out.device_ptr(gpu)?), Arg::Ptr(values.device_ptr(gpu)?), count(n)];
+    // SAFETY: `(out, values, n)`: the view was checked against `out`'s length when recorded,
+    // and `values` holds the view's `n` elements.
+    unsafe { run(gpu, &kernel, 0, &args, n) }
+}
+
+fn cumsum(
+    gpu: &'static Gpu,
+    x: &Buffer,
+    shape: &Shape,
+    axis: usize,
+) -> Result<Buffer, RuntimeError> {
+    let out = Buffer::on_gpu(gpu, x.dtype(), x.len())?;
+    let lines = if shape.dims()[axis] == 0 { 0 } else { x.len() / shape.dims()[axis] };
+    let kernel = source::cumsum(x.dtype(), shape, axis);
+    let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
+    // SAFETY: `(x, out, n)`: both hold the dense `shape`; one thread per line.
+    unsafe { run(gpu, &kernel, 0, &args, lines) }?;
+    Ok(out)
+}
+
+fn arg_extreme(
+    gpu: &'static Gpu,
+    op: ReduceOp,
+    x: &Buffer,
+    shape: &Shape,
+    axis: usize,
+) -> Result<Buffer, RuntimeError> {
+    let lines = shape.numel() / shape.dims()[axis].max(1);
+    let lines = if shape.dims()[axis] == 0 {
+        shape.dims().iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &s)| s).product()
+    } else {
+        lines
+    };
+    let out = Buffer::on_gpu(gpu, DType::I64, lines)?;
+    let kernel = source::arg_extreme(op, x.dtype(), shape, axis);
+    let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
+    // SAFETY: `(x, out, n)`: x holds the dense `shape`, out one i64 per line.
+    unsafe { run(gpu, &kernel, 0, &args, lines) }?;
+    Ok(out)
+}
