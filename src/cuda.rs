@@ -4,10 +4,11 @@
 //! these functions never fail or panic. Move tensors with [`crate::Tensor::to`] (or
 //! `.cuda()`); ops then run on the device: fused kernels as CUDA C compiled by NVRTC for the
 //! device's architecture (cached per kernel structure, and on disk under `KILN_CUDA_CACHE`
-//! when set), matrix products in cuBLAS, on one stream per device. Ops without a CUDA kernel
-//! (gather, scatter, cumsum, argmax, random fills) run on host copies of their inputs and
-//! their result is copied back: correct, not fast. Reading values (`to_vec`, `item`,
-//! printing) copies to the host and waits for the device.
+//! when set), matrix products in cuBLAS, index ops (`gather`, `scatter`, in-place writes
+//! through views), `cumsum` and arg-reductions in kernels of their own, on one stream per
+//! device. Random fills (and products of dtypes cuBLAS does not take) are computed on the
+//! host and copied over. Reading values (`to_vec`, `item`, printing) copies to the host and
+//! waits for the device.
 //!
 //! NVRTC and cuBLAS are found by `dlopen` (`libnvrtc.so`, `libcublas.so`): with the CUDA
 //! toolkit or the `nvidia-cuda-nvrtc`/`nvidia-cublas` wheels, put their `lib` directory on
