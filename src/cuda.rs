@@ -5,9 +5,9 @@
 //! `.cuda()`); ops then run on the device: fused kernels as CUDA C compiled by NVRTC for the
 //! device's architecture (cached per kernel structure, and on disk under `KILN_CUDA_CACHE`
 //! when set), matrix products in cuBLAS, index ops (`gather`, `scatter`, in-place writes
-//! through views), `cumsum` and arg-reductions in kernels of their own, on one stream per
-//! device. Random fills (and products of dtypes cuBLAS does not take) are computed on the
-//! host and copied over. Reading values (`to_vec`, `item`, printing) copies to the host and
+//! through views), `cumsum`, arg-reductions and random fills in kernels of their own, on one
+//! stream per device (products of dtypes cuBLAS does not take are computed on the host and
+//! copied over). Reading values (`to_vec`, `item`, printing) copies to the host and
 //! waits for the device.
 //!
 //! NVRTC and cuBLAS are found by `dlopen` (`libnvrtc.so`, `libcublas.so`): with the CUDA

@@ -108,6 +108,23 @@ fn index_ops_on_the_gpu_agree_with_the_reference() {
     crate::fusion::index_ops_agree_with_the_reference_on(gpu);
 }
 
+#[test]
+fn random_fills_on_the_gpu_match_the_cpu_stream() {
+    let Some(gpu) = gpu_or_skip("random_fills_on_the_gpu_match_the_cpu_stream") else { return };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let host = Tensor::zeros([1001]).to_dtype(dtype);
+        let device = host.to(gpu);
+        kiln::manual_seed(21);
+        let (u, z) = (host.rand_like().to_vec::<f64>(), host.randn_like().to_vec::<f64>());
+        kiln::manual_seed(21);
+        let (gu, gz) = (device.rand_like(), device.randn_like());
+        assert_eq!(gu.device(), gpu);
+        assert_eq!(gu.to_vec::<f64>(), u, "uniform {dtype}: the same bits");
+        // Normal values go through the device's log and cos: a few ULP of f64.
+        assert_close_tol(&gz.to_vec::<f64>(), &z, 1e-14_f64.max(tolerance(dtype)), "normal");
+    }
+}
+
 /// `a @ b` in f64 with plain loops, for `[.., m, k] @ [.., k, n]` row-major data.
 fn matmul_loop(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
     let mut out = vec![0.0; batch * m * n];

@@ -1,5 +1,5 @@
 //! CUDA C for the ops that are not fused kernels: `gather`, `scatter`/`scatter_add`,
-//! `assign`, `unview` (without overlaps), `cumsum`, `argmax`/`argmin`.
+//! `assign`, `unview` (without overlaps), `cumsum`, `argmax`/`argmin`, and random fills.
 //!
 //! Each source is specialized to its shapes (as fused kernels are) and computes exactly what
 //! the reference executor computes:
@@ -13,10 +13,14 @@
 //! - `cumsum` and the arg-reductions give one thread to each line: floats accumulate in `f64`,
 //!   integers wrap; NaN is the largest and smallest element, the first one wins, and so does
 //!   the first of equal elements.
+//! - Random fills read the counter-based stream of [`kiln_ir::random`] at each element's
+//!   index: uniform floats and integers are bit-identical to the CPU's; normal values go
+//!   through CUDA's `log` and `cos` in f64 (within 2 ULP of the host's), so after rounding to
+//!   `f32` they agree except, rarely, in the last bit.
 
 use std::fmt::Write as _;
 
-use kiln_ir::{DType, ReduceOp, Shape, View};
+use kiln_ir::{DType, RandomDist, ReduceOp, Shape, View};
 
 use super::{PRELUDE, load, storage_type, store};
 
@@ -283,4 +287,40 @@ pub fn arg_extreme(op: ReduceOp, dtype: DType, shape: &Shape, axis: usize) -> Li
     body.push_str("    } }\n    out[line] = best;\n  }\n}\n");
     let name = if op == ReduceOp::ArgMax { "argmax" } else { "argmin" };
     finish(name, body, 1)
+}
+
+/// Element `i` of a random fill of `dtype`. Arguments: `out`, `key`, `low`, `range` (the
+/// integer bounds, unused by float fills), `n`.
+pub fn random(dist: RandomDist, dtype: DType) -> LibraryKernel {
+    let t = storage_type(dtype);
+    let mut body = String::from(
+        "__device__ __forceinline__ unsigned long long k_bits(unsigned long long key, unsigned long long i) {\n  unsigned long long z = key + (i + 1ULL) * 0x9E3779B97F4A7C15ULL;\n  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;\n  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;\n  return z ^ (z >> 31);\n}\n__device__ __forceinline__ double k_uniform(unsigned long long key, unsigned long long i, int p) {\n  return ldexp((double)(k_bits(key, i) >> (64 - p)), -p);\n}\n",
+    );
+    let _ = writeln!(
+        body,
+        "extern \"C\" __global__ void ENTRY0({t}* __restrict__ out, unsigned long long key, long long low, unsigned long long range, long long n) {{"
+    );
+    grid_loop(&mut body, "i");
+    let u = "(unsigned long long)i";
+    let line = match dist {
+        RandomDist::Int { .. } => {
+            format!("out[i] = ({t})(low + (long long)__umul64hi(k_bits(key, {u}), range));")
+        }
+        RandomDist::Uniform | RandomDist::Normal => {
+            let value = if dist == RandomDist::Uniform {
+                format!("k_uniform(key, {u}, {})", dtype.mantissa_bits().unwrap_or(53))
+            } else {
+                // 1 - u lies in (0, 1], so the logarithm is finite.
+                format!(
+                    "sqrt(-2.0 * log(1.0 - k_uniform(key, 2ULL * {u}, 53))) * cos(6.283185307179586 * k_uniform(key, 2ULL * {u} + 1ULL, 53))"
+                )
+            };
+            let stored =
+                if dtype == DType::F64 { "v".to_string() } else { store(dtype, "(float)v") };
+            format!("double v = {value};\n    out[i] = {stored};")
+        }
+    };
+    let _ = writeln!(body, "    {line}");
+    body.push_str("  }\n}\n");
+    finish("random", body, 1)
 }

@@ -176,6 +176,14 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
         for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
             out.push((format!("{op:?}_{dtype}"), library::arg_extreme(op, dtype, &x, 2)));
         }
+        let dists: &[kiln_ir::RandomDist] = match dtype {
+            DType::I64 => &[kiln_ir::RandomDist::Int { low: -3, high: 9 }],
+            d if d.is_float() => &[kiln_ir::RandomDist::Uniform, kiln_ir::RandomDist::Normal],
+            _ => &[],
+        };
+        for &dist in dists {
+            out.push((format!("random_{dist:?}_{dtype}"), library::random(dist, dtype)));
+        }
     }
     out
 }

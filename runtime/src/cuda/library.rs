@@ -1,12 +1,12 @@
 //! The ops that are not fused kernels, on a GPU: `gather`, `scatter`/`scatter_add`, `assign`,
-//! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin`, each a kernel from
-//! [`kiln_codegen::cuda::library`] with the reference executor's exact semantics. The others
-//! (random fills, products of dtypes cuBLAS does not take, overlapping `unview`s) return
-//! `None` and run on host copies.
+//! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin` and random fills, each
+//! a kernel from [`kiln_codegen::cuda::library`] with the reference executor's semantics. The
+//! others (products of dtypes cuBLAS does not take, overlapping `unview`s) return `None` and
+//! run on host copies.
 
 use cudarc::driver::result;
 use kiln_codegen::cuda::library::{self as source, LibraryKernel};
-use kiln_ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
+use kiln_ir::{DType, Graph, NodeId, Op, RandomDist, ReduceOp, Shape};
 
 use super::Gpu;
 use super::kernels::{Arg, grid_config, launch, library_functions};
@@ -41,6 +41,7 @@ pub(crate) fn eval(
             })
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
+        Op::Random { dist, key } => random(gpu, *dist, node.dtype, *key, node.shape.numel()),
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             arg_extreme(gpu, *op, args[0], shape_of(0), axes[0])
         }
@@ -248,5 +249,31 @@ fn arg_extreme(
     let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
     // SAFETY: `(x, out, n)`: x holds the dense `shape`, out one i64 per line.
     unsafe { run(gpu, &kernel, 0, &args, lines) }?;
+    Ok(out)
+}
+
+fn random(
+    gpu: &'static Gpu,
+    dist: RandomDist,
+    dtype: DType,
+    key: u64,
+    n: usize,
+) -> Result<Buffer, RuntimeError> {
+    let out = Buffer::on_gpu(gpu, dtype, n)?;
+    let (low, range) = match dist {
+        RandomDist::Int { low, high } => (low, high.wrapping_sub(low)),
+        _ => (0, 0),
+    };
+    let kernel = source::random(dist, dtype);
+    // The key and the range are unsigned in the kernel: the same 64 bits.
+    let args = [
+        Arg::Ptr(out.device_ptr(gpu)?),
+        Arg::I64(key as i64),
+        Arg::I64(low),
+        Arg::I64(range),
+        count(n),
+    ];
+    // SAFETY: `(out, key, low, range, n)`: out holds `n` elements of `dtype`.
+    unsafe { run(gpu, &kernel, 0, &args, n) }?;
     Ok(out)
 }
