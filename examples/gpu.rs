@@ -97,7 +97,7 @@ fn main() -> kiln::Result<()> {
     }
 
     // W5: matmul through cuBLAS, f32 and f16.
-    for dtype in [DType::F32, DType::F16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
         let side = 4096usize;
         let a = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
         let b = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);

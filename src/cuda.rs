@@ -6,9 +6,8 @@
 //! device's architecture (cached per kernel structure, and on disk under `KILN_CUDA_CACHE`
 //! when set), matrix products in cuBLAS, index ops (`gather`, `scatter`, in-place writes
 //! through views), `cumsum`, arg-reductions and random fills in kernels of their own, on one
-//! stream per device (products of dtypes cuBLAS does not take are computed on the host and
-//! copied over). Reading values (`to_vec`, `item`, printing) copies to the host and
-//! waits for the device.
+//! stream per device (integer products are computed on the host and copied over). Reading
+//! values (`to_vec`, `item`, printing) copies to the host and waits for the device.
 //!
 //! NVRTC and cuBLAS are found by `dlopen` (`libnvrtc.so`, `libcublas.so`): with the CUDA
 //! toolkit or the `nvidia-cuda-nvrtc`/`nvidia-cublas` wheels, put their `lib` directory on

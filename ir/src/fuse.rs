@@ -105,9 +105,12 @@ pub enum Step {
     },
 }
 
-/// Whether the GEMM library multiplies this dtype (others run on the reference executor).
-fn gemm_dtype(dtype: crate::DType) -> bool {
-    matches!(dtype, crate::DType::F32 | crate::DType::F64 | crate::DType::F16)
+/// Whether the target's GEMM library multiplies this dtype (others run on the reference
+/// executor): `gemm` on a CPU takes f32, f64 and f16; cuBLAS also bf16.
+fn gemm_dtype(dtype: crate::DType, target: Target) -> bool {
+    use crate::DType;
+    matches!(dtype, DType::F32 | DType::F64 | DType::F16)
+        || (dtype == DType::BF16 && target == Target::Gpu)
 }
 
 /// How to run a graph: its steps in dependency order.
@@ -225,9 +228,9 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
         } else if matches!(op, Op::View(_))
             && is_buffer(graph, graph.args(n)[0], &stored)
             && !cons.is_empty()
-            && cons
-                .iter()
-                .all(|&c| matches!(graph.node(c).op, Op::MatMul) && gemm_dtype(graph.node(c).dtype))
+            && cons.iter().all(|&c| {
+                matches!(graph.node(c).op, Op::MatMul) && gemm_dtype(graph.node(c).dtype, target)
+            })
         {
             None
         } else if let Some(&c) = cons.iter().find(|&&c| {
@@ -286,7 +289,7 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
             steps.push(Step::Kernel(Box::new(step)));
         } else if is_kernel_reduce(op) {
             steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
-        } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype) {
+        } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype, target) {
             let operand = |a: NodeId| match &graph.node(a).op {
                 Op::View(v) if !stored.contains_key(&a) => (graph.args(a)[0], v.clone()),
                 _ => (a, View::contiguous(graph.node(a).shape.clone())),

@@ -643,7 +643,17 @@ fn matmul_on(
         return Ok(out);
     }
     let (ha, hb) = (a.to_device(Device::Cpu)?, b.to_device(Device::Cpu)?);
-    crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device())
+    if a.dtype() != kiln_ir::DType::BF16 {
+        return crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device());
+    }
+    // `gemm` has no bf16: multiply in f32 and round once.
+    let dense = |b: &Buffer, v: &kiln_ir::View| -> Result<(Buffer, kiln_ir::View), RuntimeError> {
+        Ok((Buffer::from_slice(&b.gather::<f32>(v))?, kiln_ir::View::contiguous(v.shape().clone())))
+    };
+    let ((fa, fva), (fb, fvb)) = (dense(&ha, va)?, dense(&hb, vb)?);
+    let product = crate::matmul::matmul(&fa, &fva, &fb, &fvb)?;
+    let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([product.len()]));
+    Buffer::from_slice(&product.gather::<half::bf16>(&all))?.to_device(gpu.device())
 }
 
 /// Launches a kernel step on a GPU.

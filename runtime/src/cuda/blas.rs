@@ -1,5 +1,5 @@
 //! Matrix products on a GPU through cuBLAS (`cublasGemmStridedBatchedEx`): `f32` (in full
-//! `f32` precision, no TF32), `f64`, and `f16` accumulated in `f32`. Transposed operands are
+//! `f32` precision, no TF32), `f64`, and `f16` and `bf16` accumulated in `f32`. Transposed operands are
 //! passed as transpose flags and batches as strides, never copied. Operand layouts that one
 //! leading dimension and one batch stride cannot describe (a broadcast row, say) return
 //! `None`, and the caller computes the product on the host.
@@ -92,6 +92,9 @@ pub(crate) fn matmul(
         DType::F32 => (sys::cudaDataType::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
         DType::F64 => (sys::cudaDataType::CUDA_R_64F, sys::cublasComputeType_t::CUBLAS_COMPUTE_64F),
         DType::F16 => (sys::cudaDataType::CUDA_R_16F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+        DType::BF16 => {
+            (sys::cudaDataType::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+        }
         _ => return Ok(None),
     };
     let r = va.shape().rank();

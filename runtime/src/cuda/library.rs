@@ -1,8 +1,7 @@
 //! The ops that are not fused kernels, on a GPU: `gather`, `scatter`/`scatter_add`, `assign`,
 //! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin` and random fills, each
 //! a kernel from [`kiln_codegen::cuda::library`] with the reference executor's semantics. The
-//! others (products of dtypes cuBLAS does not take, overlapping `unview`s) return `None` and
-//! run on host copies.
+//! others (integer products, overlapping `unview`s) return `None` and run on host copies.
 
 use cudarc::driver::result;
 use kiln_codegen::cuda::library::{self as source, LibraryKernel};
