@@ -36,7 +36,9 @@ pub(crate) struct Gpu {
     stream: Arc<CudaStream>,
     /// Compute capability (major, minor): kernels are compiled for exactly this.
     arch: (i32, i32),
-    /// NVRTC's name for it (`sm_90`).
+    /// NVRTC's virtual architecture for it (`compute_90`): NVRTC emits PTX only for a
+    /// virtual architecture (a real `sm_90` gives a cubin and no PTX), and the driver
+    /// compiles the PTX for the device when the module loads.
     arch_flag: &'static str,
     /// Streaming multiprocessors: launch sizes are multiples of it.
     sms: u32,
