@@ -16,7 +16,8 @@
 //! Arguments, in order: one pointer per input, one per output, one value per parameter (of
 //! its expression's type, see [`param_types`]), and the number of output elements.
 //! Integer semantics follow Rust's `as` and the reference executor: float-to-integer casts
-//! truncate, saturate and send NaN to 0; integer arithmetic wraps.
+//! truncate, saturate and send NaN to 0; integer arithmetic wraps. The runtime compiles with
+//! `--fmad=false`, so each `+`, `-`, `*` and `/` rounds once, exactly as on the CPU.
 
 use std::fmt::Write as _;
 

@@ -286,7 +286,12 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
         representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
     for (i, (name, src)) in sources.iter().enumerate() {
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_90"), ..Default::default() };
+        // The options the runtime compiles with.
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some("compute_90"),
+            fmad: Some(false),
+            ..Default::default()
+        };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
             .unwrap_or_else(|e| panic!("{name}: NVRTC rejected the source: {e:?}\n{src}"));
         let Some(ptxas) = &ptxas else { continue };

@@ -101,7 +101,11 @@ fn ptx_for(gpu: &Gpu, name: &str, source: &str) -> Result<Ptx, RuntimeError> {
                 .into(),
         });
     }
-    let opts = CompileOptions { arch: Some(gpu.arch_flag), ..Default::default() };
+    // No contraction of `a * b + c` into one rounding: every operation rounds as on the CPU and
+    // in the reference executor, so comparisons and casts of computed values agree exactly.
+    // IEEE division and square root, and denormals, are NVRTC's defaults.
+    let opts =
+        CompileOptions { arch: Some(gpu.arch_flag), fmad: Some(false), ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
         gpu.error(&format!("compiling kernel {name} with NVRTC (a bug in kiln)"), format!("{e:?}"))
     })?;
