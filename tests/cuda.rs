@@ -254,10 +254,22 @@ fn ops_between_devices_are_errors_and_scalars_join_any_device() {
     let z = g.copy();
     z.fill_(4.0);
     assert_eq!((z.device(), z.to_vec::<f32>()), (gpu, vec![4.0; 3]));
-    // A realized CPU tensor is data: it must be moved explicitly.
+    // A realized CPU tensor is data: it must be moved explicitly, except by `copy_`.
     let ones = Tensor::ones([3]);
     ones.realize();
     assert!(g.try_add(&ones).is_err());
+    z.copy_(&ones);
+    assert_eq!((z.device(), z.to_vec::<f32>()), (gpu, vec![1.0; 3]));
+    // Saved weights load into parameters on a GPU.
+    let dir = std::env::temp_dir().join(format!("kiln-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.safetensors");
+    let saved = Tensor::from_vec(vec![5.0f32, 6.0, 7.0], [3]);
+    kiln::serialize::save(&path, &[("w".to_string(), saved)]).unwrap();
+    let loaded = kiln::serialize::load(&path).unwrap();
+    z.copy_(&loaded[0].1);
+    assert_eq!((z.device(), z.to_vec::<f32>()), (gpu, vec![5.0, 6.0, 7.0]));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

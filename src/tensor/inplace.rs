@@ -248,8 +248,8 @@ impl Tensor {
         self.write("fill_", |old| Ok(Tensor::full_dtype(old.shape(), value, old.dtype())))
     }
 
-    /// Copies `src` into this tensor (broadcasting it, and converting it to this tensor's
-    /// dtype), returning `self`.
+    /// Copies `src` into this tensor (broadcasting it, converting it to this tensor's dtype,
+    /// and moving it from another device), returning `self`.
     ///
     /// # Panics
     /// As [`Tensor::try_copy_`] fails.
@@ -267,6 +267,14 @@ impl Tensor {
     pub fn try_copy_(&self, src: &Tensor) -> Result<Tensor> {
         let shape = self.shape().clone();
         let dtype = self.dtype();
+        // A copy between devices moves the data first (as PyTorch's `copy_` does).
+        let moved;
+        let src = if src.device() != self.device() && !src.is_floating_constant() {
+            moved = src.try_to(self.device())?;
+            &moved
+        } else {
+            src
+        };
         self.write("copy_", |_| {
             let target = src.shape().broadcast(&shape, "copy_")?;
             if target != shape {
