@@ -265,6 +265,12 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
     } else {
         HashMap::default()
     };
+    // Stored values that the reduction over them writes (CPU plans; a GPU recomputes them).
+    let reduced_by = if policy == FusionPolicy::On && target == Target::Cpu {
+        merge_into_reductions(graph, &order, &stored, &merged, &size, &consumers)
+    } else {
+        HashMap::default()
+    };
     // Kernels that write merged results build with those values computed inline.
     let mut written_by: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for &n in &order {
@@ -274,11 +280,14 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
     }
     let inline_stored: HashMap<NodeId, Cut> =
         stored.iter().filter(|(n, _)| !merged.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
+    let reduce_inline: HashMap<NodeId, Cut> =
+        stored.iter().filter(|(n, _)| !reduced_by.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
+    let writes: HashMap<NodeId, NodeId> = reduced_by.iter().map(|(&v, &r)| (r, v)).collect();
 
     let mut steps = Vec::new();
     for &n in &order {
         let op = &graph.node(n).op;
-        if matches!(op, Op::Input) || merged.contains_key(&n) {
+        if matches!(op, Op::Input) || merged.contains_key(&n) || reduced_by.contains_key(&n) {
             continue;
         }
         if let Some(&cut) = stored.get(&n) {
@@ -286,6 +295,13 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
                 Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
                 None => build_kernel(graph, n, cut, &stored, &[]),
             };
+            steps.push(Step::Kernel(Box::new(step)));
+        } else if let Some(&value) = writes.get(&n) {
+            let mut step = build_reduce_kernel(graph, n, &reduce_inline);
+            // The reduced expression is the value itself: store it unreduced as well.
+            let e = step.kernel.outputs[0];
+            step.kernel.outputs.push(e);
+            step.outputs.push(value);
             steps.push(Step::Kernel(Box::new(step)));
         } else if is_kernel_reduce(op) {
             steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
@@ -451,6 +467,59 @@ fn merge_kept_results(
     merged
 }
 
+/// Stored values written by the reduction that consumes them, mapped to that reduction.
+///
+/// On a CPU a shared transcendental is stored rather than recomputed (row softmax's
+/// `exp(x - max)`, read by its row sum and by the division). Stored by a kernel of its own,
+/// it costs a pass that writes it and another that reads it back for the sum; when the sum
+/// reduces exactly that value over trailing dimensions, the reduction kernel computes it,
+/// sums it and writes it in one pass: row softmax then takes three passes (the max, the
+/// exponential with its sum, the division) instead of four. The value's other consumers must
+/// come after the reduction (they read what it wrote), and it must be an `f32` or `f64`
+/// value (what the reduction's vector loop stores).
+fn merge_into_reductions(
+    graph: &Graph,
+    order: &[NodeId],
+    stored: &HashMap<NodeId, Cut>,
+    merged: &HashMap<NodeId, NodeId>,
+    size: &HashMap<NodeId, usize>,
+    consumers: &HashMap<NodeId, Vec<NodeId>>,
+) -> HashMap<NodeId, NodeId> {
+    let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    // Kernels that already write other results (kept values merged into them) stay whole.
+    let writers: HashMap<NodeId, ()> = merged.values().map(|&r| (r, ())).collect();
+    let mut out = HashMap::default();
+    let mut taken: HashMap<NodeId, ()> = HashMap::default();
+    for &n in order {
+        let node = graph.node(n);
+        if !matches!(stored.get(&n), Some(Cut::Shared))
+            || merged.contains_key(&n)
+            || writers.contains_key(&n)
+            || !is_elementwise(&node.op)
+            || !matches!(node.dtype, crate::DType::F32 | crate::DType::F64)
+            || size.get(&n).copied().unwrap_or(0) >= MAX_KERNEL_OPS
+        {
+            continue;
+        }
+        let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
+        let rank = node.shape.rank();
+        let reduction = cons.iter().copied().find(|&c| match &graph.node(c).op {
+            op @ Op::Reduce { axes, .. } => {
+                is_kernel_reduce(op)
+                    && !taken.contains_key(&c)
+                    && axes.iter().enumerate().all(|(i, &a)| a == rank - axes.len() + i)
+            }
+            _ => false,
+        });
+        let Some(r) = reduction else { continue };
+        if cons.iter().all(|&c| c == r || position[&c] > position[&r]) {
+            taken.insert(r, ());
+            out.insert(n, r);
+        }
+    }
+    out
+}
+
 impl<'a> Builder<'a> {
     fn new(graph: &'a Graph, stored: &'a HashMap<NodeId, Cut>, shape: crate::Shape) -> Builder<'a> {
         Builder {
@@ -603,18 +672,17 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_plan_recomputes_what_a_cpu_plan_stores() {
+    fn softmax_takes_three_passes_on_either_target() {
         let g = softmax(5, 7);
-        // Full passes over the input-sized arrays: kernels reading or writing [5, 7].
-        let passes = |plan: &Plan| -> usize {
+        // Reads and writes of input-sized arrays (broadcast row values, stride 0, are not).
+        let traffic = |plan: &Plan| -> usize {
             plan.steps
                 .iter()
                 .map(|s| match s {
                     Step::Kernel(k) => {
-                        // Broadcast row values (stride 0) are not a pass.
                         let full = |v: &View| !v.strides().contains(&0);
                         k.kernel.inputs.iter().filter(|i| full(&i.view)).count()
-                            + usize::from(k.kernel.output_len() == 35)
+                            + k.kernel.output_lens().iter().filter(|&&n| n == 35).count()
                     }
                     _ => 0,
                 })
@@ -622,14 +690,38 @@ mod tests {
         };
         let cpu = partition_for(&g, FusionPolicy::On, Target::Cpu);
         let gpu = partition_for(&g, FusionPolicy::On, Target::Gpu);
-        // CPU: max reads x; exp(x - max) is stored (read x, write e); the sum reads e; the
-        // division reads e and writes y.
-        assert_eq!(passes(&cpu), 6, "{cpu:?}");
-        assert!(cpu.steps.iter().any(|s| matches!(s, Step::Kernel(k) if k.cut == Cut::Shared)));
-        // GPU: max reads x, the sum reads x, the division reads x and writes y.
-        assert_eq!(passes(&gpu), 4, "{gpu:?}");
-        assert!(!gpu.steps.iter().any(|s| matches!(s, Step::Kernel(k) if k.cut == Cut::Shared)));
+        // CPU: the max reads x; one pass reads x and writes exp(x - max) while summing it;
+        // the division reads it back and writes y. The exponential is computed once.
+        assert_eq!(cpu.steps.len(), 3, "{cpu:?}");
+        assert_eq!(traffic(&cpu), 5, "{cpu:?}");
+        let Step::Kernel(sum) = &cpu.steps[1] else { panic!("a kernel") };
+        assert_eq!(sum.kernel.outputs.len(), 2, "the sum also writes the exponential");
+        assert_eq!(sum.kernel.output_lens(), vec![5, 35]);
+        let exps = |p: &Plan| {
+            p.steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Kernel(k) => Some(k),
+                    _ => None,
+                })
+                .flat_map(|k| &k.kernel.exprs)
+                .filter(|e| e.kind == crate::kernel::ExprKind::Unary(UnaryOp::Exp, e_arg(e)))
+                .count()
+        };
+        assert_eq!(exps(&cpu), 1);
+        // GPU: the max, the sum and the division each read x, recomputing the exponential.
+        assert_eq!(gpu.steps.len(), 3, "{gpu:?}");
+        assert_eq!(traffic(&gpu), 4, "{gpu:?}");
+        assert_eq!(exps(&gpu), 2);
         assert_eq!(partition(&g, FusionPolicy::On).steps.len(), cpu.steps.len());
+    }
+
+    /// The argument of a unary expression (for matching on the op alone).
+    fn e_arg(e: &crate::kernel::Expr) -> usize {
+        match e.kind {
+            crate::kernel::ExprKind::Unary(_, a) => a,
+            _ => usize::MAX,
+        }
     }
 
     #[test]
@@ -675,15 +767,19 @@ mod tests {
         g.mark_output(d);
         let plan = partition(&g, FusionPolicy::On);
         // exp is shared by the sum and the division and too costly to compute twice: it is
-        // stored, the sum reduces the stored values, the division reads both.
-        assert_eq!(plan.steps.len(), 3);
-        let Step::Kernel(k0) = &plan.steps[0] else { panic!("a kernel first") };
-        assert_eq!((k0.outputs.clone(), k0.cut), (vec![e], Cut::Shared));
-        let Step::Kernel(k1) = &plan.steps[1] else { panic!("a reduction kernel") };
+        // stored, by the sum's kernel (which computes it, sums it and writes it); the
+        // division reads both.
+        assert_eq!(plan.steps.len(), 2);
+        let Step::Kernel(k1) = &plan.steps[0] else { panic!("a reduction kernel") };
         assert_eq!(k1.kernel.reduce.map(|r| r.kept), Some(1));
-        let Step::Kernel(k2) = &plan.steps[2] else { panic!("a kernel last") };
+        assert_eq!(k1.outputs, vec![s, e]);
+        assert_eq!(k1.inputs, vec![x]);
+        let Step::Kernel(k2) = &plan.steps[1] else { panic!("a kernel last") };
         assert_eq!(k2.inputs, vec![e, s]);
         assert_eq!(k2.kernel.inputs[1].view.strides(), &[1, 0]);
+        // Without the merge (a GPU plan recomputes instead), exp would be its own kernel.
+        let gpu = partition_for(&g, FusionPolicy::On, Target::Gpu);
+        assert!(gpu.steps.iter().all(|st| matches!(st, Step::Kernel(k) if k.outputs.len() == 1)));
     }
 
     #[test]

@@ -60,8 +60,9 @@ pub struct Kernel {
     pub outputs: Vec<usize>,
     /// How many parameters the body reads.
     pub params: usize,
-    /// For a reduction kernel: what reduces the single output expression over the domain's
-    /// trailing dimensions.
+    /// For a reduction kernel: what reduces the first output expression over the domain's
+    /// trailing dimensions. Further outputs of a reduction kernel are stored unreduced, one
+    /// element per domain position (the value being summed, kept for a later kernel).
     pub reduce: Option<KernelReduce>,
 }
 
@@ -84,6 +85,14 @@ impl Kernel {
             Some(r) => self.shape.dims()[..r.kept].iter().product(),
             None => self.shape.numel(),
         }
+    }
+
+    /// The number of elements of each output: [`Kernel::output_len`] for the first, and for
+    /// the others the domain's size.
+    pub fn output_lens(&self) -> Vec<usize> {
+        (0..self.outputs.len())
+            .map(|i| if i == 0 { self.output_len() } else { self.shape.numel() })
+            .collect()
     }
 
     /// A short stable name for logs and generated symbols: `k_` and 16 hex digits of a

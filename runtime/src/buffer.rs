@@ -157,12 +157,12 @@ impl Buffer {
         fill: impl FnOnce(*mut u8) -> Result<(), E>,
     ) -> Result<Result<Buffer, E>, RuntimeError> {
         // SAFETY: `fill` writes the one buffer, per this function's contract.
-        let filled = unsafe { Buffer::from_raw_fill_many(&[dtype], len, |ptrs| fill(ptrs[0])) }?;
+        let filled = unsafe { Buffer::from_raw_fill_many(&[(dtype, len)], |ptrs| fill(ptrs[0])) }?;
         Ok(filled.map(|mut one| one.pop().expect("one buffer")))
     }
 
-    /// Buffers of `len` elements of each of `dtypes`, written together by `fill` (a kernel
-    /// with several outputs), which receives their uninitialized memory in order.
+    /// Buffers of the given dtypes and lengths, written together by `fill` (a kernel with
+    /// several outputs), which receives their uninitialized memory in order.
     ///
     /// # Safety
     /// `fill` must write every element of every buffer with a valid value of its dtype
@@ -171,12 +171,11 @@ impl Buffer {
     /// # Errors
     /// [`RuntimeError::OutOfMemory`] when an allocation fails.
     pub unsafe fn from_raw_fill_many<E>(
-        dtypes: &[DType],
-        len: usize,
+        outputs: &[(DType, usize)],
         fill: impl FnOnce(&[*mut u8]) -> Result<(), E>,
     ) -> Result<Result<Vec<Buffer>, E>, RuntimeError> {
-        let mut blocks = Vec::with_capacity(dtypes.len());
-        for &dtype in dtypes {
+        let mut blocks = Vec::with_capacity(outputs.len());
+        for &(dtype, len) in outputs {
             // Built before filling, so that an early return releases what was allocated.
             blocks.push(Block::new(dtype, len)?);
         }

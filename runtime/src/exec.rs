@@ -483,7 +483,11 @@ fn kernel_event(
     let cut = match k.outputs.len() {
         1 => k.cut.to_string(),
         n => {
-            format!("{}; also writes {} kept result{}", k.cut, n - 1, if n > 2 { "s" } else { "" })
+            let s = if n > 2 { "s" } else { "" };
+            match k.kernel.reduce {
+                Some(_) => format!("{}; also writes the values it reduces", k.cut),
+                None => format!("{}; also writes {} kept result{s}", k.cut, n - 1),
+            }
         }
     };
     let mut e = plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), cut);
@@ -693,12 +697,18 @@ fn run_kernel(
     let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
     let params: Vec<u64> = cpu::param_slots(&step.kernel, &step.params);
     let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
-    let dtypes: Vec<_> = step.outputs.iter().map(|&o| graph.node(o).dtype).collect();
+    let outputs: Vec<_> = step
+        .outputs
+        .iter()
+        .zip(step.kernel.output_lens())
+        .map(|(&o, len)| (graph.node(o).dtype, len))
+        .collect();
     // SAFETY: the kernel writes every one of the `n` positions of each output (its range is
-    // 0..n, split into disjoint chunks), reads its inputs only through views that the graph
+    // 0..n, split into disjoint chunks; a reduction's unreduced outputs get every domain
+    // position of its output positions), reads its inputs only through views that the graph
     // checked to lie inside their buffers, and the buffers outlive the calls.
     let filled = unsafe {
-        Buffer::from_raw_fill_many(&dtypes, n, |outs| {
+        Buffer::from_raw_fill_many(&outputs, |outs| {
             let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
             ptrs.extend_from_slice(outs);
             launch(kernel, &ptrs, &params, n, per_output);

@@ -17,8 +17,8 @@
 //! this crate enforce the bounds): `exp` at most 2 ULP, `tanh` at most 3, `sigmoid` at most 4,
 //! `erf` at most 2, `log` at most 1, `sin` and `cos` at most 2 (including the f32 inputs
 //! nearest to multiples of `π/2`), `pow` at most 1. `exp` overflows to infinity where f32
-//! does; below `-86.9` (where the result leaves the normal range) it returns `e^-86.9`, about
-//! `1.8e-38`, so the absolute error there is below `2e-38`. NaN propagates.
+//! does; below about `-87` (where the result leaves the normal range) it returns 0, so
+//! `exp(-inf)` is exactly 0 and the absolute error there is below `1.7e-38`. NaN propagates.
 
 #![allow(
     clippy::excessive_precision,
@@ -78,10 +78,12 @@ fn clamp_below(m: &mut Math<'_, '_>, x: Value, lo: Value) -> Value {
 
 /// `e^x` for four lanes.
 pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
-    // Above 88.73 the result overflows to infinity; below -86.9 it would leave the normal
-    // range, where the exponent-bit scaling below cannot follow.
+    // Above 88.73 the result overflows to infinity. Below about -87 it would leave the
+    // normal range: the exponent bits built below saturate at 0 there, so those lanes give 0
+    // (exactly what `-inf` and masked scores in a softmax need; the true value is below
+    // 1.7e-38). The clamp at -88 keeps `n` within the integer trick's range.
     let hi = splat(m, 88.73);
-    let lo = splat(m, -86.9);
+    let lo = splat(m, -88.0);
     let x = clamp_above(m, x, hi);
     let x = clamp_below(m, x, lo);
     let log2e = splat(m, std::f32::consts::LOG2_E);
@@ -106,7 +108,8 @@ pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     let one = splat(m, 1.0);
     let y = m.b.ins().fadd(p, one);
     // 2^n as (2 y) 2^(n-1), with 2^(n-1) built in the exponent bits: n is integral and in
-    // [-125, 128], so n - 1 is a normal exponent and 2^128 overflows only through the product.
+    // [-127, 128]; n - 1 is a normal exponent down to n = -125 (below, the bits saturate to
+    // +0.0), and 2^128 overflows only through the product.
     let magic = splat(m, 12_582_912.0); // 1.5 * 2^23: adding it leaves n in the low bits
     let shifted = m.b.ins().fadd(n, magic);
     let bits = m.b.ins().bitcast(types::I32X4, MemFlagsData::new(), shifted);
@@ -114,6 +117,8 @@ pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     let ni = m.b.ins().isub(bits, magic_bits);
     let bias = isplat(m, 126);
     let e = m.b.ins().iadd(ni, bias);
+    let none = isplat(m, 0);
+    let e = m.b.ins().smax(e, none);
     let e = m.b.ins().ishl_imm_u(e, 23);
     let scale = m.b.ins().bitcast(types::F32X4, MemFlagsData::new(), e);
     let y2 = m.b.ins().fadd(y, y);

@@ -1012,6 +1012,20 @@ impl<'b> Translator<'_, 'b> {
         let bases =
             self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
         let len_v = self.iconst(len);
+        // Outputs after the first hold the reduced value itself at every domain position:
+        // this row starts at position `o * rows * len + ir * len`.
+        let side: Vec<(usize, DType, Value)> = k.outputs[1..]
+            .iter()
+            .zip(&outs[1..])
+            .map(|(&e, &base)| {
+                let dtype = k.exprs[e].dtype;
+                let size = dtype.size_in_bytes() as i64;
+                let a = self.b.ins().imul_imm_s(o, rows * len * size);
+                let r = self.b.ins().imul_imm_s(ir, len * size);
+                let off = self.b.ins().iadd(a, r);
+                (e, dtype, self.b.ins().iadd(base, off))
+            })
+            .collect();
         if let Some((_, lanes)) = self.vector
             && matches!(red.op, ReduceOp::Max | ReduceOp::Min)
         {
@@ -1047,6 +1061,7 @@ impl<'b> Translator<'_, 'b> {
             self.b.switch_to_block(vbody);
             let srcs = self.vector_srcs(&splats, &ptrs);
             let values = self.compute_vector(&srcs, &param_vector, lanes);
+            self.store_side_vectors(&side, &values, jv);
             let v = values[out_expr];
             let cc = if red.op == ReduceOp::Max { FloatCC::GreaterThan } else { FloatCC::LessThan };
             let better = self.b.ins().fcmp(cc, v, vacc);
@@ -1098,6 +1113,7 @@ impl<'b> Translator<'_, 'b> {
             self.b.switch_to_block(vbody);
             let srcs = self.vector_srcs(&splats, &ptrs);
             let values = self.compute_vector(&srcs, &param_vector, lanes);
+            self.store_side_vectors(&side, &values, jv);
             let v = values[out_expr];
             let wide = if lanes == types::F32X4 {
                 let (lo, hi) = math::widen(&mut self.math(), v);
@@ -1139,6 +1155,11 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(go, sbody, &[], rdone, &[BlockArg::Value(sacc)]);
         self.b.switch_to_block(sbody);
         let values = self.compute_scalar(js, &bases, &param_scalar);
+        for &(e, side_dtype, base) in &side {
+            let off = self.b.ins().imul_imm_s(js, side_dtype.size_in_bytes() as i64);
+            let addr = self.b.ins().iadd(base, off);
+            self.store(values[e], side_dtype, addr);
+        }
         let acc = self.combine(red.op, sacc, values[out_expr], dtype);
         let j_next = self.b.ins().iadd_imm_s(js, 1);
         self.b.ins().jump(shead, &[BlockArg::Value(j_next), BlockArg::Value(acc)]);
@@ -1169,6 +1190,17 @@ impl<'b> Translator<'_, 'b> {
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+    }
+
+    /// Stores the vector values of a reduction's unreduced outputs at column `j` of the row
+    /// whose start each `side` entry holds (their dtype is the lanes' own, as `lane_type`
+    /// requires of every output).
+    fn store_side_vectors(&mut self, side: &[(usize, DType, Value)], values: &[Value], j: Value) {
+        for &(e, dtype, base) in side {
+            let off = self.b.ins().imul_imm_s(j, dtype.size_in_bytes() as i64);
+            let addr = self.b.ins().iadd(base, off);
+            self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
+        }
     }
 
     fn walk_offset_bytes(&self, idx: usize) -> i64 {
@@ -1424,15 +1456,23 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(any, slow, &[], done, &[BlockArg::Value(fast)]);
         self.b.set_cold_block(slow);
         self.b.switch_to_block(slow);
-        let mut v = fast;
-        for lane in 0..4u8 {
-            let s = self.b.ins().extractlane(x, lane);
-            let r = self.via_f64(name, &[s], DType::F32);
-            v = self.b.ins().insertlane(v, r, lane);
-        }
+        let v = self.lanes_via_f64(name, x, fast, outside);
         self.b.ins().jump(done, &[BlockArg::Value(v)]);
         self.b.switch_to_block(done);
         result
+    }
+
+    /// `fast` with the lanes that `mask` selects replaced by the scalar f64 function `name`
+    /// of `x`'s lane (only those: a lane's value never depends on its neighbours).
+    fn lanes_via_f64(&mut self, name: &'static str, x: Value, fast: Value, mask: Value) -> Value {
+        let mut slow = fast;
+        for lane in 0..4u8 {
+            let s = self.b.ins().extractlane(x, lane);
+            let r = self.via_f64(name, &[s], DType::F32);
+            slow = self.b.ins().insertlane(slow, r, lane);
+        }
+        let mask = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
+        self.b.ins().bitselect(mask, slow, fast)
     }
 
     fn float_const(&mut self, v: f64, ty: Type) -> Value {
@@ -1558,6 +1598,32 @@ impl<'b> Translator<'_, 'b> {
             };
             return self.narrow(v, dtype);
         }
+        if dtype == DType::F32
+            && matches!(
+                op,
+                UnaryOp::Exp
+                    | UnaryOp::Log
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid
+                    | UnaryOp::Erf
+            )
+        {
+            // One lane of the vector polynomial: an element gets the same bits whether its
+            // kernel reaches it in a vector or in a scalar tail (which depends on the layout,
+            // so it differs between plans of one program).
+            let v = self.b.ins().splat(types::F32X4, x);
+            let r = match op {
+                UnaryOp::Exp => math::exp(&mut self.math(), v),
+                UnaryOp::Log => math::log(&mut self.math(), v),
+                UnaryOp::Tanh => math::tanh(&mut self.math(), v),
+                UnaryOp::Sigmoid => math::sigmoid(&mut self.math(), v),
+                UnaryOp::Erf => math::erf(&mut self.math(), v),
+                _ => self.trig_vector(op, v),
+            };
+            return self.b.ins().extractlane(r, 0);
+        }
         let ty = scalar_type(dtype);
         let v = match op {
             UnaryOp::Neg => self.b.ins().fneg(x),
@@ -1620,6 +1686,13 @@ impl<'b> Translator<'_, 'b> {
             BinaryOp::Div => self.b.ins().fdiv(x, y),
             BinaryOp::Maximum => self.b.ins().fmax(x, y),
             BinaryOp::Minimum => self.b.ins().fmin(x, y),
+            BinaryOp::Pow if dtype == DType::F32 => {
+                // One lane of the vector `pow`, as for the transcendental functions above.
+                let (xv, yv) =
+                    (self.b.ins().splat(types::F32X4, x), self.b.ins().splat(types::F32X4, y));
+                let r = self.pow_vector(xv, yv);
+                return self.b.ins().extractlane(r, 0);
+            }
             BinaryOp::Pow => return self.via_f64("kiln_pow", &[x, y], dtype),
             other => unreachable!("{} does not take floats", other.name()),
         };

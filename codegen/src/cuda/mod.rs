@@ -8,7 +8,8 @@
 //! - **Reduction kernels** give each output element (a row) to one block: the threads stride
 //!   over the reduced positions, combine in registers, then across the warp with
 //!   `__shfl_down_sync` and across warps through shared memory. Launch them with a multiple
-//!   of 32 threads (at most 1024) per block.
+//!   of 32 threads (at most 1024) per block. Outputs after the first store the unreduced
+//!   value at every domain position.
 //! - **16-bit floats** are stored as `unsigned short` and converted with PTX `cvt`
 //!   instructions, so no CUDA header is needed; arithmetic on them is done in `float`, as on
 //!   the CPU.
@@ -391,6 +392,11 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
     }
     locate(src, &inner, "j", 'o', "      ");
     body(src, kernel, "      ");
+    // Outputs after the first store the reduced value itself at every domain position.
+    for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
+        let stored = store(kernel.exprs[o].dtype, &format!("e{o}"));
+        let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {stored};");
+    }
     let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
     let _ = writeln!(src, "      acc = {combine};");
     src.push_str("    }\n");

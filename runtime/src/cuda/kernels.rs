@@ -160,8 +160,8 @@ pub(crate) fn run_kernel(
     let kernel = &step.kernel;
     let n = kernel.output_len();
     let mut outputs = Vec::with_capacity(dtypes.len());
-    for &dtype in dtypes {
-        outputs.push(Buffer::on_gpu(gpu, dtype, n)?);
+    for (&dtype, len) in dtypes.iter().zip(kernel.output_lens()) {
+        outputs.push(Buffer::on_gpu(gpu, dtype, len)?);
     }
     if n == 0 {
         return Ok((outputs, None));
