@@ -18,7 +18,8 @@ const REPS: usize = 7;
 /// library does, with kiln's own kernels). The reference executor (one plain f64 loop per
 /// op, the correctness oracle) is measured last, apart: its large f64 temporaries would
 /// disturb the allocator's state for the measurements after it.
-const MODES: [(&str, Execution); 2] = [("fused", Execution::Fused), ("unfused", Execution::Unfused)];
+const MODES: [(&str, Execution); 2] =
+    [("fused", Execution::Fused), ("unfused", Execution::Unfused)];
 
 fn median_ms(mut f: impl FnMut()) -> f64 {
     f(); // warm up: compile kernels, fault in pages
