@@ -33,17 +33,7 @@ fn unavailable_devices_are_clear_errors() {
 fn transfers_round_trip_exactly_in_every_dtype() {
     let Some(gpu) = gpu_or_skip("transfers_round_trip_exactly_in_every_dtype") else { return };
     let mut rng = Rng::new(3);
-    let dtypes = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I64,
-        DType::I32,
-        DType::U8,
-        DType::Bool,
-    ];
-    for dtype in dtypes {
+    for dtype in DType::ALL {
         for shape in [vec![], vec![0], vec![1], vec![17], vec![3, 1023], vec![5, 7, 2]] {
             let data = values(&mut rng, shape.iter().product(), dtype);
             for layout in LAYOUTS {

@@ -91,16 +91,7 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     out.extend(kernels_of(&g).into_iter().map(|k| ("softmax".to_string(), k)));
 
     // Every dtype: a cast chain through f32 math and a comparison, and a reduction.
-    for dtype in [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I64,
-        DType::I32,
-        DType::U8,
-        DType::Bool,
-    ] {
+    for dtype in DType::ALL {
         let mut g = Graph::new();
         let s = Shape::from([3, 5]);
         let x = g.input(s.clone(), dtype);
@@ -156,16 +147,7 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
     let x = Shape::from([5, 7, 3]);
     let index = Shape::from([4, 2, 3]);
     let view = View::contiguous(Shape::from([5, 9])).narrow(1, 2, 4).permute(&[1, 0]);
-    for dtype in [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I64,
-        DType::I32,
-        DType::U8,
-        DType::Bool,
-    ] {
+    for dtype in DType::ALL {
         out.push((format!("gather_{dtype}"), library::gather(dtype, &x, &index, 1)));
         for accumulate in [false, true] {
             let k = library::scatter(dtype, &x, &index, &index, 1, accumulate);
