@@ -7,9 +7,13 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+#[path = "common/report.rs"]
+mod report;
+
 use kiln::Execution;
 use kiln::prelude::*;
 use rayon::prelude::*;
+use report::Row;
 
 const N: usize = 1 << 24; // 16M f32 = 64 MiB
 const REPS: usize = 7;
@@ -34,14 +38,6 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
     times[REPS / 2]
 }
 
-struct Row {
-    workload: &'static str,
-    variant: &'static str,
-    ms: f64,
-    gbps: Option<f64>,
-    gflops: Option<f64>,
-}
-
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let mut rows: Vec<Row> = Vec::new();
@@ -56,7 +52,7 @@ fn main() {
         b.par_chunks_mut(chunk).zip(a.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
     });
     rows.push(Row {
-        workload: "copy",
+        workload: "copy".into(),
         variant: "ceiling",
         ms,
         gbps: Some(gb(8.0 * N as f64, ms)),
@@ -72,7 +68,7 @@ fn main() {
         );
     });
     rows.push(Row {
-        workload: "triad",
+        workload: "triad".into(),
         variant: "ceiling",
         ms,
         gbps: Some(gb(12.0 * N as f64, ms)),
@@ -105,7 +101,7 @@ fn main() {
                 });
             });
             rows.push(Row {
-                workload: name,
+                workload: name.into(),
                 variant,
                 ms,
                 gbps: Some(gb(8.0 * N as f64, ms)),
@@ -120,7 +116,7 @@ fn main() {
             black_box(&out);
         });
         rows.push(Row {
-            workload: name,
+            workload: name.into(),
             variant: "plain_rust",
             ms,
             gbps: Some(gb(8.0 * N as f64, ms)),
@@ -145,7 +141,7 @@ fn main() {
             });
         });
         rows.push(Row {
-            workload: "W2",
+            workload: "W2".into(),
             variant,
             ms,
             gbps: Some(gb(8.0 * (N as f64), ms)),
@@ -160,7 +156,7 @@ fn main() {
             });
         });
         rows.push(Row {
-            workload: "W3",
+            workload: "W3".into(),
             variant,
             ms,
             gbps: Some(gb(8.0 * (N as f64), ms)),
@@ -179,7 +175,7 @@ fn main() {
         black_box(p.matmul(&q).realize());
     });
     rows.push(Row {
-        workload: "W5",
+        workload: "W5".into(),
         variant: "fused",
         ms,
         gbps: None,
@@ -215,7 +211,7 @@ fn main() {
         black_box(&out);
     });
     rows.push(Row {
-        workload: "W5",
+        workload: "W5".into(),
         variant: "plain_rust",
         ms,
         gbps: None,
@@ -241,7 +237,7 @@ fn main() {
             black_box(f(&x).realize());
         });
         rows.push(Row {
-            workload: name,
+            workload: name.into(),
             variant: "reference",
             ms,
             gbps: Some(gb(8.0 * N as f64, ms)),
@@ -257,7 +253,7 @@ fn main() {
         black_box(w2(&a, &col, &row).realize());
     });
     rows.push(Row {
-        workload: "W2",
+        workload: "W2".into(),
         variant: "reference",
         ms,
         gbps: Some(gb(8.0 * N as f64, ms)),
@@ -267,36 +263,12 @@ fn main() {
         black_box(a.softmax(1).realize());
     });
     rows.push(Row {
-        workload: "W3",
+        workload: "W3".into(),
         variant: "reference",
         ms,
         gbps: Some(gb(8.0 * N as f64, ms)),
         gflops: None,
     });
 
-    if json {
-        for r in &rows {
-            let mut line = format!(
-                "{{\"workload\":\"{}\",\"variant\":\"{}\",\"median_ms\":{:.4}",
-                r.workload, r.variant, r.ms
-            );
-            if let Some(g) = r.gbps {
-                line += &format!(",\"gbps\":{g:.3}");
-            }
-            if let Some(g) = r.gflops {
-                line += &format!(",\"gflops\":{g:.3}");
-            }
-            println!("{line}}}");
-        }
-    } else {
-        println!(
-            "{:<8} {:<11} {:>11} {:>9} {:>9}",
-            "workload", "variant", "median ms", "GB/s", "GFLOP/s"
-        );
-        for r in &rows {
-            let g = r.gbps.map_or(String::new(), |g| format!("{g:.2}"));
-            let f = r.gflops.map_or(String::new(), |f| format!("{f:.1}"));
-            println!("{:<8} {:<11} {:>11.3} {:>9} {:>9}", r.workload, r.variant, r.ms, g, f);
-        }
-    }
+    report::print(&rows, json, "");
 }

@@ -7,8 +7,12 @@
 
 use std::time::Instant;
 
+#[path = "common/report.rs"]
+mod report;
+
 use kiln::Execution;
 use kiln::prelude::*;
+use report::Row;
 
 const REPS: usize = 9;
 
@@ -24,14 +28,6 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
     let mut times: Vec<f64> = (0..REPS).map(|_| run()).collect();
     times.sort_by(f64::total_cmp);
     times[REPS / 2]
-}
-
-struct Row {
-    workload: String,
-    variant: &'static str,
-    ms: f64,
-    gbps: Option<f64>,
-    gflops: Option<f64>,
 }
 
 fn main() -> kiln::Result<()> {
@@ -141,37 +137,11 @@ fn main() -> kiln::Result<()> {
     });
 
     if json {
-        for r in &rows {
-            let mut line = format!(
-                "{{\"workload\":\"{}\",\"variant\":\"{}\",\"median_ms\":{:.4}",
-                r.workload, r.variant, r.ms
-            );
-            if let Some(g) = r.gbps {
-                line.push_str(&format!(",\"gbps\":{g:.1}"));
-            }
-            if let Some(g) = r.gflops {
-                line.push_str(&format!(",\"gflops\":{g:.0}"));
-            }
-            println!("{line},\"device\":\"{name}\"}}");
-        }
+        report::print(&rows, true, &format!("\"device\":\"{name}\""));
         return Ok(());
     }
     println!("kiln on {name}\n");
-    println!(
-        "{:<30} {:<12} {:>10} {:>9} {:>9}",
-        "workload", "variant", "median ms", "GB/s", "GFLOP/s"
-    );
-    for r in &rows {
-        let opt = |v: Option<f64>, d: usize| v.map_or(String::new(), |v| format!("{v:.d$}"));
-        println!(
-            "{:<30} {:<12} {:>10.3} {:>9} {:>9}",
-            r.workload,
-            r.variant,
-            r.ms,
-            opt(r.gbps, 1),
-            opt(r.gflops, 0)
-        );
-    }
+    report::print(&rows, false, "");
     let w1 = rows.iter().find(|r| r.workload == "W1" && r.variant == "fused");
     if let Some(w1) = w1.and_then(|r| r.gbps) {
         println!("\nW1 fused reaches {:.0}% of the device's copy bandwidth", 100.0 * w1 / copy);
