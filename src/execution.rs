@@ -23,10 +23,12 @@ pub(crate) fn check_scale() -> Option<f64> {
 }
 
 /// Runs `f` with the correctness oracle on, as `KILN_CHECK=1` turns it on for the whole
-/// process: every realization also runs on the reference executor, each fused kernel's
-/// result is compared with it (with tolerances for the dtype), and the first kernel that
-/// differs fails the realization with [`crate::RuntimeError::CheckFailed`], naming the
-/// kernel, its ops, the source lines that recorded them, and its text.
+/// process: each fused kernel's result is compared with the reference executor's evaluation
+/// of the same ops on the same input buffers (with tolerances for the least precise float
+/// the kernel computes with), so a difference belongs to that kernel alone and not to
+/// rounding carried from earlier steps; the first kernel that differs fails the realization
+/// with [`crate::RuntimeError::CheckFailed`], naming the kernel, its ops, the source lines
+/// that recorded them, and its text.
 ///
 /// ```
 /// use kiln::prelude::*;
