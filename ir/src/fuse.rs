@@ -280,8 +280,11 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
     }
     let inline_stored: HashMap<NodeId, Cut> =
         stored.iter().filter(|(n, _)| !merged.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
-    let reduce_inline: HashMap<NodeId, Cut> =
-        stored.iter().filter(|(n, _)| !reduced_by.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
+    let reduce_inline: HashMap<NodeId, Cut> = inline_stored
+        .iter()
+        .filter(|(n, _)| !reduced_by.contains_key(n))
+        .map(|(&n, &c)| (n, c))
+        .collect();
     let writes: HashMap<NodeId, NodeId> = reduced_by.iter().map(|(&v, &r)| (r, v)).collect();
 
     let mut steps = Vec::new();
@@ -297,14 +300,14 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
             };
             steps.push(Step::Kernel(Box::new(step)));
         } else if let Some(&value) = writes.get(&n) {
-            let mut step = build_reduce_kernel(graph, n, &reduce_inline);
-            // The reduced expression is the value itself: store it unreduced as well.
-            let e = step.kernel.outputs[0];
-            step.kernel.outputs.push(e);
-            step.outputs.push(value);
+            // The value it reduces, and the kept results that value's own kernel would
+            // have written, stored unreduced.
+            let mut extra = vec![value];
+            extra.extend(written_by.get(&value).into_iter().flatten().copied());
+            let step = build_reduce_kernel(graph, n, &reduce_inline, &extra);
             steps.push(Step::Kernel(Box::new(step)));
         } else if is_kernel_reduce(op) {
-            steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored))));
+            steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored, &[]))));
         } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype, target) {
             let operand = |a: NodeId| match &graph.node(a).op {
                 Op::View(v) if !stored.contains_key(&a) => (graph.args(a)[0], v.clone()),
@@ -339,7 +342,16 @@ struct Builder<'a> {
 
 /// A reduction kernel for `root`: its input's elementwise expression (or a load of it),
 /// evaluated over the input's shape permuted to `[kept.., reduced..]`, and reduced.
-fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut>) -> KernelStep {
+///
+/// `extra` are values of the input's shape (the reduced value, and values computed on the
+/// way to it) that the kernel also writes unreduced; they need a reduction over trailing
+/// dimensions, whose domain is the input's own layout.
+fn build_reduce_kernel(
+    graph: &Graph,
+    root: NodeId,
+    stored: &HashMap<NodeId, Cut>,
+    extra: &[NodeId],
+) -> KernelStep {
     let Op::Reduce { op, axes } = &graph.node(root).op else { unreachable!("a reduce node") };
     let src = graph.args(root)[0];
     let shape = graph.node(src).shape.clone();
@@ -349,6 +361,7 @@ fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut
     } else {
         b.expr(src, false)
     };
+    let written: Vec<usize> = extra.iter().map(|&m| b.expr(m, false)).collect();
     b.fused.push(root);
     let kept: Vec<usize> = (0..shape.rank()).filter(|d| !axes.contains(d)).collect();
     let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
@@ -358,6 +371,7 @@ fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut
         input.view = input.view.permute(&perm);
     }
     kernel.outputs.push(out);
+    kernel.outputs.extend(written);
     kernel.params = b.params.len();
     kernel.reduce = Some(KernelReduce { op: *op, kept: kept.len() });
     KernelStep {
@@ -365,7 +379,7 @@ fn build_reduce_kernel(graph: &Graph, root: NodeId, stored: &HashMap<NodeId, Cut
         inputs: b.inputs,
         params: b.params,
         param_nodes: b.param_nodes,
-        outputs: vec![root],
+        outputs: std::iter::once(root).chain(extra.iter().copied()).collect(),
         fused: b.fused,
         cut: Cut::Feeds("a reduction"),
     }
@@ -476,7 +490,8 @@ fn merge_kept_results(
 /// sums it and writes it in one pass: row softmax then takes three passes (the max, the
 /// exponential with its sum, the division) instead of four. The value's other consumers must
 /// come after the reduction (they read what it wrote), and it must be an `f32` or `f64`
-/// value (what the reduction's vector loop stores).
+/// value (what the reduction's vector loop stores). Kept results the value's kernel would
+/// have written move with it into the reduction's kernel.
 fn merge_into_reductions(
     graph: &Graph,
     order: &[NodeId],
@@ -486,15 +501,12 @@ fn merge_into_reductions(
     consumers: &HashMap<NodeId, Vec<NodeId>>,
 ) -> HashMap<NodeId, NodeId> {
     let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-    // Kernels that already write other results (kept values merged into them) stay whole.
-    let writers: HashMap<NodeId, ()> = merged.values().map(|&r| (r, ())).collect();
     let mut out = HashMap::default();
     let mut taken: HashMap<NodeId, ()> = HashMap::default();
     for &n in order {
         let node = graph.node(n);
         if !matches!(stored.get(&n), Some(Cut::Shared))
             || merged.contains_key(&n)
-            || writers.contains_key(&n)
             || !is_elementwise(&node.op)
             || !matches!(node.dtype, crate::DType::F32 | crate::DType::F64)
             || size.get(&n).copied().unwrap_or(0) >= MAX_KERNEL_OPS
