@@ -48,15 +48,35 @@ pub fn cse(graph: &Graph) -> (Graph, Vec<NodeId>) {
 /// ([`Graph::rebind_leaf`]); the map gives the new node of every node of `graph` that is
 /// still computed.
 pub fn optimize_symbolic(graph: &Graph) -> (Graph, HashMap<NodeId, NodeId>) {
-    let Some((products, first)) = transpose_products(graph) else {
+    let (rewritten, first) = rewrites(graph);
+    let Some(first) = first else {
         return cse_with(graph, true);
     };
-    let (merged, second) = cse_with(&products, true);
+    let (merged, second) = cse_with(&rewritten, true);
     let map = first
         .into_iter()
         .filter_map(|(old, mid)| second.get(&mid).map(|&new| (old, new)))
         .collect();
     (merged, map)
+}
+
+/// The structural rewrites ([`transpose_products`], then [`gather_first`]), with the new node
+/// of each kept node, or `None` (and a copy of nothing) when neither applies.
+fn rewrites(graph: &Graph) -> (Graph, Option<HashMap<NodeId, NodeId>>) {
+    let products = transpose_products(graph);
+    let mid = products.as_ref().map_or(graph, |(g, _)| g);
+    match (gather_first(mid), products) {
+        (None, None) => (Graph::new(), None),
+        (None, Some((g, map))) => (g, Some(map)),
+        (Some((g, map)), None) => (g, Some(map)),
+        (Some((g, second)), Some((_, first))) => {
+            let map = first
+                .into_iter()
+                .filter_map(|(old, m)| second.get(&m).map(|&new| (old, new)))
+                .collect();
+            (g, Some(map))
+        }
+    }
 }
 
 /// Whether `view` swaps the last two dimensions of a dense tensor of shape `input`.
@@ -152,6 +172,160 @@ pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeI
     Some((out, map))
 }
 
+fn is_elementwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
+}
+
+/// How an operand of an elementwise expression reaches a gather pushed below it.
+enum Leaf {
+    /// Constant along the gathered axis (a view with stride 0 there): read through a view
+    /// of the index's shape, no gather.
+    Broadcast,
+    /// Gathered with the same index.
+    Full,
+}
+
+/// The leaves of the elementwise expression `n` (through elementwise ops) for a gather
+/// along `axis`, in first-seen order.
+fn gather_leaves(graph: &Graph, n: NodeId, axis: usize, out: &mut Vec<(NodeId, Leaf)>) {
+    if out.iter().any(|(m, _)| *m == n) {
+        return;
+    }
+    let node = graph.node(n);
+    match &node.op {
+        op if is_elementwise(op) => {
+            for a in graph.args(n) {
+                gather_leaves(graph, a, axis, out);
+            }
+        }
+        Op::View(v) if v.strides()[axis] == 0 => out.push((n, Leaf::Broadcast)),
+        _ => out.push((n, Leaf::Full)),
+    }
+}
+
+/// Pushes gathers below the elementwise ops they read: `gather(x - m, i)` with `m`
+/// broadcast along the gathered axis becomes `gather(x, i) - m'` (`m'` a view of `m` in the
+/// index's shape), computed over the index's elements instead of the whole tensor. This is
+/// cross-entropy's pattern: `gather(log_softmax(x), target)` no longer writes the full
+/// log-probabilities to pick one per row. A rewrite needs at least one operand that is
+/// gathered (so the index is still checked), and either a broadcast operand or an
+/// expression read by the gather alone (otherwise nothing is saved). Returns the new graph
+/// and the new node of every node that is kept, or `None` when nothing changes.
+pub fn gather_first(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeId>)> {
+    let order = graph.topo_order();
+    let mut chosen: HashMap<NodeId, Vec<(NodeId, Leaf)>> = HashMap::default();
+    for &id in &order {
+        let Op::Gather { axis } = graph.node(id).op else { continue };
+        let e = graph.args(id)[0];
+        if !is_elementwise(&graph.node(e).op) {
+            continue;
+        }
+        let mut leaves = Vec::new();
+        gather_leaves(graph, e, axis, &mut leaves);
+        let full = leaves.iter().any(|(_, l)| matches!(l, Leaf::Full));
+        let broadcast = leaves.iter().any(|(_, l)| matches!(l, Leaf::Broadcast));
+        let alone = graph.uses(e) == 1 && !graph.outputs().contains(&e);
+        if full && (broadcast || alone) {
+            chosen.insert(id, leaves);
+        }
+    }
+    if chosen.is_empty() {
+        return None;
+    }
+    // The nodes still needed: a rewritten gather reads its leaves (a broadcast view's source)
+    // and its index instead of the expression.
+    let mut needed: std::collections::HashSet<NodeId> = graph.inputs().iter().copied().collect();
+    let mut stack: Vec<NodeId> = graph.outputs().to_vec();
+    while let Some(n) = stack.pop() {
+        if !needed.insert(n) && !graph.inputs().contains(&n) {
+            continue;
+        }
+        match chosen.get(&n) {
+            Some(leaves) => {
+                stack.push(graph.args(n)[1]);
+                for (m, leaf) in leaves {
+                    stack.push(match leaf {
+                        Leaf::Broadcast => graph.args(*m)[0],
+                        Leaf::Full => *m,
+                    });
+                }
+            }
+            None => stack.extend(graph.args(n)),
+        }
+    }
+    let mut out = Graph::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
+    for &id in &order {
+        if !needed.contains(&id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let new = if let (Some(leaves), Op::Gather { axis }) = (chosen.get(&id), &node.op) {
+            let index = map[&graph.args(id)[1]];
+            let shape = node.shape.clone();
+            let mut pushed: HashMap<NodeId, NodeId> = HashMap::default();
+            for (m, leaf) in leaves {
+                let value = match leaf {
+                    Leaf::Broadcast => {
+                        let Op::View(v) = &graph.node(*m).op else { unreachable!("a view") };
+                        // The same elements, over the index's shape: outside the axis the
+                        // index is no larger than the tensor, along it the stride is 0.
+                        let view =
+                            View::from_parts(shape.clone(), v.strides().to_vec(), v.offset());
+                        out.push(Op::View(view), &[map[&graph.args(*m)[0]]])
+                    }
+                    Leaf::Full => out.push(Op::Gather { axis: *axis }, &[map[m], index]),
+                };
+                pushed.insert(*m, value.expect("a gather of an operand of the gathered shape"));
+            }
+            push_elementwise(graph, &mut out, graph.args(id)[0], &mut pushed)
+        } else {
+            match &node.op {
+                Op::Input => out.input(node.shape.clone(), node.dtype),
+                op if op.is_leaf() => out
+                    .leaf(op.clone(), node.shape.clone(), node.dtype)
+                    .expect("a valid leaf stays valid"),
+                op => {
+                    let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
+                    out.push(op.clone(), &args).expect("a node's inputs are unchanged")
+                }
+            }
+        };
+        if let Some(origin) = node.origin {
+            out.set_origin(new, origin);
+        }
+        map.insert(id, new);
+    }
+    for o in graph.outputs() {
+        out.mark_output(map[o]);
+    }
+    Some((out, map))
+}
+
+/// The elementwise expression `n` rebuilt over the gathered leaves in `pushed` (which it
+/// fills with the nodes it makes).
+fn push_elementwise(
+    graph: &Graph,
+    out: &mut Graph,
+    n: NodeId,
+    pushed: &mut HashMap<NodeId, NodeId>,
+) -> NodeId {
+    if let Some(&p) = pushed.get(&n) {
+        return p;
+    }
+    let args: Vec<NodeId> =
+        graph.args(n).into_iter().map(|a| push_elementwise(graph, out, a, pushed)).collect();
+    let node = graph.node(n);
+    let new = out
+        .push(node.op.clone(), &args)
+        .expect("an elementwise op over operands of one (gathered) shape");
+    if let Some(origin) = node.origin {
+        out.set_origin(new, origin);
+    }
+    pushed.insert(n, new);
+    new
+}
+
 /// What makes two nodes compute the same values, for [`cse`].
 #[derive(PartialEq, Eq, Hash)]
 enum CseKey {
@@ -233,11 +407,11 @@ fn cse_with(graph: &Graph, symbolic: bool) -> (Graph, HashMap<NodeId, NodeId>) {
     (out, map)
 }
 
-/// Every pass in order ([`transpose_products`], [`simplify`], then [`cse`]), with the new
-/// node of each output of `graph` (in order).
+/// Every pass in order ([`transpose_products`], [`gather_first`], [`simplify`], then
+/// [`cse`]), with the new node of each output of `graph` (in order).
 pub fn optimize(graph: &Graph) -> (Graph, Vec<NodeId>) {
-    let rewritten = transpose_products(graph);
-    let products = rewritten.as_ref().map_or(graph, |(g, _)| g);
+    let (rewritten, changed) = rewrites(graph);
+    let products = if changed.is_some() { &rewritten } else { graph };
     let (simplified, first) = simplify(products);
     let (merged, second) = cse(&simplified);
     let moved: HashMap<NodeId, NodeId> = simplified.outputs().iter().copied().zip(second).collect();
@@ -525,5 +699,61 @@ mod tests {
         let b = g.push(Op::Binary(BinaryOp::Add), &[a, a]).unwrap();
         g.mark_output(b);
         assert_eq!(simplify(&g).0.len(), 2);
+    }
+
+    #[test]
+    fn gathers_move_below_elementwise_ops() {
+        use crate::fuse::{FusionPolicy, Step, partition};
+        // gather((x - m) - l, i) with m, l broadcast along the gathered axis: cross-entropy.
+        let mut g = Graph::new();
+        let (full, row) = (Shape::from([4, 5]), Shape::from([4, 1]));
+        let x = g.input(full.clone(), DType::F32);
+        let m = g.input(row.clone(), DType::F32);
+        let l = g.input(row.clone(), DType::F32);
+        let i = g.input(Shape::from([4, 1]), DType::I64);
+        let mb = g.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[m]).unwrap();
+        let lb = g.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[l]).unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Sub), &[x, mb]).unwrap();
+        let e = g.push(Op::Binary(BinaryOp::Sub), &[d, lb]).unwrap();
+        let picked = g.push(Op::Gather { axis: 1 }, &[e, i]).unwrap();
+        g.mark_output(picked);
+        let (opt, outputs) = optimize(&g);
+        opt.verify().unwrap();
+        assert_eq!(opt.node(outputs[0]).shape, Shape::from([4, 1]));
+        // One gather, of x itself; nothing of the full shape is computed any more.
+        let plan = partition(&opt, FusionPolicy::On);
+        let gathers: Vec<_> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Node(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gathers.len(), 1);
+        assert_eq!(opt.args(gathers[0])[0], opt.inputs()[0]);
+        assert!(plan.steps.iter().all(|s| match s {
+            Step::Kernel(k) => k.kernel.shape.numel() == 4,
+            _ => true,
+        }));
+        // An expression of full operands read elsewhere too keeps its gather.
+        let mut g2 = Graph::new();
+        let a = g2.input(full.clone(), DType::F32);
+        let b = g2.input(full.clone(), DType::F32);
+        let i2 = g2.input(Shape::from([4, 1]), DType::I64);
+        let s = g2.push(Op::Binary(BinaryOp::Add), &[a, b]).unwrap();
+        let p = g2.push(Op::Gather { axis: 1 }, &[s, i2]).unwrap();
+        g2.mark_output(p);
+        g2.mark_output(s);
+        assert!(gather_first(&g2).is_none());
+        // With only broadcast operands nothing would check the index: left alone.
+        let mut g3 = Graph::new();
+        let m3 = g3.input(row.clone(), DType::F32);
+        let i3 = g3.input(Shape::from([4, 1]), DType::I64);
+        let mb3 = g3.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[m3]).unwrap();
+        let n3 = g3.push(Op::Unary(UnaryOp::Neg), &[mb3]).unwrap();
+        let p3 = g3.push(Op::Gather { axis: 1 }, &[n3, i3]).unwrap();
+        g3.mark_output(p3);
+        assert!(gather_first(&g3).is_none());
     }
 }
