@@ -150,16 +150,7 @@ pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeI
             );
             out.push(Op::MatMul, &[bt, at]).expect("bᵀ aᵀ has the shape of (a b)ᵀ")
         } else {
-            match &node.op {
-                Op::Input => out.input(node.shape.clone(), node.dtype),
-                op if op.is_leaf() => out
-                    .leaf(op.clone(), node.shape.clone(), node.dtype)
-                    .expect("a valid leaf stays valid"),
-                op => {
-                    let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
-                    out.push(op.clone(), &args).expect("a node's inputs are unchanged")
-                }
-            }
+            copy_node(graph, &mut out, id, &map)
         };
         if let Some(origin) = node.origin {
             out.set_origin(new, origin);
@@ -170,6 +161,21 @@ pub fn transpose_products(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeI
         out.mark_output(map[o]);
     }
     Some((out, map))
+}
+
+/// Node `id` of `graph` recorded again in `out`, over the new nodes of its inputs.
+fn copy_node(graph: &Graph, out: &mut Graph, id: NodeId, map: &HashMap<NodeId, NodeId>) -> NodeId {
+    let node = graph.node(id);
+    match &node.op {
+        Op::Input => out.input(node.shape.clone(), node.dtype),
+        op if op.is_leaf() => {
+            out.leaf(op.clone(), node.shape.clone(), node.dtype).expect("a valid leaf stays valid")
+        }
+        op => {
+            let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
+            out.push(op.clone(), &args).expect("a node's inputs are unchanged")
+        }
+    }
 }
 
 fn is_elementwise(op: &Op) -> bool {
@@ -280,16 +286,7 @@ pub fn gather_first(graph: &Graph) -> Option<(Graph, HashMap<NodeId, NodeId>)> {
             }
             push_elementwise(graph, &mut out, graph.args(id)[0], &mut pushed)
         } else {
-            match &node.op {
-                Op::Input => out.input(node.shape.clone(), node.dtype),
-                op if op.is_leaf() => out
-                    .leaf(op.clone(), node.shape.clone(), node.dtype)
-                    .expect("a valid leaf stays valid"),
-                op => {
-                    let args: Vec<NodeId> = graph.args(id).iter().map(|a| map[a]).collect();
-                    out.push(op.clone(), &args).expect("a node's inputs are unchanged")
-                }
-            }
+            copy_node(graph, &mut out, id, &map)
         };
         if let Some(origin) = node.origin {
             out.set_origin(new, origin);

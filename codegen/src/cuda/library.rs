@@ -66,6 +66,17 @@ fn split(
     }
 }
 
+/// Opens the grid-stride loop over the lines of a dense `shape` along `axis` (one thread per
+/// line, numbered row-major over the other dimensions), with `at0` the offset of the line's
+/// first element.
+fn line_loop(src: &mut String, shape: &Shape, axis: usize) {
+    let mut line_dims = shape.dims().to_vec();
+    line_dims[axis] = 1;
+    grid_loop(src, "line");
+    src.push_str("    long long at0 = 0;\n");
+    split(src, "line", &line_dims, Some(axis), &[("at0", strides(shape))]);
+}
+
 fn strides(shape: &Shape) -> Vec<i64> {
     shape.contiguous_strides().iter().map(|&s| s as i64).collect()
 }
@@ -214,16 +225,12 @@ pub fn assign(dtype: DType, view: &View) -> LibraryKernel {
 pub fn cumsum(dtype: DType, shape: &Shape, axis: usize) -> LibraryKernel {
     let t = storage_type(dtype);
     let st = strides(shape);
-    let mut line_dims = shape.dims().to_vec();
-    line_dims[axis] = 1;
     let mut body = String::new();
     let _ = writeln!(
         body,
         "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {t}* __restrict__ out, long long n) {{"
     );
-    grid_loop(&mut body, "line");
-    body.push_str("    long long at0 = 0;\n");
-    split(&mut body, "line", &line_dims, Some(axis), &[("at0", st.clone())]);
+    line_loop(&mut body, shape, axis);
     let float = dtype.is_float();
     body.push_str(if float {
         "    double acc = 0.0;\n"
@@ -253,8 +260,6 @@ pub fn cumsum(dtype: DType, shape: &Shape, axis: usize) -> LibraryKernel {
 pub fn arg_extreme(op: ReduceOp, dtype: DType, shape: &Shape, axis: usize) -> LibraryKernel {
     let t = storage_type(dtype);
     let st = strides(shape);
-    let mut line_dims = shape.dims().to_vec();
-    line_dims[axis] = 1;
     let better = if op == ReduceOp::ArgMax { ">" } else { "<" };
     let (ty, value) = if dtype.is_float() {
         ("double", format!("(double){}", load(dtype, "x[at]")))
@@ -266,9 +271,7 @@ pub fn arg_extreme(op: ReduceOp, dtype: DType, shape: &Shape, axis: usize) -> Li
         body,
         "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, long long* __restrict__ out, long long n) {{"
     );
-    grid_loop(&mut body, "line");
-    body.push_str("    long long at0 = 0;\n");
-    split(&mut body, "line", &line_dims, Some(axis), &[("at0", st.clone())]);
+    line_loop(&mut body, shape, axis);
     let len = shape.dims()[axis];
     if len == 0 {
         // An empty line has no element to point at: 0, as in the reference executor.

@@ -69,6 +69,12 @@ unsafe fn run(
     unsafe { launch(gpu, &functions[entry], args, grid_config(gpu, n)) }
 }
 
+/// The lines of `shape` along `axis`: the product of the other dimensions (a kernel with one
+/// thread per line walks an empty axis zero times).
+fn lines(shape: &Shape, axis: usize) -> usize {
+    shape.dims().iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &s)| s).product()
+}
+
 fn count(n: usize) -> Arg {
     Arg::I64(i64::try_from(n).unwrap_or(i64::MAX))
 }
@@ -167,8 +173,7 @@ fn scatter(
     let kernel = source::scatter(dtype, base_shape, index_shape, src_shape, axis, accumulate);
     let float_sum = kernel.entries.len() == 3;
     let scratch = if float_sum { Some(Buffer::on_gpu(gpu, DType::F64, base.len())?) } else { None };
-    let lines = index_shape.numel() / index_shape.dims()[axis].max(1);
-    let lines = if index_shape.dims()[axis] == 0 { 0 } else { lines };
+    let lines = lines(index_shape, axis);
     let args = |n: usize| -> Result<[Arg; 6], RuntimeError> {
         Ok([
             Arg::Ptr(out.device_ptr(gpu)?),
@@ -222,7 +227,7 @@ fn cumsum(
     axis: usize,
 ) -> Result<Buffer, RuntimeError> {
     let out = Buffer::on_gpu(gpu, x.dtype(), x.len())?;
-    let lines = if shape.dims()[axis] == 0 { 0 } else { x.len() / shape.dims()[axis] };
+    let lines = lines(shape, axis);
     let kernel = source::cumsum(x.dtype(), shape, axis);
     let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
     // SAFETY: `(x, out, n)`: both hold the dense `shape`; one thread per line.
@@ -237,12 +242,7 @@ fn arg_extreme(
     shape: &Shape,
     axis: usize,
 ) -> Result<Buffer, RuntimeError> {
-    let lines = shape.numel() / shape.dims()[axis].max(1);
-    let lines = if shape.dims()[axis] == 0 {
-        shape.dims().iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &s)| s).product()
-    } else {
-        lines
-    };
+    let lines = lines(shape, axis);
     let out = Buffer::on_gpu(gpu, DType::I64, lines)?;
     let kernel = source::arg_extreme(op, x.dtype(), shape, axis);
     let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
