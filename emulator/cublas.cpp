@@ -1,0 +1,139 @@
+// libcublas.so of kiln's emulated CUDA device: handles and cublasGemmStridedBatchedEx, with
+// cuBLAS's column-major conventions and argument checks, computed with plain loops (f64
+// accumulation for f64, f32 for the rest, as CUBLAS_COMPUTE_32F does).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef int cublasStatus_t;
+enum {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_64F = 70 };
+enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+
+struct Handle {
+  void* stream;
+};
+
+static float half_to_float(uint16_t h) {
+  unsigned sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  float v = exp == 0 ? ldexpf((float)man, -24)
+            : exp == 31 ? (man ? NAN : INFINITY)
+                        : ldexpf((float)(man | 0x400), (int)exp - 25);
+  return sign ? -v : v;
+}
+static uint16_t float_to_half(float f) {
+  // Through the emulated device's own conversion rules: round to nearest even.
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  uint32_t sign = (bits >> 16) & 0x8000, exp = (bits >> 23) & 0xff, man = bits & 0x7fffff;
+  if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+  float a = fabsf(f);
+  if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00);
+  if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint32_t)rintf(a * 16777216.0f));
+  uint32_t e = exp - 112, m = man >> 13, rest = man & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (m & 1))) m++;
+  return (uint16_t)(sign | ((e << 10) + m));
+}
+static float bf16_to_float(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+static uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40);
+  return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+static double get(const void* p, int type, long long i) {
+  switch (type) {
+    case CUDA_R_32F: return ((const float*)p)[i];
+    case CUDA_R_64F: return ((const double*)p)[i];
+    case CUDA_R_16F: return half_to_float(((const uint16_t*)p)[i]);
+    default: return bf16_to_float(((const uint16_t*)p)[i]);
+  }
+}
+static void put(void* p, int type, long long i, double v) {
+  switch (type) {
+    case CUDA_R_32F: ((float*)p)[i] = (float)v; break;
+    case CUDA_R_64F: ((double*)p)[i] = v; break;
+    case CUDA_R_16F: ((uint16_t*)p)[i] = float_to_half((float)v); break;
+    default: ((uint16_t*)p)[i] = float_to_bf16((float)v); break;
+  }
+}
+
+static cublasStatus_t invalid(const char* why) {
+  fprintf(stderr, "kiln emulator: cublasGemmStridedBatchedEx: %s\n", why);
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(Handle** h) {
+  *h = new Handle{nullptr};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(Handle* h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(Handle* h, void* s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(Handle* h, int) { return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED; }
+
+// C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b], every matrix column-major: element (i, j)
+// of an m x n matrix with leading dimension ld is at i + j * ld.
+cublasStatus_t cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int n, int k,
+                                          const void* alpha, const void* A, int at, int lda,
+                                          long long sa, const void* B, int bt, int ldb,
+                                          long long sb, const void* beta, void* C, int ct,
+                                          int ldc, long long sc, int batch, int compute, int) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (m < 0 || n < 0 || k < 0 || batch < 0) return invalid("negative size");
+  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
+    return invalid("unsupported operation");
+  int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+  if (lda < (a_rows > 1 ? a_rows : 1)) return invalid("lda below the rows of A");
+  if (ldb < (b_rows > 1 ? b_rows : 1)) return invalid("ldb below the rows of B");
+  if (ldc < (m > 1 ? m : 1)) return invalid("ldc below m");
+  if (at != bt || at != ct) return invalid("A, B and C of different types (kiln never mixes them)");
+  bool f64 = at == CUDA_R_64F;
+  if (f64 != (compute == CUBLAS_COMPUTE_64F)) return invalid("compute type does not match data");
+  if (!f64 && compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (at != CUDA_R_32F && at != CUDA_R_64F && at != CUDA_R_16F && at != CUDA_R_16BF)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  double al = f64 ? *(const double*)alpha : *(const float*)alpha;
+  double be = f64 ? *(const double*)beta : *(const float*)beta;
+  for (long long b = 0; b < batch; b++)
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < m; i++) {
+        double acc64 = 0;
+        float acc32 = 0;
+        for (int l = 0; l < k; l++) {
+          long long ai = ta == CUBLAS_OP_N ? i + (long long)l * lda : l + (long long)i * lda;
+          long long bi = tb == CUBLAS_OP_N ? l + (long long)j * ldb : j + (long long)l * ldb;
+          double x = get(A, at, b * sa + ai), y = get(B, bt, b * sb + bi);
+          if (f64) acc64 += x * y;
+          else acc32 += (float)x * (float)y;
+        }
+        long long ci = b * sc + i + (long long)j * ldc;
+        double acc = f64 ? acc64 : (double)acc32;
+        double v = be == 0 ? al * acc : al * acc + be * get(C, ct, ci);
+        if (!f64) v = (float)v;
+        put(C, ct, ci, v);
+      }
+  return CUBLAS_STATUS_SUCCESS;
+}
+}

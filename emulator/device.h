@@ -1,0 +1,292 @@
+// The kernel side of kiln's emulated CUDA device: CUDA C's built-in variables, types and
+// intrinsics for a host C++ compiler, and a scheduler that runs a launch's threads.
+//
+// Each block's threads run as cooperative fibers on the launching OS thread, so
+// `__syncthreads()` and warp shuffles are real rendezvous points: a thread that reaches one
+// waits (yields) until every live thread of its block (or warp) has reached it. Kernels that
+// use neither run their threads one after another without fibers. A barrier that can never
+// complete (threads of a block that wait at different barriers) is reported as a failed
+// launch instead of hanging.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+struct kemu_dim3 {
+  unsigned x, y, z;
+};
+static thread_local kemu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+// Shared memory: one copy per OS thread, and a launch's blocks run one after another on it.
+#define __shared__ static thread_local
+#define KILN_HOST_EMULATION 1
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) ushort4 { unsigned short x, y, z, w; };
+struct alignas(4) uchar4 { unsigned char x, y, z, w; };
+
+static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+static inline int __float_as_int(float f) { int v; memcpy(&v, &f, 4); return v; }
+static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
+static inline long long __double_as_longlong(double d) { long long v; memcpy(&v, &d, 8); return v; }
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+
+// The 16-bit float conversions the generated prelude does with PTX `cvt` (round to nearest
+// even, NaN kept quiet, overflow to infinity).
+static inline float k_h2f(unsigned short h) {
+  unsigned sign = (unsigned)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0);
+  } else if (exp == 0) {
+    float f = ldexpf((float)man, -24);
+    return sign ? -f : f;
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  return __uint_as_float(bits);
+}
+static inline unsigned short k_f2h(float f) {
+  unsigned bits = (unsigned)__float_as_int(f), sign = (bits >> 16) & 0x8000;
+  unsigned exp = (bits >> 23) & 0xff, man = bits & 0x7fffff;
+  if (exp == 0xff) return (unsigned short)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+  float a = fabsf(f);
+  if (a >= 65520.0f) return (unsigned short)(sign | 0x7c00);
+  if (a < 6.103515625e-05f) {  // subnormal half: a multiple of 2^-24, rounded to even
+    float q = rintf(a * 16777216.0f);
+    return (unsigned short)(sign | (unsigned)q);
+  }
+  // Normal: round the 23-bit mantissa to 10 bits, to nearest even; a carry bumps the exponent.
+  unsigned e = exp - 112, m = man >> 13, rest = man & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (m & 1))) m++;
+  unsigned h = (e << 10) + m;
+  return (unsigned short)(sign | h);
+}
+static inline float k_b2f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+static inline unsigned short k_f2b(float f) {
+  unsigned bits = (unsigned)__float_as_int(f);
+  if ((bits & 0x7fffffff) > 0x7f800000) return (unsigned short)((bits >> 16) | 0x40);
+  unsigned rounding = 0x7fff + ((bits >> 16) & 1);
+  return (unsigned short)((bits + rounding) >> 16);
+}
+
+// Atomics: a launch runs on one OS thread, so plain read-modify-writes are atomic here.
+static inline long long atomicMin(long long* p, long long v) { long long o = *p; if (v < o) *p = v; return o; }
+static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { unsigned long long o = *p; if (v < o) *p = v; return o; }
+static inline int atomicMin(int* p, int v) { int o = *p; if (v < o) *p = v; return o; }
+static inline double atomicAdd(double* p, double v) { double o = *p; *p = o + v; return o; }
+static inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
+static inline long long atomicAdd(long long* p, long long v) { long long o = *p; *p = (long long)((unsigned long long)o + (unsigned long long)v); return o; }
+static inline int atomicAdd(int* p, int v) { int o = *p; *p = (int)((unsigned)o + (unsigned)v); return o; }
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long c, unsigned long long v) { unsigned long long o = *p; if (o == c) *p = v; return o; }
+
+namespace kemu {
+
+enum { MAX_THREADS = 1024, STACK = 64 * 1024 };
+
+struct Fiber {
+  ucontext_t ctx;
+  unsigned tid;
+  bool done;
+};
+
+struct Block {
+  Fiber fibers[MAX_THREADS];
+  char* stacks = nullptr;
+  unsigned threads = 0, live = 0;
+  // Block barrier and one barrier per warp: arrivals and a generation that a completed
+  // barrier advances. `progress` counts arrivals and exits, for deadlock detection.
+  unsigned arrived = 0, generation = 0;
+  unsigned warp_arrived[32] = {}, warp_generation[32] = {}, warp_live[32] = {};
+  unsigned long long progress = 0;
+  unsigned long long slots[32][32];
+  bool deadlock = false;
+};
+
+static thread_local Block* block;
+static thread_local Fiber* current;
+static thread_local ucontext_t scheduler;
+static thread_local void (*body)(void*);
+static thread_local void* closure;
+
+static inline void yield() { swapcontext(&current->ctx, &scheduler); }
+
+static inline void wait_until(const unsigned* generation, unsigned seen) {
+  while (*generation == seen) {
+    yield();
+    if (block->deadlock) {
+      // Unwinding is not possible across fibers: park this thread until the launch ends.
+      for (;;) yield();
+    }
+  }
+}
+
+static inline void sync_block() {
+  Block* b = block;
+  unsigned seen = b->generation;
+  b->progress++;
+  if (++b->arrived == b->live) {
+    b->arrived = 0;
+    b->generation++;
+    return;
+  }
+  wait_until(&b->generation, seen);
+}
+
+static inline void sync_warp() {
+  Block* b = block;
+  unsigned w = threadIdx.x / 32, seen = b->warp_generation[w];
+  b->progress++;
+  if (++b->warp_arrived[w] == b->warp_live[w]) {
+    b->warp_arrived[w] = 0;
+    b->warp_generation[w]++;
+    return;
+  }
+  wait_until(&b->warp_generation[w], seen);
+}
+
+// A thread that finishes may complete the barriers the others wait at.
+static inline void exit_thread() {
+  Block* b = block;
+  unsigned w = current->tid / 32;
+  b->progress++;
+  b->live--;
+  b->warp_live[w]--;
+  if (b->arrived > 0 && b->arrived == b->live) {
+    b->arrived = 0;
+    b->generation++;
+  }
+  if (b->warp_arrived[w] > 0 && b->warp_arrived[w] == b->warp_live[w]) {
+    b->warp_arrived[w] = 0;
+    b->warp_generation[w]++;
+  }
+}
+
+static void fiber_main() {
+  body(closure);
+  exit_thread();
+  current->done = true;
+  swapcontext(&current->ctx, &scheduler);
+}
+
+// Runs one launch: `fn(env)` once per thread of every block. Returns 0, or 1 when a block's
+// threads deadlocked at barriers (reported on stderr), or 2 for a bad configuration.
+static inline int launch(const unsigned grid[3], const unsigned blk[3], bool cooperative,
+                         void (*fn)(void*), void* env, const char* name) {
+  unsigned long long threads = (unsigned long long)blk[0] * blk[1] * blk[2];
+  if (threads == 0 || threads > MAX_THREADS || grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
+    fprintf(stderr, "kiln emulator: %s launched with %u x %u x %u blocks of %u x %u x %u threads\n",
+            name, grid[0], grid[1], grid[2], blk[0], blk[1], blk[2]);
+    return 2;
+  }
+  if (blk[1] != 1 || blk[2] != 1) {
+    fprintf(stderr, "kiln emulator: %s: only 1-D blocks are emulated\n", name);
+    return 2;
+  }
+  gridDim = {grid[0], grid[1], grid[2]};
+  blockDim = {blk[0], blk[1], blk[2]};
+  body = fn;
+  closure = env;
+  if (!cooperative) {
+    for (unsigned bz = 0; bz < grid[2]; bz++)
+      for (unsigned by = 0; by < grid[1]; by++)
+        for (unsigned bx = 0; bx < grid[0]; bx++) {
+          blockIdx = {bx, by, bz};
+          for (unsigned t = 0; t < threads; t++) {
+            threadIdx = {t, 0, 0};
+            fn(env);
+          }
+        }
+    return 0;
+  }
+  static thread_local Block* storage;
+  if (!storage) {
+    storage = new Block();
+    storage->stacks = (char*)mmap(nullptr, (size_t)MAX_THREADS * STACK, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (storage->stacks == MAP_FAILED) {
+      fprintf(stderr, "kiln emulator: no memory for fiber stacks\n");
+      return 2;
+    }
+  }
+  Block* b = storage;
+  block = b;
+  for (unsigned bz = 0; bz < grid[2]; bz++)
+    for (unsigned by = 0; by < grid[1]; by++)
+      for (unsigned bx = 0; bx < grid[0]; bx++) {
+        blockIdx = {bx, by, bz};
+        b->threads = b->live = (unsigned)threads;
+        b->arrived = 0;
+        b->deadlock = false;
+        for (unsigned w = 0; w < 32; w++) {
+          b->warp_arrived[w] = 0;
+          unsigned first = w * 32;
+          b->warp_live[w] = first >= threads ? 0 : (threads - first < 32 ? threads - first : 32);
+        }
+        for (unsigned t = 0; t < threads; t++) {
+          Fiber* f = &b->fibers[t];
+          f->tid = t;
+          f->done = false;
+          getcontext(&f->ctx);
+          f->ctx.uc_stack.ss_sp = b->stacks + (size_t)t * STACK;
+          f->ctx.uc_stack.ss_size = STACK;
+          f->ctx.uc_link = nullptr;
+          makecontext(&f->ctx, fiber_main, 0);
+        }
+        // Round robin until every thread has finished; a whole round in which no thread
+        // arrives anywhere or exits means the remaining ones wait forever.
+        while (b->live > 0) {
+          unsigned long long before = b->progress;
+          for (unsigned t = 0; t < threads; t++) {
+            Fiber* f = &b->fibers[t];
+            if (f->done) continue;
+            current = f;
+            threadIdx = {t, 0, 0};
+            swapcontext(&scheduler, &f->ctx);
+          }
+          if (b->live > 0 && b->progress == before) {
+            if (b->deadlock) {
+              fprintf(stderr,
+                      "kiln emulator: %s: block (%u, %u, %u): %u threads wait at barriers the "
+                      "others never reach\n",
+                      name, bx, by, bz, b->live);
+              return 1;
+            }
+            b->deadlock = true;  // one more round lets parked threads see it
+          }
+        }
+      }
+  return 0;
+}
+
+template <class T>
+static inline T shfl_down(T v, int delta) {
+  Block* b = block;
+  unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  b->slots[w][lane] = bits;
+  sync_warp();
+  T r = v;
+  unsigned from = lane + (unsigned)delta;
+  if (from < 32 && w * 32 + from < b->threads) memcpy(&r, &b->slots[w][from], sizeof(T));
+  sync_warp();
+  return r;
+}
+
+}  // namespace kemu
+
+static inline void __syncthreads() { kemu::sync_block(); }
+template <class T>
+static inline T __shfl_down_sync(unsigned, T v, int delta) { return kemu::shfl_down(v, delta); }

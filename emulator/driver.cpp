@@ -1,0 +1,360 @@
+// libcuda.so of kiln's emulated CUDA device: the driver API entry points kiln uses, over host
+// memory. One device ("kiln emulated CUDA device", compute capability 9.0, 4 multiprocessors),
+// one primary context; every stream runs its work at once, in order, so events and
+// synchronization are immediate. Device memory is host memory with a guard page after every
+// allocation, so a kernel that writes past the end of a buffer faults at once; copies and
+// memsets are checked against the allocations they touch.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void* CUcontext;
+typedef void* CUstream;
+typedef void* CUevent;
+typedef void* CUmodule;
+typedef void* CUfunction;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_IMAGE = 200,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_LAUNCH_FAILED = 719,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+namespace {
+
+bool initialized = false;
+int context_tag;  // the primary context's handle is its address
+thread_local CUcontext current = nullptr;
+
+struct Alloc {
+  void* map;
+  size_t map_len, len;
+};
+std::mutex lock;
+std::map<CUdeviceptr, Alloc> allocations;  // by start address
+size_t in_use = 0;
+const size_t TOTAL = size_t(16) << 30;
+
+size_t page() { return (size_t)sysconf(_SC_PAGESIZE); }
+
+// Whether [p, p + n) lies inside one live allocation.
+bool inside(CUdeviceptr p, size_t n) {
+  std::lock_guard<std::mutex> g(lock);
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return false;
+  --it;
+  return p >= it->first && p + n <= it->first + it->second.len;
+}
+
+CUresult checked(CUdeviceptr p, size_t n, const char* what) {
+  if (n == 0 || inside(p, n)) return CUDA_SUCCESS;
+  fprintf(stderr, "kiln emulator: %s of %zu bytes at 0x%llx is outside every device allocation\n",
+          what, n, p);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+struct Module {
+  void* handle;
+};
+struct Function {
+  int (*launch)(void**, const unsigned*, const unsigned*);
+  unsigned params;
+  std::string name;
+};
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  initialized = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult e, const char** s) {
+  switch (e) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorString(CUresult e, const char** s) {
+  return cuGetErrorName(e, s);
+}
+
+CUresult cuDeviceGetCount(int* n) {
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "%s", "kiln emulated CUDA device");
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice d) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attribute) {
+    case 1: *v = 1024; break;   // max threads per block
+    case 16: *v = 4; break;     // multiprocessors
+    case 75: *v = 9; break;     // compute capability major
+    case 76: *v = 0; break;     // minor
+    case 10: *v = 32; break;    // warp size
+    case 115: *v = 0; break;    // memory pools: not supported (cudarc then allocates synchronously)
+    default: *v = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = TOTAL;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> g(lock);
+  *free = TOTAL - in_use;
+  *total = TOTAL;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = &context_tag;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return CUDA_SUCCESS; }
+
+CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  *ctx = current;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (ctx && ctx != &context_tag) return CUDA_ERROR_INVALID_CONTEXT;
+  current = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice* d) {
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize() { return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+
+// Streams and events: work runs when it is queued, so there is never anything to wait for.
+CUresult cuStreamCreate(CUstream* s, unsigned) {
+  *s = new int(0);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+  delete (int*)s;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream) { return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
+CUresult cuEventCreate(CUevent* e, unsigned) {
+  *e = new int(0);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+  delete (int*)e;
+  return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+CUresult cuEventSynchronize(CUevent e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+CUresult cuEventQuery(CUevent e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  size_t pg = page(), body = (bytes + pg - 1) / pg * pg, len = body + pg;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    if (in_use + bytes > TOTAL) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  // The block ends where the guard page starts, at a 256-byte aligned address (as cuMemAlloc
+  // aligns): sizes that are multiples of 256 end exactly at the guard.
+  char* guard = (char*)m + body;
+  mprotect(guard, pg, PROT_NONE);
+  CUdeviceptr start = ((CUdeviceptr)(uintptr_t)guard - bytes) & ~(CUdeviceptr)255;
+  // Fresh device memory holds garbage: kernels must not read what nobody wrote.
+  memset((void*)(uintptr_t)start, 0xa5, bytes);
+  std::lock_guard<std::mutex> g(lock);
+  allocations[start] = Alloc{m, len, bytes};
+  in_use += bytes;
+  *p = start;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  Alloc a;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = allocations.find(p);
+    if (it == allocations.end()) {
+      fprintf(stderr, "kiln emulator: freeing 0x%llx, which is not a device allocation\n", p);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    a = it->second;
+    in_use -= a.len;
+    allocations.erase(it);
+  }
+  munmap(a.map, a.map_len);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = malloc(bytes ? bytes : 1);
+  return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuMemFreeHost(void* p) {
+  free(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  CUresult r = checked(dst, n, "a copy to the device");
+  if (r == CUDA_SUCCESS && n) memcpy((void*)(uintptr_t)dst, src, n);
+  return r;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+  return cuMemcpyHtoD_v2(dst, src, n);
+}
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  CUresult r = checked(src, n, "a copy from the device");
+  if (r == CUDA_SUCCESS && n) memcpy(dst, (const void*)(uintptr_t)src, n);
+  return r;
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream) {
+  return cuMemcpyDtoH_v2(dst, src, n);
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  CUresult r = checked(src, n, "a device-to-device copy's source");
+  if (r == CUDA_SUCCESS) r = checked(dst, n, "a device-to-device copy's destination");
+  if (r == CUDA_SUCCESS && n) memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
+  return r;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+  return cuMemcpyDtoD_v2(dst, src, n);
+}
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+  CUresult r = checked(dst, n, "a memset");
+  if (r == CUDA_SUCCESS && n) memset((void*)(uintptr_t)dst, v, n);
+  return r;
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
+  return cuMemsetD8_v2(dst, v, n);
+}
+
+// A module is the shared library the emulated NVRTC built; its "PTX" names it.
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  const char* text = (const char*)image;
+  const char* marker = "// kiln emulator module\n";
+  if (strncmp(text, marker, strlen(marker)) != 0) {
+    fprintf(stderr, "kiln emulator: a module that the emulated NVRTC did not build\n");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  std::string path(text + strlen(marker));
+  while (!path.empty() && (path.back() == '\n' || path.back() == '\0')) path.pop_back();
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "kiln emulator: loading %s: %s\n", path.c_str(), dlerror());
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  *m = new Module{h};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+  // The library stays loaded: functions taken from it may still be cached by the caller.
+  delete (Module*)m;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  void* h = ((Module*)m)->handle;
+  std::string launch = std::string("kiln_emulator_launch_") + name;
+  std::string params = std::string("kiln_emulator_params_") + name;
+  void* l = dlsym(h, launch.c_str());
+  void* p = dlsym(h, params.c_str());
+  if (!l || !p) return CUDA_ERROR_NOT_FOUND;
+  *f = new Function{(int (*)(void**, const unsigned*, const unsigned*))l, *(const unsigned*)p, name};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int* v, int, CUfunction) {
+  *v = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, CUstream, void** params,
+                        void** extra) {
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  Function* fn = (Function*)f;
+  if (extra || (fn->params > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+  if (shared > 48 * 1024) return CUDA_ERROR_INVALID_VALUE;
+  unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  int r = fn->launch(params, grid, block);
+  if (r == 2) return CUDA_ERROR_INVALID_VALUE;
+  return r == 0 ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_FAILED;
+}
+}
