@@ -8,13 +8,26 @@
 // complete (threads of a block that wait at different barriers) is reported as a failed
 // launch instead of hanging.
 #pragma once
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+
+// libm, declared rather than included: <math.h> in C++ mode costs more compile time than a
+// whole kernel, and every fused kernel is compiled on its own.
+extern "C" {
+#define KEMU_MATH(name) float name##f(float); double name(double);
+KEMU_MATH(fabs) KEMU_MATH(sqrt) KEMU_MATH(exp) KEMU_MATH(log) KEMU_MATH(sin) KEMU_MATH(cos)
+KEMU_MATH(tanh) KEMU_MATH(erf) KEMU_MATH(floor) KEMU_MATH(ceil) KEMU_MATH(rint)
+#undef KEMU_MATH
+float powf(float, float); double pow(double, double);
+float fmaxf(float, float); double fmax(double, double);
+float fminf(float, float); double fmin(double, double);
+float ldexpf(float, int); double ldexp(double, int);
+float nextafterf(float, float);
+}
 
 struct kemu_dim3 {
   unsigned x, y, z;
@@ -290,3 +303,9 @@ static inline T shfl_down(T v, int delta) {
 static inline void __syncthreads() { kemu::sync_block(); }
 template <class T>
 static inline T __shfl_down_sync(unsigned, T v, int delta) { return kemu::shfl_down(v, delta); }
+
+static inline float __double2float_rz(double x) {
+  float f = (float)x;
+  if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
+  return f;
+}

@@ -13,6 +13,10 @@
 //! toolkit or the `nvidia-cuda-nvrtc`/`nvidia-cublas` wheels, put their `lib` directory on
 //! `LD_LIBRARY_PATH` before the program starts.
 //!
+//! Without a GPU, `emulator/` in kiln's repository builds stand-ins for these three libraries
+//! that run kiln's generated CUDA C on the CPU (a C++ compiler builds each kernel; a block's
+//! threads run as fibers, so barriers and warp shuffles behave); CI runs the CUDA tests on it.
+//!
 //! ```
 //! let n = kiln::cuda::device_count();
 //! assert_eq!(kiln::cuda::is_available(), n > 0);
@@ -30,6 +34,16 @@ pub fn is_available() -> bool {
 /// The number of CUDA devices the driver reports: 0 without a driver.
 pub fn device_count() -> usize {
     kiln_runtime::cuda::device_count()
+}
+
+/// Why there is no CUDA device ("no CUDA driver was found (libcuda.so could not be loaded
+/// ...)", "the CUDA driver reports no devices", ...), or `None` when there is one.
+///
+/// ```
+/// assert_eq!(kiln::cuda::unavailable_reason().is_none(), kiln::cuda::is_available());
+/// ```
+pub fn unavailable_reason() -> Option<&'static str> {
+    kiln_runtime::cuda::unavailable_reason()
 }
 
 /// Bytes of device `ordinal`'s memory held by live tensors (0 for a device never used).

@@ -32,12 +32,18 @@ impl Rng {
 }
 
 /// CUDA device 0 when there is one; otherwise `None`, after printing why the calling test
-/// is skipped.
+/// is skipped. With `KILN_REQUIRE_GPU=1` (CI's run on the emulated device sets it) a missing
+/// device fails the test instead: a GPU run that skipped everything must not pass.
 pub fn gpu_or_skip(test: &str) -> Option<Device> {
     if kiln::cuda::is_available() {
         return Some(Device::Cuda(0));
     }
-    eprintln!("skipped {test}: no CUDA device (kiln::cuda::device_count() is 0)");
+    let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+    assert!(
+        std::env::var_os("KILN_REQUIRE_GPU").is_none_or(|v| v != "1"),
+        "{test}: KILN_REQUIRE_GPU=1 but there is no CUDA device: {why}"
+    );
+    eprintln!("skipped {test}: no CUDA device ({why})");
     None
 }
 

@@ -43,7 +43,7 @@ fn grid_loop(src: &mut String, var: &str) {
 
 /// Statements splitting `index` (a row-major position over `dims`) into coordinates, adding
 /// `coordinate * weights[k][d]` to the variable `names[k]` for each weight set; the dimension
-/// `skip` is left out (its coordinate is walked separately).
+/// `skip` adds nothing (its coordinate is found or walked separately).
 fn split(
     src: &mut String,
     index: &str,
@@ -53,7 +53,12 @@ fn split(
 ) {
     let _ = writeln!(src, "    long long r = {index};");
     for d in (0..dims.len()).rev() {
-        if Some(d) == skip || dims[d] == 1 {
+        if dims[d] == 1 {
+            continue;
+        }
+        if Some(d) == skip {
+            // Its coordinate adds nothing, but the ones before it are above it.
+            let _ = writeln!(src, "    r /= {}LL;", dims[d]);
             continue;
         }
         let _ = writeln!(src, "    {{ long long c = r % {}LL; r /= {}LL;", dims[d], dims[d]);
@@ -195,7 +200,14 @@ pub fn scatter(
     if float_sum {
         let _ = writeln!(body, "extern \"C\" __global__ void ENTRY2({args}) {{");
         grid_loop(&mut body, "i");
-        let _ = writeln!(body, "    out[i] = {};", store(dtype, "(float)scratch[i]"));
+        // One rounding from the f64 sum, as the reference's conversion does: to f32 with
+        // round-to-odd first, so the 16-bit rounding after it is not a second one.
+        let sum = match dtype {
+            DType::F64 => "scratch[i]".to_string(),
+            DType::F32 => "(float)scratch[i]".to_string(),
+            _ => store(dtype, "k_d2f_odd(scratch[i])"),
+        };
+        let _ = writeln!(body, "    out[i] = {sum};");
         body.push_str("  }\n}\n");
     }
     let name = if accumulate { "scatter_add" } else { "scatter" };

@@ -17,8 +17,9 @@
 //!
 //! Arguments, in order: one pointer per input, one per output, one value per parameter (of
 //! its expression's type, see [`param_types`]), and the number of output elements.
-//! Integer semantics follow Rust's `as` and the reference executor: float-to-integer casts
-//! truncate, saturate and send NaN to 0; integer arithmetic wraps. The runtime compiles with
+//! Integer semantics follow the reference executor: a float becomes an `i64` as Rust's `as`
+//! does (truncated, saturated, NaN to 0) and narrower integers wrap from there; integer
+//! arithmetic wraps. The runtime compiles with
 //! `--fmad=false`, so each `+`, `-`, `*` and `/` rounds once, exactly as on the CPU.
 
 use std::fmt::Write as _;
@@ -88,7 +89,8 @@ __device__ __forceinline__ double k_maxd(double a, double b) { return (a != a ||
 __device__ __forceinline__ double k_mind(double a, double b) { return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000LL) : fmin(a, b); }
 __device__ __forceinline__ float k_inff() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double k_infd() { return __longlong_as_double(0x7ff0000000000000LL); }
-__device__ __forceinline__ long long k_f2i(double x, double lo, double hi) { return x != x ? 0 : (x <= lo ? (long long)lo : (x >= hi ? (long long)hi : (long long)x)); }
+__device__ __forceinline__ float k_d2f_odd(double x) { float f = __double2float_rz(x); return ((double)f != x && f == f) ? __int_as_float(__float_as_int(f) | 1) : f; }
+__device__ __forceinline__ long long k_f2i(double x) { return x != x ? 0 : (x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (x >= 9223372036854775808.0 ? 9223372036854775807LL : (long long)x)); }
 "#;
 
 /// How a dtype is stored in memory.
@@ -181,6 +183,14 @@ fn body_with(src: &mut String, kernel: &Kernel, indent: &str, element: &dyn Fn(u
             ExprKind::Where(c, a, b) => format!("(e{c} ? e{a} : e{b})"),
             ExprKind::Cast(a) => cast(kernel.exprs[a].dtype, e.dtype, &format!("e{a}")),
         };
+        // 16-bit float results are rounded to their precision after every op, as the CPU
+        // backend and the reference executor do (stored values are exact already).
+        let v = match (e.dtype, e.kind) {
+            (_, ExprKind::Load(_) | ExprKind::Where(..)) => v,
+            (DType::F16, _) => format!("k_h2f(k_f2h({v}))"),
+            (DType::BF16, _) => format!("k_b2f(k_f2b({v}))"),
+            _ => v,
+        };
         let _ = writeln!(src, "{indent}{t} e{k} = ({t})({v});");
     }
 }
@@ -237,21 +247,14 @@ fn binary(op: BinaryOp, arg: DType, a: &str, b: &str) -> String {
     }
 }
 
-/// Rust's `as` from `from` to `to`.
+/// The reference executor's conversion from `from` to `to`: a float becomes an `i64` as Rust's
+/// `as` does (truncated, saturated, NaN to 0), and a narrower integer wraps from there, as do
+/// integer-to-integer casts (C's conversions to `int` and `unsigned char` wrap).
 fn cast(from: DType, to: DType, x: &str) -> String {
-    let range = |d: DType| -> Option<(&str, &str)> {
-        match d {
-            DType::I64 => Some(("-9223372036854775808.0", "9223372036854775807.0")),
-            DType::I32 => Some(("-2147483648.0", "2147483647.0")),
-            DType::U8 => Some(("0.0", "255.0")),
-            _ => None,
-        }
-    };
     match (from.is_float(), to) {
         (_, DType::Bool) => format!("{x} != 0"),
         (true, t) if !t.is_float() => {
-            let (lo, hi) = range(t).expect("an integer dtype");
-            format!("k_f2i((double){x}, {lo}, {hi})")
+            format!("k_f2i((double){x})")
         }
         _ => x.to_string(),
     }
