@@ -7,20 +7,38 @@ use kiln::prelude::*;
 
 use crate::common::*;
 
+thread_local! {
+    /// Where the gradchecks' inputs live: the CPU, or a GPU for tests/cuda.rs.
+    static DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
+}
+
+/// Runs `check` with its inputs on `device`: the CUDA tests run this file's gradchecks on a
+/// GPU.
+pub(crate) fn on_device(device: Device, check: fn()) {
+    let before = DEVICE.with(|d| d.replace(device));
+    check();
+    DEVICE.with(|d| d.set(before));
+}
+
 fn input(rng: &mut Rng, shape: &[usize], layout: Layout) -> Tensor {
     let data = values(rng, shape.iter().product(), DType::F64);
-    make(&data, shape, DType::F64, layout)
+    make_on(&data, shape, DType::F64, layout, DEVICE.with(std::cell::Cell::get))
 }
 
 fn positive(rng: &mut Rng, shape: &[usize], layout: Layout) -> Tensor {
     let data: Vec<f64> = (0..shape.iter().product()).map(|_| rng.uniform(0.5, 2.5)).collect();
-    make(&data, shape, DType::F64, layout)
+    make_on(&data, shape, DType::F64, layout, DEVICE.with(std::cell::Cell::get))
+}
+
+/// An index tensor on the device of `like`.
+fn index(values: Vec<i64>, shape: &[usize], like: &Tensor) -> Tensor {
+    Tensor::from_vec(values, shape).to(like.device())
 }
 
 type F = fn(&[Tensor]) -> Tensor;
 
 #[test]
-fn unary_ops_pass_gradcheck() {
+pub(crate) fn unary_ops_pass_gradcheck() {
     let mut rng = Rng::new(41);
     let cases: Vec<(&str, F, bool)> = vec![
         ("neg", |x| -&x[0], false),
@@ -57,7 +75,7 @@ fn unary_ops_pass_gradcheck() {
 }
 
 #[test]
-fn binary_ops_pass_gradcheck_with_broadcasting() {
+pub(crate) fn binary_ops_pass_gradcheck_with_broadcasting() {
     let mut rng = Rng::new(42);
     let cases: Vec<(&str, F)> = vec![
         ("add", |x| &x[0] + &x[1]),
@@ -90,7 +108,7 @@ fn binary_ops_pass_gradcheck_with_broadcasting() {
 }
 
 #[test]
-fn reductions_and_movement_pass_gradcheck() {
+pub(crate) fn reductions_and_movement_pass_gradcheck() {
     let mut rng = Rng::new(43);
     let cases: Vec<(&str, F)> = vec![
         ("sum", |x| x[0].sum()),
@@ -134,7 +152,7 @@ impl TLast for Tensor {
 }
 
 #[test]
-fn matmul_passes_gradcheck_in_every_form() {
+pub(crate) fn matmul_passes_gradcheck_in_every_form() {
     let mut rng = Rng::new(44);
     let shapes: [(&[usize], &[usize]); 6] = [
         (&[3, 4], &[4, 2]),
@@ -155,7 +173,7 @@ fn matmul_passes_gradcheck_in_every_form() {
 }
 
 #[test]
-fn second_derivatives_of_math_and_matmul() {
+pub(crate) fn second_derivatives_of_math_and_matmul() {
     let mut rng = Rng::new(45);
     // gradcheck of the gradient: d/dx of (d/dx sum f(x)).
     let cases: Vec<(&str, F)> = vec![
@@ -336,15 +354,13 @@ fn where_and_pow_edge_cases_pass_gradcheck() {
 }
 
 #[test]
-fn selection_ops_pass_gradcheck() {
+pub(crate) fn selection_ops_pass_gradcheck() {
     let mut rng = Rng::new(47);
-    let idx = Tensor::from_vec(vec![2i64, 0, 1, 1, 3, 0], [3, 2]);
-    let rows = Tensor::from_vec(vec![2i64, 0, 2], [3]);
     let cases: Vec<(&str, F)> = vec![
         ("i(..)", |x| x[0].i((1.., 1..3)).exp()),
         ("select", |x| x[0].select(1, -1).square()),
-        ("gather", |x| x[0].gather(1, &Tensor::from_vec(vec![2i64, 0, 1, 1, 3, 0], [3, 2])).exp()),
-        ("index_select", |x| x[0].index_select(0, &Tensor::from_vec(vec![2i64, 0, 2], [3])).sin()),
+        ("gather", |x| x[0].gather(1, &index(vec![2, 0, 1, 1, 3, 0], &[3, 2], &x[0])).exp()),
+        ("index_select", |x| x[0].index_select(0, &index(vec![2, 0, 2], &[3], &x[0])).sin()),
         ("masked_select", |x| x[0].masked_select(&x[0].gt(0.0)).square()),
         ("masked_fill", |x| x[0].masked_fill(&x[0].lt(0.0), 1.5) * &x[0]),
         ("cat", |x| Tensor::cat(&[&x[0], &x[0].exp(), &x[0].narrow(0, 0, 1)], 0).tanh()),
@@ -362,19 +378,14 @@ fn selection_ops_pass_gradcheck() {
         ("scatter base and src", |x| {
             x[0].scatter(
                 1,
-                &Tensor::from_vec(vec![2i64, 0, 1, 3, 3, 0], [3, 2]),
+                &index(vec![2, 0, 1, 3, 3, 0], &[3, 2], &x[0]),
                 x[0].narrow(1, 0, 2).exp(),
             )
         }),
         ("scatter_add", |x| {
-            x[0].scatter_add(
-                1,
-                &Tensor::from_vec(vec![2i64, 2, 1, 1, 3, 0], [3, 2]),
-                &x[0].square(),
-            )
+            x[0].scatter_add(1, &index(vec![2, 2, 1, 1, 3, 0], &[3, 2], &x[0]), &x[0].square())
         }),
     ];
-    let _ = (&idx, &rows);
     for (name, f) in cases {
         for layout in LAYOUTS {
             let x = input(&mut rng, &[3, 4], layout);
@@ -384,7 +395,7 @@ fn selection_ops_pass_gradcheck() {
 }
 
 #[test]
-fn composite_reductions_pass_gradcheck() {
+pub(crate) fn composite_reductions_pass_gradcheck() {
     let mut rng = Rng::new(48);
     let cases: Vec<(&str, F)> = vec![
         ("softmax", |x| x[0].softmax(1) * &x[0]),

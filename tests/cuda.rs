@@ -212,6 +212,27 @@ fn gradients_on_the_gpu_pass_gradcheck_in_f64() {
     kiln::autograd::gradcheck(g, &[x], 1e-6, 1e-6).unwrap();
 }
 
+/// The CPU's finite-difference checks of every differentiable op, with the inputs on the GPU
+/// (f64, every layout, broadcasting, second derivatives).
+#[test]
+fn every_differentiable_op_passes_gradcheck_on_the_gpu() {
+    let Some(gpu) = gpu_or_skip("every_differentiable_op_passes_gradcheck_on_the_gpu") else {
+        return;
+    };
+    use crate::autograd::*;
+    for check in [
+        unary_ops_pass_gradcheck,
+        binary_ops_pass_gradcheck_with_broadcasting,
+        reductions_and_movement_pass_gradcheck,
+        matmul_passes_gradcheck_in_every_form,
+        selection_ops_pass_gradcheck,
+        composite_reductions_pass_gradcheck,
+        second_derivatives_of_math_and_matmul,
+    ] {
+        on_device(gpu, check);
+    }
+}
+
 #[test]
 fn gradients_flow_back_across_a_device_copy() {
     let Some(gpu) = gpu_or_skip("gradients_flow_back_across_a_device_copy") else { return };

@@ -165,11 +165,16 @@ impl Tensor {
         // A loop, not a closure: `#[track_caller]` does not pass through closures, and a
         // view node made here must record the user's line.
         let mut nodes: Vec<Arc<LazyNode>> = Vec::with_capacity(inputs.len());
+        // Constants recorded again on the device: autograd must save these, not the
+        // originals, or the backward graph would mix devices (`x.pow(2.5)` on a GPU).
+        let mut moved: Vec<Tensor> = Vec::new();
         for t in inputs {
             if t.device() == device {
                 nodes.push(t.node());
             } else {
-                nodes.push(t.rehomed(device).node());
+                let r = t.rehomed(device);
+                nodes.push(r.node());
+                moved.push(r);
             }
         }
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
@@ -184,7 +189,23 @@ impl Tensor {
             Location::caller(),
         ));
         if let Some(op) = grad_op {
-            crate::autograd::attach(&out, op, inputs);
+            if moved.is_empty() {
+                crate::autograd::attach(&out, op, inputs);
+            } else {
+                let mut moved = moved.iter();
+                let saved: Vec<&Tensor> =
+                    inputs
+                        .iter()
+                        .map(|&t| {
+                            if t.device() == device {
+                                t
+                            } else {
+                                moved.next().expect("one per move")
+                            }
+                        })
+                        .collect();
+                crate::autograd::attach(&out, op, &saved);
+            }
         }
         Ok(out)
     }

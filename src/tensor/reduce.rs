@@ -258,6 +258,7 @@ impl Tensor {
             let mut positions_shape = vec![1; self.ndim()];
             positions_shape[axis] = self.dims()[axis];
             let positions = Tensor::arange(0i64, self.dims()[axis] as i64, 1)
+                .try_to(self.device())?
                 .try_reshape(&positions_shape.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
             let hit = positions.try_eq(&indices)?;
             Tensor::try_where_(&hit, self, 0.0)?.try_sum_dim(axis, true)?

@@ -197,7 +197,7 @@ impl Tensor {
             flags.iter().enumerate().filter(|(_, f)| **f).map(|(i, _)| i as i64).collect();
         let n = picks.len();
         let flat = self.broadcast_to(&shape).try_reshape(&[-1])?;
-        flat.try_gather(0, &Tensor::try_from_vec(picks, [n])?)
+        flat.try_gather(0, &Tensor::try_from_vec(picks, [n])?.try_to(self.device())?)
     }
 
     /// A copy with `value` where `mask` (broadcast) is true.
@@ -508,8 +508,8 @@ impl Tensor {
             ));
         }
         let (rows, cols) = (self.dims()[r - 2] as i64, self.dims()[r - 1] as i64);
-        let row = Tensor::arange(0i64, rows, 1).try_unsqueeze(1)?;
-        let col = Tensor::arange(0i64, cols, 1).try_unsqueeze(0)?;
+        let row = Tensor::arange(0i64, rows, 1).try_to(self.device())?.try_unsqueeze(1)?;
+        let col = Tensor::arange(0i64, cols, 1).try_to(self.device())?.try_unsqueeze(0)?;
         let offset = col.try_sub(&row)?;
         let keep = if lower { offset.try_le(diagonal)? } else { offset.try_ge(diagonal)? };
         Tensor::try_where_(&keep, self, Tensor::full_dtype((), 0, self.dtype()))
