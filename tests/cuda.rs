@@ -169,7 +169,7 @@ fn row_reductions_softmax_and_cross_entropy_on_the_gpu() {
         return;
     };
     kiln::manual_seed(5);
-    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099)] {
+    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099), (300, 257)] {
         let x = Tensor::randn([rows, cols]);
         let target = Tensor::randint(0, cols as i64, [rows]);
         let g = x.to(gpu);
@@ -179,6 +179,10 @@ fn row_reductions_softmax_and_cross_entropy_on_the_gpu() {
             (x.max_dim(1, false).0, g.max_dim(1, false).0),
             (x.sum_dim(0, true), g.sum_dim(0, true)),
             (x.var_dim(1, false), g.var_dim(1, false)),
+            // Over rows: one thread per output once there are many outputs.
+            (x.var_dim(0, false), g.var_dim(0, false)),
+            (x.amax(0, true), g.amax(0, true)),
+            (x.t().softmax(1), g.t().softmax(1)),
             (F::cross_entropy(&x, &target), F::cross_entropy(&g, &target.to(gpu))),
         ];
         for (i, (cpu, cuda)) in pairs.iter().enumerate() {

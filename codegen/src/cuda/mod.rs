@@ -8,8 +8,11 @@
 //! - **Reduction kernels** give each output element (a row) to one block: the threads stride
 //!   over the reduced positions, combine in registers, then across the warp with
 //!   `__shfl_down_sync` and across warps through shared memory. Launch them with a multiple
-//!   of 32 threads (at most 1024) per block. Outputs after the first store the unreduced
-//!   value at every domain position.
+//!   of 32 threads (at most 1024) per block. Reductions over strided positions (a sum over
+//!   rows: bias gradients, batch means) with many outputs instead give each output one thread
+//!   that walks its positions in order, so that a warp reads 32 neighbouring outputs' values
+//!   at once ([`reduces_by_columns`]; launch those like elementwise kernels). Outputs after
+//!   the first store the unreduced value at every domain position.
 //! - **16-bit floats** are stored as `unsigned short` and converted with PTX `cvt`
 //!   instructions, so no CUDA header is needed; arithmetic on them is done in `float`, as on
 //!   the CPU. (The emulated device in `emulator/` defines `KILN_HOST_EMULATION` and supplies
@@ -359,6 +362,26 @@ fn elementwise(src: &mut String, kernel: &Kernel) {
     src.push_str("  }\n");
 }
 
+/// Outputs below which a strided reduction still gives each output a block: with fewer, one
+/// thread per output would leave most of the device idle.
+const COLUMN_OUTPUTS: usize = 128;
+
+/// Whether `kernel` is a reduction that runs one thread per output (see [`source`]'s
+/// module docs): its reduced positions are not adjacent in memory in any input, and
+/// neighbouring outputs are, in at least one. Launch those like elementwise kernels (a grid
+/// over the outputs); the others take one block per output.
+pub fn reduces_by_columns(kernel: &Kernel) -> bool {
+    let Some(red) = kernel.reduce else { return false };
+    let rank = kernel.shape.rank();
+    let outputs: usize = kernel.shape.dims()[..red.kept].iter().product();
+    let inner = coalesce(kernel, red.kept..rank);
+    let outer = coalesce(kernel, 0..red.kept);
+    let innermost = |w: &crate::cpu::Walk, i: usize| w.strides[i].last().copied().unwrap_or(0);
+    outputs >= COLUMN_OUTPUTS
+        && (0..kernel.inputs.len()).all(|i| innermost(&inner, i) != 1)
+        && (0..kernel.inputs.len()).any(|i| innermost(&outer, i) == 1)
+}
+
 fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
     let rank = kernel.shape.rank();
     let outer = coalesce(kernel, 0..kept);
@@ -385,6 +408,36 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         ReduceOp::Min => (int_bound(dtype, true), "(a < b ? a : b)".to_string()),
         ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions are not kernels"),
     };
+    if reduces_by_columns(kernel) {
+        // One thread per output, walking its reduced positions in order: a warp's loads are
+        // neighbouring outputs, adjacent in memory.
+        let _ = writeln!(
+            src,
+            "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{"
+        );
+        for (i, off) in outer.offsets.iter().enumerate() {
+            let _ = writeln!(src, "    long long b{i} = {off}LL;");
+        }
+        locate(src, &outer, "row", 'b', "    ");
+        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
+        let _ = writeln!(src, "    for (long long j = 0; j < {count}LL; j++) {{");
+        for i in 0..outer.offsets.len() {
+            let _ = writeln!(src, "      long long o{i} = b{i};");
+        }
+        locate(src, &inner, "j", 'o', "      ");
+        body(src, kernel, "      ");
+        for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
+            let stored = store(kernel.exprs[o].dtype, &format!("e{o}"));
+            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {stored};");
+        }
+        let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
+        let _ = writeln!(src, "      acc = {combine};");
+        src.push_str("    }\n");
+        let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
+        let _ = writeln!(src, "    out0[row] = {};", store(dtype, &value));
+        src.push_str("  }\n");
+        return;
+    }
     let _ = writeln!(src, "  __shared__ {acc} partial[32];");
     let _ = writeln!(src, "  for (long long row = blockIdx.x; row < n; row += gridDim.x) {{");
     for (i, off) in outer.offsets.iter().enumerate() {

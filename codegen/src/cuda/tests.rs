@@ -90,6 +90,16 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     g.mark_output(y);
     out.extend(kernels_of(&g).into_iter().map(|k| ("softmax".to_string(), k)));
 
+    // A sum over rows with many outputs (bias gradients): one thread per output.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([9, 300]), DType::F32);
+    let e = un(&mut g, UnaryOp::Exp, x);
+    let r = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, &[e]).unwrap();
+    g.mark_output(r);
+    let column = kernels_of(&g);
+    assert!(column.iter().any(super::reduces_by_columns), "a column reduction");
+    out.extend(column.into_iter().map(|k| ("column_sum".to_string(), k)));
+
     // Every dtype: a cast chain through f32 math and a comparison, and a reduction.
     for dtype in DType::ALL {
         let mut g = Graph::new();
@@ -130,7 +140,9 @@ fn sources_have_one_entry_point_and_typed_arguments() {
         for i in 0..k.inputs.len() {
             assert!(src.contains(&format!("in{i}")), "{name}: input {i}");
         }
-        if k.reduce.is_some() {
+        if super::reduces_by_columns(&k) {
+            assert!(!src.contains("__shfl_down_sync"), "{name}: one thread per output");
+        } else if k.reduce.is_some() {
             assert!(src.contains("__shfl_down_sync"), "{name}: a warp reduction");
         } else {
             assert!(src.contains("i += (long long)gridDim.x * blockDim.x"), "{name}: grid-stride");

@@ -227,14 +227,16 @@ pub(crate) fn grid_config(gpu: &Gpu, n: usize) -> LaunchConfig {
     }
 }
 
-/// Grid and block sizes: elementwise kernels use blocks of [`BLOCK`] threads and at most 32
-/// blocks per multiprocessor (the loop strides over the rest); reductions use one block per
-/// row, with up to 1024 threads, as many as the row has elements (a multiple of 32).
+/// Grid and block sizes: elementwise kernels and reductions by columns (one thread per
+/// output) use blocks of [`BLOCK`] threads and at most 32 blocks per multiprocessor (the loop
+/// strides over the rest); other reductions use one block per row, with up to 1024 threads,
+/// as many as the row has elements (a multiple of 32).
 fn launch_config(gpu: &Gpu, kernel: &Kernel, n: usize) -> LaunchConfig {
     let max_blocks = u64::from(gpu.sms) * 32;
     let blocks = |wanted: u64| u32::try_from(wanted.clamp(1, max_blocks)).unwrap_or(1);
     match kernel.reduce {
         None => grid_config(gpu, n),
+        Some(_) if codegen::reduces_by_columns(kernel) => grid_config(gpu, n),
         Some(_) => {
             let row = kernel.shape.numel() / n.max(1);
             let threads = (row.div_ceil(32) * 32).clamp(32, 1024) as u32;
