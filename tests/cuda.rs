@@ -341,6 +341,54 @@ fn a_compiled_training_step_runs_on_the_gpu() {
     assert_close_tol(&f64s(&gpu_w), &f64s(&cpu_w), 1e-5, "weights");
 }
 
+/// A model of kiln's layers, moved to the GPU with `Parameters::to`, trains as on the CPU:
+/// embedding, layer norm, linear layers, GELU, dropout (in eval mode), cross-entropy and
+/// AdamW, eagerly and with `f16` activations.
+#[test]
+fn modules_train_on_the_gpu_as_on_the_cpu() {
+    use kiln::nn::{Dropout, Embedding, GELU, LayerNorm, Linear, Module, Parameters, Sequential};
+    use kiln::optim::AdamW;
+    let Some(gpu) = gpu_or_skip("modules_train_on_the_gpu_as_on_the_cpu") else { return };
+    let tokens = Tensor::from_vec((0..24).map(|i| (i * 7 % 11) as i64).collect::<Vec<_>>(), [24]);
+    let target = Tensor::from_vec((0..24).map(|i| (i % 5) as i64).collect::<Vec<_>>(), [24]);
+    let train = |device: Device| {
+        kiln::manual_seed(13);
+        let embed = Embedding::new(11, 16);
+        let mut body = Sequential::new()
+            .with(LayerNorm::new(&[16]))
+            .with(Linear::new(16, 32))
+            .with(GELU)
+            .with(Dropout::new(0.25))
+            .with(Linear::new(32, 5));
+        let mut embed = embed;
+        body.eval();
+        embed.to(device).expect("embedding to the device");
+        body.to(device).expect("layers to the device");
+        let mut params = embed.parameters();
+        params.extend(body.parameters());
+        assert!(params.iter().all(|p| p.device() == device && p.is_leaf()));
+        let mut opt = AdamW::new(params, AdamConfig { lr: 1e-2, ..AdamConfig::adamw() });
+        let (tokens, target) = (tokens.to(device), target.to(device));
+        let mut losses = Vec::new();
+        for _ in 0..4 {
+            opt.zero_grad();
+            let h = embed.forward(&tokens);
+            let logits = body.forward(&h.half()).float();
+            let loss = F::cross_entropy(&logits, &target);
+            loss.backward();
+            opt.step();
+            losses.push(loss.item::<f64>());
+        }
+        (losses, body.parameters()[2].to_vec::<f64>())
+    };
+    let (cpu_losses, cpu_w) = train(Device::Cpu);
+    let (gpu_losses, gpu_w) = train(gpu);
+    assert!(cpu_losses[3] < cpu_losses[0], "the model learns: {cpu_losses:?}");
+    // f16 activations: the two devices round the same values, but sums may differ in order.
+    assert_close_tol(&gpu_losses, &cpu_losses, 2e-3, "losses");
+    assert_close_tol(&gpu_w, &cpu_w, 2e-3, "a weight after four steps");
+}
+
 #[test]
 fn kernels_compile_once_per_structure() {
     let Some(gpu) = gpu_or_skip("kernels_compile_once_per_structure") else { return };

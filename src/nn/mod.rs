@@ -106,18 +106,24 @@ pub trait Parameters {
         self.set_training(false);
     }
 
-    /// Moves every parameter to `device`, keeping names and `requires_grad`.
+    /// Moves every parameter to `device`, keeping names and `requires_grad`. The moved
+    /// parameters are leaves of their own (as PyTorch's `module.to`): gradients collect on
+    /// them, where an optimizer built from [`Parameters::parameters`] afterwards finds them.
     ///
     /// # Errors
     /// [`Error::Device`] when the device cannot be used.
     fn to(&mut self, device: Device) -> Result<()> {
         let mut failure = None;
         self.visit_mut("", &mut |_, t| {
-            if failure.is_none() {
-                match t.try_to(device) {
-                    Ok(moved) => *t = moved,
-                    Err(e) => failure = Some(e),
-                }
+            if failure.is_some() || t.device() == device {
+                return;
+            }
+            let moved = t
+                .try_to(device)
+                .and_then(|moved| moved.detach().try_requires_grad_(t.requires_grad()));
+            match moved {
+                Ok(moved) => *t = moved,
+                Err(e) => failure = Some(e),
             }
         });
         failure.map_or(Ok(()), Err)
