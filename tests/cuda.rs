@@ -389,6 +389,62 @@ fn modules_train_on_the_gpu_as_on_the_cpu() {
     assert_close_tol(&gpu_w, &cpu_w, 2e-3, "a weight after four steps");
 }
 
+/// Ops that are not simple elementwise chains, each on the same data on both devices, over
+/// odd sizes and non-contiguous views.
+#[test]
+fn assorted_ops_on_the_gpu_match_the_cpu() {
+    let Some(gpu) = gpu_or_skip("assorted_ops_on_the_gpu_match_the_cpu") else { return };
+    type Op = fn(&Tensor) -> Tensor;
+    let ops: Vec<(&str, Op)> = vec![
+        ("cumsum long rows", |x| x.cumsum(1)),
+        ("cumsum over rows", |x| x.cumsum(0)),
+        ("argmax", |x| x.argmax(1, false)),
+        ("argmin dim 0", |x| x.argmin(0, true)),
+        ("logsumexp", |x| x.logsumexp(1, false)),
+        ("std", |x| x.std_dim(0, true)),
+        ("all/any", |x| Tensor::stack(&[&x.gt(0.0).all(), &x.lt(-3.0).any()], 0)),
+        ("cat", |x| Tensor::cat(&[x, &x.exp(), &x.narrow(0, 1, 2)], 0)),
+        ("stack transposed", |x| Tensor::stack(&[&x.t(), &x.t().sin()], 1)),
+        ("flip", |x| x.flip(&[0, 1])),
+        ("repeat", |x| x.repeat(&[2, 1])),
+        ("chunk", |x| x.chunk(3, 1)[1].tanh()),
+        ("masked_fill", |x| x.masked_fill(&x.gt(0.5), -1.0)),
+        ("clamp and where", |x| Tensor::where_(&x.gt(0.0), x.clamp(0.1, 0.9), x * 3.0)),
+        ("tril", |x| x.tril(1)),
+        ("einsum", |x| kiln::einsum("ij,kj->ik", &[x, &x.narrow(0, 0, 3)])),
+        ("matmul f16", |x| x.half().matmul(&x.t().half()).float()),
+        ("matmul bf16", |x| x.bfloat16().matmul(&x.t().bfloat16()).float()),
+        ("bmm of views", |x| {
+            x.narrow(1, 0, 60).reshape(&[5, 16, 15]).bmm(&x.narrow(1, 0, 60).reshape(&[5, 15, 16]))
+        }),
+        ("integer ops", |x| ((x * 10.0).to_dtype(DType::I32) * 7 + 3).cumsum(1)),
+        ("u8 sums", |x| (x.abs() * 40.0).to_dtype(DType::U8).sum_dim(1, false)),
+        ("in-place", |x| {
+            let y = x.copy();
+            y.narrow(1, 2, 5).mul_(&x.narrow(1, 0, 5));
+            y.add_(1.0);
+            y
+        }),
+    ];
+    let mut rng = Rng::new(17);
+    let data = values(&mut rng, 20 * 67, DType::F32);
+    for layout in LAYOUTS {
+        let x = make(&data, &[20, 67], DType::F32, layout);
+        let g = x.to(gpu);
+        for (name, op) in &ops {
+            let (want, got) = (op(&x), op(&g));
+            assert_eq!(got.device(), gpu, "{name}");
+            assert_eq!((got.dims(), got.dtype()), (want.dims(), want.dtype()), "{name}");
+            let tol = if name.contains("16") { 1e-2 } else { 1e-5 };
+            let at = format!("{name} {layout:?}");
+            assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), tol, &at);
+        }
+    }
+    // Printing a GPU tensor shows its values and device.
+    let text = format!("{}", Tensor::from_vec(vec![1.5f32, -2.0], [2]).to(gpu));
+    assert!(text.contains("1.5") && text.contains("cuda:0"), "{text}");
+}
+
 #[test]
 fn kernels_compile_once_per_structure() {
     let Some(gpu) = gpu_or_skip("kernels_compile_once_per_structure") else { return };
