@@ -421,7 +421,7 @@ fn assorted_ops_on_the_gpu_match_the_cpu() {
         ("u8 sums", |x| (x.abs() * 40.0).to_dtype(DType::U8).sum_dim(1, false)),
         ("in-place", |x| {
             let y = x.copy();
-            y.narrow(1, 2, 5).mul_(&x.narrow(1, 0, 5));
+            y.narrow(1, 2, 5).mul_(x.narrow(1, 0, 5));
             y.add_(1.0);
             y
         }),
