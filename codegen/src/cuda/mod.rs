@@ -408,6 +408,31 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         ReduceOp::Min => (int_bound(dtype, true), "(a < b ? a : b)".to_string()),
         ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions are not kernels"),
     };
+    let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
+    let stored = store(dtype, &value);
+    // Each output's row: its inputs' offsets, then its reduced positions `j` (from `first`,
+    // by `step`) combined into `acc`.
+    let accumulate = |src: &mut String, first: &str, step: &str| {
+        for (i, off) in outer.offsets.iter().enumerate() {
+            let _ = writeln!(src, "    long long b{i} = {off}LL;");
+        }
+        locate(src, &outer, "row", 'b', "    ");
+        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
+        let _ = writeln!(src, "    for (long long j = {first}; j < {count}LL; j += {step}) {{");
+        for i in 0..outer.offsets.len() {
+            let _ = writeln!(src, "      long long o{i} = b{i};");
+        }
+        locate(src, &inner, "j", 'o', "      ");
+        body(src, kernel, "      ");
+        // Outputs after the first store the reduced value itself at every domain position.
+        for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
+            let side = store(kernel.exprs[o].dtype, &format!("e{o}"));
+            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {side};");
+        }
+        let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
+        let _ = writeln!(src, "      acc = {combine};");
+        src.push_str("    }\n");
+    };
     if reduces_by_columns(kernel) {
         // One thread per output, walking its reduced positions in order: a warp's loads are
         // neighbouring outputs, adjacent in memory.
@@ -415,50 +440,14 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
             src,
             "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{"
         );
-        for (i, off) in outer.offsets.iter().enumerate() {
-            let _ = writeln!(src, "    long long b{i} = {off}LL;");
-        }
-        locate(src, &outer, "row", 'b', "    ");
-        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
-        let _ = writeln!(src, "    for (long long j = 0; j < {count}LL; j++) {{");
-        for i in 0..outer.offsets.len() {
-            let _ = writeln!(src, "      long long o{i} = b{i};");
-        }
-        locate(src, &inner, "j", 'o', "      ");
-        body(src, kernel, "      ");
-        for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
-            let stored = store(kernel.exprs[o].dtype, &format!("e{o}"));
-            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {stored};");
-        }
-        let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
-        let _ = writeln!(src, "      acc = {combine};");
-        src.push_str("    }\n");
-        let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
-        let _ = writeln!(src, "    out0[row] = {};", store(dtype, &value));
+        accumulate(src, "0", "1");
+        let _ = writeln!(src, "    out0[row] = {stored};");
         src.push_str("  }\n");
         return;
     }
     let _ = writeln!(src, "  __shared__ {acc} partial[32];");
     let _ = writeln!(src, "  for (long long row = blockIdx.x; row < n; row += gridDim.x) {{");
-    for (i, off) in outer.offsets.iter().enumerate() {
-        let _ = writeln!(src, "    long long b{i} = {off}LL;");
-    }
-    locate(src, &outer, "row", 'b', "    ");
-    let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
-    let _ = writeln!(src, "    for (long long j = threadIdx.x; j < {count}LL; j += blockDim.x) {{");
-    for i in 0..outer.offsets.len() {
-        let _ = writeln!(src, "      long long o{i} = b{i};");
-    }
-    locate(src, &inner, "j", 'o', "      ");
-    body(src, kernel, "      ");
-    // Outputs after the first store the reduced value itself at every domain position.
-    for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
-        let stored = store(kernel.exprs[o].dtype, &format!("e{o}"));
-        let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {stored};");
-    }
-    let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
-    let _ = writeln!(src, "      acc = {combine};");
-    src.push_str("    }\n");
+    accumulate(src, "threadIdx.x", "blockDim.x");
     let _ = writeln!(
         src,
         "    for (int s = 16; s > 0; s >>= 1) {{ {acc} a = acc, b = __shfl_down_sync(0xffffffffu, acc, s); acc = {combine}; }}"
@@ -474,8 +463,7 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         src,
         "      for (int s = 16; s > 0; s >>= 1) {{ {acc} a = acc, b = __shfl_down_sync(0xffffffffu, acc, s); acc = {combine}; }}"
     );
-    let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
-    let _ = writeln!(src, "      if (threadIdx.x == 0) out0[row] = {};", store(dtype, &value));
+    let _ = writeln!(src, "      if (threadIdx.x == 0) out0[row] = {stored};");
     src.push_str("    }\n    __syncthreads();\n  }\n");
 }
 
