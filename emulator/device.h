@@ -55,6 +55,11 @@ static inline long long __double_as_longlong(double d) { long long v; memcpy(&v,
 static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
   return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
+static inline float __double2float_rz(double x) {
+  float f = (float)x;
+  if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
+  return f;
+}
 
 // The 16-bit float conversions the generated prelude does with PTX `cvt` (round to nearest
 // even, NaN kept quiet, overflow to infinity).
@@ -303,9 +308,3 @@ static inline T shfl_down(T v, int delta) {
 static inline void __syncthreads() { kemu::sync_block(); }
 template <class T>
 static inline T __shfl_down_sync(unsigned, T v, int delta) { return kemu::shfl_down(v, delta); }
-
-static inline float __double2float_rz(double x) {
-  float f = (float)x;
-  if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
-  return f;
-}
