@@ -1,10 +1,14 @@
 // libcublas.so of kiln's emulated CUDA device: handles and cublasGemmStridedBatchedEx, with
 // cuBLAS's column-major conventions and argument checks, computed with plain loops (f64
-// accumulation for f64, f32 for the rest, as CUBLAS_COMPUTE_32F does).
+// accumulation for f64, f32 for the rest, as CUBLAS_COMPUTE_32F does). A handle belongs to
+// the device current when it was created: calls made with another device current, or on
+// another device's memory, fail (the emulated driver says which device owns what).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <initializer_list>
 
 typedef int cublasStatus_t;
 enum {
@@ -19,7 +23,12 @@ enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 
 struct Handle {
   void* stream;
+  int device;
 };
+
+// From the emulated libcuda.so (this library links against it).
+extern "C" int kiln_emulator_current_device();
+extern "C" int kiln_emulator_device_of(unsigned long long p);
 
 static float half_to_float(uint16_t h) {
   unsigned sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -79,7 +88,9 @@ static cublasStatus_t invalid(const char* why) {
 extern "C" {
 
 cublasStatus_t cublasCreate_v2(Handle** h) {
-  *h = new Handle{nullptr};
+  int device = kiln_emulator_current_device();
+  if (device < 0) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *h = new Handle{nullptr, device};
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy_v2(Handle* h) {
@@ -101,6 +112,12 @@ cublasStatus_t cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int 
                                           long long sb, const void* beta, void* C, int ct,
                                           int ldc, long long sc, int batch, int compute, int) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (kiln_emulator_current_device() != h->device)
+    return invalid("called with another device current than the handle's");
+  for (const void* p : {A, B, (const void*)C}) {
+    int owner = kiln_emulator_device_of((unsigned long long)(uintptr_t)p);
+    if (owner >= 0 && owner != h->device) return invalid("a matrix in another device's memory");
+  }
   if (m < 0 || n < 0 || k < 0 || batch < 0) return invalid("negative size");
   if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
     return invalid("unsupported operation");

@@ -216,13 +216,20 @@ static inline int launch(const unsigned grid[3], const unsigned blk[3], bool coo
   blockDim = {blk[0], blk[1], blk[2]};
   body = fn;
   closure = env;
+  // A GPU runs blocks (and the threads of a block) in no fixed order: every other launch runs
+  // them last to first, so results that depend on the order differ between runs of a test.
+  // KILN_EMULATOR_ORDER=forward keeps them in order.
+  static unsigned long long launches = 0;
+  static const char* order = getenv("KILN_EMULATOR_ORDER");
+  bool reverse = (launches++ & 1) && !(order && strcmp(order, "forward") == 0);
+  auto nth = [reverse](unsigned i, unsigned n) { return reverse ? n - 1 - i : i; };
   if (!cooperative) {
     for (unsigned bz = 0; bz < grid[2]; bz++)
       for (unsigned by = 0; by < grid[1]; by++)
-        for (unsigned bx = 0; bx < grid[0]; bx++) {
-          blockIdx = {bx, by, bz};
+        for (unsigned i = 0; i < grid[0]; i++) {
+          blockIdx = {nth(i, grid[0]), by, bz};
           for (unsigned t = 0; t < threads; t++) {
-            threadIdx = {t, 0, 0};
+            threadIdx = {nth(t, (unsigned)threads), 0, 0};
             fn(env);
           }
         }
@@ -242,7 +249,8 @@ static inline int launch(const unsigned grid[3], const unsigned blk[3], bool coo
   block = b;
   for (unsigned bz = 0; bz < grid[2]; bz++)
     for (unsigned by = 0; by < grid[1]; by++)
-      for (unsigned bx = 0; bx < grid[0]; bx++) {
+      for (unsigned i = 0; i < grid[0]; i++) {
+        unsigned bx = nth(i, grid[0]);
         blockIdx = {bx, by, bz};
         b->threads = b->live = (unsigned)threads;
         b->arrived = 0;
@@ -266,7 +274,8 @@ static inline int launch(const unsigned grid[3], const unsigned blk[3], bool coo
         // arrives anywhere or exits means the remaining ones wait forever.
         while (b->live > 0) {
           unsigned long long before = b->progress;
-          for (unsigned t = 0; t < threads; t++) {
+          for (unsigned i = 0; i < threads; i++) {
+            unsigned t = nth(i, (unsigned)threads);
             Fiber* f = &b->fibers[t];
             if (f->done) continue;
             current = f;
@@ -288,8 +297,10 @@ static inline int launch(const unsigned grid[3], const unsigned blk[3], bool coo
   return 0;
 }
 
+// `v` of lane `from` of this thread's warp: every live thread of the warp publishes its value,
+// then reads; a lane outside the warp (or past the block's last thread) reads its own.
 template <class T>
-static inline T shfl_down(T v, int delta) {
+static inline T shfl_from(T v, long from) {
   Block* b = block;
   unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32;
   unsigned long long bits = 0;
@@ -297,14 +308,26 @@ static inline T shfl_down(T v, int delta) {
   b->slots[w][lane] = bits;
   sync_warp();
   T r = v;
-  unsigned from = lane + (unsigned)delta;
-  if (from < 32 && w * 32 + from < b->threads) memcpy(&r, &b->slots[w][from], sizeof(T));
+  if (from >= 0 && from < 32 && w * 32 + (unsigned)from < b->threads)
+    memcpy(&r, &b->slots[w][from], sizeof(T));
   sync_warp();
   return r;
+}
+
+template <class T>
+static inline T shfl_down(T v, int delta) {
+  return shfl_from(v, (long)(threadIdx.x % 32) + delta);
+}
+
+template <class T>
+static inline T shfl_up(T v, int delta) {
+  return shfl_from(v, (long)(threadIdx.x % 32) - delta);
 }
 
 }  // namespace kemu
 
 static inline void __syncthreads() { kemu::sync_block(); }
+template <class T>
+static inline T __shfl_up_sync(unsigned, T v, int delta) { return kemu::shfl_up(v, delta); }
 template <class T>
 static inline T __shfl_down_sync(unsigned, T v, int delta) { return kemu::shfl_down(v, delta); }

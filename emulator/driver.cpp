@@ -1,9 +1,12 @@
 // libcuda.so of kiln's emulated CUDA device: the driver API entry points kiln uses, over host
-// memory. One device ("kiln emulated CUDA device", compute capability 9.0, 4 multiprocessors),
-// one primary context; every stream runs its work at once, in order, so events and
-// synchronization are immediate. Device memory is host memory with a guard page after every
-// allocation, so a kernel that writes past the end of a buffer faults at once; copies and
-// memsets are checked against the allocations they touch.
+// memory. `KILN_EMULATOR_DEVICES` devices (default 2, at most 8: "kiln emulated CUDA device",
+// compute capability 9.0, 4 multiprocessors), one primary context each; every stream runs its
+// work at once, in order, so events and synchronization are immediate. Device memory is host
+// memory with a guard page after every allocation, so a kernel that writes past the end of a
+// buffer faults at once; copies and memsets are checked against the allocations they touch.
+// Each allocation, module and function belongs to the device whose context was current when
+// it was made: a kernel launched from another device's context, or given another device's
+// memory, fails as it would on real GPUs without peer access.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,12 +46,29 @@ enum {
 namespace {
 
 bool initialized = false;
-int context_tag;  // the primary context's handle is its address
+const int MAX_DEVICES = 8;
+int context_tags[MAX_DEVICES];  // device d's primary context's handle is &context_tags[d]
 thread_local CUcontext current = nullptr;
+
+int devices() {
+  const char* e = getenv("KILN_EMULATOR_DEVICES");
+  int n = e && *e ? atoi(e) : 2;
+  return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+}
+
+// The device whose primary context `c` is, or -1.
+int device_of_context(CUcontext c) {
+  for (int d = 0; d < devices(); d++)
+    if (c == &context_tags[d]) return d;
+  return -1;
+}
+
+bool valid_device(CUdevice d) { return d >= 0 && d < devices(); }
 
 struct Alloc {
   void* map;
   size_t map_len, len;
+  int device;
 };
 std::mutex lock;
 std::map<CUdeviceptr, Alloc> allocations;  // by start address
@@ -57,14 +77,16 @@ const size_t TOTAL = size_t(16) << 30;
 
 size_t page() { return (size_t)sysconf(_SC_PAGESIZE); }
 
-// Whether [p, p + n) lies inside one live allocation.
-bool inside(CUdeviceptr p, size_t n) {
+// The device of the live allocation holding [p, p + n), or -1.
+int holder(CUdeviceptr p, size_t n) {
   std::lock_guard<std::mutex> g(lock);
   auto it = allocations.upper_bound(p);
-  if (it == allocations.begin()) return false;
+  if (it == allocations.begin()) return -1;
   --it;
-  return p >= it->first && p + n <= it->first + it->second.len;
+  return p >= it->first && p + n <= it->first + it->second.len ? it->second.device : -1;
 }
+
+bool inside(CUdeviceptr p, size_t n) { return holder(p, n) >= 0; }
 
 CUresult checked(CUdeviceptr p, size_t n, const char* what) {
   if (n == 0 || inside(p, n)) return CUDA_SUCCESS;
@@ -75,16 +97,24 @@ CUresult checked(CUdeviceptr p, size_t n, const char* what) {
 
 struct Module {
   void* handle;
+  CUcontext ctx;
 };
 struct Function {
   int (*launch)(void**, const unsigned*, const unsigned*);
   unsigned params;
+  unsigned long long pointers;  // bit i: parameter i is a pointer
   std::string name;
+  CUcontext ctx;
 };
 
 }  // namespace
 
 extern "C" {
+
+// For the emulated cuBLAS: the device of the current context, and of an address (-1 when it
+// is in no allocation).
+int kiln_emulator_current_device() { return device_of_context(current); }
+int kiln_emulator_device_of(CUdeviceptr p) { return holder(p, 1); }
 
 CUresult cuInit(unsigned flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -122,25 +152,25 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
 
 CUresult cuDeviceGetCount(int* n) {
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  *n = 1;
+  *n = devices();
   return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGet(CUdevice* d, int ordinal) {
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
   return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
   snprintf(name, (size_t)len, "%s", "kiln emulated CUDA device");
   return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice d) {
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
     case 1: *v = 1024; break;   // max threads per block
     case 16: *v = 4; break;     // multiprocessors
@@ -154,7 +184,7 @@ CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice d) {
 }
 
 CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = TOTAL;
   return CUDA_SUCCESS;
 }
@@ -168,8 +198,8 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *ctx = &context_tag;
+  if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = &context_tags[d];
   return CUDA_SUCCESS;
 }
 
@@ -181,14 +211,14 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
-  if (ctx && ctx != &context_tag) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx && device_of_context(ctx) < 0) return CUDA_ERROR_INVALID_CONTEXT;
   current = ctx;
   return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetDevice(CUdevice* d) {
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
-  *d = 0;
+  *d = device_of_context(current);
   return CUDA_SUCCESS;
 }
 
@@ -235,7 +265,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
   // Fresh device memory holds garbage: kernels must not read what nobody wrote.
   memset((void*)(uintptr_t)start, 0xa5, bytes);
   std::lock_guard<std::mutex> g(lock);
-  allocations[start] = Alloc{m, len, bytes};
+  allocations[start] = Alloc{m, len, bytes, device_of_context(current)};
   in_use += bytes;
   *p = start;
   return CUDA_SUCCESS;
@@ -317,7 +347,7 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
     fprintf(stderr, "kiln emulator: loading %s: %s\n", path.c_str(), dlerror());
     return CUDA_ERROR_INVALID_IMAGE;
   }
-  *m = new Module{h};
+  *m = new Module{h, current};
   return CUDA_SUCCESS;
 }
 
@@ -332,10 +362,13 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
   void* h = ((Module*)m)->handle;
   std::string launch = std::string("kiln_emulator_launch_") + name;
   std::string params = std::string("kiln_emulator_params_") + name;
+  std::string pointers = std::string("kiln_emulator_pointers_") + name;
   void* l = dlsym(h, launch.c_str());
   void* p = dlsym(h, params.c_str());
-  if (!l || !p) return CUDA_ERROR_NOT_FOUND;
-  *f = new Function{(int (*)(void**, const unsigned*, const unsigned*))l, *(const unsigned*)p, name};
+  void* ptrs = dlsym(h, pointers.c_str());
+  if (!l || !p || !ptrs) return CUDA_ERROR_NOT_FOUND;
+  *f = new Function{(int (*)(void**, const unsigned*, const unsigned*))l, *(const unsigned*)p,
+                    *(const unsigned long long*)ptrs, name, ((Module*)m)->ctx};
   return CUDA_SUCCESS;
 }
 
@@ -351,6 +384,22 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   Function* fn = (Function*)f;
   if (extra || (fn->params > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+  int device = device_of_context(current);
+  if (fn->ctx != current) {
+    fprintf(stderr, "kiln emulator: %s was loaded on device %d and launched on device %d\n",
+            fn->name.c_str(), device_of_context(fn->ctx), device);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  for (unsigned i = 0; i < fn->params && i < 64; i++) {
+    if (!(fn->pointers >> i & 1)) continue;
+    CUdeviceptr p = *(CUdeviceptr*)params[i];
+    int owner = holder(p, 1);
+    if (owner >= 0 && owner != device) {
+      fprintf(stderr, "kiln emulator: %s on device %d was given device %d's memory (argument %u)\n",
+              fn->name.c_str(), device, owner, i);
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+  }
   if (shared > 48 * 1024) return CUDA_ERROR_INVALID_VALUE;
   unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
   int r = fn->launch(params, grid, block);

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,11 @@ static bool launchers(const std::string& src, std::string& out, std::string& log
            ", body_" + name + ", &e, \"" + name + "\");\n}\n";
     out += "extern \"C\" const unsigned kiln_emulator_params_" + name + " = " +
            std::to_string(types.size()) + ";\n";
+    unsigned long long pointers = 0;
+    for (size_t i = 0; i < types.size() && i < 64; i++)
+      if (types[i].find('*') != std::string::npos) pointers |= 1ULL << i;
+    out += "extern \"C\" const unsigned long long kiln_emulator_pointers_" + name + " = " +
+           std::to_string(pointers) + "ULL;\n";
     count++;
   }
   if (count == 0) log += "no extern \"C\" __global__ entry point\n";
@@ -166,7 +173,10 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char* const* option
   std::string cxx = getenv("CXX") && *getenv("CXX") ? getenv("CXX") : "c++";
   std::string text = "#include \"" KILN_EMULATOR_HEADER "\"\n" + p->source + "\n" + launch;
   std::string cxxflags = flags();
-  uint64_t key = fnv1a(text, fnv1a(cxx + cxxflags));
+  // The header's text is part of the key: a changed emulator rebuilds every kernel.
+  std::ifstream header(KILN_EMULATOR_HEADER);
+  std::string header_text((std::istreambuf_iterator<char>(header)), std::istreambuf_iterator<char>());
+  uint64_t key = fnv1a(text + header_text, fnv1a(cxx + cxxflags));
   char hex[17];
   snprintf(hex, sizeof hex, "%016llx", (unsigned long long)key);
   std::string dir = cache_dir(), base = dir + "/k" + hex, so = base + ".so";

@@ -2,8 +2,9 @@
 //! copy bandwidth measured in the same run, plus NVRTC compile and cached-launch latency.
 //!
 //! `cargo run --release --example gpu` prints a table; `-- --json` prints one JSON object per
-//! line (`workload`, `variant`, `median_ms`, and `gbps` or `gflops`). Without a CUDA device it
-//! says why and exits successfully.
+//! line (`workload`, `variant`, `median_ms`, and `gbps` or `gflops`); `-- --quick` runs every
+//! workload at a small size, to check that the whole benchmark runs (CI does so on the
+//! emulated device). Without a CUDA device it says why and exits successfully.
 
 use std::time::Instant;
 
@@ -14,10 +15,22 @@ use kiln::Execution;
 use kiln::prelude::*;
 use report::Row;
 
-const REPS: usize = 9;
+/// Workload sizes: the benchmark's, or small ones for `--quick`.
+struct Sizes {
+    reps: usize,
+    /// Elements of the elementwise chains and whole-tensor reductions.
+    n: usize,
+    /// Sides of the softmax matrices.
+    softmax: [usize; 2],
+    /// Side of the square matrix products.
+    matmul: usize,
+}
 
-/// Median wall time of `f` in ms, each run ended by waiting for the device.
-fn median_ms(mut f: impl FnMut()) -> f64 {
+const FULL: Sizes = Sizes { reps: 9, n: 1 << 26, softmax: [4096, 16384], matmul: 4096 };
+const QUICK: Sizes = Sizes { reps: 1, n: 1 << 16, softmax: [64, 300], matmul: 96 };
+
+/// Median wall time of `f` in ms over `reps` runs, each ended by waiting for the device.
+fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
     let mut run = || {
         let t = Instant::now();
         f();
@@ -25,13 +38,15 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
         t.elapsed().as_secs_f64() * 1e3
     };
     run(); // compile kernels, fill the allocator's cache
-    let mut times: Vec<f64> = (0..REPS).map(|_| run()).collect();
+    let mut times: Vec<f64> = (0..reps).map(|_| run()).collect();
     times.sort_by(f64::total_cmp);
-    times[REPS / 2]
+    times[reps / 2]
 }
 
 fn main() -> kiln::Result<()> {
     let json = std::env::args().any(|a| a == "--json");
+    let size = if std::env::args().any(|a| a == "--quick") { QUICK } else { FULL };
+    let reps = size.reps;
     if !kiln::cuda::is_available() {
         println!("no CUDA device: nothing to measure (kiln::cuda::device_count() is 0)");
         return Ok(());
@@ -41,17 +56,18 @@ fn main() -> kiln::Result<()> {
     let mut rows = Vec::new();
     let gb = |bytes: f64, ms: f64| bytes / (ms * 1e-3) / 1e9;
 
-    let copy = kiln::cuda::copy_bandwidth(0, 1 << 28, REPS)?;
+    let copy_bytes = 4 * size.n;
+    let copy = kiln::cuda::copy_bandwidth(0, copy_bytes, reps)?;
     rows.push(Row {
         workload: "copy".into(),
         variant: "ceiling",
-        ms: 2.0 * f64::from(1u32 << 28) / copy / 1e6,
+        ms: 2.0 * copy_bytes as f64 / copy / 1e6,
         gbps: Some(copy),
         gflops: None,
     });
 
     // W1 and W1b over 64M f32 (256 MiB in, 256 MiB out).
-    let n = 1usize << 26;
+    let n = size.n;
     kiln::manual_seed(0);
     let x = Tensor::randn([n]).to(gpu);
     let w1 =
@@ -59,7 +75,7 @@ fn main() -> kiln::Result<()> {
     let w1b = |x: &Tensor| ((x * 1.5 + 0.5) * x + (x - 0.2).relu()) / (x.square() + 1.0);
     for (workload, f) in [("W1", &w1 as &dyn Fn(&Tensor) -> Tensor), ("W1b", &w1b)] {
         for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
-            let ms = median_ms(|| {
+            let ms = median_ms(reps, || {
                 kiln::with_execution(mode, || f(&x).realize().clone());
             });
             let bytes = 8.0 * n as f64;
@@ -72,13 +88,35 @@ fn main() -> kiln::Result<()> {
             });
         }
     }
+
+    // Whole-tensor reductions (split across blocks) and scans over the same vector.
+    type Op = fn(&Tensor) -> Tensor;
+    let whole: [(&str, Op); 4] = [
+        ("sum", |x| x.sum()),
+        ("mean of squares", |x| x.square().mean()),
+        ("argmax", |x| x.argmax(0, false)),
+        ("cumsum", |x| x.cumsum(0)),
+    ];
+    for (workload, f) in whole {
+        let ms = median_ms(reps, || {
+            f(&x).realize();
+        });
+        let written = if workload == "cumsum" { 4.0 * n as f64 } else { 0.0 };
+        rows.push(Row {
+            workload: format!("{workload}, {n} f32"),
+            variant: "fused",
+            ms,
+            gbps: Some(gb(4.0 * n as f64 + written, ms)),
+            gflops: None,
+        });
+    }
     drop(x);
 
     // W3: row softmax, 4096² and 16384².
-    for side in [4096usize, 16384] {
+    for side in size.softmax {
         let a = Tensor::randn([side, side]).to(gpu);
         for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
-            let ms = median_ms(|| {
+            let ms = median_ms(reps, || {
                 kiln::with_execution(mode, || a.softmax(1).realize().clone());
             });
             let bytes = 8.0 * (side * side) as f64;
@@ -94,12 +132,12 @@ fn main() -> kiln::Result<()> {
 
     // W5: matmul through cuBLAS, f32 and f16.
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let side = 4096usize;
+        let side = size.matmul;
         let a = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
         let b = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
         a.realize();
         b.realize();
-        let ms = median_ms(|| {
+        let ms = median_ms(reps, || {
             a.matmul(&b).realize();
         });
         let flops = 2.0 * (side * side * side) as f64;
@@ -125,7 +163,7 @@ fn main() -> kiln::Result<()> {
         gbps: None,
         gflops: None,
     });
-    let ms = median_ms(|| {
+    let ms = median_ms(reps, || {
         chain(&small).realize();
     });
     rows.push(Row {

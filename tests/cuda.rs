@@ -12,6 +12,8 @@ use crate::common::*;
 
 #[test]
 fn unavailable_devices_are_clear_errors() {
+    // It empties the allocators' caches, which a test reading their counters must not see.
+    let _memory = shared_device_memory();
     let x = Tensor::ones([2]);
     let missing = Device::Cuda(kiln::cuda::device_count() + 3);
     let err = x.try_to(missing).unwrap_err().to_string();
@@ -31,7 +33,9 @@ fn unavailable_devices_are_clear_errors() {
 
 #[test]
 fn transfers_round_trip_exactly_in_every_dtype() {
-    let Some(gpu) = gpu_or_skip("transfers_round_trip_exactly_in_every_dtype") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("transfers_round_trip_exactly_in_every_dtype") else {
+        return;
+    };
     let mut rng = Rng::new(3);
     for dtype in DType::ALL {
         for shape in [vec![], vec![0], vec![1], vec![17], vec![3, 1023], vec![5, 7, 2]] {
@@ -56,7 +60,7 @@ fn transfers_round_trip_exactly_in_every_dtype() {
 
 #[test]
 fn large_transfers_are_staged_and_exact() {
-    let Some(gpu) = gpu_or_skip("large_transfers_are_staged_and_exact") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("large_transfers_are_staged_and_exact") else { return };
     // Above the staging threshold, across several 8 MiB chunks, with a ragged last chunk.
     for n in [(1 << 18) + 1, 5_000_001, 9 << 20] {
         let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
@@ -70,7 +74,9 @@ fn large_transfers_are_staged_and_exact() {
 
 #[test]
 fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip("random_programs_on_the_gpu_agree_with_the_cpu_reference") else {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("random_programs_on_the_gpu_agree_with_the_cpu_reference")
+    else {
         return;
     };
     // Each program compiles its own kernels: KILN_GPU_PROGRAMS runs fewer (the emulated
@@ -97,13 +103,17 @@ fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
 
 #[test]
 fn index_ops_on_the_gpu_agree_with_the_reference() {
-    let Some(gpu) = gpu_or_skip("index_ops_on_the_gpu_agree_with_the_reference") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("index_ops_on_the_gpu_agree_with_the_reference") else {
+        return;
+    };
     crate::fusion::index_ops_agree_with_the_reference_on(gpu);
 }
 
 #[test]
 fn random_fills_on_the_gpu_match_the_cpu_stream() {
-    let Some(gpu) = gpu_or_skip("random_fills_on_the_gpu_match_the_cpu_stream") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("random_fills_on_the_gpu_match_the_cpu_stream") else {
+        return;
+    };
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let host = Tensor::zeros([1001]).to_dtype(dtype);
         let device = host.to(gpu);
@@ -134,7 +144,7 @@ fn matmul_loop(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize)
 
 #[test]
 fn products_on_the_gpu_match_the_loop() {
-    let Some(gpu) = gpu_or_skip("products_on_the_gpu_match_the_loop") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("products_on_the_gpu_match_the_loop") else { return };
     let mut rng = Rng::new(11);
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         for &(batch, m, k, n) in
@@ -165,11 +175,14 @@ fn products_on_the_gpu_match_the_loop() {
 
 #[test]
 fn row_reductions_softmax_and_cross_entropy_on_the_gpu() {
-    let Some(gpu) = gpu_or_skip("row_reductions_softmax_and_cross_entropy_on_the_gpu") else {
+    let Some((gpu, _memory)) = gpu_or_skip("row_reductions_softmax_and_cross_entropy_on_the_gpu")
+    else {
         return;
     };
     kiln::manual_seed(5);
-    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099), (300, 257)] {
+    // Long rows (few of them) are split across blocks and merged.
+    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099), (300, 257), (2, 30001)]
+    {
         let x = Tensor::randn([rows, cols]);
         let target = Tensor::randint(0, cols as i64, [rows]);
         let g = x.to(gpu);
@@ -199,7 +212,9 @@ fn row_reductions_softmax_and_cross_entropy_on_the_gpu() {
 
 #[test]
 fn gradients_on_the_gpu_pass_gradcheck_in_f64() {
-    let Some(gpu) = gpu_or_skip("gradients_on_the_gpu_pass_gradcheck_in_f64") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("gradients_on_the_gpu_pass_gradcheck_in_f64") else {
+        return;
+    };
     let mut rng = Rng::new(9);
     let x = tensor(&values(&mut rng, 12, DType::F64), &[3, 4], DType::F64).to(gpu);
     let w = tensor(&values(&mut rng, 20, DType::F64), &[4, 5], DType::F64).to(gpu);
@@ -220,7 +235,8 @@ fn gradients_on_the_gpu_pass_gradcheck_in_f64() {
 /// (f64, every layout, broadcasting, second derivatives).
 #[test]
 fn every_differentiable_op_passes_gradcheck_on_the_gpu() {
-    let Some(gpu) = gpu_or_skip("every_differentiable_op_passes_gradcheck_on_the_gpu") else {
+    let Some((gpu, _memory)) = gpu_or_skip("every_differentiable_op_passes_gradcheck_on_the_gpu")
+    else {
         return;
     };
     use crate::autograd::*;
@@ -239,7 +255,9 @@ fn every_differentiable_op_passes_gradcheck_on_the_gpu() {
 
 #[test]
 fn gradients_flow_back_across_a_device_copy() {
-    let Some(gpu) = gpu_or_skip("gradients_flow_back_across_a_device_copy") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("gradients_flow_back_across_a_device_copy") else {
+        return;
+    };
     let mut rng = Rng::new(4);
     let data = values(&mut rng, 15, DType::F32);
     let loss = |x: &Tensor| (x.sigmoid() * x).sum();
@@ -256,7 +274,8 @@ fn gradients_flow_back_across_a_device_copy() {
 
 #[test]
 fn ops_between_devices_are_errors_and_scalars_join_any_device() {
-    let Some(gpu) = gpu_or_skip("ops_between_devices_are_errors_and_scalars_join_any_device")
+    let Some((gpu, _memory)) =
+        gpu_or_skip("ops_between_devices_are_errors_and_scalars_join_any_device")
     else {
         return;
     };
@@ -292,7 +311,8 @@ fn ops_between_devices_are_errors_and_scalars_join_any_device() {
 
 #[test]
 fn the_allocator_caches_and_releases_device_memory() {
-    let Some(gpu) = gpu_or_skip("the_allocator_caches_and_releases_device_memory") else {
+    let Some((gpu, _alone)) = gpu_alone_or_skip("the_allocator_caches_and_releases_device_memory")
+    else {
         return;
     };
     let Device::Cuda(i) = gpu else { unreachable!() };
@@ -311,7 +331,9 @@ fn the_allocator_caches_and_releases_device_memory() {
 
 #[test]
 fn a_compiled_training_step_runs_on_the_gpu() {
-    let Some(gpu) = gpu_or_skip("a_compiled_training_step_runs_on_the_gpu") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("a_compiled_training_step_runs_on_the_gpu") else {
+        return;
+    };
     kiln::manual_seed(2);
     let x = Tensor::randn([16, 8]);
     let w0 = Tensor::randn([8, 4]);
@@ -348,7 +370,9 @@ fn a_compiled_training_step_runs_on_the_gpu() {
 fn modules_train_on_the_gpu_as_on_the_cpu() {
     use kiln::nn::{Dropout, Embedding, GELU, LayerNorm, Linear, Module, Parameters, Sequential};
     use kiln::optim::AdamW;
-    let Some(gpu) = gpu_or_skip("modules_train_on_the_gpu_as_on_the_cpu") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("modules_train_on_the_gpu_as_on_the_cpu") else {
+        return;
+    };
     let tokens = Tensor::from_vec((0..24).map(|i| (i * 7 % 11) as i64).collect::<Vec<_>>(), [24]);
     let target = Tensor::from_vec((0..24).map(|i| (i % 5) as i64).collect::<Vec<_>>(), [24]);
     let train = |device: Device| {
@@ -393,7 +417,7 @@ fn modules_train_on_the_gpu_as_on_the_cpu() {
 /// odd sizes and non-contiguous views.
 #[test]
 fn assorted_ops_on_the_gpu_match_the_cpu() {
-    let Some(gpu) = gpu_or_skip("assorted_ops_on_the_gpu_match_the_cpu") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("assorted_ops_on_the_gpu_match_the_cpu") else { return };
     type Op = fn(&Tensor) -> Tensor;
     let ops: Vec<(&str, Op)> = vec![
         ("cumsum long rows", |x| x.cumsum(1)),
@@ -443,15 +467,199 @@ fn assorted_ops_on_the_gpu_match_the_cpu() {
     // Printing a GPU tensor shows its values and device.
     let text = format!("{}", Tensor::from_vec(vec![1.5f32, -2.0], [2]).to(gpu));
     assert!(text.contains("1.5") && text.contains("cuda:0"), "{text}");
+    // A large one prints its corners, as on the CPU (only they are copied back).
+    let big = Tensor::arange(0.0, 3000.0, 1.0).reshape(&[2, 3, 500]).sin();
+    let (cpu, on_gpu) = (big.to_string(), big.to(gpu).to_string());
+    let want = format!("{}, device='cuda:0')", cpu.strip_suffix(')').unwrap());
+    assert_eq!(on_gpu, want, "printed on the GPU");
 }
 
 #[test]
 fn kernels_compile_once_per_structure() {
-    let Some(gpu) = gpu_or_skip("kernels_compile_once_per_structure") else { return };
+    let Some((gpu, _memory)) = gpu_or_skip("kernels_compile_once_per_structure") else { return };
     let x = Tensor::randn([1000]).to(gpu);
     let run = |x: &Tensor| kiln::profile(|| ((x * 1.25 + 0.5).tanh() - 0.125).realize().clone());
     let (_, first) = run(&x);
     let (_, again) = run(&x);
     assert!(again.compile_time().is_zero(), "the second realization compiles nothing");
     assert!(first.launches() >= 1 && again.launches() >= 1);
+}
+
+#[test]
+fn sixteen_bit_roundings_on_the_gpu_match_the_cpu_bit_for_bit() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("sixteen_bit_roundings_on_the_gpu_match_the_cpu_bit_for_bit")
+    else {
+        return;
+    };
+    // f64 values just above and below ties between 16-bit neighbours: a conversion that
+    // rounds to f32 first lands on the tie and goes to even.
+    let mut data = Vec::new();
+    for k in 0..64 {
+        let q = 1.0 + f64::from(k) / 64.0;
+        for half_ulp in [2f64.powi(-11), 2f64.powi(-8)] {
+            data.extend([q + half_ulp + 1e-12, q + half_ulp - 1e-12, -(q + half_ulp + 1e-12)]);
+        }
+    }
+    let x = Tensor::from_vec(data.clone(), [data.len()]);
+    let same = |got: &Tensor, want: &Tensor, what: &str| {
+        let (got, want) = (got.to_vec::<f64>(), want.to_vec::<f64>());
+        if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            panic!("{what}: element {i} is {:e} on the GPU, {:e} on the CPU", got[i], want[i]);
+        }
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        let cast = |x: &Tensor| x.to_dtype(dtype);
+        same(&cast(&x.to(gpu)), &cast(&x), &format!("f64 -> {dtype}"));
+        // A scalar operand rounds to the tensor's dtype once, on its way to the kernel.
+        let scaled = |x: &Tensor| x.ones_like().to_dtype(dtype) * data[0];
+        same(&scaled(&x.to(gpu)), &scaled(&x), &format!("{dtype} * scalar"));
+        // Running sums accumulate in f64 and round once per position.
+        let tiny = [1.0, 2f64.powi(-11), 2f64.powi(-24), 2f64.powi(-8), 2f64.powi(-20)];
+        let t = Tensor::from_vec(tiny.to_vec(), [tiny.len()]).to_dtype(dtype);
+        same(&t.to(gpu).cumsum(0), &t.cumsum(0), &format!("{dtype} cumsum"));
+    }
+}
+
+#[test]
+fn long_reductions_split_across_blocks_on_the_gpu() {
+    let Some((gpu, _memory)) = gpu_or_skip("long_reductions_split_across_blocks_on_the_gpu") else {
+        return;
+    };
+    let mut rng = Rng::new(23);
+    let n = 40_003;
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::U8] {
+        let data = values(&mut rng, n, dtype);
+        let layouts: &[Layout] = if matches!(dtype, DType::F32 | DType::I32) {
+            &[Layout::Contiguous, Layout::Sliced]
+        } else {
+            &[Layout::Contiguous]
+        };
+        for &layout in layouts {
+            let x = make(&data, &[n], dtype, layout);
+            let g = x.to(gpu);
+            type Op = fn(&Tensor) -> Tensor;
+            let ops: [(&str, Op); 16] = [
+                ("sum", |x| x.sum()),
+                ("max", |x| x.max()),
+                ("min", |x| x.min()),
+                // Powers of two, exact in any order, so a lost or repeated element shows (on
+                // floats in [-3, 3], whose partial products stay inside f32's range).
+                ("prod", |x| {
+                    let f = |m: &Tensor| m.to_dtype(DType::F32);
+                    (f(&x.gt(2.9)) - f(&x.lt(-2.9)) * 0.5 + 1.0).prod()
+                }),
+                ("any/all", |x| Tensor::stack(&[&x.gt(2.5).any(), &x.ne(1000.0).all()], 0)),
+                ("sum over a short axis", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).sum_dim(1, false)
+                }),
+                // Ties (integers) pick the first; chunks of a line, then lines of a block.
+                ("argmax", |x| x.argmax(0, false)),
+                ("argmin", |x| x.argmin(0, true)),
+                ("argmax of 2 long rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).argmax(1, false)
+                }),
+                ("argmin down columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).argmin(0, false)
+                }),
+                ("argmin of 200 rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[200, 200]).argmin(1, false)
+                }),
+                ("cumsum", |x| x.cumsum(0)),
+                ("cumsum of 2 long rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).cumsum(1)
+                }),
+                ("cumsum down columns", |x| x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).cumsum(0)),
+                ("cumsum of 20 rows", |x| x.narrow(0, 0, 40_000).reshape(&[20, 2000]).cumsum(1)),
+                ("argmax with NaNs", |x| {
+                    let x = x.to_dtype(DType::F64);
+                    x.masked_fill(&x.gt(2.99), f64::NAN).argmax(0, false)
+                }),
+            ];
+            for (name, op) in ops {
+                if name == "prod" && !dtype.is_float() {
+                    continue;
+                }
+                let (want, got) = (op(&x), op(&g));
+                // f32 sums accumulate in f32 on the GPU (in f64 on the CPU).
+                let tol = if name.starts_with("arg") || !dtype.is_float() {
+                    0.0
+                } else if matches!(dtype, DType::F16 | DType::BF16) {
+                    1e-2
+                } else {
+                    1e-4
+                };
+                let at = format!("{name} of {n} {dtype} {layout:?}");
+                assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), tol, &at);
+            }
+        }
+    }
+    // The gradient of a mean-squared error over a long vector, and the mean itself.
+    let data = values(&mut rng, 2 * n, DType::F64);
+    let (a, b) = (
+        make(&data[..n], &[n], DType::F64, Layout::Contiguous),
+        make(&data[n..], &[n], DType::F64, Layout::Contiguous),
+    );
+    let mse = |a: &Tensor, b: &Tensor| {
+        let a = a.detach().requires_grad_(true);
+        let loss = (&a - b).pow(2.0).mean();
+        loss.backward();
+        (loss, a.grad().expect("a gradient"))
+    };
+    let (want, want_grad) = mse(&a, &b);
+    let (got, got_grad) = mse(&a.to(gpu), &b.to(gpu));
+    assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-12, "mse");
+    assert_close_tol(&got_grad.to_vec::<f64>(), &want_grad.to_vec::<f64>(), 1e-12, "mse gradient");
+}
+
+#[test]
+fn two_devices_keep_their_memory_kernels_and_errors_apart() {
+    let Some((_, _memory)) = gpu_or_skip("two_devices_keep_their_memory_kernels_and_errors_apart")
+    else {
+        return;
+    };
+    if kiln::cuda::device_count() < 2 {
+        eprintln!(
+            "skipped two_devices_keep_their_memory_kernels_and_errors_apart: one CUDA device"
+        );
+        return;
+    }
+    let (d0, d1) = (Device::Cuda(0), Device::Cuda(1));
+    let mut rng = Rng::new(41);
+    let x = tensor(&values(&mut rng, 37 * 53, DType::F32), &[37, 53], DType::F32);
+    let w = tensor(&values(&mut rng, 53 * 11, DType::F32), &[53, 11], DType::F32);
+    type Op = fn(&Tensor, &Tensor) -> Tensor;
+    let ops: [(&str, Op); 5] = [
+        ("matmul, relu, row sums", |x, w| x.matmul(w).relu().sum_dim(1, false)),
+        ("softmax", |x, _| x.softmax(1)),
+        ("argmax", |x, _| x.argmax(1, false)),
+        ("cumsum", |x, _| x.cumsum(0)),
+        ("gather", |x, _| x.gather(1, &x.gt(0.0).to_dtype(DType::I64))),
+    ];
+    // Device 1 first: its kernels and cuBLAS handle are its own, not device 0's.
+    for d in [d1, d0, d1] {
+        let (xd, wd) = (x.to(d), w.to(d));
+        for (name, op) in ops {
+            let (want, got) = (op(&x, &w), op(&xd, &wd));
+            assert_eq!(got.device(), d, "{name}");
+            let at = format!("{name} on {d}");
+            assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-5, &at);
+        }
+    }
+    // From one GPU to the other, and a gradient back across both to a CPU leaf.
+    let leaf = x.detach().requires_grad_(true);
+    let y = (leaf.to(d0).exp() * 2.0).to(d1).tanh();
+    assert_eq!(y.device(), d1);
+    y.sum().backward();
+    let want_leaf = x.detach().requires_grad_(true);
+    (want_leaf.exp() * 2.0).tanh().sum().backward();
+    let (got, want) = (leaf.grad().unwrap(), want_leaf.grad().unwrap());
+    assert_eq!(got.device(), Device::Cpu);
+    assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-5, "gradient across GPUs");
+    // Mixing the two is an error naming both; each keeps its own memory.
+    let err = x.to(d0).try_add(x.to(d1)).unwrap_err().to_string();
+    assert!(err.contains("cuda:0") && err.contains("cuda:1"), "{err}");
+    let held = x.to(d1);
+    held.realize();
+    assert!(kiln::cuda::memory_allocated(1) >= 37 * 53 * 4);
 }

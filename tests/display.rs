@@ -59,6 +59,14 @@ fn large_tensors_are_summarized() {
     );
     assert!(s.contains("        ...,\n"), "{s}");
     assert!(s.ends_with("[1170, 1171, 1172,  ..., 1197, 1198, 1199]])"), "{s}");
+    // Printing reads only the corners, but still realizes the tensor (a trigger): reading it
+    // afterwards computes nothing again.
+    let y = Tensor::arange(0.0f32, 3000.0, 1.0).reshape(&[3, 1000]).exp();
+    let printed = y.to_string();
+    assert!(printed.contains("..."), "{printed}");
+    let (values, p) = kiln::profile(|| y.to_vec::<f32>());
+    assert_eq!(p.launches(), 0, "printing realized the tensor:\n{p}");
+    assert_eq!(values.len(), 3000);
 }
 
 #[test]

@@ -388,3 +388,40 @@ fn integer_powers_rewritten_as_products_stay_exact() {
         }
     }
 }
+
+#[test]
+fn f64_to_16_bit_rounds_once() {
+    // Just above a 16-bit tie: rounding to f32 first lands on the tie and then goes to even.
+    let mut rng = Rng::new(31);
+    for (dtype, bits) in [(DType::F16, 10), (DType::BF16, 7)] {
+        let mut data = Vec::new();
+        for _ in 0..200 {
+            let q = round_to(dtype, rng.uniform(-3.0, 3.0));
+            let half_ulp = 2f64.powi(q.abs().log2().floor() as i32 - bits - 1);
+            let tiny = q.abs() * 2f64.powi(-40);
+            data.extend([
+                q + half_ulp,
+                q + half_ulp + tiny,
+                q + half_ulp - tiny,
+                q - half_ulp - tiny,
+            ]);
+        }
+        data.extend([1e-30, -1e-30, 7e4, 1e39, f64::INFINITY, f64::NAN, 0.0, -0.0]);
+        let x = Tensor::from_vec(data.clone(), [data.len()]);
+        let fused = x.to_dtype(dtype).to_vec::<f64>();
+        let reference =
+            kiln::with_execution(kiln::Execution::Reference, || x.to_dtype(dtype).to_vec::<f64>());
+        for (i, &v) in data.iter().enumerate() {
+            let want = round_to(dtype, v);
+            for (what, got) in [("fused", fused[i]), ("reference", reference[i])] {
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{what} {v:e} as {dtype}: {got:e}, want {want:e}"
+                );
+            }
+        }
+    }
+    // A 16-bit sum accumulates in f64 and rounds once.
+    let x = Tensor::from_vec(vec![1.0, 2f64.powi(-11), 2f64.powi(-24)], [3]).to_dtype(DType::F16);
+    assert_eq!(x.sum().item::<f64>(), 1.0 + 2f64.powi(-10));
+}

@@ -279,6 +279,39 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     fn to_scalar(self) -> Scalar;
 }
 
+/// `v` rounded once to the nearest `f16` (ties to even).
+///
+/// `half::f16::from_f64` converts through `f32` (in hardware on x86), which rounds twice: a
+/// value just above a tie between two `f16`s lands on the tie in `f32` and then goes to the
+/// even one. Rounding to `f32` *to odd* instead keeps the lost bits' inexactness in the last
+/// bit, and 24 bits are enough for that bit to decide an 11-bit rounding correctly.
+///
+/// ```
+/// use kiln_ir::f16_from_f64;
+/// let just_above_tie = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+/// assert_eq!(f16_from_f64(just_above_tie).to_f64(), 1.0 + 2f64.powi(-10));
+/// ```
+pub fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_to_odd(v))
+}
+
+/// `v` rounded once to the nearest `bf16` (ties to even); see [`f16_from_f64`].
+pub fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_to_odd(v))
+}
+
+/// `v` rounded to `f32` toward zero, with the last bit set when that was inexact.
+fn f32_to_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    let bits = nearest.to_bits();
+    if v.is_nan() || f64::from(nearest) == v || bits & 1 == 1 {
+        return nearest;
+    }
+    // The nearest value is even, so the odd one is its neighbour on `v`'s other side.
+    let away = f64::from(nearest).abs() > v.abs();
+    f32::from_bits(if away { bits - 1 } else { bits + 1 })
+}
+
 macro_rules! element {
     ($t:ty, $dtype:ident, |$v:ident| $from:expr) => {
         impl Element for $t {
@@ -294,8 +327,8 @@ macro_rules! element {
 }
 element!(f32, F32, |v| v.to_f64() as f32);
 element!(f64, F64, |v| v.to_f64());
-element!(f16, F16, |v| f16::from_f64(v.to_f64()));
-element!(bf16, BF16, |v| bf16::from_f64(v.to_f64()));
+element!(f16, F16, |v| f16_from_f64(v.to_f64()));
+element!(bf16, BF16, |v| bf16_from_f64(v.to_f64()));
 element!(i64, I64, |v| v.to_i64());
 element!(i32, I32, |v| v.to_i64() as i32);
 element!(u8, U8, |v| v.to_i64() as u8);

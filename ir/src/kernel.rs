@@ -214,8 +214,8 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
 pub(crate) fn round(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => f64::from(v as f32),
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F16 => crate::f16_from_f64(v).to_f64(),
+        DType::BF16 => crate::bf16_from_f64(v).to_f64(),
         DType::I32 => f64::from(v as i64 as i32),
         DType::U8 => f64::from(v as i64 as u8),
         DType::I64 => v.trunc(),

@@ -30,7 +30,9 @@ pub mod random;
 mod shape;
 mod view;
 
-pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
+pub use dtype::{
+    Category, DType, Element, Participant, Scalar, bf16_from_f64, f16_from_f64, result_type,
+};
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};

@@ -202,16 +202,40 @@ impl Prepared {
         for &o in &outputs {
             readers[o.index()] += 1;
         }
+        let gpu_compiling = Instant::now();
+        if let Device::Cuda(i) = device
+            && let Ok(gpu) = cuda::gpu(i)
+        {
+            let kernels: Vec<&Kernel> = steps
+                .iter()
+                .filter_map(|s| match s {
+                    PreparedStep::Kernel { step, .. } => Some(&step.kernel),
+                    _ => None,
+                })
+                .collect();
+            let mut took = cuda::precompile(gpu, &kernels).into_iter();
+            for s in &mut steps {
+                if let PreparedStep::Kernel { compile, .. } = s {
+                    *compile = took.next().flatten();
+                }
+            }
+        }
+        let gpu_compiling = gpu_compiling.elapsed();
         if trace::enabled() {
             let ops = format!("{} nodes, {} steps", optimized.len(), steps.len());
             let mut e = plain_event("plan", StepKind::Plan, ops, String::new());
-            let compiling: Duration = steps
-                .iter()
-                .filter_map(|s| match s {
-                    PreparedStep::Kernel { compile, .. } => *compile,
-                    _ => None,
-                })
-                .sum();
+            // CPU kernels compile one by one; GPU kernels in parallel (their wall time).
+            let compiling: Duration = if device == Device::Cpu {
+                steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        PreparedStep::Kernel { compile, .. } => *compile,
+                        _ => None,
+                    })
+                    .sum()
+            } else {
+                gpu_compiling
+            };
             e.duration = planning.elapsed().saturating_sub(compiling);
             trace::record(planning, e);
         }
@@ -355,7 +379,8 @@ impl Prepared {
                         Some(g) => {
                             let (outs, took) = run_gpu_kernel(g, graph, k, &bufs)?;
                             settle(graph.node(k.outputs[0]))?;
-                            (outs, took, true)
+                            // Compiled while planning (in parallel), or now.
+                            (outs, compile.take().or(took), true)
                         }
                     };
                     if tracing {

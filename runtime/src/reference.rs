@@ -13,9 +13,9 @@
 //!
 //! Intermediate values are freed after their last use.
 
-use half::{bf16, f16};
 use kiln_ir::{
-    BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, UnaryOp, random,
+    BinaryOp, DType, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, UnaryOp,
+    bf16_from_f64, f16_from_f64, random,
 };
 
 use crate::{Buffer, RunError, RuntimeError};
@@ -161,10 +161,10 @@ fn store(values: &Values, dtype: DType) -> Result<Buffer, RuntimeError> {
         (Values::F(v), DType::F32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as f32)),
         (Values::F(v), DType::F64) => Buffer::from_slice(v),
         (Values::F(v), DType::F16) => {
-            Buffer::from_iter(v.len(), v.iter().map(|&x| f16::from_f64(x)))
+            Buffer::from_iter(v.len(), v.iter().map(|&x| f16_from_f64(x)))
         }
         (Values::F(v), DType::BF16) => {
-            Buffer::from_iter(v.len(), v.iter().map(|&x| bf16::from_f64(x)))
+            Buffer::from_iter(v.len(), v.iter().map(|&x| bf16_from_f64(x)))
         }
         (Values::I(v), DType::I64) => Buffer::from_slice(v),
         (Values::I(v), DType::I32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as i32)),
@@ -180,8 +180,8 @@ fn round(values: Values, dtype: DType) -> Values {
         Values::F(mut v) => {
             let r: fn(f64) -> f64 = match dtype {
                 DType::F32 => |x| f64::from(x as f32),
-                DType::F16 => |x| f16::from_f64(x).to_f64(),
-                DType::BF16 => |x| bf16::from_f64(x).to_f64(),
+                DType::F16 => |x| f16_from_f64(x).to_f64(),
+                DType::BF16 => |x| bf16_from_f64(x).to_f64(),
                 _ => return Values::F(v),
             };
             v.iter_mut().for_each(|x| *x = r(*x));

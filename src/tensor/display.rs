@@ -27,15 +27,21 @@ impl fmt::Display for Tensor {
     /// assert_eq!(Tensor::scalar(2.0f64).to_string(), "tensor(2., dtype=f64)");
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A large tensor is cut down to the elements shown before it is read, so printing a
+        // GPU tensor copies those alone, and a lazy one computes little more.
+        let summarize = self.numel() > THRESHOLD;
+        let shown = if summarize { crate::no_grad(|| summary(self)) } else { self.clone() };
+        let dims = self.dims();
         let body = match self.dtype().category() {
-            Category::Float => self
+            Category::Float => shown
                 .try_to_vec::<f64>()
-                .map(|v| render(self.dims(), &v, float_formatter(self.dims(), &v))),
-            Category::Int => {
-                self.try_to_vec::<i64>().map(|v| render(self.dims(), &v, |x: &i64| x.to_string()))
-            }
-            Category::Bool => self.try_to_vec::<bool>().map(|v| {
-                render(self.dims(), &v, |x: &bool| if *x { "True".into() } else { "False".into() })
+                .map(|v| render(dims, &v, summarize, float_formatter(dims, &v, summarize))),
+            Category::Int => shown
+                .try_to_vec::<i64>()
+                .map(|v| render(dims, &v, summarize, |x: &i64| x.to_string())),
+            Category::Bool => shown.try_to_vec::<bool>().map(|v| {
+                let word = |x: &bool| if *x { "True".into() } else { "False".into() };
+                render(dims, &v, summarize, word)
             }),
         };
         let body = match body {
@@ -65,12 +71,33 @@ impl fmt::Display for Tensor {
     }
 }
 
-/// Which elements of each dimension are shown: all, or the first and last `EDGE_ITEMS`.
+/// The first and last `EDGE_ITEMS` of every longer dimension: what a summarized print shows.
+fn summary(t: &Tensor) -> Tensor {
+    let mut out = t.clone();
+    for (d, &size) in t.dims().iter().enumerate() {
+        if size > 2 * EDGE_ITEMS {
+            let dim = d as i64;
+            let (head, tail) =
+                (out.narrow(dim, 0, EDGE_ITEMS), out.narrow(dim, size - EDGE_ITEMS, EDGE_ITEMS));
+            out = Tensor::cat(&[&head, &tail], dim);
+        }
+    }
+    out
+}
+
+/// The dimensions of the data read for printing: [`summary`]'s when summarizing.
+fn stored_dims(dims: &[usize], summarize: bool) -> Vec<usize> {
+    let cut = |d: usize| if summarize && d > 2 * EDGE_ITEMS { 2 * EDGE_ITEMS } else { d };
+    dims.iter().map(|&d| cut(d)).collect()
+}
+
+/// Which elements of a dimension of size `dim` are shown, as indices into the data read
+/// (see [`stored_dims`]): all, or the first and last `EDGE_ITEMS` around a gap.
 fn shown(dim: usize, summarize: bool) -> Vec<Option<usize>> {
     if summarize && dim > 2 * EDGE_ITEMS {
         let mut v: Vec<Option<usize>> = (0..EDGE_ITEMS).map(Some).collect();
         v.push(None);
-        v.extend((dim - EDGE_ITEMS..dim).map(Some));
+        v.extend((EDGE_ITEMS..2 * EDGE_ITEMS).map(Some));
         v
     } else {
         (0..dim).map(Some).collect()
@@ -80,7 +107,7 @@ fn shown(dim: usize, summarize: bool) -> Vec<Option<usize>> {
 /// The values that will be printed (for choosing a format from them only, as PyTorch does).
 fn shown_values<T: Copy>(dims: &[usize], data: &[T], summarize: bool) -> Vec<T> {
     let mut out = Vec::new();
-    let strides = kiln_ir::Shape::from(dims).contiguous_strides();
+    let strides = kiln_ir::Shape::from(stored_dims(dims, summarize)).contiguous_strides();
     let mut stack = vec![(0usize, 0usize)];
     while let Some((depth, offset)) = stack.pop() {
         if depth == dims.len() {
@@ -94,8 +121,7 @@ fn shown_values<T: Copy>(dims: &[usize], data: &[T], summarize: bool) -> Vec<T> 
     out
 }
 
-fn float_formatter(dims: &[usize], data: &[f64]) -> impl Fn(&f64) -> String {
-    let summarize = data.len() > THRESHOLD;
+fn float_formatter(dims: &[usize], data: &[f64], summarize: bool) -> impl Fn(&f64) -> String {
     let values = shown_values(dims, data, summarize);
     let finite: Vec<f64> =
         values.iter().copied().filter(|v| v.is_finite() && *v != 0.0).map(f64::abs).collect();
@@ -126,17 +152,22 @@ fn scientific(v: f64) -> String {
     format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
 }
 
-fn render<T: Copy>(dims: &[usize], data: &[T], fmt_one: impl Fn(&T) -> String) -> String {
+/// `data` (of [`stored_dims`]) printed as a tensor of `dims`.
+fn render<T: Copy>(
+    dims: &[usize],
+    data: &[T],
+    summarize: bool,
+    fmt_one: impl Fn(&T) -> String,
+) -> String {
     if dims.is_empty() {
         return fmt_one(&data[0]);
     }
     if data.is_empty() {
         return "[]".into();
     }
-    let summarize = data.len() > THRESHOLD;
     let width =
         shown_values(dims, data, summarize).iter().map(|v| fmt_one(v).len()).max().unwrap_or(0);
-    let strides = kiln_ir::Shape::from(dims).contiguous_strides();
+    let strides = kiln_ir::Shape::from(stored_dims(dims, summarize)).contiguous_strides();
     let mut out = String::new();
     write_dim(&mut out, dims, &strides, data, 0, 0, summarize, width, &fmt_one);
     out

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, reason = "each test module uses a different subset")]
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use half::{bf16, f16};
 use kiln::prelude::*;
 
@@ -31,10 +33,41 @@ impl Rng {
     }
 }
 
-/// CUDA device 0 when there is one; otherwise `None`, after printing why the calling test
-/// is skipped. With `KILN_REQUIRE_GPU=1` (CI's run on the emulated device sets it) a missing
-/// device fails the test instead: a GPU run that skipped everything must not pass.
-pub fn gpu_or_skip(test: &str) -> Option<Device> {
+/// The GPU tests share each device's caching allocator, and `cargo test` runs them on
+/// parallel threads: a test that checks the allocator's counters holds this lock
+/// exclusively ([`gpu_alone_or_skip`]) while every other GPU test holds it shared.
+static DEVICE_MEMORY: RwLock<()> = RwLock::new(());
+
+/// Held for the length of a GPU test; see [`DEVICE_MEMORY`].
+pub enum MemoryLock {
+    Shared(#[allow(dead_code, reason = "held, not read")] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code, reason = "held, not read")] RwLockWriteGuard<'static, ()>),
+}
+
+/// A shared hold on the devices' allocators, for a test that frees cached device memory
+/// without being a GPU test ([`kiln::cuda::empty_cache`] works without a device).
+pub fn shared_device_memory() -> MemoryLock {
+    MemoryLock::Shared(DEVICE_MEMORY.read().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// CUDA device 0 when there is one, with a shared hold on the allocators; otherwise
+/// `None`, after printing why the calling test is skipped. With `KILN_REQUIRE_GPU=1` (CI's
+/// run on the emulated device sets it) a missing device fails the test instead: a GPU run
+/// that skipped everything must not pass.
+pub fn gpu_or_skip(test: &str) -> Option<(Device, MemoryLock)> {
+    let device = device_or_skip(test)?;
+    Some((device, shared_device_memory()))
+}
+
+/// [`gpu_or_skip`] for a test that reads the allocator's counters: no other GPU test runs
+/// while it holds the lock.
+pub fn gpu_alone_or_skip(test: &str) -> Option<(Device, MemoryLock)> {
+    let device = device_or_skip(test)?;
+    let lock = DEVICE_MEMORY.write().unwrap_or_else(PoisonError::into_inner);
+    Some((device, MemoryLock::Alone(lock)))
+}
+
+fn device_or_skip(test: &str) -> Option<Device> {
     if kiln::cuda::is_available() {
         return Some(Device::Cuda(0));
     }
@@ -52,8 +85,8 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F64 => v,
         DType::F32 => v as f32 as f64,
-        DType::F16 => f16::from_f64(v).to_f64(),
-        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F16 => kiln_ir::f16_from_f64(v).to_f64(),
+        DType::BF16 => kiln_ir::bf16_from_f64(v).to_f64(),
         DType::I64 => v as i64 as f64,
         DType::I32 => v as i64 as i32 as f64,
         DType::U8 => v as i64 as u8 as f64,

@@ -929,7 +929,7 @@ impl<'b> Translator<'_, 'b> {
         let acc_at = self.b.ins().imul_imm_s(sj, 8);
         let acc_at = self.b.ins().iadd(slot_addr, acc_at);
         let acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
-        let result = if dtype == DType::F64 { acc } else { self.b.ins().fdemote(types::F32, acc) };
+        let result = self.demote(acc, dtype);
         let pos = self.b.ins().iadd(o, sj);
         let off = self.b.ins().imul_imm_s(pos, dtype.size_in_bytes() as i64);
         let addr = self.b.ins().iadd(out_ptr, off);
@@ -1170,13 +1170,7 @@ impl<'b> Translator<'_, 'b> {
 
         self.b.switch_to_block(store);
         let result = if dtype.is_float() {
-            match dtype {
-                DType::F64 => facc,
-                _ => {
-                    let f = self.b.ins().fdemote(types::F32, facc);
-                    self.narrow(f, dtype)
-                }
-            }
+            self.demote(facc, dtype)
         } else if dtype == DType::Bool {
             facc
         } else {
@@ -1500,6 +1494,36 @@ impl<'b> Translator<'_, 'b> {
         }
     }
 
+    /// An f64 value rounded once to float `dtype` (held in an f32 register for 16-bit
+    /// types). Rounding to f32 first and then to 16 bits would round twice, and a value just
+    /// above a 16-bit tie would land on the tie and go to even; rounding to f32 *to odd*
+    /// keeps the inexactness in the last bit, so the second rounding is the correct one.
+    fn demote(&mut self, v: Value, dtype: DType) -> Value {
+        match dtype {
+            DType::F64 => v,
+            DType::F32 => self.b.ins().fdemote(types::F32, v),
+            _ => {
+                let f = self.b.ins().fdemote(types::F32, v);
+                let back = self.b.ins().fpromote(types::F64, f);
+                // Ordered: NaN stays as it is.
+                let inexact = self.b.ins().fcmp(FloatCC::OrderedNotEqual, back, v);
+                let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), f);
+                let low = self.b.ins().band_imm_u(bits, 1);
+                let even = self.b.ins().icmp_imm_s(IntCC::Equal, low, 0);
+                let fix = self.b.ins().band(inexact, even);
+                // The odd neighbour lies on the other side of `v` from the nearest value.
+                let (ab, av) = (self.b.ins().fabs(back), self.b.ins().fabs(v));
+                let above = self.b.ins().fcmp(FloatCC::GreaterThan, ab, av);
+                let (down, up) =
+                    (self.b.ins().iadd_imm_s(bits, -1), self.b.ins().iadd_imm_s(bits, 1));
+                let moved = self.b.ins().select(above, down, up);
+                let odd = self.b.ins().select(fix, moved, bits);
+                let f = self.b.ins().bitcast(types::F32, MemFlagsData::new(), odd);
+                self.narrow(f, dtype)
+            }
+        }
+    }
+
     /// Parameter `p` as a value of `dtype`. Parameter slots hold an f64 for float
     /// parameters and an i64 for integer and bool ones (see [`param_slots`]), so that large
     /// integers pass exactly.
@@ -1514,13 +1538,7 @@ impl<'b> Translator<'_, 'b> {
             };
         }
         let raw = self.b.ins().load(types::F64, flags(), params, at);
-        match dtype {
-            DType::F64 => raw,
-            _ => {
-                let f = self.b.ins().fdemote(types::F32, raw);
-                self.narrow(f, dtype)
-            }
-        }
+        self.demote(raw, dtype)
     }
 
     fn load(&mut self, dtype: DType, addr: Value) -> Value {
@@ -1574,11 +1592,7 @@ impl<'b> Translator<'_, 'b> {
             .map(|&a| if dtype == DType::F64 { a } else { self.b.ins().fpromote(types::F64, a) })
             .collect();
         let r = self.call(name, &wide);
-        if dtype == DType::F64 {
-            return r;
-        }
-        let f = self.b.ins().fdemote(types::F32, r);
-        self.narrow(f, dtype)
+        self.demote(r, dtype)
     }
 
     fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Value {
@@ -1720,13 +1734,10 @@ impl<'b> Translator<'_, 'b> {
             (DType::Bool, _) => self.b.ins().uextend(types::I64, v),
             (f, t) if f.is_float() && t.is_float() => {
                 let (fty, tty) = (scalar_type(f), scalar_type(t));
-                let w = if fty == tty {
-                    v
-                } else if tty == types::F64 {
-                    self.b.ins().fpromote(types::F64, v)
-                } else {
-                    self.b.ins().fdemote(types::F32, v)
-                };
+                if fty == types::F64 {
+                    return self.demote(v, t);
+                }
+                let w = if tty == types::F64 { self.b.ins().fpromote(types::F64, v) } else { v };
                 self.narrow(w, t)
             }
             (f, t) if f.is_float() => {

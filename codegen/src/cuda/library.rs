@@ -10,9 +10,14 @@
 //!   different lines have different targets, and a thread walks its line in row-major order,
 //!   so "the last write wins" and sums are formed in the reference executor's order, without
 //!   atomics. Float sums accumulate in an `f64` scratch copy of the base and are rounded once.
-//! - `cumsum` and the arg-reductions give one thread to each line: floats accumulate in `f64`,
-//!   integers wrap; NaN is the largest and smallest element, the first one wins, and so does
-//!   the first of equal elements.
+//! - `cumsum` (lines of 1,024 or more) and the arg-reductions spread their lines as
+//!   [`lines_of`] says: a thread per
+//!   line for many strided lines, a block per line for lines along the last axis (or few),
+//!   and blocks per chunk of a line, merged by a second pass, for few long lines (a
+//!   `cumsum` or `argmax` over a whole tensor would otherwise run on one thread or one
+//!   multiprocessor). Floats accumulate in `f64` and round once per position, integers
+//!   wrap; NaN is the largest and smallest element, the first one wins, and so does the
+//!   first of equal elements, however the candidates are combined.
 //! - Random fills read the counter-based stream of [`kiln_ir::random`] at each element's
 //!   index: uniform floats and integers are bit-identical to the CPU's; normal values go
 //!   through CUDA's `log` and `cos` in f64 (within 2 ULP of the host's), so after rounding to
@@ -22,7 +27,7 @@ use std::fmt::Write as _;
 
 use kiln_ir::{DType, RandomDist, ReduceOp, Shape, View};
 
-use super::{PRELUDE, load, storage_type, store};
+use super::{Combine, PRELUDE, block_combine, load, storage_type, store_f64};
 
 /// The CUDA C of one library op and the entry points it defines, in launch order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,13 +205,8 @@ pub fn scatter(
     if float_sum {
         let _ = writeln!(body, "extern \"C\" __global__ void ENTRY2({args}) {{");
         grid_loop(&mut body, "i");
-        // One rounding from the f64 sum, as the reference's conversion does: to f32 with
-        // round-to-odd first, so the 16-bit rounding after it is not a second one.
-        let sum = match dtype {
-            DType::F64 => "scratch[i]".to_string(),
-            DType::F32 => "(float)scratch[i]".to_string(),
-            _ => store(dtype, "k_d2f_odd(scratch[i])"),
-        };
+        // One rounding from the f64 sum, as the reference's conversion does.
+        let sum = store_f64(dtype, "scratch[i]");
         let _ = writeln!(body, "    out[i] = {sum};");
         body.push_str("  }\n}\n");
     }
@@ -232,76 +232,313 @@ pub fn assign(dtype: DType, view: &View) -> LibraryKernel {
     finish("assign", body, 1)
 }
 
-/// Running sums along `axis`, one thread per line. Arguments: `x`, `out`, `n` (the number of
-/// lines).
+/// Running sums along `axis`, launched as [`cumsum_lines`] says: floats accumulate in `f64`
+/// and round once per position, integers wrap. One thread per line adds in the reference
+/// executor's order; the parallel scans of long lines add in a tree order, so an `f64`
+/// result may differ from the reference's in its last bit (narrower floats, rounded from
+/// the `f64` sum, practically never do). Arguments: `x`, `out`, `n` (the number of
+/// lines) for [`Lines::Threads`] and [`Lines::Blocks`]. [`Lines::Chunks`] runs three entry
+/// points: each chunk's total into `totals` (`f64` for floats, `i64` otherwise; arguments
+/// `x`, `totals`, `chunks`, `n` = lines times chunks), the totals turned into each chunk's
+/// starting sum, one thread per line (`totals`, `chunks`, `n` = lines), and the chunks'
+/// running sums from there (`x`, `out`, `totals`, `chunks`, `n` = lines times chunks).
+///
+/// Blocks scan a line in tiles of `blockDim.x` positions: a warp scan with `__shfl_up_sync`,
+/// the warps' totals scanned by the first warp, and a carry from tile to tile.
 pub fn cumsum(dtype: DType, shape: &Shape, axis: usize) -> LibraryKernel {
     let t = storage_type(dtype);
     let st = strides(shape);
+    let float = dtype.is_float();
+    let acc = if float { "double" } else { "unsigned long long" };
+    let value = if float {
+        format!("(double){}", load(dtype, "x[at]"))
+    } else if dtype == DType::Bool {
+        "(unsigned long long)(x[at] != 0)".to_string()
+    } else {
+        "(unsigned long long)(long long)x[at]".to_string()
+    };
+    let stored = |v: &str| {
+        if float {
+            store_f64(dtype, v)
+        } else if dtype == DType::Bool {
+            format!("(unsigned char)(({v}) != 0)")
+        } else {
+            format!("({t})(long long)({v})")
+        }
+    };
+    let len = shape.dims()[axis];
     let mut body = String::new();
+    let how = cumsum_lines(shape, axis);
+    if how == Lines::Threads {
+        let _ = writeln!(
+            body,
+            "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {t}* __restrict__ out, long long n) {{"
+        );
+        line_loop(&mut body, shape, axis);
+        let _ = writeln!(body, "    {acc} acc = 0;");
+        let _ = writeln!(body, "    for (long long k = 0; k < {len}LL; k++) {{");
+        let _ = writeln!(body, "      long long at = at0 + k * {}LL;", st[axis]);
+        let _ = writeln!(body, "      acc += {value};");
+        let _ = writeln!(body, "      out[at] = {};", stored("acc"));
+        body.push_str("    }\n  }\n}\n");
+        return finish("cumsum", body, 1);
+    }
+    // The running sums of positions `lo..hi` from `carry` on, a tile of the block at a time.
+    let scan = |body: &mut String| {
+        let _ = writeln!(
+            body,
+            "    for (long long base = lo; base < hi; base += blockDim.x) {{\n      long long k = base + threadIdx.x, at = at0 + k * {}LL;",
+            st[axis]
+        );
+        let _ = writeln!(body, "      {acc} v = k < hi ? {value} : 0;");
+        let _ = writeln!(
+            body,
+            "      for (int s = 1; s < 32; s <<= 1) {{ {acc} u = __shfl_up_sync(0xffffffffu, v, s); if ((int)(threadIdx.x & 31) >= s) v += u; }}"
+        );
+        body.push_str("      if ((threadIdx.x & 31) == 31) warps[threadIdx.x >> 5] = v;\n      __syncthreads();\n");
+        body.push_str("      if (threadIdx.x < 32) {\n");
+        let _ = writeln!(
+            body,
+            "        {acc} w = threadIdx.x < (blockDim.x >> 5) ? warps[threadIdx.x] : 0;\n        for (int s = 1; s < 32; s <<= 1) {{ {acc} u = __shfl_up_sync(0xffffffffu, w, s); if ((int)threadIdx.x >= s) w += u; }}\n        warps[threadIdx.x] = w;\n      }}\n      __syncthreads();"
+        );
+        let _ = writeln!(
+            body,
+            "      {acc} before = carry + (threadIdx.x >= 32 ? warps[(threadIdx.x >> 5) - 1] : 0);"
+        );
+        let _ = writeln!(body, "      if (k < hi) out[at] = {};", stored("before + v"));
+        body.push_str(
+            "      carry += warps[(blockDim.x >> 5) - 1];\n      __syncthreads();\n    }\n",
+        );
+    };
+    let shared = format!("  __shared__ {acc} warps[32];\n");
+    if how == Lines::Blocks {
+        let _ = writeln!(
+            body,
+            "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {t}* __restrict__ out, long long n) {{"
+        );
+        body.push_str(&shared);
+        block_line_loop(&mut body, shape, axis, false);
+        let _ = writeln!(body, "    {acc} carry = 0;");
+        scan(&mut body);
+        body.push_str("  }\n}\n");
+        return finish("cumsum", body, 1);
+    }
+    // Chunks: totals, their running sums per line, then each chunk's scan.
     let _ = writeln!(
         body,
-        "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {t}* __restrict__ out, long long n) {{"
+        "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {acc}* __restrict__ totals, long long chunks, long long n) {{"
     );
-    line_loop(&mut body, shape, axis);
-    let float = dtype.is_float();
-    body.push_str(if float {
-        "    double acc = 0.0;\n"
-    } else {
-        "    unsigned long long acc = 0;\n"
-    });
-    let _ = writeln!(body, "    for (long long k = 0; k < {}LL; k++) {{", shape.dims()[axis]);
-    let _ = writeln!(body, "      long long at = at0 + k * {}LL;", st[axis]);
-    if float {
-        let _ = writeln!(body, "      acc += (double){};", load(dtype, "x[at]"));
-        let value =
-            if dtype == DType::F64 { "acc".to_string() } else { store(dtype, "(float)acc") };
-        let _ = writeln!(body, "      out[at] = {value};");
-    } else if dtype == DType::Bool {
-        body.push_str("      acc += (unsigned long long)(x[at] != 0);\n      out[at] = (unsigned char)(acc != 0);\n");
-    } else {
-        let _ = writeln!(body, "      acc += (unsigned long long)(long long)x[at];");
-        let _ = writeln!(body, "      out[at] = ({t})(long long)acc;");
-    }
-    body.push_str("    }\n  }\n}\n");
-    finish("cumsum", body, 1)
+    // Each chunk's total: a block sum, as fused reductions combine theirs.
+    let sum = Combine { acc, identity: "0".into(), combine: "a + b".into(), stored: String::new() };
+    let _ = writeln!(body, "  __shared__ {acc} partial[32];");
+    block_line_loop(&mut body, shape, axis, true);
+    let _ = writeln!(body, "    {acc} acc = 0;");
+    body.push_str("    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {\n");
+    let _ = writeln!(
+        body,
+        "      long long at = at0 + k * {}LL;\n      acc += {value};\n    }}",
+        st[axis]
+    );
+    block_combine(&mut body, &sum, "totals[blk] = acc;");
+    body.push_str("  }\n}\n");
+    let _ = writeln!(
+        body,
+        "extern \"C\" __global__ void ENTRY1({acc}* __restrict__ totals, long long chunks, long long n) {{"
+    );
+    grid_loop(&mut body, "line");
+    let _ = writeln!(
+        body,
+        "    {acc} sum = 0;\n    for (long long c = 0; c < chunks; c++) {{ {acc} t = totals[line * chunks + c]; totals[line * chunks + c] = sum; sum += t; }}\n  }}\n}}"
+    );
+    let _ = writeln!(
+        body,
+        "extern \"C\" __global__ void ENTRY2(const {t}* __restrict__ x, {t}* __restrict__ out, const {acc}* __restrict__ totals, long long chunks, long long n) {{"
+    );
+    body.push_str(&shared);
+    block_line_loop(&mut body, shape, axis, true);
+    let _ = writeln!(body, "    {acc} carry = totals[blk];");
+    scan(&mut body);
+    body.push_str("  }\n}\n");
+    finish("cumsum", body, 3)
 }
 
+/// How a per-line library kernel (`cumsum`, `argmax`/`argmin`) spreads its lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lines {
+    /// One thread per line, walking it in order: for many lines whose elements are strided
+    /// (the axis is not the last), where neighbouring lines are adjacent in memory and a
+    /// warp's loads coalesce. Launch over the lines like an elementwise kernel.
+    Threads,
+    /// One block per line: for lines along the last axis, or few lines. Launch one block per
+    /// line with a multiple of 32 threads.
+    Blocks,
+    /// Few long lines, each cut into `chunks` (a launch argument) that one block each
+    /// handles; a second entry point combines each line's chunks. Launch the first entry
+    /// point with one block per chunk, the second with one block per line.
+    Chunks,
+}
+
+/// Lines below which a per-line kernel does not give each line a thread: fewer would leave
+/// most of the device idle.
+const THREAD_LINES: usize = 128;
+
+/// The fewest elements per line for which few lines are cut into chunks.
+pub const CHUNK_MIN_LEN: usize = 1 << 14;
+
+/// Lines shorter than this are summed in order by one thread each: a parallel scan adds in
+/// another order, which can change an `f64` running sum in its last bit, and short lines
+/// gain nothing from it.
+pub const SCAN_MIN_LEN: usize = 1 << 10;
+
+/// How `cumsum` over `shape` along `axis` runs: [`lines_of`] for lines of at least
+/// [`SCAN_MIN_LEN`] elements, else [`Lines::Threads`].
+pub fn cumsum_lines(shape: &Shape, axis: usize) -> Lines {
+    if shape.dims()[axis] < SCAN_MIN_LEN { Lines::Threads } else { lines_of(shape, axis) }
+}
+
+/// How a per-line kernel over `shape` along `axis` runs.
+pub fn lines_of(shape: &Shape, axis: usize) -> Lines {
+    let len = shape.dims()[axis];
+    let lines: usize =
+        shape.dims().iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &s)| s).product();
+    let last = shape.dims()[axis + 1..].iter().product::<usize>() == 1;
+    if !last && lines >= THREAD_LINES {
+        Lines::Threads
+    } else if lines < THREAD_LINES && len >= CHUNK_MIN_LEN {
+        Lines::Chunks
+    } else {
+        Lines::Blocks
+    }
+}
+
+/// Opens a loop giving each block the lines `line` of `shape` along `axis` (numbered
+/// row-major over the other dimensions), with `at0` the offset of the line's first element;
+/// with `chunked`, block `blk` takes chunk `blk % chunks` of line `blk / chunks`, positions
+/// `lo..hi`.
+fn block_line_loop(src: &mut String, shape: &Shape, axis: usize, chunked: bool) {
+    let len = shape.dims()[axis];
+    let mut line_dims = shape.dims().to_vec();
+    line_dims[axis] = 1;
+    if chunked {
+        let _ = writeln!(src, "  const long long per = ({len}LL + chunks - 1) / chunks;");
+        src.push_str("  for (long long blk = blockIdx.x; blk < n; blk += gridDim.x) {\n");
+        let _ = writeln!(
+            src,
+            "    long long line = blk / chunks, lo = (blk % chunks) * per, hi = lo + per < {len}LL ? lo + per : {len}LL;"
+        );
+    } else {
+        src.push_str("  for (long long line = blockIdx.x; line < n; line += gridDim.x) {\n");
+        let _ = writeln!(src, "    const long long lo = 0, hi = {len}LL;");
+    }
+    src.push_str("    long long at0 = 0;\n");
+    split(src, "line", &line_dims, Some(axis), &[("at0", strides(shape))]);
+}
+
+/// No position yet: loses to every candidate.
+const NONE: &str = "9223372036854775807LL";
+
 /// The index of each line's largest (`ArgMax`) or smallest element along `axis`, as `i64`:
-/// the first NaN if there is one, else the first of equal extremes. One thread per line.
-/// Arguments: `x`, `out`, `n` (the number of lines).
+/// the first NaN if there is one, else the first of equal extremes (0 for an empty line).
+/// Launched as [`lines_of`] says. Arguments: `x`, `out`, `n` (the number of lines) for
+/// [`Lines::Threads`] and [`Lines::Blocks`]; for [`Lines::Chunks`], the first entry point
+/// takes `x`, `values` and `positions` (a line's chunks' winners: `f64` for floats, `i64`
+/// for integers, and `i64`), `chunks`, `n` (lines times chunks), the second `values`,
+/// `positions`, `out`, `chunks`, `n` (the lines).
 pub fn arg_extreme(op: ReduceOp, dtype: DType, shape: &Shape, axis: usize) -> LibraryKernel {
     let t = storage_type(dtype);
     let st = strides(shape);
+    let name = if op == ReduceOp::ArgMax { "argmax" } else { "argmin" };
     let better = if op == ReduceOp::ArgMax { ">" } else { "<" };
     let (ty, value) = if dtype.is_float() {
         ("double", format!("(double){}", load(dtype, "x[at]")))
     } else {
         ("long long", "(long long)x[at]".to_string())
     };
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, long long* __restrict__ out, long long n) {{"
-    );
-    line_loop(&mut body, shape, axis);
     let len = shape.dims()[axis];
-    if len == 0 {
-        // An empty line has no element to point at: 0, as in the reference executor.
-        body.push_str("    (void)at0; out[line] = 0;\n  }\n}\n");
-        let name = if op == ReduceOp::ArgMax { "argmax" } else { "argmin" };
+    let mut body = String::new();
+    let signature = |body: &mut String| {
+        let _ = writeln!(
+            body,
+            "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, long long* __restrict__ out, long long n) {{"
+        );
+    };
+    let how = lines_of(shape, axis);
+    if len == 0 || how == Lines::Threads {
+        signature(&mut body);
+        line_loop(&mut body, shape, axis);
+        if len == 0 {
+            // An empty line has no element to point at: 0, as in the reference executor.
+            body.push_str("    (void)at0; out[line] = 0;\n  }\n}\n");
+            return finish(name, body, 1);
+        }
+        let _ = writeln!(body, "    long long best = 0;");
+        let _ = writeln!(body, "    {{ long long at = at0; {ty} top = {value};");
+        let _ = writeln!(body, "    bool nan = top != top;");
+        let _ = writeln!(body, "    for (long long k = 1; k < {len}LL && !nan; k++) {{");
+        let _ = writeln!(body, "      at = at0 + k * {}LL;", st[axis]);
+        let _ = writeln!(body, "      {ty} v = {value};");
+        let _ = writeln!(body, "      if (v != v) {{ best = k; nan = true; }}");
+        let _ = writeln!(body, "      else if (v {better} top) {{ best = k; top = v; }}");
+        body.push_str("    } }\n    out[line] = best;\n  }\n}\n");
         return finish(name, body, 1);
     }
-    let _ = writeln!(body, "    long long best = 0;");
-    let _ = writeln!(body, "    {{ long long at = at0; {ty} top = {value};");
-    let _ = writeln!(body, "    bool nan = top != top;");
-    let _ = writeln!(body, "    for (long long k = 1; k < {len}LL && !nan; k++) {{");
-    let _ = writeln!(body, "      at = at0 + k * {}LL;", st[axis]);
-    let _ = writeln!(body, "      {ty} v = {value};");
-    let _ = writeln!(body, "      if (v != v) {{ best = k; nan = true; }}");
-    let _ = writeln!(body, "      else if (v {better} top) {{ best = k; top = v; }}");
-    body.push_str("    } }\n    out[line] = best;\n  }\n}\n");
-    let name = if op == ReduceOp::ArgMax { "argmax" } else { "argmin" };
-    finish(name, body, 1)
+    // Candidates `(v, i)` combine in any order to the reference's answer: a NaN beats every
+    // number, a better value beats a worse one, and of equals the smaller position wins.
+    let _ = writeln!(
+        body,
+        "__device__ __forceinline__ void k_pick({ty}& v, long long& i, {ty} v2, long long i2) {{\n  if (i2 == {NONE}) return;\n  if (i != {NONE}) {{\n    bool n1 = v != v, n2 = v2 != v2;\n    if (n1 || n2) {{ if (!n2 || (n1 && i2 > i)) return; }}\n    else if (!(v2 {better} v || (v2 == v && i2 < i))) return;\n  }}\n  v = v2; i = i2;\n}}"
+    );
+    // Every thread's candidate, then the block's in thread 0, which runs `finish`.
+    let combine = |body: &mut String, finish: &str| {
+        let shuffle = "for (int s = 16; s > 0; s >>= 1) { ".to_string()
+            + &format!("{ty} v2 = __shfl_down_sync(0xffffffffu, v, s); ")
+            + "long long i2 = __shfl_down_sync(0xffffffffu, i, s); k_pick(v, i, v2, i2); }";
+        let _ = writeln!(body, "    {shuffle}");
+        body.push_str("    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = v; si[threadIdx.x >> 5] = i; }\n");
+        body.push_str("    __syncthreads();\n    if (threadIdx.x < 32) {\n");
+        body.push_str("      bool has = threadIdx.x < ((blockDim.x + 31) >> 5);\n");
+        let _ = writeln!(
+            body,
+            "      v = has ? sv[threadIdx.x] : 0; i = has ? si[threadIdx.x] : {NONE};"
+        );
+        let _ = writeln!(body, "      {shuffle}");
+        let _ = writeln!(body, "      if (threadIdx.x == 0) {{ {finish} }}");
+        body.push_str("    }\n    __syncthreads();\n  }\n}\n");
+    };
+    let shared = format!("  __shared__ {ty} sv[32];\n  __shared__ long long si[32];\n");
+    let scan = |body: &mut String| {
+        let _ = writeln!(body, "    {ty} v = 0; long long i = {NONE};");
+        body.push_str("    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {\n");
+        let _ = writeln!(body, "      long long at = at0 + k * {}LL;", st[axis]);
+        let _ = writeln!(body, "      k_pick(v, i, {value}, k);\n    }}");
+    };
+    let result = format!("out[line] = i == {NONE} ? 0 : i;");
+    if how == Lines::Blocks {
+        signature(&mut body);
+        body.push_str(&shared);
+        block_line_loop(&mut body, shape, axis, false);
+        scan(&mut body);
+        combine(&mut body, &result);
+        return finish(name, body, 1);
+    }
+    let _ = writeln!(
+        body,
+        "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ x, {ty}* __restrict__ values, long long* __restrict__ positions, long long chunks, long long n) {{"
+    );
+    body.push_str(&shared);
+    block_line_loop(&mut body, shape, axis, true);
+    scan(&mut body);
+    combine(&mut body, "values[blk] = v; positions[blk] = i;");
+    let _ = writeln!(
+        body,
+        "extern \"C\" __global__ void ENTRY1(const {ty}* __restrict__ values, const long long* __restrict__ positions, long long* __restrict__ out, long long chunks, long long n) {{"
+    );
+    body.push_str(&shared);
+    body.push_str("  for (long long line = blockIdx.x; line < n; line += gridDim.x) {\n");
+    let _ = writeln!(body, "    {ty} v = 0; long long i = {NONE};");
+    body.push_str("    for (long long j = threadIdx.x; j < chunks; j += blockDim.x) k_pick(v, i, values[line * chunks + j], positions[line * chunks + j]);\n");
+    combine(&mut body, &result);
+    finish(name, body, 2)
 }
 
 /// Element `i` of a random fill of `dtype`. Arguments: `out`, `key`, `low`, `range` (the
@@ -330,8 +567,7 @@ pub fn random(dist: RandomDist, dtype: DType) -> LibraryKernel {
                     "sqrt(-2.0 * log(1.0 - k_uniform(key, 2ULL * {u}, 53))) * cos(6.283185307179586 * k_uniform(key, 2ULL * {u} + 1ULL, 53))"
                 )
             };
-            let stored =
-                if dtype == DType::F64 { "v".to_string() } else { store(dtype, "(float)v") };
+            let stored = store_f64(dtype, "v");
             format!("double v = {value};\n    out[i] = {stored};")
         }
     };

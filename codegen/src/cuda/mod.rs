@@ -11,8 +11,11 @@
 //!   of 32 threads (at most 1024) per block. Reductions over strided positions (a sum over
 //!   rows: bias gradients, batch means) with many outputs instead give each output one thread
 //!   that walks its positions in order, so that a warp reads 32 neighbouring outputs' values
-//!   at once ([`reduces_by_columns`]; launch those like elementwise kernels). Outputs after
-//!   the first store the unreduced value at every domain position.
+//!   at once ([`reduces_by_columns`]; launch those like elementwise kernels). Few long rows
+//!   (a loss's mean over a whole batch) are split: blocks reduce chunks of a row into
+//!   partial results that a second entry point merges ([`split_partials`]), so a sum over a
+//!   large tensor runs on every multiprocessor, not one. Outputs after the first store the
+//!   unreduced value at every domain position.
 //! - **16-bit floats** are stored as `unsigned short` and converted with PTX `cvt`
 //!   instructions, so no CUDA header is needed; arithmetic on them is done in `float`, as on
 //!   the CPU. (The emulated device in `emulator/` defines `KILN_HOST_EMULATION` and supplies
@@ -68,6 +71,11 @@ pub fn source(kernel: &Kernel) -> String {
     for (i, t) in param_types(kernel).into_iter().enumerate() {
         args.push(format!("{} p{i}", compute_type(t)));
     }
+    let split = split_partials(kernel);
+    if let Some(d) = split {
+        args.push(format!("{}* __restrict__ part", compute_type(d)));
+        args.push("long long chunks".into());
+    }
     args.push("long long n".into());
     let _ = writeln!(src, "extern \"C\" __global__ void {name}({}) {{", args.join(", "));
     match kernel.reduce {
@@ -75,6 +83,9 @@ pub fn source(kernel: &Kernel) -> String {
         Some(red) => reduction(&mut src, kernel, red.op, red.kept),
     }
     src.push_str("}\n");
+    if let (Some(d), Some(red)) = (split, kernel.reduce) {
+        merge(&mut src, kernel, red.op, d);
+    }
     src
 }
 
@@ -137,6 +148,16 @@ fn store(d: DType, v: &str) -> String {
         DType::BF16 => format!("k_f2b({v})"),
         DType::Bool => format!("(unsigned char)({v})"),
         _ => v.to_string(),
+    }
+}
+
+/// A `double` value as a stored float element of `d`, rounded once: a 16-bit type goes
+/// through `f32` rounded to odd, so that rounding to 16 bits after it is not a second one.
+fn store_f64(d: DType, v: &str) -> String {
+    match d {
+        DType::F64 => v.to_string(),
+        DType::F32 => format!("(float)({v})"),
+        _ => store(d, &format!("k_d2f_odd({v})")),
     }
 }
 
@@ -256,6 +277,8 @@ fn binary(op: BinaryOp, arg: DType, a: &str, b: &str) -> String {
 fn cast(from: DType, to: DType, x: &str) -> String {
     match (from.is_float(), to) {
         (_, DType::Bool) => format!("{x} != 0"),
+        // One rounding to 16 bits, not two (the result is rounded to `to` after the cast).
+        (_, DType::F16 | DType::BF16) if from == DType::F64 => format!("k_d2f_odd({x})"),
         (true, t) if !t.is_float() => {
             format!("k_f2i((double){x})")
         }
@@ -382,13 +405,45 @@ pub fn reduces_by_columns(kernel: &Kernel) -> bool {
         && (0..kernel.inputs.len()).any(|i| innermost(&outer, i) == 1)
 }
 
-fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
-    let rank = kernel.shape.rank();
-    let outer = coalesce(kernel, 0..kept);
-    let inner = coalesce(kernel, kept..rank);
-    let count: usize = kernel.shape.dims()[kept..].iter().product();
-    let out = kernel.outputs[0];
-    let dtype = kernel.exprs[out].dtype;
+/// Reductions whose rows are long and few are split: each row's positions are cut into
+/// `chunks` (a launch argument) reduced by one block each into `part`, and a second entry
+/// point ([`merge_name`]) combines each row's chunks. With one block per row, a sum over a
+/// whole large tensor would run on one multiprocessor. Returns the dtype of `part`'s
+/// elements (the accumulator's), or `None` for kernels that are not split.
+pub fn split_partials(kernel: &Kernel) -> Option<DType> {
+    let red = kernel.reduce?;
+    let dims = kernel.shape.dims();
+    let outputs: usize = dims[..red.kept].iter().product();
+    let count: usize = dims[red.kept..].iter().product();
+    if outputs >= COLUMN_OUTPUTS || count < SPLIT_MIN_COUNT || reduces_by_columns(kernel) {
+        return None;
+    }
+    Some(match kernel.exprs[kernel.outputs[0]].dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        DType::Bool => DType::I32,
+        d => d,
+    })
+}
+
+/// The fewest reduced positions per row for which a reduction with few outputs is split.
+const SPLIT_MIN_COUNT: usize = 1 << 14;
+
+/// The name of a split reduction's second entry point (see [`split_partials`]); its
+/// arguments: `part`, the output, `chunks`, and the number of rows.
+pub fn merge_name(kernel: &Kernel) -> String {
+    format!("{}_merge", entry_name(kernel))
+}
+
+/// How a reduction combines: its accumulator's C type, identity and combining expression
+/// (of `a` and `b`), and the stored form of the result `acc`.
+pub(super) struct Combine {
+    pub(super) acc: &'static str,
+    pub(super) identity: String,
+    pub(super) combine: String,
+    pub(super) stored: String,
+}
+
+fn combine(op: ReduceOp, dtype: DType) -> Combine {
     // Bools reduce as integers (shuffles move 32 or 64 bits).
     let acc = if dtype == DType::Bool { "int" } else { compute_type(dtype) };
     let float = dtype.is_float();
@@ -409,45 +464,14 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions are not kernels"),
     };
     let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
-    let stored = store(dtype, &value);
-    // Each output's row: its inputs' offsets, then its reduced positions `j` (from `first`,
-    // by `step`) combined into `acc`.
-    let accumulate = |src: &mut String, first: &str, step: &str| {
-        for (i, off) in outer.offsets.iter().enumerate() {
-            let _ = writeln!(src, "    long long b{i} = {off}LL;");
-        }
-        locate(src, &outer, "row", 'b', "    ");
-        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
-        let _ = writeln!(src, "    for (long long j = {first}; j < {count}LL; j += {step}) {{");
-        for i in 0..outer.offsets.len() {
-            let _ = writeln!(src, "      long long o{i} = b{i};");
-        }
-        locate(src, &inner, "j", 'o', "      ");
-        body(src, kernel, "      ");
-        // Outputs after the first store the reduced value itself at every domain position.
-        for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
-            let side = store(kernel.exprs[o].dtype, &format!("e{o}"));
-            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {side};");
-        }
-        let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
-        let _ = writeln!(src, "      acc = {combine};");
-        src.push_str("    }\n");
-    };
-    if reduces_by_columns(kernel) {
-        // One thread per output, walking its reduced positions in order: a warp's loads are
-        // neighbouring outputs, adjacent in memory.
-        let _ = writeln!(
-            src,
-            "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{"
-        );
-        accumulate(src, "0", "1");
-        let _ = writeln!(src, "    out0[row] = {stored};");
-        src.push_str("  }\n");
-        return;
-    }
-    let _ = writeln!(src, "  __shared__ {acc} partial[32];");
-    let _ = writeln!(src, "  for (long long row = blockIdx.x; row < n; row += gridDim.x) {{");
-    accumulate(src, "threadIdx.x", "blockDim.x");
+    Combine { acc, identity, combine, stored: store(dtype, &value) }
+}
+
+/// Combines every thread's `acc` across the block (warp shuffles, then the warps' results
+/// through `partial`, a `__shared__` array of 32) and runs `finish` in thread 0 with the
+/// block's result in `acc`.
+pub(super) fn block_combine(src: &mut String, c: &Combine, finish: &str) {
+    let Combine { acc, identity, combine, .. } = c;
     let _ = writeln!(
         src,
         "    for (int s = 16; s > 0; s >>= 1) {{ {acc} a = acc, b = __shfl_down_sync(0xffffffffu, acc, s); acc = {combine}; }}"
@@ -463,8 +487,94 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         src,
         "      for (int s = 16; s > 0; s >>= 1) {{ {acc} a = acc, b = __shfl_down_sync(0xffffffffu, acc, s); acc = {combine}; }}"
     );
-    let _ = writeln!(src, "      if (threadIdx.x == 0) out0[row] = {stored};");
-    src.push_str("    }\n    __syncthreads();\n  }\n");
+    let _ = writeln!(src, "      if (threadIdx.x == 0) {finish}");
+    src.push_str("    }\n    __syncthreads();\n");
+}
+
+fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
+    let rank = kernel.shape.rank();
+    let outer = coalesce(kernel, 0..kept);
+    let inner = coalesce(kernel, kept..rank);
+    let count: usize = kernel.shape.dims()[kept..].iter().product();
+    let out = kernel.outputs[0];
+    let c = combine(op, kernel.exprs[out].dtype);
+    let (acc, identity, comb, stored) = (c.acc, &c.identity, &c.combine, &c.stored);
+    // Each output's row: its inputs' offsets, then its reduced positions `j` (from `first`,
+    // by `step`, below `end`) combined into `acc`.
+    let accumulate = |src: &mut String, first: &str, step: &str, end: &str| {
+        for (i, off) in outer.offsets.iter().enumerate() {
+            let _ = writeln!(src, "    long long b{i} = {off}LL;");
+        }
+        locate(src, &outer, "row", 'b', "    ");
+        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
+        let _ = writeln!(src, "    for (long long j = {first}; j < {end}; j += {step}) {{");
+        for i in 0..outer.offsets.len() {
+            let _ = writeln!(src, "      long long o{i} = b{i};");
+        }
+        locate(src, &inner, "j", 'o', "      ");
+        body(src, kernel, "      ");
+        // Outputs after the first store the reduced value itself at every domain position.
+        for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
+            let side = store(kernel.exprs[o].dtype, &format!("e{o}"));
+            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {side};");
+        }
+        let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
+        let _ = writeln!(src, "      acc = {comb};");
+        src.push_str("    }\n");
+    };
+    let all = format!("{count}LL");
+    if reduces_by_columns(kernel) {
+        // One thread per output, walking its reduced positions in order: a warp's loads are
+        // neighbouring outputs, adjacent in memory.
+        let _ = writeln!(
+            src,
+            "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{"
+        );
+        accumulate(src, "0", "1", &all);
+        let _ = writeln!(src, "    out0[row] = {stored};");
+        src.push_str("  }\n");
+        return;
+    }
+    let _ = writeln!(src, "  __shared__ {acc} partial[32];");
+    if split_partials(kernel).is_some() {
+        // Block `blk` reduces chunk `blk % chunks` of row `blk / chunks` into `part[blk]`.
+        let _ = writeln!(src, "  const long long per = ({count}LL + chunks - 1) / chunks;");
+        src.push_str("  for (long long blk = blockIdx.x; blk < n; blk += gridDim.x) {\n");
+        let _ = writeln!(
+            src,
+            "    long long row = blk / chunks, lo = (blk % chunks) * per, hi = lo + per < {count}LL ? lo + per : {count}LL;"
+        );
+        accumulate(src, "lo + threadIdx.x", "blockDim.x", "hi");
+        block_combine(src, &c, "part[blk] = acc;");
+    } else {
+        let _ = writeln!(src, "  for (long long row = blockIdx.x; row < n; row += gridDim.x) {{");
+        accumulate(src, "threadIdx.x", "blockDim.x", &all);
+        block_combine(src, &c, &format!("out0[row] = {stored};"));
+    }
+    src.push_str("  }\n");
+}
+
+/// The second entry point of a split reduction: one block per row combines the row's
+/// `chunks` partial results, in the same tree shape as a block's threads.
+fn merge(src: &mut String, kernel: &Kernel, op: ReduceOp, part: DType) {
+    let dtype = kernel.exprs[kernel.outputs[0]].dtype;
+    let c = combine(op, dtype);
+    let (acc, identity, comb) = (c.acc, &c.identity, &c.combine);
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {}(const {}* __restrict__ part, {}* __restrict__ out0, long long chunks, long long n) {{",
+        merge_name(kernel),
+        compute_type(part),
+        storage_type(dtype)
+    );
+    let _ = writeln!(src, "  __shared__ {acc} partial[32];");
+    src.push_str("  for (long long row = blockIdx.x; row < n; row += gridDim.x) {\n");
+    let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
+    src.push_str("    for (long long j = threadIdx.x; j < chunks; j += blockDim.x) {\n");
+    let _ = writeln!(src, "      {acc} a = acc, b = ({acc})part[row * chunks + j];");
+    let _ = writeln!(src, "      acc = {comb};\n    }}");
+    block_combine(src, &c, &format!("out0[row] = {};", c.stored));
+    src.push_str("  }\n}\n");
 }
 
 /// The identity of an integer max (the type's minimum) or min (its maximum).

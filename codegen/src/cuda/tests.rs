@@ -100,6 +100,18 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     assert!(column.iter().any(super::reduces_by_columns), "a column reduction");
     out.extend(column.into_iter().map(|k| ("column_sum".to_string(), k)));
 
+    // A sum over a whole long vector (a loss): split across blocks, then merged.
+    for dtype in [DType::F32, DType::F16, DType::Bool] {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3, 100_000]), dtype);
+        let op = if dtype == DType::Bool { ReduceOp::Max } else { ReduceOp::Sum };
+        let r = g.push(Op::Reduce { op, axes: vec![0, 1] }, &[x]).unwrap();
+        g.mark_output(r);
+        let split = kernels_of(&g);
+        assert!(split.iter().any(|k| super::split_partials(k).is_some()), "a split reduction");
+        out.extend(split.into_iter().map(|k| (format!("split_{dtype}"), k)));
+    }
+
     // Every dtype: a cast chain through f32 math and a comparison, and a reduction.
     for dtype in DType::ALL {
         let mut g = Graph::new();
@@ -140,6 +152,9 @@ fn sources_have_one_entry_point_and_typed_arguments() {
         for i in 0..k.inputs.len() {
             assert!(src.contains(&format!("in{i}")), "{name}: input {i}");
         }
+        let merge = format!("extern \"C\" __global__ void {}(", super::merge_name(&k));
+        let split = super::split_partials(&k).is_some();
+        assert_eq!(src.contains(&merge), split, "{name}: a merge entry point iff split");
         if super::reduces_by_columns(&k) {
             assert!(!src.contains("__shfl_down_sync"), "{name}: one thread per output");
         } else if k.reduce.is_some() {
@@ -166,9 +181,21 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
             out.push((format!("scatter_{accumulate}_{dtype}"), k));
         }
         out.push((format!("assign_{dtype}"), library::assign(dtype, &view)));
-        out.push((format!("cumsum_{dtype}"), library::cumsum(dtype, &x, 1)));
-        for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
-            out.push((format!("{op:?}_{dtype}"), library::arg_extreme(op, dtype, &x, 2)));
+        // Lines of a block each, a thread each (many strided lines), chunks of few long lines.
+        let lines = [
+            (x.clone(), 2),
+            (Shape::from([3, 20, 70]), 1),
+            (Shape::from([200, 2000]), 1),
+            (Shape::from([2, 50_000]), 1),
+        ];
+        for (shape, axis) in &lines {
+            let scan = format!("{:?}", library::cumsum_lines(shape, *axis));
+            out.push((format!("cumsum_{scan}_{dtype}"), library::cumsum(dtype, shape, *axis)));
+            let how = format!("{:?}", library::lines_of(shape, *axis));
+            for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
+                let k = library::arg_extreme(op, dtype, shape, *axis);
+                out.push((format!("{op:?}_{how}_{dtype}"), k));
+            }
         }
         let dists: &[kiln_ir::RandomDist] = match dtype {
             DType::I64 => &[kiln_ir::RandomDist::Int { low: -3, high: 9 }],
@@ -212,6 +239,18 @@ fn library_kernels_name_their_entry_points() {
         true,
     );
     assert_eq!(i64_add.entries.len(), 1);
+    // The three ways per-line kernels spread their lines.
+    use library::Lines;
+    assert_eq!(library::lines_of(&Shape::from([5, 7, 3]), 2), Lines::Blocks);
+    assert_eq!(library::lines_of(&Shape::from([3, 20, 70]), 1), Lines::Threads);
+    assert_eq!(library::lines_of(&Shape::from([2, 50_000]), 1), Lines::Chunks);
+    // Short lines are summed in order, a thread each.
+    assert_eq!(library::cumsum_lines(&Shape::from([5, 7, 3]), 2), Lines::Threads);
+    assert_eq!(library::cumsum_lines(&Shape::from([200, 2000]), 1), Lines::Blocks);
+    let chunked = library::cumsum(DType::F32, &Shape::from([2, 50_000]), 1);
+    assert_eq!(chunked.entries.len(), 3);
+    let chunked = library::arg_extreme(ReduceOp::ArgMax, DType::F32, &Shape::from([50_000]), 0);
+    assert_eq!(chunked.entries.len(), 2);
 }
 
 #[test]
@@ -280,10 +319,11 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
         representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
     for (i, (name, src)) in sources.iter().enumerate() {
-        // The options the runtime compiles with.
+        // The options the runtime compiles with (NVRTC 13 takes `-minimal`).
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some("compute_90"),
             fmad: Some(false),
+            options: vec!["-minimal".into()],
             ..Default::default()
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)

@@ -4,11 +4,11 @@
 //! others (integer products, overlapping `unview`s) return `None` and run on host copies.
 
 use cudarc::driver::result;
-use kiln_codegen::cuda::library::{self as source, LibraryKernel};
+use kiln_codegen::cuda::library::{self as source, LibraryKernel, Lines};
 use kiln_ir::{DType, Graph, NodeId, Op, RandomDist, ReduceOp, Shape};
 
 use super::Gpu;
-use super::kernels::{Arg, grid_config, launch, library_functions};
+use super::kernels::{Arg, block_config, grid_config, launch, library_functions, split_chunks};
 use crate::{Buffer, RunError, RuntimeError};
 
 /// The op's value computed on `gpu`, or `None` when it has no device kernel.
@@ -67,6 +67,28 @@ unsafe fn run(
     let functions = library_functions(gpu, kernel)?;
     // SAFETY: the caller's contract.
     unsafe { launch(gpu, &functions[entry], args, grid_config(gpu, n)) }
+}
+
+/// Runs entry point 0 of a per-line kernel over `lines` lines of `len` elements, a thread
+/// or a block per line as `how` says.
+///
+/// # Safety
+/// As [`launch`], for `args`.
+unsafe fn run_lines(
+    gpu: &'static Gpu,
+    kernel: &LibraryKernel,
+    how: Lines,
+    args: [Arg; 3],
+    lines: usize,
+    len: usize,
+) -> Result<(), RuntimeError> {
+    if how == Lines::Blocks {
+        let functions = library_functions(gpu, kernel)?;
+        // SAFETY: the caller's contract; one block per line.
+        return unsafe { launch(gpu, &functions[0], &args, block_config(gpu, lines, len)) };
+    }
+    // SAFETY: the caller's contract; one thread per line.
+    unsafe { run(gpu, kernel, 0, &args, lines) }
 }
 
 /// The lines of `shape` along `axis`: the product of the other dimensions (a kernel with one
@@ -228,10 +250,36 @@ fn cumsum(
 ) -> Result<Buffer, RuntimeError> {
     let out = Buffer::on_gpu(gpu, x.dtype(), x.len())?;
     let lines = lines(shape, axis);
+    let len = shape.dims()[axis];
+    if lines == 0 || len == 0 {
+        return Ok(out);
+    }
     let kernel = source::cumsum(x.dtype(), shape, axis);
-    let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
-    // SAFETY: `(x, out, n)`: both hold the dense `shape`; one thread per line.
-    unsafe { run(gpu, &kernel, 0, &args, lines) }?;
+    let (xp, op_) = (Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?));
+    let functions = library_functions(gpu, &kernel)?;
+    match source::cumsum_lines(shape, axis) {
+        // SAFETY: `(x, out, n)`: both hold the dense `shape`.
+        how @ (Lines::Threads | Lines::Blocks) => unsafe {
+            run_lines(gpu, &kernel, how, [xp, op_, count(lines)], lines, len)
+        },
+        Lines::Chunks => {
+            let chunks = split_chunks(gpu, lines, len);
+            let total = if x.dtype().is_float() { DType::F64 } else { DType::I64 };
+            let totals = Buffer::on_gpu(gpu, total, lines * chunks)?;
+            let tp = || totals.device_ptr(gpu).map(Arg::Ptr);
+            let blocks = block_config(gpu, lines * chunks, len / chunks);
+            let (n, c) = (count(lines * chunks), count(chunks));
+            // SAFETY: `(x, totals, chunks, n)`: one total per block, `n` blocks' worth.
+            unsafe { launch(gpu, &functions[0], &[xp, tp()?, c, n], blocks) }?;
+            let (n, c) = (count(lines), count(chunks));
+            // SAFETY: `(totals, chunks, n)`: `chunks` totals per line, written before on the
+            // same stream; one thread per line.
+            unsafe { launch(gpu, &functions[1], &[tp()?, c, n], grid_config(gpu, lines)) }?;
+            let (xp, n, c) = (Arg::Ptr(x.device_ptr(gpu)?), count(lines * chunks), count(chunks));
+            // SAFETY: `(x, out, totals, chunks, n)`: as the first, with `out` of x's length.
+            unsafe { launch(gpu, &functions[2], &[xp, op_, tp()?, c, n], blocks) }
+        }
+    }?;
     Ok(out)
 }
 
@@ -243,11 +291,42 @@ fn arg_extreme(
     axis: usize,
 ) -> Result<Buffer, RuntimeError> {
     let lines = lines(shape, axis);
+    let len = shape.dims()[axis];
     let out = Buffer::on_gpu(gpu, DType::I64, lines)?;
     let kernel = source::arg_extreme(op, x.dtype(), shape, axis);
-    let args = [Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?), count(lines)];
-    // SAFETY: `(x, out, n)`: x holds the dense `shape`, out one i64 per line.
-    unsafe { run(gpu, &kernel, 0, &args, lines) }?;
+    if lines == 0 {
+        return Ok(out);
+    }
+    let (xp, op_) = (Arg::Ptr(x.device_ptr(gpu)?), Arg::Ptr(out.device_ptr(gpu)?));
+    let functions = library_functions(gpu, &kernel)?;
+    // Empty lines take the one-thread-per-line kernel, which writes 0 for each.
+    let how = if len == 0 { Lines::Threads } else { source::lines_of(shape, axis) };
+    match how {
+        // SAFETY: `(x, out, n)`: x holds the dense `shape`, out one i64 per line.
+        how @ (Lines::Threads | Lines::Blocks) => unsafe {
+            run_lines(gpu, &kernel, how, [xp, op_, count(lines)], lines, len)
+        },
+        Lines::Chunks => {
+            let chunks = split_chunks(gpu, lines, len);
+            let value = if x.dtype().is_float() { DType::F64 } else { DType::I64 };
+            let values = Buffer::on_gpu(gpu, value, lines * chunks)?;
+            let positions = Buffer::on_gpu(gpu, DType::I64, lines * chunks)?;
+            let (vp, pp) =
+                (Arg::Ptr(values.device_ptr(gpu)?), Arg::Ptr(positions.device_ptr(gpu)?));
+            let first = [xp, vp, pp, count(chunks), count(lines * chunks)];
+            // SAFETY: `(x, values, positions, chunks, n)`: one value and position per block,
+            // `n` blocks' worth.
+            unsafe {
+                launch(gpu, &functions[0], &first, block_config(gpu, lines * chunks, len / chunks))
+            }?;
+            let (vp, pp) =
+                (Arg::Ptr(values.device_ptr(gpu)?), Arg::Ptr(positions.device_ptr(gpu)?));
+            let second = [vp, pp, op_, count(chunks), count(lines)];
+            // SAFETY: `(values, positions, out, chunks, n)`: written by the launch before on
+            // the same stream; one block per line.
+            unsafe { launch(gpu, &functions[1], &second, block_config(gpu, lines, chunks)) }
+        }
+    }?;
     Ok(out)
 }
 

@@ -23,7 +23,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
-pub(crate) use kernels::run_kernel;
+pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;

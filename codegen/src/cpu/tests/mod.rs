@@ -14,8 +14,8 @@ fn to_bytes(values: &[f64], dtype: DType) -> Vec<u8> {
         match dtype {
             DType::F32 => out.extend((v as f32).to_ne_bytes()),
             DType::F64 => out.extend(v.to_ne_bytes()),
-            DType::F16 => out.extend(f16::from_f64(v).to_ne_bytes()),
-            DType::BF16 => out.extend(bf16::from_f64(v).to_ne_bytes()),
+            DType::F16 => out.extend(kiln_ir::f16_from_f64(v).to_ne_bytes()),
+            DType::BF16 => out.extend(kiln_ir::bf16_from_f64(v).to_ne_bytes()),
             DType::I64 => out.extend((v as i64).to_ne_bytes()),
             DType::I32 => out.extend((v as i32).to_ne_bytes()),
             DType::U8 => out.push(v as u8),
