@@ -26,4 +26,5 @@ mod nn;
 mod optim;
 mod profile;
 mod reductions;
+mod rows;
 mod serialize;

@@ -11,7 +11,7 @@ use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
 use crate::trace::{self, Event, MemoryPeak, StepKind};
-use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, cuda, reference};
+use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, cuda, reference, rows};
 
 /// How a graph is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -137,6 +137,8 @@ pub struct Prepared {
     map: HashMap<NodeId, NodeId>,
     /// Where each `Full` node's value is a kernel parameter: (step, parameter).
     params_of: HashMap<NodeId, Vec<(usize, usize)>>,
+    /// Runs of CPU kernel steps that execute row tile by row tile (see [`crate::rows`]).
+    groups: Vec<rows::RowGroup>,
 }
 
 enum PreparedStep {
@@ -239,7 +241,21 @@ impl Prepared {
             e.duration = planning.elapsed().saturating_sub(compiling);
             trace::record(planning, e);
         }
-        Prepared { graph: optimized, device, steps, readers, outputs, map, params_of }
+        // Grouping changes the schedule, not the kernels: one kernel per op (the unfused
+        // baseline) keeps its one-pass-per-op schedule.
+        let groups = if device == Device::Cpu && fuse {
+            let kernels: Vec<Option<&KernelStep>> = steps
+                .iter()
+                .map(|s| match s {
+                    PreparedStep::Kernel { step, kernel: Some(_), .. } => Some(&**step),
+                    _ => None,
+                })
+                .collect();
+            rows::find(&kernels, &readers)
+        } else {
+            Vec::new()
+        };
+        Prepared { graph: optimized, device, steps, readers, outputs, map, params_of, groups }
     }
 
     /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
@@ -317,8 +333,35 @@ impl Prepared {
                 bufs.remove(&n);
             }
         };
-        for step in &mut self.steps {
+        let mut index = 0;
+        while index < self.steps.len() {
             let started = Instant::now();
+            // The oracle compares each kernel's full outputs, so a checked run keeps the
+            // kernels apart.
+            if check.is_none()
+                && let Some(group) = self.groups.iter().find(|g| g.start == index)
+            {
+                let steps = &mut self.steps[group.start..group.end];
+                let (outs, events) = run_row_group(graph, steps, group, &bufs, tracing)?;
+                for e in events {
+                    trace::record(started, e);
+                }
+                for s in &self.steps[group.start..group.end] {
+                    if let PreparedStep::Kernel { step, .. } = s {
+                        for n in step.inputs.iter().filter(|n| !group.internal.contains(n)) {
+                            done_reading(&mut bufs, *n);
+                        }
+                    }
+                }
+                for (node, buf) in outs {
+                    bufs.insert(node, buf);
+                }
+                track_memory(memory.as_mut(), graph, &bufs, None);
+                index = group.end;
+                continue;
+            }
+            let step = &mut self.steps[index];
+            index += 1;
             match step {
                 PreparedStep::Node(n) => {
                     let args = graph.args(*n);
@@ -385,7 +428,9 @@ impl Prepared {
                     };
                     if tracing {
                         let info = KernelRun { compiled: kernel.clone(), generated, compile };
-                        let e = kernel_event(graph, k, &bufs, &outs, info, started);
+                        let read = k.inputs.iter().map(|i| bytes(&bufs[i])).sum();
+                        let written = outs.iter().map(bytes).sum();
+                        let e = kernel_event(graph, k, info, read, written, started.elapsed());
                         trace::record(started, e);
                         track_memory(memory.as_mut(), graph, &bufs, Some((k.outputs[0], &outs[0])));
                     }
@@ -493,12 +538,11 @@ struct KernelRun {
 fn kernel_event(
     graph: &Graph,
     k: &KernelStep,
-    bufs: &Bufs,
-    outs: &[Buffer],
     info: KernelRun,
-    started: Instant,
+    bytes_read: u64,
+    bytes_written: u64,
+    duration: Duration,
 ) -> Event {
-    let duration = started.elapsed();
     let kind = if info.generated { StepKind::Kernel } else { StepKind::Reference };
     let cut = match k.outputs.len() {
         1 => k.cut.to_string(),
@@ -514,8 +558,8 @@ fn kernel_event(
     e.shape = k.kernel.shape.to_string();
     e.duration = duration;
     e.compile = info.compile;
-    e.bytes_read = k.inputs.iter().map(|i| bytes(&bufs[i])).sum();
-    e.bytes_written = outs.iter().map(bytes).sum();
+    e.bytes_read = bytes_read;
+    e.bytes_written = bytes_written;
     let mut sources: Vec<_> = k.fused.iter().filter_map(|&n| graph.node(n).origin).collect();
     sources.dedup();
     e.sources = sources;
@@ -691,6 +735,94 @@ fn run_gpu_kernel(
         op: Some(root.op.name()),
         origin: root.origin,
     })
+}
+
+/// The buffers a row group leaves for later steps, and its trace events.
+type GroupRun = (Vec<(NodeId, Buffer)>, Vec<Event>);
+
+/// Runs a row group's kernels tile by tile (see [`crate::rows`]), returning the outputs read
+/// after the group and, when `tracing`, one event per kernel: the group's wall time shared
+/// out in proportion to the time each kernel's calls took.
+fn run_row_group(
+    graph: &Graph,
+    steps: &mut [PreparedStep],
+    group: &rows::RowGroup,
+    bufs: &Bufs,
+    tracing: bool,
+) -> Result<GroupRun, RunError> {
+    let started = Instant::now();
+    let mut members = Vec::with_capacity(steps.len());
+    let mut compiles = Vec::with_capacity(steps.len());
+    for s in steps.iter_mut() {
+        let PreparedStep::Kernel { step, kernel: Some(kernel), compile } = s else {
+            unreachable!("a row group holds compiled CPU kernels")
+        };
+        compiles.push((compile.take(), kernel.clone()));
+        let sizes = step.outputs.iter().map(|&o| graph.node(o).dtype.size_in_bytes()).collect();
+        members.push(rows::Member { step, kernel, sizes });
+    }
+    // Every output that is read after the group gets a full buffer.
+    let mut specs = Vec::new();
+    let mut owners = Vec::new();
+    for (m, member) in members.iter().enumerate() {
+        let lens = member.step.kernel.output_lens();
+        for (o, (&n, len)) in member.step.outputs.iter().zip(lens).enumerate() {
+            if !group.internal.contains(&n) {
+                specs.push((graph.node(n).dtype, len));
+                owners.push((m, o, n));
+            }
+        }
+    }
+    let root = graph.node(members[0].step.outputs[0]);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
+    let mut took = Vec::new();
+    // SAFETY: the group came from `rows::find` over these steps; external inputs are live
+    // buffers the graph checked the kernels' views against; every full output is written
+    // at every position (each member computes all of its rows, tile by tile).
+    let filled = unsafe {
+        Buffer::from_raw_fill_many(&specs, |ptrs| {
+            let mut outputs: Vec<Vec<Option<*mut u8>>> =
+                members.iter().map(|m| vec![None; m.step.outputs.len()]).collect();
+            for (&(m, o, _), &p) in owners.iter().zip(ptrs) {
+                outputs[m][o] = Some(p);
+            }
+            let input = |n: NodeId| bufs[&n].as_ptr();
+            took = rows::run(&members, group.rows, &input, &outputs, tracing);
+            Ok::<(), RuntimeError>(())
+        })
+    };
+    let outs = filled.map_err(at)?.map_err(at)?;
+    let mut events = Vec::new();
+    if tracing {
+        let wall = started.elapsed();
+        let total: f64 = took.iter().sum();
+        // Bytes of every buffer of the group, internal ones included.
+        let mut sizes: HashMap<NodeId, u64> = HashMap::default();
+        for m in &members {
+            for ((&n, len), size) in
+                m.step.outputs.iter().zip(m.step.kernel.output_lens()).zip(&m.sizes)
+            {
+                sizes.insert(n, (len * size) as u64);
+            }
+        }
+        for ((m, t), (compile, kernel)) in members.iter().zip(&took).zip(compiles) {
+            let k = m.step;
+            let read = k
+                .inputs
+                .iter()
+                .map(|n| sizes.get(n).copied().unwrap_or_else(|| bytes(&bufs[n])))
+                .sum();
+            let written = k.outputs.iter().map(|n| sizes[n]).sum();
+            let share = if total > 0.0 { t / total } else { 1.0 / members.len() as f64 };
+            let info = KernelRun { compiled: Some(kernel), generated: true, compile };
+            let mut e = kernel_event(graph, k, info, read, written, wall.mul_f64(share));
+            e.cut = format!("{}; runs row tile by row tile with its group", e.cut);
+            events.push(e);
+        }
+    }
+    let nodes = owners.into_iter().map(|(_, _, n)| n);
+    Ok((nodes.zip(outs).collect(), events))
 }
 
 /// Positions per thread task: large enough to amortize a task, small enough to balance.

@@ -23,6 +23,7 @@ pub mod exec;
 mod matmul;
 mod native;
 pub mod reference;
+mod rows;
 pub mod trace;
 
 pub use buffer::Buffer;

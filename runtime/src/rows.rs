@@ -1,0 +1,338 @@
+//! Row groups: consecutive CPU kernels that each work on the same rows run tile by tile.
+//!
+//! A row softmax is three kernels over a `[rows, n]` tensor: the row maxima, the sum of
+//! `exp(x - max)` (which also writes that exponential), and the division. Run one after the
+//! other, each streams the whole tensor through memory, and the exponential is written out
+//! only to be read back. But row `r` of each kernel reads only row `r` of what the kernels
+//! before it wrote, so the three can instead run on a tile of a few rows at a time: the tile
+//! stays in the core's cache between them, and a value that only the group reads (the
+//! exponential) lives in a small per-tile scratch buffer and never reaches memory at all.
+//! Layer norm and its gradients, log-softmax and cross-entropy have the same shape.
+//!
+//! This is scheduling, not code generation: a CPU kernel computes any range `start..end` of
+//! its output positions, so a group calls each kernel on the tile's range, with the pointers
+//! of group-internal buffers shifted so that the tile's rows land in its scratch.
+
+use std::ptr::NonNull;
+
+use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_ir::fuse::KernelStep;
+use kiln_ir::kernel::Kernel;
+use kiln_ir::{NodeId, View};
+
+/// Kernels whose largest domain is smaller than this run one after another: their data
+/// already stays in the caches.
+const MIN_POSITIONS: usize = 1 << 20;
+
+/// Domain positions of the largest member per tile: its buffers take a few hundred KiB,
+/// within a core's L2 cache.
+const TILE_POSITIONS: usize = 1 << 15;
+
+/// Steps `start..end` of a plan, all CPU kernels over the same `rows`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RowGroup {
+    pub start: usize,
+    pub end: usize,
+    pub rows: usize,
+    /// Outputs that only the group's own kernels read: they live in per-tile scratch.
+    pub internal: Vec<NodeId>,
+}
+
+/// The row counts a kernel can be split by: products of its leading dimensions (for a
+/// reduction, of its kept dimensions), larger than 1.
+fn row_counts(k: &Kernel) -> Vec<usize> {
+    let dims = k.shape.dims();
+    let limit = k.reduce.map_or(dims.len(), |r| r.kept);
+    let mut product = 1;
+    let mut counts = Vec::new();
+    for &d in &dims[..limit] {
+        if d > 1 {
+            product *= d;
+            counts.push(product);
+        }
+    }
+    counts
+}
+
+/// How many leading dimensions of `dims` multiply to `rows`.
+fn row_dims(dims: &[usize], rows: usize) -> Option<usize> {
+    let mut product = 1;
+    for (i, &d) in dims.iter().enumerate() {
+        if product == rows {
+            return Some(i);
+        }
+        product *= d;
+    }
+    (product == rows).then_some(dims.len())
+}
+
+/// Whether `view` (over a domain whose first `row_dims` dimensions index `rows` rows) reads,
+/// at every position of row `r`, only elements `r * per_row .. (r + 1) * per_row` of its
+/// buffer.
+fn reads_its_row(view: &View, row_dims: usize, per_row: usize) -> bool {
+    let dims = view.shape().dims();
+    let strides = view.strides();
+    if view.offset() != 0 {
+        return false;
+    }
+    let mut reach = 0usize;
+    for (&d, &s) in dims[row_dims..].iter().zip(&strides[row_dims..]) {
+        if d > 1 {
+            let Ok(s) = usize::try_from(s) else { return false };
+            reach += s * (d - 1);
+        }
+    }
+    if reach >= per_row {
+        return false;
+    }
+    let mut expected = per_row;
+    for (&d, &s) in dims[..row_dims].iter().zip(&strides[..row_dims]).rev() {
+        if d > 1 && usize::try_from(s) != Ok(expected) {
+            return false;
+        }
+        expected *= d;
+    }
+    true
+}
+
+/// The row counts (among `candidates`) for which `k` can join a group whose earlier members
+/// produced `produced` (node, elements): every read of those nodes must be row-local.
+fn fitting(
+    k: &Kernel,
+    inputs: &[NodeId],
+    produced: &[(NodeId, usize)],
+    candidates: &[usize],
+) -> Vec<usize> {
+    let own = row_counts(k);
+    candidates
+        .iter()
+        .copied()
+        .filter(|rows| own.contains(rows))
+        .filter(|&rows| {
+            let Some(rd) = row_dims(k.shape.dims(), rows) else { return false };
+            inputs.iter().zip(&k.inputs).all(|(n, input)| {
+                match produced.iter().find(|(p, _)| p == n) {
+                    None => true,
+                    Some(&(_, len)) => {
+                        len % rows == 0 && reads_its_row(&input.view, rd, len / rows)
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Finds the row groups among a plan's steps: `kernels[i]` is step `i`'s kernel when it is
+/// a compiled CPU kernel. `readers[n]` counts every read of node `n` (plan outputs included).
+pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowGroup> {
+    let mut groups = Vec::new();
+    let mut i = 0;
+    while i < kernels.len() {
+        let Some(first) = kernels[i] else {
+            i += 1;
+            continue;
+        };
+        let mut candidates = fitting(&first.kernel, &first.inputs, &[], &row_counts(&first.kernel));
+        let mut produced = outputs_of(first);
+        let mut largest = first.kernel.shape.numel();
+        let mut end = i + 1;
+        while end < kernels.len() && !candidates.is_empty() {
+            let Some(next) = kernels[end] else { break };
+            let fit = fitting(&next.kernel, &next.inputs, &produced, &candidates);
+            if fit.is_empty() {
+                break;
+            }
+            candidates = fit;
+            produced.extend(outputs_of(next));
+            largest = largest.max(next.kernel.shape.numel());
+            end += 1;
+        }
+        if end - i >= 2 && largest >= MIN_POSITIONS {
+            let rows = *candidates.iter().max().expect("a group has a row count");
+            let members = &kernels[i..end];
+            let internal = produced
+                .iter()
+                .map(|&(n, _)| n)
+                .filter(|n| {
+                    let reads = members
+                        .iter()
+                        .flatten()
+                        .flat_map(|k| &k.inputs)
+                        .filter(|m| *m == n)
+                        .count();
+                    reads as u32 == readers[n.index()]
+                })
+                .collect();
+            groups.push(RowGroup { start: i, end, rows, internal });
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    groups
+}
+
+fn outputs_of(k: &KernelStep) -> Vec<(NodeId, usize)> {
+    k.outputs.iter().copied().zip(k.kernel.output_lens()).collect()
+}
+
+/// One member of a group as it runs.
+pub(crate) struct Member<'a> {
+    pub step: &'a KernelStep,
+    pub kernel: &'a CpuKernel,
+    /// The element size of each output.
+    pub sizes: Vec<usize>,
+}
+
+/// Where a member's buffer is: a full buffer, or the tile's scratch for a group-internal
+/// one (by index), with its elements per row and element size.
+#[derive(Clone, Copy)]
+enum Place {
+    Full(*const u8),
+    Scratch { slot: usize, per_row: usize, size: usize },
+}
+
+/// Runs the members over `rows` rows tile by tile, in parallel over tiles. `input_ptr(n)`
+/// gives the buffer of a node read from outside the group; `outputs[m][o]` is the full
+/// buffer for member `m`'s output `o`, or `None` for a group-internal one. Returns the
+/// seconds each member's calls took, summed over tiles and threads.
+///
+/// # Safety
+/// The group must come from [`find`] over these steps (every read of an internal node is
+/// row-local), the input pointers must be valid buffers of the lengths the kernels read,
+/// and every full output buffer must have room for the member's whole output.
+pub(crate) unsafe fn run(
+    members: &[Member<'_>],
+    rows: usize,
+    input_ptr: &dyn Fn(NodeId) -> *const u8,
+    outputs: &[Vec<Option<*mut u8>>],
+    timed: bool,
+) -> Vec<f64> {
+    // Each internal buffer's elements per row and element size.
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    let mut places: Vec<(Vec<Place>, Vec<Place>)> = Vec::new();
+    // Where the group's own outputs are, for the members that read them.
+    let mut produced: Vec<(NodeId, Place)> = Vec::new();
+    for (m, member) in members.iter().enumerate() {
+        let k = member.step;
+        let ins: Vec<Place> = k
+            .inputs
+            .iter()
+            .map(|&n| match produced.iter().find(|p| p.0 == n) {
+                Some(&(_, place)) => place,
+                None => Place::Full(input_ptr(n)),
+            })
+            .collect();
+        let lens = k.kernel.output_lens();
+        let outs: Vec<Place> = lens
+            .iter()
+            .enumerate()
+            .map(|(o, &len)| match outputs[m][o] {
+                Some(p) => Place::Full(p),
+                None => {
+                    let size = member.sizes[o];
+                    slots.push((len / rows, size));
+                    Place::Scratch { slot: slots.len() - 1, per_row: len / rows, size }
+                }
+            })
+            .collect();
+        produced.extend(k.outputs.iter().copied().zip(outs.iter().copied()));
+        places.push((ins, outs));
+    }
+    let params: Vec<Vec<u64>> =
+        members.iter().map(|m| cpu::param_slots(&m.step.kernel, &m.step.params)).collect();
+    let per_row = members.iter().map(|m| m.step.kernel.shape.numel() / rows).max().unwrap_or(1);
+    let tile = (TILE_POSITIONS / per_row.max(1)).max(1);
+    let tiles = rows.div_ceil(tile);
+
+    struct Shared<'s> {
+        places: &'s [(Vec<Place>, Vec<Place>)],
+    }
+    // SAFETY: the raw pointers are only dereferenced by the kernels, and tiles write
+    // disjoint rows of the full outputs and their own scratch.
+    unsafe impl Sync for Shared<'_> {}
+    let shared = Shared { places: &places };
+    let run_tile = |t: usize| -> Vec<f64> {
+        let shared = &shared;
+        let (r0, r1) = (t * tile, ((t + 1) * tile).min(rows));
+        let scratch: Vec<(NonNull<u8>, usize)> = slots
+            .iter()
+            .map(|&(per_row, size)| {
+                crate::alloc::allocate((per_row * tile * size).max(1))
+                    .expect("a tile's scratch is a few hundred KiB")
+            })
+            .collect();
+        let at = |p: Place| -> *mut u8 {
+            match p {
+                Place::Full(p) => p.cast_mut(),
+                // Shifted so that row r0's first element is the scratch's first byte: the
+                // kernel adds r * per_row back for rows r0..r1.
+                Place::Scratch { slot, per_row, size } => {
+                    scratch[slot].0.as_ptr().wrapping_sub(r0 * per_row * size)
+                }
+            }
+        };
+        let mut took = vec![0.0; members.len()];
+        for (m, member) in members.iter().enumerate() {
+            let (ins, outs) = &shared.places[m];
+            let ptrs: Vec<*mut u8> = ins.iter().chain(outs).map(|&p| at(p)).collect();
+            let positions = member.step.kernel.output_len() / rows;
+            let started = timed.then(std::time::Instant::now);
+            // SAFETY: per this function's contract; `r0..r1` are rows of every member.
+            unsafe {
+                (member.kernel.entry())(
+                    ptrs.as_ptr(),
+                    params[m].as_ptr(),
+                    (r0 * positions) as u64,
+                    (r1 * positions) as u64,
+                );
+            }
+            if let Some(s) = started {
+                took[m] += s.elapsed().as_secs_f64();
+            }
+        }
+        for (ptr, class) in scratch {
+            crate::alloc::release(ptr, class);
+        }
+        took
+    };
+    use rayon::prelude::*;
+    let add = |mut a: Vec<f64>, b: Vec<f64>| {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        a
+    };
+    if tiles == 1 || rayon::current_num_threads() == 1 {
+        (0..tiles).map(run_tile).fold(vec![0.0; members.len()], add)
+    } else {
+        (0..tiles).into_par_iter().map(run_tile).reduce(|| vec![0.0; members.len()], add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::Shape;
+
+    #[test]
+    fn row_local_reads_are_recognized() {
+        let dims = [4, 3, 5];
+        let view = |strides: &[isize], offset: usize| {
+            View::from_parts(Shape::new(dims.to_vec()), strides.to_vec(), offset)
+        };
+        // Dense [12, 5] read row by row, 12 rows of 5.
+        assert!(reads_its_row(&view(&[15, 5, 1], 0), 2, 5));
+        // One value per row (a row max broadcast along the row).
+        assert!(reads_its_row(&view(&[3, 1, 0], 0), 2, 1));
+        // 4 rows of 15.
+        assert!(reads_its_row(&view(&[15, 5, 1], 0), 1, 15));
+        // A transpose reads across rows.
+        assert!(!reads_its_row(&view(&[1, 20, 4], 0), 2, 5));
+        // A shifted read (a slice) leaves the row.
+        assert!(!reads_its_row(&view(&[15, 5, 1], 1), 2, 5));
+        // A broadcast across rows reads other rows' data.
+        assert!(!reads_its_row(&view(&[0, 0, 1], 0), 2, 5));
+        assert_eq!(row_dims(&dims, 12), Some(2));
+        assert_eq!(row_dims(&dims, 4), Some(1));
+        assert_eq!(row_dims(&dims, 6), None);
+    }
+}

@@ -1,0 +1,137 @@
+//! Row groups: kernels that work on the same rows run tile by tile on the CPU (softmax,
+//! log-softmax, layer norm, cross-entropy and their gradients over a million elements or
+//! more). Checked against plain loops and against one kernel per op, which never groups.
+
+use kiln::nn::functional as F;
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// 1,031 rows of 1,021: above the size at which groups form, and a row count that leaves a
+/// partial last tile.
+const SHAPE: [usize; 2] = [1031, 1021];
+
+fn grouped(profile: &kiln::Profile) -> usize {
+    profile.events().iter().filter(|e| e.cut.contains("row tile by row tile")).count()
+}
+
+fn softmax_rows(data: &[f64], cols: usize, log: bool) -> Vec<f64> {
+    data.chunks(cols)
+        .flat_map(|row| {
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+            row.iter()
+                .map(move |v| if log { v - max - sum.ln() } else { (v - max).exp() / sum })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn softmax_in_row_groups_matches_a_loop_on_every_layout() {
+    let mut rng = Rng::new(41);
+    let n: usize = SHAPE.iter().product();
+    for dtype in [DType::F32, DType::F64] {
+        let data = values(&mut rng, n, dtype);
+        for layout in LAYOUTS {
+            let x = make(&data, &SHAPE, dtype, layout);
+            for log in [false, true] {
+                let (y, profile) = kiln::profile(|| {
+                    let y = if log { x.log_softmax(-1) } else { x.softmax(-1) };
+                    y.realize();
+                    y
+                });
+                let at = format!("{dtype:?} {layout:?} log={log}");
+                assert!(grouped(&profile) >= 2, "{at}: no row group ran\n{profile}");
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+                assert_close_tol(&read(&y, dtype), &softmax_rows(&data, SHAPE[1], log), tol, &at);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_group_keeps_what_only_it_reads_out_of_memory() {
+    let x = Tensor::randn(SHAPE);
+    x.realize();
+    let (_, profile) = kiln::profile(|| {
+        x.softmax(-1).realize();
+    });
+    // Unfused, exp(x - max) is a second tensor of the input's size; in a group it lives in
+    // a per-tile scratch buffer.
+    let bytes = (SHAPE.iter().product::<usize>() * 4) as u64;
+    let peak = profile.peak_memory().peak_bytes;
+    assert!(peak < bytes * 3 / 2, "peak {peak} bytes for a {bytes}-byte result\n{profile}");
+}
+
+#[test]
+fn layer_norm_and_its_gradients_in_row_groups_match_one_kernel_per_op() {
+    let mut rng = Rng::new(42);
+    let shape = [3, 347, 1013];
+    let n: usize = shape.iter().product();
+    let data = values(&mut rng, n, DType::F64);
+    let w_data = values(&mut rng, shape[2], DType::F64);
+    let b_data = values(&mut rng, shape[2], DType::F64);
+    let g_data = values(&mut rng, n, DType::F64);
+    for layout in LAYOUTS {
+        let run = |fused: bool| {
+            kiln::with_fusion(fused, || {
+                let x = make(&data, &shape, DType::F64, layout).requires_grad_(true);
+                let w = tensor(&w_data, &shape[2..], DType::F64).requires_grad_(true);
+                let b = tensor(&b_data, &shape[2..], DType::F64).requires_grad_(true);
+                let g = tensor(&g_data, &shape, DType::F64);
+                let y = F::layer_norm(&x, &shape[2..], Some(&w), Some(&b), 1e-5);
+                let (_, profile) = kiln::profile(|| (&y * &g).sum().backward());
+                let grads = [&x, &w, &b].map(|t| t.grad().expect("a gradient").to_vec::<f64>());
+                (y.to_vec::<f64>(), grads, grouped(&profile))
+            })
+        };
+        let (y, grads, groups) = run(true);
+        let (want_y, want_grads, none) = run(false);
+        assert!(groups >= 2, "{layout:?}: the backward ran no row group");
+        assert_eq!(none, 0, "one kernel per op never groups");
+        assert_close_tol(&y, &want_y, 1e-10, &format!("{layout:?} forward"));
+        for (i, (got, want)) in grads.iter().zip(&want_grads).enumerate() {
+            assert_close_tol(got, want, 1e-9, &format!("{layout:?} gradient {i}"));
+        }
+        // The forward against a loop.
+        let d = shape[2];
+        let want: Vec<f64> = data
+            .chunks(d)
+            .flat_map(|row| {
+                let mean = row.iter().sum::<f64>() / d as f64;
+                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / d as f64;
+                let scale = 1.0 / (var + 1e-5).sqrt();
+                row.iter()
+                    .enumerate()
+                    .map(|(j, v)| (v - mean) * scale * w_data[j] + b_data[j])
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_close_tol(&y, &want, 1e-10, &format!("{layout:?} forward vs loop"));
+    }
+}
+
+#[test]
+fn cross_entropy_and_its_gradient_in_row_groups_match_one_kernel_per_op() {
+    let mut rng = Rng::new(43);
+    let n: usize = SHAPE.iter().product();
+    let data = values(&mut rng, n, DType::F32);
+    let targets: Vec<i64> = (0..SHAPE[0]).map(|_| rng.int(0, SHAPE[1] as i64)).collect();
+    let run = |fused: bool| {
+        kiln::with_fusion(fused, || {
+            let x = tensor(&data, &SHAPE, DType::F32).requires_grad_(true);
+            let t = Tensor::from_vec(targets.clone(), [SHAPE[0]]);
+            let loss = F::cross_entropy(&x, &t);
+            loss.backward();
+            (loss.item::<f32>(), x.grad().expect("a gradient").to_vec::<f32>())
+        })
+    };
+    let ((loss, grad), (want_loss, want_grad)) = (run(true), run(false));
+    assert!((loss - want_loss).abs() <= 1e-5 * want_loss.abs(), "{loss} vs {want_loss}");
+    let (grad, want_grad): (Vec<f64>, Vec<f64>) = (
+        grad.iter().map(|&v| f64::from(v)).collect(),
+        want_grad.iter().map(|&v| f64::from(v)).collect(),
+    );
+    assert_close_tol(&grad, &want_grad, 1e-5, "cross-entropy gradient");
+}
