@@ -57,11 +57,16 @@ fn a_row_group_keeps_what_only_it_reads_out_of_memory() {
     let (_, profile) = kiln::profile(|| {
         x.softmax(-1).realize();
     });
-    // Unfused, exp(x - max) is a second tensor of the input's size; in a group it lives in
-    // a per-tile scratch buffer.
+    // Live at the peak: the input and the result. Unfused, exp(x - max) would be a third
+    // tensor of the input's size; in a group it lives in a per-tile scratch buffer.
     let bytes = (SHAPE.iter().product::<usize>() * 4) as u64;
     let peak = profile.peak_memory().peak_bytes;
-    assert!(peak < bytes * 3 / 2, "peak {peak} bytes for a {bytes}-byte result\n{profile}");
+    if std::env::var("KILN_CHECK").is_ok_and(|v| !v.is_empty() && v != "0") {
+        // The oracle needs every kernel's whole output, so checked runs keep them.
+        assert!(peak >= 3 * bytes, "KILN_CHECK keeps the group's buffers whole: {peak}");
+        return;
+    }
+    assert!(peak < bytes * 5 / 2, "peak {peak} bytes for a {bytes}-byte result\n{profile}");
 }
 
 #[test]

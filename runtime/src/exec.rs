@@ -336,27 +336,36 @@ impl Prepared {
         let mut index = 0;
         while index < self.steps.len() {
             let started = Instant::now();
-            // The oracle compares each kernel's full outputs, so a checked run keeps the
-            // kernels apart.
-            if check.is_none()
-                && let Some(group) = self.groups.iter().find(|g| g.start == index)
-            {
+            if let Some(group) = self.groups.iter().find(|g| g.start == index) {
+                // The oracle compares every kernel's full outputs: a checked run keeps the
+                // group's internal buffers whole.
+                let keep_all = check.is_some();
                 let steps = &mut self.steps[group.start..group.end];
-                let (outs, events) = run_row_group(graph, steps, group, &bufs, tracing)?;
+                let (outs, events) = run_row_group(graph, steps, group, &bufs, tracing, keep_all)?;
                 for e in events {
                     trace::record(started, e);
-                }
-                for s in &self.steps[group.start..group.end] {
-                    if let PreparedStep::Kernel { step, .. } = s {
-                        for n in step.inputs.iter().filter(|n| !group.internal.contains(n)) {
-                            done_reading(&mut bufs, *n);
-                        }
-                    }
                 }
                 for (node, buf) in outs {
                     bufs.insert(node, buf);
                 }
                 track_memory(memory.as_mut(), graph, &bufs, None);
+                for s in &self.steps[group.start..group.end] {
+                    let PreparedStep::Kernel { step: k, .. } = s else { continue };
+                    if let Some(scale) = check {
+                        let expected = kernel_reference(graph, k, &bufs)?;
+                        for (out, want) in k.outputs.iter().zip(&expected) {
+                            compare(graph, k, &bufs[out], want, scale)?;
+                        }
+                    }
+                }
+                for s in &self.steps[group.start..group.end] {
+                    let PreparedStep::Kernel { step: k, .. } = s else { continue };
+                    for &n in &k.inputs {
+                        if keep_all || !group.internal.contains(&n) {
+                            done_reading(&mut bufs, n);
+                        }
+                    }
+                }
                 index = group.end;
                 continue;
             }
@@ -749,6 +758,7 @@ fn run_row_group(
     group: &rows::RowGroup,
     bufs: &Bufs,
     tracing: bool,
+    keep_all: bool,
 ) -> Result<GroupRun, RunError> {
     let started = Instant::now();
     let mut members = Vec::with_capacity(steps.len());
@@ -767,7 +777,7 @@ fn run_row_group(
     for (m, member) in members.iter().enumerate() {
         let lens = member.step.kernel.output_lens();
         for (o, (&n, len)) in member.step.outputs.iter().zip(lens).enumerate() {
-            if !group.internal.contains(&n) {
+            if keep_all || !group.internal.contains(&n) {
                 specs.push((graph.node(n).dtype, len));
                 owners.push((m, o, n));
             }
