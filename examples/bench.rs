@@ -163,7 +163,44 @@ fn main() {
             gflops: None,
         });
     }
-    drop((a, col, row));
+    // W3 cross-entropy (log-softmax and NLL with integer labels, as the anchors measure it),
+    // then with its gradient; and a layer norm's forward and backward. GB/s counts one read
+    // of the logits (and for the gradients one write).
+    let labels = Tensor::randint(0, 4096, [4096]);
+    let (w, b) = (Tensor::randn([4096]), Tensor::randn([4096]));
+    Tensor::try_realize_all(&[&labels, &w, &b]).expect("inputs fit in memory");
+    let logits = a.detach().requires_grad_(true);
+    let ce = || {
+        black_box(kiln::nn::functional::cross_entropy(&a, &labels).realize());
+    };
+    let ce_grad = || {
+        kiln::nn::functional::cross_entropy(&logits, &labels).backward();
+        black_box(logits.grad().expect("a gradient").realize());
+        logits.zero_grad();
+    };
+    let ln_grad = || {
+        let y = kiln::nn::functional::layer_norm(&logits, &[4096], Some(&w), Some(&b), 1e-5);
+        (&y * &a).sum().backward();
+        black_box(logits.grad().expect("a gradient").realize());
+        logits.zero_grad();
+    };
+    for (name, f, bytes) in [
+        ("W3 cross-entropy", &ce as &dyn Fn(), 4.0),
+        ("W3 cross-entropy + gradient", &ce_grad, 8.0),
+        ("layer norm + gradient", &ln_grad, 8.0),
+    ] {
+        for (variant, mode) in MODES {
+            let ms = median_ms(|| kiln::with_execution(mode, f));
+            rows.push(Row {
+                workload: name.into(),
+                variant,
+                ms,
+                gbps: Some(gb(bytes * (N as f64), ms)),
+                gflops: None,
+            });
+        }
+    }
+    drop((a, col, row, logits));
 
     // W5: 1024^3 matmul, kiln against calling gemm directly.
     let m = 1024;

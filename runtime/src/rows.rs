@@ -20,6 +20,8 @@ use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{NodeId, View};
 
+use crate::{Device, RuntimeError};
+
 /// Kernels whose largest domain is smaller than this run one after another: their data
 /// already stays in the caches.
 const MIN_POSITIONS: usize = 1 << 20;
@@ -195,7 +197,9 @@ enum Place {
 /// Runs the members over `rows` rows tile by tile, in parallel over tiles. `input_ptr(n)`
 /// gives the buffer of a node read from outside the group; `outputs[m][o]` is the full
 /// buffer for member `m`'s output `o`, or `None` for a group-internal one. Returns the
-/// seconds each member's calls took, summed over tiles and threads.
+/// seconds each member's calls took (measured when `timed`), summed over tiles and threads,
+/// or [`RuntimeError::OutOfMemory`] when a tile's scratch cannot be allocated (a row of
+/// millions of elements).
 ///
 /// # Safety
 /// The group must come from [`find`] over these steps (every read of an internal node is
@@ -207,7 +211,7 @@ pub(crate) unsafe fn run(
     input_ptr: &dyn Fn(NodeId) -> *const u8,
     outputs: &[Vec<Option<*mut u8>>],
     timed: bool,
-) -> Vec<f64> {
+) -> Result<Vec<f64>, RuntimeError> {
     // Each internal buffer's elements per row and element size.
     let mut slots: Vec<(usize, usize)> = Vec::new();
     let mut places: Vec<(Vec<Place>, Vec<Place>)> = Vec::new();
@@ -252,16 +256,20 @@ pub(crate) unsafe fn run(
     // disjoint rows of the full outputs and their own scratch.
     unsafe impl Sync for Shared<'_> {}
     let shared = Shared { places: &places };
-    let run_tile = |t: usize| -> Vec<f64> {
+    let run_tile = |t: usize| -> Result<Vec<f64>, RuntimeError> {
         let shared = &shared;
         let (r0, r1) = (t * tile, ((t + 1) * tile).min(rows));
-        let scratch: Vec<(NonNull<u8>, usize)> = slots
-            .iter()
-            .map(|&(per_row, size)| {
-                crate::alloc::allocate((per_row * tile * size).max(1))
-                    .expect("a tile's scratch is a few hundred KiB")
-            })
-            .collect();
+        let mut scratch: Vec<(NonNull<u8>, usize)> = Vec::with_capacity(slots.len());
+        for &(per_row, size) in &slots {
+            let bytes = (per_row * tile * size).max(1);
+            let Some(block) = crate::alloc::allocate(bytes) else {
+                for (ptr, class) in scratch {
+                    crate::alloc::release(ptr, class);
+                }
+                return Err(RuntimeError::OutOfMemory { device: Device::Cpu, bytes });
+            };
+            scratch.push(block);
+        }
         let at = |p: Place| -> *mut u8 {
             match p {
                 Place::Full(p) => p.cast_mut(),
@@ -294,17 +302,19 @@ pub(crate) unsafe fn run(
         for (ptr, class) in scratch {
             crate::alloc::release(ptr, class);
         }
-        took
+        Ok(took)
     };
     use rayon::prelude::*;
-    let add = |mut a: Vec<f64>, b: Vec<f64>| {
+    let add = |a: Result<Vec<f64>, RuntimeError>, b: Result<Vec<f64>, RuntimeError>| {
+        let (mut a, b) = (a?, b?);
         a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-        a
+        Ok(a)
     };
+    let none = || Ok(vec![0.0; members.len()]);
     if tiles == 1 || rayon::current_num_threads() == 1 {
-        (0..tiles).map(run_tile).fold(vec![0.0; members.len()], add)
+        (0..tiles).map(run_tile).fold(none(), add)
     } else {
-        (0..tiles).into_par_iter().map(run_tile).reduce(|| vec![0.0; members.len()], add)
+        (0..tiles).into_par_iter().map(run_tile).reduce(none, add)
     }
 }
 
