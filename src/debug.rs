@@ -7,6 +7,27 @@
 
 use crate::Tensor;
 
+/// When consecutive CPU kernels over the same rows form a row group (see
+/// [`with_row_group_sizes`]).
+pub use kiln_runtime::rows::RowGroupSizes;
+
+/// Runs a closure with row groups formed at other sizes on this thread: kernels over the
+/// same rows (softmax, layer norm, cross-entropy and their gradients) normally run a tile
+/// of rows at a time from a million positions up. Tests use tiny sizes to run the grouped
+/// schedule on small tensors; `min_positions: usize::MAX` turns grouping off.
+///
+/// ```
+/// use kiln::prelude::*;
+/// use kiln::debug::{RowGroupSizes, with_row_group_sizes};
+/// let x = Tensor::randn([8, 16]);
+/// x.realize();
+/// let tiny = RowGroupSizes { min_positions: 1, tile_positions: 1 };
+/// let (y, profile) = with_row_group_sizes(tiny, || kiln::profile(|| x.softmax(-1).to_vec::<f32>()));
+/// assert!(profile.events().iter().any(|e| e.cut.contains("row tile by row tile")));
+/// assert_eq!(y, x.softmax(-1).to_vec::<f32>());
+/// ```
+pub use kiln_runtime::rows::with_row_group_sizes;
+
 /// The graph that computing `tensors` would run now, in Graphviz DOT: one box per op with
 /// its shape and dtype, realized inputs as `input` nodes, and the results kiln would keep
 /// drawn bold. Nothing is computed.

@@ -2,6 +2,7 @@
 //! kernel per op) and the reference executor must agree.
 
 use kiln::Execution;
+use kiln::debug::{RowGroupSizes, with_row_group_sizes};
 use kiln::prelude::*;
 
 use crate::common::*;
@@ -106,8 +107,17 @@ fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>, bool) {
 fn random_programs_agree_fused_unfused_and_reference() {
     for seed in 0..2000 {
         let (shape, dtype, reference, approximated) = run(seed, Execution::Reference);
-        for mode in [Execution::Fused, Execution::Unfused] {
-            let (s, d, got, _) = run(seed, mode);
+        for (mode, grouped) in
+            [(Execution::Fused, false), (Execution::Unfused, false), (Execution::Fused, true)]
+        {
+            // Row groups of a row per tile, however small the program.
+            let sizes = if grouped {
+                RowGroupSizes { min_positions: 1, tile_positions: 1 }
+            } else {
+                RowGroupSizes::default()
+            };
+            let (s, d, got, _) = with_row_group_sizes(sizes, || run(seed, mode));
+            let mode = format!("{mode:?}{}", if grouped { " in row groups" } else { "" });
             assert_eq!((&s, d), (&shape, dtype), "seed {seed} {mode:?}");
             // The generated code computes what the reference computes, up to the double
             // rounding of 16-bit floats (through f32) and the few ULP of the f32 polynomials.

@@ -2,6 +2,7 @@
 //! log-softmax, layer norm, cross-entropy and their gradients over a million elements or
 //! more). Checked against plain loops and against one kernel per op, which never groups.
 
+use kiln::debug::{RowGroupSizes, with_row_group_sizes};
 use kiln::nn::functional as F;
 use kiln::prelude::*;
 
@@ -139,4 +140,44 @@ fn cross_entropy_and_its_gradient_in_row_groups_match_one_kernel_per_op() {
         want_grad.iter().map(|&v| f64::from(v)).collect(),
     );
     assert_close_tol(&grad, &want_grad, 1e-5, "cross-entropy gradient");
+}
+
+#[test]
+fn reads_across_rows_keep_kernels_apart() {
+    // Programs whose later kernels read other rows of what earlier kernels wrote: a shift
+    // along the rows, a transpose, a column statistic broadcast back to every row. Grouped
+    // from the smallest size, one row per tile, they must still equal the reference.
+    let tiny = RowGroupSizes { min_positions: 1, tile_positions: 1 };
+    let mut rng = Rng::new(44);
+    let (r, c) = (13, 11);
+    let data = values(&mut rng, r * c, DType::F64);
+    type Program = fn(&Tensor) -> Tensor;
+    let programs: [(&str, Program); 5] = [
+        ("shifted rows", |x| {
+            let s = x.softmax(-1);
+            let n = s.dims()[0];
+            (s.narrow(0, 1, n - 1) * 2.0 + x.narrow(0, 0, n - 1)).log_softmax(-1)
+        }),
+        ("transposed", |x| x.softmax(-1).t().softmax(-1)),
+        ("column mean", |x| {
+            let s = x.softmax(-1);
+            (&s - &s.mean_dim(0, true)).softmax(-1)
+        }),
+        ("row and column", |x| {
+            let centred = x - &x.mean_dim(1, true);
+            &centred / &centred.square().sum_dim(0, true).sqrt()
+        }),
+        ("flipped rows", |x| {
+            let s = x.exp().sum_dim(1, true);
+            x / &s.flip(&[0])
+        }),
+    ];
+    for layout in LAYOUTS {
+        let x = make(&data, &[r, c], DType::F64, layout);
+        for (name, f) in &programs {
+            let want = kiln::with_execution(kiln::Execution::Reference, || f(&x).to_vec::<f64>());
+            let got = with_row_group_sizes(tiny, || f(&x).to_vec::<f64>());
+            assert_close_tol(&got, &want, 1e-12, &format!("{name} {layout:?}"));
+        }
+    }
 }

@@ -798,7 +798,7 @@ fn run_row_group(
                 outputs[m][o] = Some(p);
             }
             let input = |n: NodeId| bufs[&n].as_ptr();
-            took = rows::run(&members, group.rows, &input, &outputs, tracing)?;
+            took = rows::run(&members, group.rows, group.tile, &input, &outputs, tracing)?;
             Ok::<(), RuntimeError>(())
         })
     };

@@ -10,6 +10,7 @@
 //!
 //! - [`cuda`]: whether CUDA devices are there (the driver is loaded at run time).
 //! - [`trace`]: what the executor ran, for profiles and `KILN_DEBUG`.
+//! - [`rows`]: row groups, CPU kernels over the same rows run a tile of rows at a time.
 //!
 //! The runtime knows graphs and buffers, never tensors or autograd state.
 #![warn(missing_docs)]
@@ -23,7 +24,7 @@ pub mod exec;
 mod matmul;
 mod native;
 pub mod reference;
-mod rows;
+pub mod rows;
 pub mod trace;
 
 pub use buffer::Buffer;

@@ -22,13 +22,41 @@ use kiln_ir::{NodeId, View};
 
 use crate::{Device, RuntimeError};
 
-/// Kernels whose largest domain is smaller than this run one after another: their data
-/// already stays in the caches.
-const MIN_POSITIONS: usize = 1 << 20;
+/// When groups form and how large their tiles are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowGroupSizes {
+    /// Kernels whose largest domain is smaller than this run one after another: their data
+    /// already stays in the caches.
+    pub min_positions: usize,
+    /// Domain positions of the largest member per tile (at least one row).
+    pub tile_positions: usize,
+}
 
-/// Domain positions of the largest member per tile: its buffers take a few hundred KiB,
-/// within a core's L2 cache.
-const TILE_POSITIONS: usize = 1 << 15;
+impl Default for RowGroupSizes {
+    /// Groups from a million positions, tiles of 32K positions: a tile's buffers take a
+    /// few hundred KiB, within a core's L2 cache.
+    fn default() -> RowGroupSizes {
+        RowGroupSizes { min_positions: 1 << 20, tile_positions: 1 << 15 }
+    }
+}
+
+thread_local! {
+    static SIZES: std::cell::Cell<RowGroupSizes> = std::cell::Cell::new(RowGroupSizes::default());
+}
+
+/// Runs `f` with plans prepared on this thread grouping rows by `sizes` (tests use tiny
+/// sizes to run the grouped schedule on small tensors, a row per tile).
+pub fn with_row_group_sizes<T>(sizes: RowGroupSizes, f: impl FnOnce() -> T) -> T {
+    let old = SIZES.with(|s| s.replace(sizes));
+    struct Restore(RowGroupSizes);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SIZES.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(old);
+    f()
+}
 
 /// Steps `start..end` of a plan, all CPU kernels over the same `rows`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +64,8 @@ pub(crate) struct RowGroup {
     pub start: usize,
     pub end: usize,
     pub rows: usize,
+    /// Rows per tile.
+    pub tile: usize,
     /// Outputs that only the group's own kernels read: they live in per-tile scratch.
     pub internal: Vec<NodeId>,
 }
@@ -68,16 +98,14 @@ fn row_dims(dims: &[usize], rows: usize) -> Option<usize> {
     (product == rows).then_some(dims.len())
 }
 
-/// Whether `view` (over a domain whose first `row_dims` dimensions index `rows` rows) reads,
+/// Whether `view` (over a domain whose first `row_dims` dimensions index the rows) reads,
 /// at every position of row `r`, only elements `r * per_row .. (r + 1) * per_row` of its
 /// buffer.
 fn reads_its_row(view: &View, row_dims: usize, per_row: usize) -> bool {
     let dims = view.shape().dims();
     let strides = view.strides();
-    if view.offset() != 0 {
-        return false;
-    }
-    let mut reach = 0usize;
+    // Row r starts at r * per_row; the offset and the inner dimensions must stay inside it.
+    let mut reach = view.offset();
     for (&d, &s) in dims[row_dims..].iter().zip(&strides[row_dims..]) {
         if d > 1 {
             let Ok(s) = usize::try_from(s) else { return false };
@@ -127,6 +155,7 @@ fn fitting(
 /// Finds the row groups among a plan's steps: `kernels[i]` is step `i`'s kernel when it is
 /// a compiled CPU kernel. `readers[n]` counts every read of node `n` (plan outputs included).
 pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowGroup> {
+    let sizes = SIZES.with(std::cell::Cell::get);
     let mut groups = Vec::new();
     let mut i = 0;
     while i < kernels.len() {
@@ -149,8 +178,9 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
             largest = largest.max(next.kernel.shape.numel());
             end += 1;
         }
-        if end - i >= 2 && largest >= MIN_POSITIONS {
+        if end - i >= 2 && largest >= sizes.min_positions {
             let rows = *candidates.iter().max().expect("a group has a row count");
+            let tile = (sizes.tile_positions / (largest / rows).max(1)).max(1);
             let members = &kernels[i..end];
             let internal = produced
                 .iter()
@@ -165,7 +195,7 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
                     reads as u32 == readers[n.index()]
                 })
                 .collect();
-            groups.push(RowGroup { start: i, end, rows, internal });
+            groups.push(RowGroup { start: i, end, rows, tile, internal });
             i = end;
         } else {
             i += 1;
@@ -194,7 +224,7 @@ enum Place {
     Scratch { slot: usize, per_row: usize, size: usize },
 }
 
-/// Runs the members over `rows` rows tile by tile, in parallel over tiles. `input_ptr(n)`
+/// Runs the members over `rows` rows, `tile` rows at a time, in parallel over tiles. `input_ptr(n)`
 /// gives the buffer of a node read from outside the group; `outputs[m][o]` is the full
 /// buffer for member `m`'s output `o`, or `None` for a group-internal one. Returns the
 /// seconds each member's calls took (measured when `timed`), summed over tiles and threads,
@@ -208,6 +238,7 @@ enum Place {
 pub(crate) unsafe fn run(
     members: &[Member<'_>],
     rows: usize,
+    tile: usize,
     input_ptr: &dyn Fn(NodeId) -> *const u8,
     outputs: &[Vec<Option<*mut u8>>],
     timed: bool,
@@ -245,8 +276,6 @@ pub(crate) unsafe fn run(
     }
     let params: Vec<Vec<u64>> =
         members.iter().map(|m| cpu::param_slots(&m.step.kernel, &m.step.params)).collect();
-    let per_row = members.iter().map(|m| m.step.kernel.shape.numel() / rows).max().unwrap_or(1);
-    let tile = (TILE_POSITIONS / per_row.max(1)).max(1);
     let tiles = rows.div_ceil(tile);
 
     struct Shared<'s> {
@@ -337,8 +366,15 @@ mod tests {
         assert!(reads_its_row(&view(&[15, 5, 1], 0), 1, 15));
         // A transpose reads across rows.
         assert!(!reads_its_row(&view(&[1, 20, 4], 0), 2, 5));
-        // A shifted read (a slice) leaves the row.
+        // A shifted read (a slice) leaves the row, unless it stays inside it.
         assert!(!reads_its_row(&view(&[15, 5, 1], 1), 2, 5));
+        assert!(reads_its_row(
+            &View::from_parts(Shape::new(vec![4, 3, 4]), vec![15, 5, 1], 1),
+            2,
+            5
+        ));
+        // The next row's data (a narrow along the rows).
+        assert!(!reads_its_row(&view(&[15, 5, 1], 5), 2, 5));
         // A broadcast across rows reads other rows' data.
         assert!(!reads_its_row(&view(&[0, 0, 1], 0), 2, 5));
         assert_eq!(row_dims(&dims, 12), Some(2));
