@@ -342,8 +342,13 @@ impl Prepared {
                 let keep_all = check.is_some();
                 let steps = &mut self.steps[group.start..group.end];
                 let (outs, events) = run_row_group(graph, steps, group, &bufs, tracing, keep_all)?;
+                // Laid end to end from the group's start: the kernels ran interleaved, tile
+                // by tile, and their durations are their shares of the group's time.
+                let mut at = started;
                 for e in events {
-                    trace::record(started, e);
+                    let next = at + e.duration;
+                    trace::record(at, e);
+                    at = next;
                 }
                 for (node, buf) in outs {
                     bufs.insert(node, buf);
