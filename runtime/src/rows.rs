@@ -178,9 +178,13 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
             largest = largest.max(next.kernel.shape.numel());
             end += 1;
         }
-        if end - i >= 2 && largest >= sizes.min_positions {
-            let rows = *candidates.iter().max().expect("a group has a row count");
-            let tile = (sizes.tile_positions / (largest / rows).max(1)).max(1);
+        // Tiles are the group's only parallelism: a few rows of millions of elements run
+        // faster as kernels split across the threads one after another.
+        let threads = rayon::current_num_threads();
+        let rows = candidates.iter().max().copied().unwrap_or(0);
+        if end - i >= 2 && largest >= sizes.min_positions && rows >= 2 * threads {
+            let tile =
+                (sizes.tile_positions / (largest / rows).max(1)).min(rows / (2 * threads)).max(1);
             let members = &kernels[i..end];
             let internal = produced
                 .iter()
