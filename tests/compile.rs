@@ -113,6 +113,41 @@ fn scalars_are_read_afresh_without_replanning() {
     assert_eq!(f.stats().plans, 1, "{}", f.stats());
 }
 
+/// A scatter into a constant nobody else holds (as a gather's gradient scatters into zeros).
+fn scatter_onto(value: f64, dtype: DType, index: &Tensor, src: &Tensor) -> Tensor {
+    Tensor::full([6], value).to_dtype(dtype).scatter_add(0, index, &src.to_dtype(dtype))
+}
+
+#[test]
+fn a_scatter_onto_a_constant_reads_the_constant_afresh() {
+    // The plan fills the scatter's output with the constant instead of storing the constant
+    // first; the constant is still a parameter that each call rebinds.
+    let base = Cell::new(0.5);
+    let index = Tensor::from_vec(vec![0i64, 2, 2, 4], [4]);
+    let src = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [4]);
+    Tensor::try_realize_all(&[&index, &src]).unwrap();
+    let mut f = kiln::compile(|src: &Tensor| scatter_onto(base.get(), DType::F32, &index, src));
+    let cases =
+        [(0.5, [1.5f32, 0.5, 5.5, 0.5, 4.5, 0.5]), (-1.0, [0.0, -1.0, 4.0, -1.0, 3.0, -1.0])];
+    for (b, want) in cases {
+        base.set(b);
+        assert_eq!(f.call(&src).to_vec::<f32>(), want, "base {b}");
+    }
+    assert_eq!(f.stats().plans, 1, "{}", f.stats());
+    // Uncompiled, in several dtypes: no kernel stores the constant, and the values are one
+    // kernel per op's.
+    for dtype in [DType::F32, DType::F64, DType::I64, DType::F16] {
+        let (got, kernels) =
+            kiln::debug::kernels(|| scatter_onto(3.0, dtype, &index, &src).to_vec::<f64>());
+        let ops: Vec<&str> = kernels.iter().map(|k| k.ops.as_str()).collect();
+        assert!(ops.iter().all(|o| !o.trim().is_empty()), "{dtype:?}: {ops:?}");
+        let want =
+            kiln::with_fusion(false, || scatter_onto(3.0, dtype, &index, &src).to_vec::<f64>());
+        assert_eq!(got, want, "{dtype:?}");
+        assert_eq!(got, [4.0, 3.0, 8.0, 3.0, 7.0, 3.0], "{dtype:?}");
+    }
+}
+
 #[test]
 fn random_ops_draw_fresh_values_like_eager() {
     let mut f = kiln::compile(|x: &Tensor| F::dropout(x, 0.5, true) + Tensor::randn([4]));

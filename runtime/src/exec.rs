@@ -11,7 +11,7 @@ use kiln_ir::kernel::Kernel;
 use kiln_ir::{Graph, NodeId};
 
 use crate::trace::{self, Event, MemoryPeak, StepKind};
-use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, cuda, reference, rows};
+use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, cuda, native, reference, rows};
 
 /// How a graph is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -139,6 +139,53 @@ pub struct Prepared {
     params_of: HashMap<NodeId, Vec<(usize, usize)>>,
     /// Runs of CPU kernel steps that execute row tile by row tile (see [`crate::rows`]).
     groups: Vec<rows::RowGroup>,
+    /// Scatters whose base is one value everywhere, with the step of the kernel that would
+    /// have written that base: the kernel is skipped and the scatter fills its output with
+    /// the kernel's parameter (read at run time, so `compile()` can rebind it).
+    fills: HashMap<NodeId, usize>,
+}
+
+/// The scatters of a CPU plan whose base only a constant kernel writes and only they read
+/// (the gradient of a gather scatters into zeros): scatter node -> the kernel's step.
+fn constant_scatter_bases(
+    graph: &Graph,
+    steps: &[PreparedStep],
+    readers: &[u32],
+) -> HashMap<NodeId, usize> {
+    let mut writer: HashMap<NodeId, usize> = HashMap::default();
+    for (i, s) in steps.iter().enumerate() {
+        if let PreparedStep::Kernel { step, .. } = s
+            && let [out] = step.outputs[..]
+            && step.kernel.inputs.is_empty()
+            && let kiln_ir::kernel::ExprKind::Param(_) =
+                step.kernel.exprs[step.kernel.outputs[0]].kind
+            && step.kernel.reduce.is_none()
+        {
+            writer.insert(out, i);
+        }
+    }
+    let mut fills = HashMap::default();
+    for s in steps {
+        if let PreparedStep::Node(n) = s
+            && let kiln_ir::Op::Scatter { .. } = graph.node(*n).op
+            && let Some(&k) = writer.get(&graph.args(*n)[0])
+            && readers[graph.args(*n)[0].index()] == 1
+        {
+            fills.insert(*n, k);
+        }
+    }
+    fills
+}
+
+/// The value a constant kernel (see [`constant_scatter_bases`]) writes.
+fn fill_value(step: &PreparedStep) -> kiln_ir::Scalar {
+    let PreparedStep::Kernel { step, .. } = step else {
+        unreachable!("fills come from kernel steps")
+    };
+    let kiln_ir::kernel::ExprKind::Param(p) = step.kernel.exprs[step.kernel.outputs[0]].kind else {
+        unreachable!("a constant kernel stores a parameter")
+    };
+    step.params[p]
 }
 
 enum PreparedStep {
@@ -241,21 +288,37 @@ impl Prepared {
             e.duration = planning.elapsed().saturating_sub(compiling);
             trace::record(planning, e);
         }
-        // Grouping changes the schedule, not the kernels: one kernel per op (the unfused
-        // baseline) keeps its one-pass-per-op schedule.
-        let groups = if device == Device::Cpu && fuse {
+        // Grouping and fills change the schedule, not the kernels: one kernel per op (the
+        // unfused baseline) keeps its one-pass-per-op schedule.
+        let (groups, fills) = if device == Device::Cpu && fuse {
+            let fills = constant_scatter_bases(&optimized, &steps, &readers);
             let kernels: Vec<Option<&KernelStep>> = steps
                 .iter()
-                .map(|s| match s {
-                    PreparedStep::Kernel { step, kernel: Some(_), .. } => Some(&**step),
+                .enumerate()
+                .map(|(i, s)| match s {
+                    PreparedStep::Kernel { step, kernel: Some(_), .. }
+                        if !fills.values().any(|&k| k == i) =>
+                    {
+                        Some(&**step)
+                    }
                     _ => None,
                 })
                 .collect();
-            rows::find(&kernels, &readers)
+            (rows::find(&kernels, &readers), fills)
         } else {
-            Vec::new()
+            (Vec::new(), HashMap::default())
         };
-        Prepared { graph: optimized, device, steps, readers, outputs, map, params_of, groups }
+        Prepared {
+            graph: optimized,
+            device,
+            steps,
+            readers,
+            outputs,
+            map,
+            params_of,
+            groups,
+            fills,
+        }
     }
 
     /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
@@ -374,13 +437,33 @@ impl Prepared {
                 index = group.end;
                 continue;
             }
+            if self.fills.values().any(|&k| k == index) {
+                // A constant base: the scatter that reads it fills its own output.
+                index += 1;
+                continue;
+            }
+            let fill = match &self.steps[index] {
+                PreparedStep::Node(n) => self.fills.get(n).map(|&k| fill_value(&self.steps[k])),
+                _ => None,
+            };
             let step = &mut self.steps[index];
             index += 1;
             match step {
                 PreparedStep::Node(n) => {
                     let args = graph.args(*n);
-                    let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
-                    let (out, kind) = eval_node_on(gpu, graph, *n, &arg_bufs)?;
+                    let (arg_bufs, (out, kind)) = match fill {
+                        Some(value) => {
+                            let arg_bufs: Vec<&Buffer> =
+                                args[1..].iter().map(|a| &bufs[a]).collect();
+                            let out = native::scatter_onto_fill(graph, *n, value, &arg_bufs)?;
+                            (arg_bufs, (out, StepKind::Library))
+                        }
+                        None => {
+                            let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &bufs[a]).collect();
+                            let out = eval_node_on(gpu, graph, *n, &arg_bufs)?;
+                            (arg_bufs, out)
+                        }
+                    };
                     settle(graph.node(*n))?;
                     if tracing {
                         let node = graph.node(*n);

@@ -29,7 +29,7 @@ pub(crate) fn eval(
         }
         Op::Scatter { axis, accumulate } => Some(
             scatter(
-                args[0],
+                Base::Buffer(args[0]),
                 shape_of(0),
                 args[1],
                 shape_of(1),
@@ -64,12 +64,41 @@ fn gather(
     })
 }
 
+/// Scatter node `id` (a `Scatter` op) onto a base that is one value everywhere: the plan
+/// does not materialize a constant base (the gradient of a gather scatters into zeros), so
+/// the result is filled, not copied. `args` are the index and the source.
+pub(crate) fn scatter_onto_fill(
+    graph: &Graph,
+    id: NodeId,
+    fill: Scalar,
+    args: &[&Buffer],
+) -> Result<Buffer, RunError> {
+    let node = graph.node(id);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+    let Op::Scatter { axis, accumulate } = node.op else {
+        unreachable!("only scatters are planned onto a fill")
+    };
+    let ids = graph.args(id);
+    let shape_of = |i: usize| &graph.node(ids[i]).shape;
+    let base = Base::Fill(fill, node.dtype);
+    scatter(base, shape_of(0), args[0], shape_of(1), args[1], shape_of(2), axis, accumulate)
+        .map_err(at)
+}
+
+/// What a scatter writes into: a copy of a buffer, or one value everywhere.
+#[derive(Clone, Copy)]
+enum Base<'a> {
+    Buffer(&'a Buffer),
+    Fill(Scalar, kiln_ir::DType),
+}
+
 /// A copy of `base` with `src` written (or, with `accumulate`, added) at the positions the
 /// index selects. Sums are formed as the reference executor forms them: floats in f64 from
 /// the base value, rounded once; integers wrapping.
 #[allow(clippy::too_many_arguments, reason = "an op's three operands and their shapes")]
 fn scatter(
-    base: &Buffer,
+    base: Base<'_>,
     base_shape: &Shape,
     index: &Buffer,
     index_shape: &Shape,
@@ -82,10 +111,13 @@ fn scatter(
     let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
     let targets = reference::index_targets(name, axis, base_shape, index_shape, &values)?;
     let positions = reference::src_positions(index_shape, src_shape);
-    with_element_type!(base.dtype(), T => {
-        let base = base.as_slice::<T>().expect("the buffer's own element type");
+    let dtype = match base {
+        Base::Buffer(b) => b.dtype(),
+        Base::Fill(_, dtype) => dtype,
+    };
+    with_element_type!(dtype, T => {
         let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
-        edited_copy(base, |out| {
+        let edit = |out: &mut [T]| {
         let pairs = targets.iter().zip(positions.offsets());
         match T::DTYPE.category() {
             kiln_ir::Category::Float if accumulate => {
@@ -110,9 +142,50 @@ fn scatter(
                 }
             }
         }
-        })
+        };
+        match base {
+            Base::Buffer(b) => edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit),
+            Base::Fill(v, _) => {
+                let len = base_shape.numel();
+                edited_fill(len, T::from_scalar(v), edit)
+            }
+        }
     })
 }
+
+/// A buffer of `len` elements `value` with `edit` applied: [`edited_copy`] without a source
+/// to read.
+fn edited_fill<T: Element>(
+    len: usize,
+    value: T,
+    edit: impl FnOnce(&mut [T]),
+) -> Result<Buffer, RuntimeError> {
+    use rayon::prelude::*;
+    // SAFETY: every element is written by the fill before `edit` sees the slice.
+    let filled = unsafe {
+        Buffer::from_raw_fill(T::DTYPE, len, |ptr| {
+            let out = ptr.cast::<T>();
+            let dst = SendPtr(out);
+            (0..len.div_ceil(COPY_CHUNK)).into_par_iter().for_each(|i| {
+                let dst = &dst;
+                let n = COPY_CHUNK.min(len - i * COPY_CHUNK);
+                std::slice::from_raw_parts_mut(
+                    dst.0.add(i * COPY_CHUNK).cast::<std::mem::MaybeUninit<T>>(),
+                    n,
+                )
+                .fill(std::mem::MaybeUninit::new(value));
+            });
+            if len > 0 {
+                edit(std::slice::from_raw_parts_mut(out, len));
+            }
+            Ok::<(), std::convert::Infallible>(())
+        })
+    }?;
+    Ok(filled.unwrap_or_else(|never| match never {}))
+}
+
+/// Elements per thread task of the copies and fills above.
+const COPY_CHUNK: usize = 1 << 16;
 
 /// A buffer holding `base` with `edit` applied: the copy goes into memory from kiln's
 /// caching allocator, on all threads. (A `Vec` copy and then a buffer of it cost two copies
@@ -128,11 +201,14 @@ fn edited_copy<T: Element>(
     let filled = unsafe {
         Buffer::from_raw_fill(T::DTYPE, len, |ptr| {
             let out = ptr.cast::<T>();
-            const CHUNK: usize = 1 << 16;
             let dst = SendPtr(out);
-            base.par_chunks(CHUNK).enumerate().for_each(|(i, chunk)| {
+            base.par_chunks(COPY_CHUNK).enumerate().for_each(|(i, chunk)| {
                 let dst = &dst;
-                std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst.0.add(i * CHUNK), chunk.len());
+                std::ptr::copy_nonoverlapping(
+                    chunk.as_ptr(),
+                    dst.0.add(i * COPY_CHUNK),
+                    chunk.len(),
+                );
             });
             if len > 0 {
                 edit(std::slice::from_raw_parts_mut(out, len));
