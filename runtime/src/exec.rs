@@ -417,6 +417,8 @@ impl Prepared {
                     bufs.insert(node, buf);
                 }
                 track_memory(memory.as_mut(), graph, &bufs, None);
+                // In order: a buffer a later member reads is not freed before that member
+                // is checked (its read is counted).
                 for s in &self.steps[group.start..group.end] {
                     let PreparedStep::Kernel { step: k, .. } = s else { continue };
                     if let Some(scale) = check {
@@ -425,9 +427,6 @@ impl Prepared {
                             compare(graph, k, &bufs[out], want, scale)?;
                         }
                     }
-                }
-                for s in &self.steps[group.start..group.end] {
-                    let PreparedStep::Kernel { step: k, .. } = s else { continue };
                     for &n in &k.inputs {
                         if keep_all || !group.internal.contains(&n) {
                             done_reading(&mut bufs, n);

@@ -6,6 +6,8 @@
 //! that way, and an argmax over 4096x4096 took 234 ms). Their semantics are the reference
 //! executor's, which the tests compare them with.
 
+use std::mem::MaybeUninit;
+
 use kiln_ir::{Element, Graph, NodeId, Op, ReduceOp, Scalar, Shape, View};
 
 use crate::buffer::with_element_type;
@@ -153,76 +155,76 @@ fn scatter(
     })
 }
 
-/// A buffer of `len` elements `value` with `edit` applied: [`edited_copy`] without a source
-/// to read.
+/// A buffer of `len` elements `value` with `edit` applied.
 fn edited_fill<T: Element>(
     len: usize,
     value: T,
     edit: impl FnOnce(&mut [T]),
 ) -> Result<Buffer, RuntimeError> {
-    use rayon::prelude::*;
-    // SAFETY: every element is written by the fill before `edit` sees the slice.
-    let filled = unsafe {
-        Buffer::from_raw_fill(T::DTYPE, len, |ptr| {
-            let out = ptr.cast::<T>();
-            let dst = SendPtr(out);
-            (0..len.div_ceil(COPY_CHUNK)).into_par_iter().for_each(|i| {
-                let dst = &dst;
-                let n = COPY_CHUNK.min(len - i * COPY_CHUNK);
-                std::slice::from_raw_parts_mut(
-                    dst.0.add(i * COPY_CHUNK).cast::<std::mem::MaybeUninit<T>>(),
-                    n,
-                )
-                .fill(std::mem::MaybeUninit::new(value));
-            });
-            if len > 0 {
-                edit(std::slice::from_raw_parts_mut(out, len));
-            }
-            Ok::<(), std::convert::Infallible>(())
-        })
-    }?;
-    Ok(filled.unwrap_or_else(|never| match never {}))
+    edited(len, |_, chunk| chunk.fill(MaybeUninit::new(value)), edit)
 }
 
-/// Elements per thread task of the copies and fills above.
-const COPY_CHUNK: usize = 1 << 16;
-
-/// A buffer holding `base` with `edit` applied: the copy goes into memory from kiln's
-/// caching allocator, on all threads. (A `Vec` copy and then a buffer of it cost two copies
-/// and a fresh allocation of the whole tensor: the gradient of a 4096-row cross-entropy,
-/// a scatter into 64 MiB of zeros, took 37 ms that way.)
+/// A buffer holding `base` with `edit` applied. (A `Vec` copy and then a buffer of it cost
+/// two copies and a fresh allocation of the whole tensor: the gradient of a 4096-row
+/// cross-entropy, a scatter into 64 MiB of zeros, took 37 ms that way.)
 fn edited_copy<T: Element>(
     base: &[T],
     edit: impl FnOnce(&mut [T]),
 ) -> Result<Buffer, RuntimeError> {
+    edited(
+        base.len(),
+        |start, chunk| {
+            let src = &base[start..start + chunk.len()];
+            // SAFETY: `chunk` and `src` have the same length and do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    chunk.as_mut_ptr().cast::<T>(),
+                    src.len(),
+                );
+            }
+        },
+        edit,
+    )
+}
+
+/// Elements per thread task of [`edited`]'s initial writes.
+const CHUNK: usize = 1 << 16;
+
+/// A buffer of `len` elements from kiln's caching allocator, written first by `init`
+/// (called with each chunk's first position and its memory, on all threads), then changed
+/// by `edit`.
+fn edited<T: Element>(
+    len: usize,
+    init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync,
+    edit: impl FnOnce(&mut [T]),
+) -> Result<Buffer, RuntimeError> {
     use rayon::prelude::*;
-    let len = base.len();
-    // SAFETY: every element is written by the copy before `edit` sees the slice.
+    /// The buffer's memory shared by the threads, each initializing its own chunk.
+    struct Shared<T>(*mut MaybeUninit<T>);
+    // SAFETY: the threads write disjoint chunks.
+    unsafe impl<T> Sync for Shared<T> {}
+    // SAFETY: `init` writes every chunk (together, every element) before `edit` sees the
+    // elements as initialized.
     let filled = unsafe {
         Buffer::from_raw_fill(T::DTYPE, len, |ptr| {
-            let out = ptr.cast::<T>();
-            let dst = SendPtr(out);
-            base.par_chunks(COPY_CHUNK).enumerate().for_each(|(i, chunk)| {
-                let dst = &dst;
-                std::ptr::copy_nonoverlapping(
-                    chunk.as_ptr(),
-                    dst.0.add(i * COPY_CHUNK),
-                    chunk.len(),
+            let out = Shared(ptr.cast::<MaybeUninit<T>>());
+            (0..len.div_ceil(CHUNK)).into_par_iter().for_each(|i| {
+                let out = &out;
+                let start = i * CHUNK;
+                init(
+                    start,
+                    std::slice::from_raw_parts_mut(out.0.add(start), CHUNK.min(len - start)),
                 );
             });
             if len > 0 {
-                edit(std::slice::from_raw_parts_mut(out, len));
+                edit(std::slice::from_raw_parts_mut(out.0.cast::<T>(), len));
             }
             Ok::<(), std::convert::Infallible>(())
         })
     }?;
     Ok(filled.unwrap_or_else(|never| match never {}))
 }
-
-/// A destination pointer shared by the copying threads, each writing its own chunk.
-struct SendPtr<T>(*mut T);
-// SAFETY: the threads write disjoint chunks.
-unsafe impl<T> Sync for SendPtr<T> {}
 
 /// A copy of `base` with `values` written at the positions `view` selects.
 fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, RuntimeError> {
