@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod walk;
 
 pub use kiln_ir as ir;
 
@@ -18,4 +19,13 @@ pub enum CodegenError {
     /// bug in kiln's code generator; the message holds Cranelift's report and the code.
     #[error("code generation failed: {0}")]
     Cranelift(String),
+}
+
+/// The steps of a fused CPU plan of `graph` (no graph passes), for the generators' tests.
+#[cfg(test)]
+pub(crate) fn plan_steps(graph: &kiln_ir::Graph) -> Vec<kiln_ir::fuse::Step> {
+    use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
+    let options =
+        PlanOptions { fusion: Fusion::Fused, constants: Constants::Fold, target: cpu::TARGET };
+    kiln_ir::fuse::lower(graph, &kiln_ir::fuse::partition(graph, &options), &options)
 }

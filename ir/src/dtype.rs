@@ -194,7 +194,11 @@ pub fn result_type(operands: &[Participant]) -> DType {
 }
 
 /// A scalar value: a constant in a graph, a fill value, or an element read back.
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// Equality and hashing are by bits (`0.0 != -0.0`, a NaN equals itself), so that ops that
+/// hold scalars can key caches and merge common subexpressions: two fills are the same op
+/// exactly when they store the same bits.
+#[derive(Clone, Copy, Debug)]
 pub enum Scalar {
     /// A floating-point value.
     F64(f64),
@@ -202,6 +206,31 @@ pub enum Scalar {
     I64(i64),
     /// A boolean value.
     Bool(bool),
+}
+
+impl Scalar {
+    /// The value's bits with its kind: what equality and hashing compare.
+    fn key(self) -> (u8, u64) {
+        match self {
+            Scalar::F64(v) => (0, v.to_bits()),
+            Scalar::I64(v) => (1, v as u64),
+            Scalar::Bool(v) => (2, u64::from(v)),
+        }
+    }
+}
+
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Scalar {}
+
+impl std::hash::Hash for Scalar {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 impl Scalar {
@@ -279,38 +308,7 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     fn to_scalar(self) -> Scalar;
 }
 
-/// `v` rounded once to the nearest `f16` (ties to even).
-///
-/// `half::f16::from_f64` converts through `f32` (in hardware on x86), which rounds twice: a
-/// value just above a tie between two `f16`s lands on the tie in `f32` and then goes to the
-/// even one. Rounding to `f32` *to odd* instead keeps the lost bits' inexactness in the last
-/// bit, and 24 bits are enough for that bit to decide an 11-bit rounding correctly.
-///
-/// ```
-/// use kiln_ir::f16_from_f64;
-/// let just_above_tie = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
-/// assert_eq!(f16_from_f64(just_above_tie).to_f64(), 1.0 + 2f64.powi(-10));
-/// ```
-pub fn f16_from_f64(v: f64) -> f16 {
-    f16::from_f32(f32_to_odd(v))
-}
-
-/// `v` rounded once to the nearest `bf16` (ties to even); see [`f16_from_f64`].
-pub fn bf16_from_f64(v: f64) -> bf16 {
-    bf16::from_f32(f32_to_odd(v))
-}
-
-/// `v` rounded to `f32` toward zero, with the last bit set when that was inexact.
-fn f32_to_odd(v: f64) -> f32 {
-    let nearest = v as f32;
-    let bits = nearest.to_bits();
-    if v.is_nan() || f64::from(nearest) == v || bits & 1 == 1 {
-        return nearest;
-    }
-    // The nearest value is even, so the odd one is its neighbour on `v`'s other side.
-    let away = f64::from(nearest).abs() > v.abs();
-    f32::from_bits(if away { bits - 1 } else { bits + 1 })
-}
+use crate::semantics::{bf16_from_f64, f16_from_f64};
 
 macro_rules! element {
     ($t:ty, $dtype:ident, |$v:ident| $from:expr) => {

@@ -9,8 +9,8 @@
 //! - A reduction (`sum`, `prod`, `max`, `min`) fuses the elementwise expression it reduces.
 //! - A value is stored (a kernel boundary) when it is a result the caller wants
 //!   ([`Cut::Output`]), when several ops consume it and recomputing it in each costs more
-//!   than storing and reloading it on the plan's [`Target`] ([`Cut::Shared`], see
-//!   [`op_cost`]: a CPU stores a shared exponential, a GPU recomputes it), when an op that is
+//!   than storing and reloading it on the plan's target ([`Cut::Shared`], see
+//!   [`crate::target::Target::op_cost`]: a CPU stores a shared exponential, a GPU recomputes it), when an op that is
 //!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
 //!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
 //!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
@@ -23,17 +23,8 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::kernel::{Expr, ExprKind, Kernel, KernelInput, KernelReduce};
-use crate::{Graph, NodeId, Op, ReduceOp, Scalar, View};
-
-/// Whether to fuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum FusionPolicy {
-    /// Fuse elementwise chains (the default).
-    #[default]
-    On,
-    /// One kernel per op: the unfused baseline, for comparison.
-    Off,
-}
+use crate::pipeline::{Fusion, PlanOptions};
+use crate::{Graph, NodeId, Op, Scalar, View};
 
 /// Why a value was stored instead of fused into its consumer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,174 +96,170 @@ pub enum Step {
     },
 }
 
-/// Whether the target's GEMM library multiplies this dtype (others run on the reference
-/// executor): `gemm` on a CPU takes f32, f64 and f16; cuBLAS also bf16.
-fn gemm_dtype(dtype: crate::DType, target: Target) -> bool {
-    use crate::DType;
-    matches!(dtype, DType::F32 | DType::F64 | DType::F16)
-        || (dtype == DType::BF16 && target == Target::Gpu)
-}
-
-/// How to run a graph: its steps in dependency order.
+/// Which values of a graph are stored (kernel boundaries), and why: the partition stage's
+/// result, which [`lower`] turns into steps.
 #[derive(Clone, Debug, Default)]
-pub struct Plan {
-    /// The steps.
-    pub steps: Vec<Step>,
+pub struct Partition {
+    /// Every stored value, with the reason.
+    pub stored: HashMap<NodeId, Cut>,
+    /// Kept results written by the kernel of another value (value -> that kernel's root)
+    /// rather than by a kernel of their own.
+    pub merged: HashMap<NodeId, NodeId>,
+    /// Stored values that the reduction over them writes (value -> the reduction).
+    pub reduced_by: HashMap<NodeId, NodeId>,
 }
 
-/// Reductions that run as generated kernels, with their elementwise input fused in.
-fn is_kernel_reduce(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reduce { op: ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min, .. }
-    )
+impl Partition {
+    /// The partition as text, one stored value a line (what `KILN_DEBUG=passes` prints).
+    pub fn write(&self, graph: &Graph, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = graph.numbering();
+        for n in graph.topo_order() {
+            let Some(cut) = self.stored.get(&n) else { continue };
+            let node = graph.node(n);
+            write!(f, "%{} {} {}: {cut}", names[&n], node.op.name(), node.shape)?;
+            if let Some(root) = self.merged.get(&n) {
+                write!(f, "; written by the kernel of %{}", names[root])?;
+            }
+            if let Some(r) = self.reduced_by.get(&n) {
+                write!(f, "; written by the reduction %{}", names[r])?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
 }
 
 /// A shared value is recomputed by each consumer rather than stored when its ops cost at most
-/// this much ([`op_cost`]): cheap arithmetic costs less than the store and reload of the
+/// this much ([`crate::target::Target::op_cost`]): cheap arithmetic costs less than the store and reload of the
 /// value, a transcendental function (a polynomial of some thirty instructions on 128-bit
 /// vectors) costs more.
 pub const MAX_RECOMPUTE_COST: usize = 8;
 
-/// The processor a plan is made for: it prices the recompute rule ([`op_cost`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// A CPU: transcendental functions are long polynomials on short vectors, so a shared
-    /// one is stored rather than computed again.
-    #[default]
-    Cpu,
-    /// A GPU: arithmetic, special functions included, is cheap next to memory traffic, so
-    /// shared values are recomputed (row softmax reads its input three times, not four).
-    Gpu,
-}
-
-/// The relative cost of computing an op once per element on `target`, for the recompute
-/// rule.
-pub fn op_cost(op: &Op, target: Target) -> usize {
-    use crate::{BinaryOp, UnaryOp};
-    if target == Target::Gpu {
-        // One or a few hardware instructions (SFU approximations refined in registers).
-        return usize::from(is_elementwise(op)) * 2;
-    }
-    match op {
-        Op::Unary(
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Sin
-            | UnaryOp::Cos,
-        )
-        | Op::Unary(UnaryOp::Erf)
-        | Op::Binary(BinaryOp::Pow) => 4 * MAX_RECOMPUTE_COST,
-        Op::Unary(UnaryOp::Sqrt | UnaryOp::Recip) | Op::Binary(BinaryOp::Div) => 4,
-        op if is_elementwise(op) => 1,
-        _ => 0,
-    }
-}
-
-fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
-}
-
-/// Whether a node is folded into its consumers (never stored on its own account).
-fn is_free(op: &Op) -> bool {
-    matches!(op, Op::Full(_) | Op::View(_))
-}
-
-/// Partitions `graph` into a plan for a CPU.
-pub fn partition(graph: &Graph, policy: FusionPolicy) -> Plan {
-    partition_for(graph, policy, Target::Cpu)
-}
-
-/// Partitions `graph` into a plan for `target`.
-pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Plan {
+/// The partition stage: decides which values of `graph` are stored and why.
+pub fn partition(graph: &Graph, options: &PlanOptions) -> Partition {
     let order = graph.topo_order();
-    let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
-    for &n in &order {
-        for a in graph.args(n) {
-            consumers.entry(a).or_default().push(n);
-        }
-    }
-    let consumers_of = |n: NodeId| consumers.get(&n).map_or(&[][..], Vec::as_slice);
-
-    // Decide which fusable values are stored, and why. `size` counts the ops a value's
-    // kernel would hold if it were stored now.
-    let mut stored: HashMap<NodeId, Cut> = HashMap::default();
-    let mut size: HashMap<NodeId, usize> = HashMap::default();
-    let mut costs: HashMap<NodeId, usize> = HashMap::default();
-    for &n in &order {
-        let op = &graph.node(n).op;
-        if !is_elementwise(op) && !is_free(op) {
-            continue;
-        }
-        let own = usize::from(is_elementwise(op))
-            + graph
-                .args(n)
-                .iter()
-                .filter(|a| !stored.contains_key(a))
-                .filter_map(|a| size.get(a))
-                .sum::<usize>();
-        size.insert(n, own);
-        let cost = op_cost(op, target)
-            + graph
-                .args(n)
-                .iter()
-                .filter(|a| !stored.contains_key(a))
-                .filter_map(|a| costs.get(a))
-                .sum::<usize>();
-        costs.insert(n, cost);
-        let cons = consumers_of(n);
-        let cut = if graph.outputs().contains(&n) {
-            Some(Cut::Output)
-        } else if matches!(op, Op::View(_))
-            && is_buffer(graph, graph.args(n)[0], &stored)
-            && !cons.is_empty()
-            && cons.iter().all(|&c| {
-                matches!(graph.node(c).op, Op::MatMul) && gemm_dtype(graph.node(c).dtype, target)
-            })
-        {
-            None
-        } else if let Some(&c) = cons.iter().find(|&&c| {
-            let cop = &graph.node(c).op;
-            !(is_elementwise(cop)
-                || is_free(cop)
-                || (is_kernel_reduce(cop) && policy == FusionPolicy::On))
-        }) {
-            Some(Cut::Feeds(graph.node(c).op.name()))
-        } else if matches!(op, Op::Full(_)) {
-            None
-        } else if cons.iter().any(|&c| matches!(graph.node(c).op, Op::View(_))) {
-            Some(Cut::View)
-        } else if is_free(op) {
-            None
-        } else if policy == FusionPolicy::Off {
-            Some(Cut::Unfused)
-        } else if cons.len() > 1 && cost > MAX_RECOMPUTE_COST {
-            Some(Cut::Shared)
-        } else if own >= MAX_KERNEL_OPS {
-            Some(Cut::Size)
-        } else {
-            None
-        };
-        if let Some(cut) = cut {
-            stored.insert(n, cut);
-        }
-    }
-
-    let merged = if policy == FusionPolicy::On {
+    let consumers = consumers(graph, &order);
+    let (stored, size) = cuts(graph, &order, &consumers, options);
+    let fused = options.fusion == Fusion::Fused;
+    let merged = if fused {
         merge_kept_results(graph, &order, &stored, &size, &consumers)
     } else {
         HashMap::default()
     };
-    // Stored values that the reduction over them writes (CPU plans; a GPU recomputes them).
-    let reduced_by = if policy == FusionPolicy::On && target == Target::Cpu {
+    let reduced_by = if fused && options.target.reductions_store_inputs {
         merge_into_reductions(graph, &order, &stored, &merged, &size, &consumers)
     } else {
         HashMap::default()
     };
+    Partition { stored, merged, reduced_by }
+}
+
+/// Each node's consumers.
+fn consumers(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeId>> {
+    let mut consumers: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
+    for &n in order {
+        for &a in graph.arg_slice(n) {
+            consumers.entry(a).or_default().push(n);
+        }
+    }
+    consumers
+}
+
+/// The fusable values that are stored, with why; and the ops each value's kernel would hold
+/// if it were stored.
+fn cuts(
+    graph: &Graph,
+    order: &[NodeId],
+    consumers: &HashMap<NodeId, Vec<NodeId>>,
+    options: &PlanOptions,
+) -> (HashMap<NodeId, Cut>, HashMap<NodeId, usize>) {
+    let mut stored: HashMap<NodeId, Cut> = HashMap::default();
+    let mut size: HashMap<NodeId, usize> = HashMap::default();
+    let mut costs: HashMap<NodeId, usize> = HashMap::default();
+    for &n in order {
+        let op = &graph.node(n).op;
+        if !op.is_elementwise() && !op.is_free() {
+            continue;
+        }
+        let unstored = || graph.arg_slice(n).iter().filter(|a| !stored.contains_key(a));
+        let own = usize::from(op.is_elementwise())
+            + unstored().filter_map(|a| size.get(a)).sum::<usize>();
+        let cost =
+            options.target.op_cost(op) + unstored().filter_map(|a| costs.get(a)).sum::<usize>();
+        size.insert(n, own);
+        costs.insert(n, cost);
+        let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
+        let node = Candidate { n, own, cost, consumers: cons };
+        if let Some(cut) = cut_of(graph, &node, &stored, options) {
+            stored.insert(n, cut);
+        }
+    }
+    (stored, size)
+}
+
+/// A fusable value as the cut rule sees it.
+struct Candidate<'a> {
+    n: NodeId,
+    /// Ops its kernel would hold.
+    own: usize,
+    /// What recomputing it in a consumer costs.
+    cost: usize,
+    consumers: &'a [NodeId],
+}
+
+/// Why `c` is stored, or `None` when it fuses into its consumers.
+fn cut_of(
+    graph: &Graph,
+    c: &Candidate<'_>,
+    stored: &HashMap<NodeId, Cut>,
+    options: &PlanOptions,
+) -> Option<Cut> {
+    let op = &graph.node(c.n).op;
+    let fused = options.fusion == Fusion::Fused;
+    let target = &options.target;
+    if graph.outputs().contains(&c.n) {
+        return Some(Cut::Output);
+    }
+    let feeds_gemm = |m: &NodeId| {
+        matches!(graph.node(*m).op, Op::MatMul) && target.has_gemm(graph.node(*m).dtype)
+    };
+    if matches!(op, Op::View(_))
+        && is_buffer(graph, graph.arg_slice(c.n)[0], stored)
+        && !c.consumers.is_empty()
+        && c.consumers.iter().all(feeds_gemm)
+    {
+        return None;
+    }
+    if let Some(&m) = c.consumers.iter().find(|&&m| {
+        let cop = &graph.node(m).op;
+        !(cop.is_elementwise() || cop.is_free() || (cop.is_kernel_reduce() && fused))
+    }) {
+        return Some(Cut::Feeds(graph.node(m).op.name()));
+    }
+    if matches!(op, Op::Full(_)) {
+        None
+    } else if c.consumers.iter().any(|&m| matches!(graph.node(m).op, Op::View(_))) {
+        Some(Cut::View)
+    } else if op.is_free() {
+        None
+    } else if !fused {
+        Some(Cut::Unfused)
+    } else if c.consumers.len() > 1 && c.cost > MAX_RECOMPUTE_COST {
+        Some(Cut::Shared)
+    } else if c.own >= MAX_KERNEL_OPS {
+        Some(Cut::Size)
+    } else {
+        None
+    }
+}
+
+/// The lowering stage: every kernel of `partition` written as Kernel IR, and the other
+/// steps, in dependency order.
+pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec<Step> {
+    let Partition { stored, merged, reduced_by } = partition;
     // Kernels that write merged results build with those values computed inline.
     let mut written_by: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
+    let order = graph.topo_order();
     for &n in &order {
         if let Some(&root) = merged.get(&n) {
             written_by.entry(root).or_default().push(n);
@@ -286,7 +273,7 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
         .map(|(&n, &c)| (n, c))
         .collect();
     let writes: HashMap<NodeId, NodeId> = reduced_by.iter().map(|(&v, &r)| (r, v)).collect();
-
+    let kernel = |step: KernelStep| Step::Kernel(Box::new(step));
     let mut steps = Vec::new();
     for &n in &order {
         let op = &graph.node(n).op;
@@ -294,38 +281,41 @@ pub fn partition_for(graph: &Graph, policy: FusionPolicy, target: Target) -> Pla
             continue;
         }
         if let Some(&cut) = stored.get(&n) {
-            let step = match written_by.get(&n) {
+            steps.push(kernel(match written_by.get(&n) {
                 Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
-                None => build_kernel(graph, n, cut, &stored, &[]),
-            };
-            steps.push(Step::Kernel(Box::new(step)));
+                None => build_kernel(graph, n, cut, stored, &[]),
+            }));
         } else if let Some(&value) = writes.get(&n) {
             // The value it reduces, and the kept results that value's own kernel would
             // have written, stored unreduced.
             let mut extra = vec![value];
             extra.extend(written_by.get(&value).into_iter().flatten().copied());
-            let step = build_reduce_kernel(graph, n, &reduce_inline, &extra);
-            steps.push(Step::Kernel(Box::new(step)));
-        } else if is_kernel_reduce(op) {
-            steps.push(Step::Kernel(Box::new(build_reduce_kernel(graph, n, &stored, &[]))));
-        } else if matches!(op, Op::MatMul) && gemm_dtype(graph.node(n).dtype, target) {
-            let operand = |a: NodeId| match &graph.node(a).op {
-                Op::View(v) if !stored.contains_key(&a) => (graph.args(a)[0], v.clone()),
-                _ => (a, View::contiguous(graph.node(a).shape.clone())),
-            };
-            let args = graph.args(n);
-            steps.push(Step::MatMul { node: n, operands: [operand(args[0]), operand(args[1])] });
-        } else if !is_elementwise(op) && !is_free(op) {
+            steps.push(kernel(build_reduce_kernel(graph, n, &reduce_inline, &extra)));
+        } else if op.is_kernel_reduce() {
+            steps.push(kernel(build_reduce_kernel(graph, n, stored, &[])));
+        } else if matches!(op, Op::MatMul) && options.target.has_gemm(graph.node(n).dtype) {
+            steps.push(matmul_step(graph, n, stored));
+        } else if !op.is_elementwise() && !op.is_free() {
             steps.push(Step::Node(n));
         }
     }
-    Plan { steps }
+    steps
+}
+
+/// A matrix product reading its operands' views of stored buffers as strides.
+fn matmul_step(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> Step {
+    let operand = |a: NodeId| match &graph.node(a).op {
+        Op::View(v) if !stored.contains_key(&a) => (graph.arg_slice(a)[0], v.clone()),
+        _ => (a, View::contiguous(graph.node(a).shape.clone())),
+    };
+    let args = graph.arg_slice(n);
+    Step::MatMul { node: n, operands: [operand(args[0]), operand(args[1])] }
 }
 
 /// Whether `n`'s value is a buffer when a kernel reads it.
 fn is_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
     let op = &graph.node(n).op;
-    stored.contains_key(&n) || (!is_elementwise(op) && !is_free(op))
+    stored.contains_key(&n) || (!op.is_elementwise() && !op.is_free())
 }
 
 struct Builder<'a> {
@@ -441,13 +431,13 @@ fn merge_kept_results(
     let mut ops: HashMap<NodeId, usize> = HashMap::default();
     for &n in order.iter().rev() {
         let op = &graph.node(n).op;
-        if !is_elementwise(op) {
+        if !op.is_elementwise() {
             continue;
         }
         let mut single = None;
         let mut ok = !consumers_of(n).is_empty();
         for &c in consumers_of(n) {
-            let r = if !is_elementwise(&graph.node(c).op) {
+            let r = if !graph.node(c).op.is_elementwise() {
                 None
             } else if stored.contains_key(&c) {
                 Some(merged.get(&c).copied().unwrap_or(c))
@@ -507,7 +497,7 @@ fn merge_into_reductions(
         let node = graph.node(n);
         if !matches!(stored.get(&n), Some(Cut::Shared))
             || merged.contains_key(&n)
-            || !is_elementwise(&node.op)
+            || !node.op.is_elementwise()
             || !matches!(node.dtype, crate::DType::F32 | crate::DType::F64)
             || size.get(&n).copied().unwrap_or(0) >= MAX_KERNEL_OPS
         {
@@ -517,7 +507,7 @@ fn merge_into_reductions(
         let rank = node.shape.rank();
         let reduction = cons.iter().copied().find(|&c| match &graph.node(c).op {
             op @ Op::Reduce { axes, .. } => {
-                is_kernel_reduce(op)
+                op.is_kernel_reduce()
                     && !taken.contains_key(&c)
                     && axes.iter().enumerate().all(|(i, &a)| a == rank - axes.len() + i)
             }
@@ -631,7 +621,39 @@ impl Builder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::Constants;
+    use crate::target::OpCosts;
+    use crate::target::Target;
     use crate::{BinaryOp, DType, Shape, UnaryOp};
+
+    const CPU: Target = crate::target::testing::CPU;
+    /// A GPU-like target: every elementwise op is cheap, reductions recompute.
+    const GPU: Target = Target {
+        name: "test-gpu",
+        costs: OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
+        gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
+        reductions_store_inputs: false,
+    };
+
+    /// The steps of `graph` partitioned and lowered.
+    struct Steps {
+        steps: Vec<Step>,
+    }
+
+    impl std::fmt::Debug for Steps {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.steps.fmt(f)
+        }
+    }
+
+    fn partition_for(graph: &Graph, fusion: Fusion, target: Target) -> Steps {
+        let options = PlanOptions { fusion, constants: Constants::Fold, target };
+        Steps { steps: lower(graph, &partition(graph, &options), &options) }
+    }
+
+    fn steps(graph: &Graph, fusion: Fusion) -> Steps {
+        partition_for(graph, fusion, CPU)
+    }
 
     fn chain() -> (Graph, NodeId) {
         let mut g = Graph::new();
@@ -654,7 +676,7 @@ mod tests {
     #[test]
     fn an_elementwise_chain_is_one_kernel() {
         let (g, c) = chain();
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         assert_eq!(plan.steps.len(), 1);
         let Step::Kernel(k) = &plan.steps[0] else { panic!("a kernel") };
         assert_eq!(k.outputs, vec![c]);
@@ -687,7 +709,7 @@ mod tests {
     fn softmax_takes_three_passes_on_either_target() {
         let g = softmax(5, 7);
         // Reads and writes of input-sized arrays (broadcast row values, stride 0, are not).
-        let traffic = |plan: &Plan| -> usize {
+        let traffic = |plan: &Steps| -> usize {
             plan.steps
                 .iter()
                 .map(|s| match s {
@@ -700,8 +722,8 @@ mod tests {
                 })
                 .sum()
         };
-        let cpu = partition_for(&g, FusionPolicy::On, Target::Cpu);
-        let gpu = partition_for(&g, FusionPolicy::On, Target::Gpu);
+        let cpu = partition_for(&g, Fusion::Fused, CPU);
+        let gpu = partition_for(&g, Fusion::Fused, GPU);
         // CPU: the max reads x; one pass reads x and writes exp(x - max) while summing it;
         // the division reads it back and writes y. The exponential is computed once.
         assert_eq!(cpu.steps.len(), 3, "{cpu:?}");
@@ -709,7 +731,7 @@ mod tests {
         let Step::Kernel(sum) = &cpu.steps[1] else { panic!("a kernel") };
         assert_eq!(sum.kernel.outputs.len(), 2, "the sum also writes the exponential");
         assert_eq!(sum.kernel.output_lens(), vec![5, 35]);
-        let exps = |p: &Plan| {
+        let exps = |p: &Steps| {
             p.steps
                 .iter()
                 .filter_map(|s| match s {
@@ -725,7 +747,7 @@ mod tests {
         assert_eq!(gpu.steps.len(), 3, "{gpu:?}");
         assert_eq!(traffic(&gpu), 4, "{gpu:?}");
         assert_eq!(exps(&gpu), 2);
-        assert_eq!(partition(&g, FusionPolicy::On).steps.len(), cpu.steps.len());
+        assert_eq!(steps(&g, Fusion::Fused).steps.len(), cpu.steps.len());
     }
 
     /// The argument of a unary expression (for matching on the op alone).
@@ -739,7 +761,7 @@ mod tests {
     #[test]
     fn fusion_off_gives_one_kernel_per_op() {
         let (g, _) = chain();
-        let plan = partition(&g, FusionPolicy::Off);
+        let plan = steps(&g, Fusion::Unfused);
         assert_eq!(plan.steps.len(), 3);
         assert!(
             plan.steps.iter().all(|s| matches!(s, Step::Kernel(k) if k.kernel.op_count() == 1))
@@ -754,7 +776,7 @@ mod tests {
             x = g.push(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
         }
         g.mark_output(x);
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         assert!(
             plan.steps
                 .iter()
@@ -777,7 +799,7 @@ mod tests {
             .unwrap();
         let d = g.push(Op::Binary(BinaryOp::Div), &[e, v]).unwrap();
         g.mark_output(d);
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         // exp is shared by the sum and the division and too costly to compute twice: it is
         // stored, by the sum's kernel (which computes it, sums it and writes it); the
         // division reads both.
@@ -790,7 +812,7 @@ mod tests {
         assert_eq!(k2.inputs, vec![e, s]);
         assert_eq!(k2.kernel.inputs[1].view.strides(), &[1, 0]);
         // Without the merge (a GPU plan recomputes instead), exp would be its own kernel.
-        let gpu = partition_for(&g, FusionPolicy::On, Target::Gpu);
+        let gpu = partition_for(&g, Fusion::Fused, GPU);
         assert!(gpu.steps.iter().all(|st| matches!(st, Step::Kernel(k) if k.outputs.len() == 1)));
     }
 
@@ -809,7 +831,7 @@ mod tests {
             .unwrap();
         let q = g.push(Op::Binary(BinaryOp::Sub), &[d, v]).unwrap();
         g.mark_output(q);
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         // x * 2 is computed inside the sum and again inside the subtraction.
         assert_eq!(plan.steps.len(), 2);
         let Step::Kernel(k0) = &plan.steps[0] else { panic!("a reduction kernel first") };
@@ -817,7 +839,7 @@ mod tests {
         let Step::Kernel(k1) = &plan.steps[1] else { panic!("a kernel last") };
         assert_eq!(k1.inputs, vec![x, s]);
         // Unfused, every op is stored.
-        assert_eq!(partition(&g, FusionPolicy::Off).steps.len(), 3);
+        assert_eq!(steps(&g, Fusion::Unfused).steps.len(), 3);
     }
 
     fn unary(g: &mut Graph, op: UnaryOp, x: NodeId) -> NodeId {
@@ -837,14 +859,14 @@ mod tests {
         for n in [a, b, c] {
             g.mark_output(n);
         }
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         assert_eq!(plan.steps.len(), 1);
         let Step::Kernel(k) = &plan.steps[0] else { panic!("a kernel") };
         assert_eq!(k.outputs, vec![c, a, b]);
         assert_eq!(k.kernel.outputs.len(), 3);
         assert_eq!(k.inputs, vec![x]);
         // Unfused, each is its own kernel.
-        assert_eq!(partition(&g, FusionPolicy::Off).steps.len(), 3);
+        assert_eq!(steps(&g, Fusion::Unfused).steps.len(), 3);
     }
 
     #[test]
@@ -856,7 +878,7 @@ mod tests {
         // Read by a reduction: the reduction kernel reads it back.
         let s = g.push(Op::Reduce { op: crate::ReduceOp::Sum, axes: vec![1] }, &[a]).unwrap();
         g.mark_output(s);
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         assert_eq!(plan.steps.len(), 2);
         // Read through a view (a transpose) and by two kernels that are both kept.
         let mut g = Graph::new();
@@ -867,7 +889,7 @@ mod tests {
         let y = unary(&mut g, UnaryOp::Neg, t);
         g.mark_output(a);
         g.mark_output(y);
-        assert_eq!(partition(&g, FusionPolicy::On).steps.len(), 2);
+        assert_eq!(steps(&g, Fusion::Fused).steps.len(), 2);
         let mut g = Graph::new();
         let x = g.input(Shape::from([3, 3]), DType::F32);
         let a = unary(&mut g, UnaryOp::Exp, x);
@@ -876,7 +898,7 @@ mod tests {
         for n in [a, p, q] {
             g.mark_output(n);
         }
-        let plan = partition(&g, FusionPolicy::On);
+        let plan = steps(&g, Fusion::Fused);
         assert_eq!(plan.steps.len(), 3);
         for step in &plan.steps {
             let Step::Kernel(k) = step else { panic!("kernels") };

@@ -5,6 +5,7 @@ use std::panic::Location;
 use petgraph::Direction;
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::{DType, IrError, Op, Shape};
 
@@ -233,5 +234,29 @@ impl Graph {
             &node_attrs,
         );
         format!("{dot:?}")
+    }
+
+    /// Each node's number in [`Graph::topo_order`]: how the text form names nodes, so that
+    /// the text does not depend on how a pass allocated its node ids.
+    pub fn numbering(&self) -> HashMap<NodeId, usize> {
+        self.topo_order().into_iter().enumerate().map(|(i, n)| (n, i)).collect()
+    }
+}
+
+/// The graph as text, one node a line in topological order (`%2 = exp(%1) : [4, 5] f32`),
+/// outputs marked: what `KILN_DEBUG=passes` prints after each pass.
+impl std::fmt::Display for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = self.numbering();
+        for n in self.topo_order() {
+            let node = self.node(n);
+            let args: Vec<String> =
+                self.arg_slice(n).iter().map(|a| format!("%{}", names[a])).collect();
+            let args =
+                if args.is_empty() { String::new() } else { format!("({})", args.join(", ")) };
+            let out = if self.outputs.contains(&n) { "  (output)" } else { "" };
+            writeln!(f, "%{} = {}{args} : {} {}{out}", names[&n], node.op, node.shape, node.dtype)?;
+        }
+        Ok(())
     }
 }

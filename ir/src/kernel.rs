@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use crate::semantics::{binary_any, cast, round, unary_any};
 use crate::{BinaryOp, DType, ReduceOp, Scalar, Shape, UnaryOp, View};
 
 /// A buffer a kernel reads.
@@ -166,8 +167,10 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
             let v = match e.kind {
                 ExprKind::Load(k) => inputs[k][offsets[k][pos]],
                 ExprKind::Param(k) => round(e.dtype, params[k].to_f64()),
-                ExprKind::Unary(op, a) => unary(op, vals[a], e.dtype),
-                ExprKind::Binary(op, a, b) => binary(op, vals[a], vals[b], kernel.exprs[a].dtype),
+                ExprKind::Unary(op, a) => unary_any(op, vals[a], e.dtype),
+                ExprKind::Binary(op, a, b) => {
+                    binary_any(op, vals[a], vals[b], kernel.exprs[a].dtype)
+                }
                 ExprKind::Where(c, a, b) => {
                     if vals[c] != 0.0 {
                         vals[a]
@@ -211,129 +214,9 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
     }
 }
 
-pub(crate) fn round(dtype: DType, v: f64) -> f64 {
-    match dtype {
-        DType::F32 => f64::from(v as f32),
-        DType::F16 => crate::f16_from_f64(v).to_f64(),
-        DType::BF16 => crate::bf16_from_f64(v).to_f64(),
-        DType::I32 => f64::from(v as i64 as i32),
-        DType::U8 => f64::from(v as i64 as u8),
-        DType::I64 => v.trunc(),
-        DType::Bool => f64::from(u8::from(v != 0.0)),
-        DType::F64 => v,
-    }
-}
-
-pub(crate) fn cast(v: f64, from: DType, to: DType) -> f64 {
-    match (from.is_float(), to) {
-        (_, DType::Bool) => f64::from(u8::from(v != 0.0)),
-        (true, t) if !t.is_float() => {
-            if v.is_nan() {
-                0.0
-            } else {
-                v.trunc()
-            }
-        }
-        _ => v,
-    }
-}
-
-pub(crate) fn unary(op: UnaryOp, x: f64, dtype: DType) -> f64 {
-    match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        UnaryOp::Erf => erf(x),
-        UnaryOp::Recip => 1.0 / x,
-        UnaryOp::Floor => x.floor(),
-        UnaryOp::Ceil => x.ceil(),
-        UnaryOp::Round => x.round_ties_even(),
-        UnaryOp::Not => f64::from(u8::from(x == 0.0 && dtype == DType::Bool)),
-    }
-}
-
-pub(crate) fn binary(op: BinaryOp, a: f64, b: f64, dtype: DType) -> f64 {
-    let flag = |c: bool| f64::from(u8::from(c));
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum if dtype.is_float() && (a.is_nan() || b.is_nan()) => f64::NAN,
-        BinaryOp::Minimum if dtype.is_float() && (a.is_nan() || b.is_nan()) => f64::NAN,
-        BinaryOp::Maximum => a.max(b),
-        BinaryOp::Minimum => a.min(b),
-        BinaryOp::Eq => flag(a == b),
-        BinaryOp::Ne => flag(a != b),
-        BinaryOp::Lt => flag(a < b),
-        BinaryOp::Le => flag(a <= b),
-        BinaryOp::Gt => flag(a > b),
-        BinaryOp::Ge => flag(a >= b),
-        BinaryOp::And => flag(a != 0.0 && b != 0.0),
-        BinaryOp::Or => flag(a != 0.0 || b != 0.0),
-    }
-}
-
-/// The error function to near f64 precision (W. J. Cody's rational approximations are what
-/// libm uses; this series/continued-fraction pair is accurate to about 1e-15).
-pub fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let ax = x.abs();
-    let r = if ax < 2.5 {
-        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
-        let mut term = ax;
-        let mut sum = ax;
-        let x2 = ax * ax;
-        let mut n = 0.0;
-        while term.abs() > 1e-17 * sum.abs() {
-            n += 1.0;
-            term *= -x2 / n;
-            sum += term / (2.0 * n + 1.0);
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else {
-        // Continued fraction for erfc, evaluated backwards.
-        let mut f = 0.0;
-        for k in (1..60).rev() {
-            f = f64::from(k) / 2.0 / (ax + f);
-        }
-        1.0 - (-ax * ax).exp() / (ax + f) / std::f64::consts::PI.sqrt()
-    };
-    if x < 0.0 { -r } else { r }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_813_046_5),
-            (1.0, 0.842_700_792_949_714_9),
-            (3.0, 0.999_977_909_503_001_4),
-        ] {
-            assert!((erf(x) - want).abs() < 1e-14, "erf({x})");
-            assert!((erf(-x) + want).abs() < 1e-14);
-        }
-    }
 
     #[test]
     fn text_and_names_are_stable() {

@@ -10,7 +10,9 @@
 //!   verification and Graphviz export.
 //! - [`fuse`] and [`kernel`]: the partition of a graph into fused elementwise kernels, and
 //!   the machine-free description of one kernel that code generators lower.
-//! - [`passes`]: graph rewrites before fusion (common-subexpression elimination).
+//! - [`pipeline`]: the planner: named graph passes ([`passes`]), then partition and
+//!   lowering to kernels, with the options a plan depends on and the [`target`] it is for.
+//! - [`semantics`]: what every scalar op computes, shared by every executor.
 //! - [`autodiff`]: the gradient rule of every op, written against an abstract builder.
 //! - [`random`]: the counter-based generator behind random fills.
 //!
@@ -26,15 +28,17 @@ mod graph;
 pub mod kernel;
 mod op;
 pub mod passes;
+pub mod pipeline;
 pub mod random;
+pub mod semantics;
 mod shape;
+pub mod target;
 mod view;
 
-pub use dtype::{
-    Category, DType, Element, Participant, Scalar, bf16_from_f64, f16_from_f64, result_type,
-};
+pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};
+pub use semantics::{bf16_from_f64, f16_from_f64};
 pub use shape::{Shape, normalize_axis};
 pub use view::{Offsets, View};

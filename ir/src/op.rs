@@ -117,8 +117,9 @@ pub enum RandomDist {
     },
 }
 
-/// A primitive op: one node of a graph.
-#[derive(Clone, Debug, PartialEq)]
+/// A primitive op: one node of a graph. `Hash + Eq` compare everything that determines the
+/// op's values (scalars by their bits), so an op can key a map directly.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     /// A realized buffer, bound when the graph runs. Shape and dtype are given.
     Input,
@@ -214,6 +215,34 @@ impl Op {
     /// Whether the op has no inputs.
     pub fn is_leaf(&self) -> bool {
         matches!(self, Op::Input | Op::Full(_) | Op::Random { .. })
+    }
+
+    /// Whether the op computes each element from the same element of its inputs (which share
+    /// its shape): what fuses into a kernel's body.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_))
+    }
+
+    /// Whether the op is free to recompute wherever it is used, so it is never stored on its
+    /// own account: a constant becomes a kernel parameter, a view an index map.
+    pub fn is_free(&self) -> bool {
+        matches!(self, Op::Full(_) | Op::View(_))
+    }
+
+    /// Whether the op is a reduction that generated kernels compute, with the elementwise
+    /// expression it reduces fused in (`sum`, `prod`, `max`, `min`; the arg-reductions run on
+    /// their own).
+    pub fn is_kernel_reduce(&self) -> bool {
+        matches!(
+            self,
+            Op::Reduce { op: ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min, .. }
+        )
+    }
+
+    /// Whether the op's parameters are values a plan may take anew on every run (a constant,
+    /// a random key) rather than structure.
+    pub fn is_rebindable(&self) -> bool {
+        matches!(self, Op::Full(_) | Op::Random { .. })
     }
 
     /// The number of inputs the op takes.

@@ -1,49 +1,53 @@
 //! Functions that generated kernels call: math without a Cranelift instruction, and the
-//! 16-bit float conversions. Each is registered with the JIT by name.
+//! 16-bit float conversions. Each is registered with the JIT by name, and each is the
+//! scalar semantics of `kiln_ir::semantics`, so a lane sent to a helper computes what the
+//! reference executor computes.
 
 use cranelift_codegen::ir::{AbiParam, Signature, types};
 use cranelift_jit::JITModule;
 use cranelift_module::Module;
 use half::{bf16, f16};
+use kiln_ir::semantics::{self, binary, unary};
+use kiln_ir::{BinaryOp, UnaryOp};
 
 extern "C" fn kiln_exp(x: f64) -> f64 {
-    x.exp()
+    unary(UnaryOp::Exp, x)
 }
 
 extern "C" fn kiln_log(x: f64) -> f64 {
-    x.ln()
+    unary(UnaryOp::Log, x)
 }
 
 extern "C" fn kiln_sin(x: f64) -> f64 {
-    x.sin()
+    unary(UnaryOp::Sin, x)
 }
 
 extern "C" fn kiln_cos(x: f64) -> f64 {
-    x.cos()
+    unary(UnaryOp::Cos, x)
 }
 
 extern "C" fn kiln_tanh(x: f64) -> f64 {
-    x.tanh()
+    unary(UnaryOp::Tanh, x)
 }
 
 extern "C" fn kiln_sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
+    unary(UnaryOp::Sigmoid, x)
 }
 
 extern "C" fn kiln_erf(x: f64) -> f64 {
-    kiln_ir::kernel::erf(x)
+    unary(UnaryOp::Erf, x)
 }
 
 extern "C" fn kiln_pow(x: f64, y: f64) -> f64 {
-    x.powf(y)
+    binary(BinaryOp::Pow, x, y)
 }
 
 extern "C" fn kiln_round_f16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
+    semantics::round_f32_to_f16(x)
 }
 
 extern "C" fn kiln_round_bf16(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
+    semantics::round_f32_to_bf16(x)
 }
 
 extern "C" fn kiln_f16_to_f32(bits: u32) -> f32 {

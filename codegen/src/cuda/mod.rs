@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 use kiln_ir::kernel::{ExprKind, Kernel};
 use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
-use crate::cpu::{Walk, coalesce};
+use crate::walk::{Walk, coalesce};
 
 pub mod library;
 #[cfg(test)]
@@ -399,7 +399,7 @@ pub fn reduces_by_columns(kernel: &Kernel) -> bool {
     let outputs: usize = kernel.shape.dims()[..red.kept].iter().product();
     let inner = coalesce(kernel, red.kept..rank);
     let outer = coalesce(kernel, 0..red.kept);
-    let innermost = |w: &crate::cpu::Walk, i: usize| w.strides[i].last().copied().unwrap_or(0);
+    let innermost = |w: &crate::walk::Walk, i: usize| w.strides[i].last().copied().unwrap_or(0);
     outputs >= COLUMN_OUTPUTS
         && (0..kernel.inputs.len()).all(|i| innermost(&inner, i) != 1)
         && (0..kernel.inputs.len()).any(|i| innermost(&outer, i) == 1)

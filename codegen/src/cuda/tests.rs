@@ -1,15 +1,14 @@
 //! The generated CUDA C compiles with a real NVRTC (when the library can be loaded: `.ci/run`
 //! installs it from PyPI) and, checked with `ptxas`, uses no local memory for spills.
 
-use kiln_ir::fuse::{FusionPolicy, Step, partition};
+use kiln_ir::fuse::Step;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
 use super::{library, param_types, source};
 
 fn kernels_of(g: &Graph) -> Vec<Kernel> {
-    partition(g, FusionPolicy::On)
-        .steps
+    crate::plan_steps(g)
         .into_iter()
         .filter_map(|s| match s {
             Step::Kernel(k) => Some(k.kernel),

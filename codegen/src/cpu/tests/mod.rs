@@ -2,7 +2,7 @@
 //! offset views, and every dtype.
 
 use half::{bf16, f16};
-use kiln_ir::fuse::{FusionPolicy, Step, partition};
+use kiln_ir::fuse::Step;
 use kiln_ir::kernel::{Kernel, interpret};
 use kiln_ir::{BinaryOp, DType, Graph, Op, Scalar, Shape, UnaryOp, View};
 
@@ -109,8 +109,8 @@ fn kernel_of(
     let x = g.input(Shape::from(shape), dtype);
     let y = f(&mut g, x);
     g.mark_output(y);
-    let plan = partition(&g, FusionPolicy::On);
-    match plan.steps.as_slice() {
+    let plan = crate::plan_steps(&g);
+    match plan.as_slice() {
         [Step::Kernel(k)] => (k.kernel.clone(), k.params.clone()),
         other => panic!("expected one kernel, got {other:?}"),
     }
@@ -172,8 +172,8 @@ fn vector_kernels_handle_broadcast_permuted_and_offset_views() {
         let lt = g.push(Op::Binary(BinaryOp::Lt), &[x, r]).unwrap();
         let w = g.push(Op::Where, &[lt, s, x]).unwrap();
         g.mark_output(w);
-        let plan = partition(&g, FusionPolicy::On);
-        let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+        let plan = crate::plan_steps(&g);
+        let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel") };
         check(&k.kernel, &[values(35, dtype, 1), values(9, dtype, 2)], &k.params);
         // A contiguous one vectorizes.
         let (k2, p2) = kernel_of(&[4, 33], dtype, |g, x| {
@@ -284,7 +284,7 @@ fn vector_exp_tanh_sigmoid_error_bounds() {
     assert!(sig.0 <= 4, "sigmoid: {} ulp at {}", sig.0, sig.1);
     let mut e = sweep(-12.0, 12.0, 400_003);
     e.extend((0..200).map(|i| 10f64.powf(-30.0 + i as f64 * 0.15)));
-    let erf = max_ulp(UnaryOp::Erf, &e, kiln_ir::kernel::erf);
+    let erf = max_ulp(UnaryOp::Erf, &e, kiln_ir::semantics::erf);
     assert!(erf.0 <= 2, "erf: {} ulp at {}", erf.0, erf.1);
     // log over every binade, subnormals included, and densely around 1.
     let mut l: Vec<f64> =
@@ -351,10 +351,8 @@ fn reduction_kernels_over_any_axes() {
                     .unwrap();
                 let r = g.push(Op::Reduce { op, axes: axes.clone() }, &[p]).unwrap();
                 g.mark_output(r);
-                let plan = partition(&g, FusionPolicy::On);
-                let [Step::Kernel(k)] = plan.steps.as_slice() else {
-                    panic!("one reduction kernel")
-                };
+                let plan = crate::plan_steps(&g);
+                let [Step::Kernel(k)] = plan.as_slice() else { panic!("one reduction kernel") };
                 let data: Vec<f64> = values(135, dtype, 9)
                     .iter()
                     .map(|v| if dtype.is_float() { v / 2.0 } else { v % 4.0 })
@@ -415,8 +413,8 @@ fn vector_pow_error_bound_and_special_cases() {
     let y = g.input(Shape::from([n]), DType::F32);
     let p = g.push(Op::Binary(BinaryOp::Pow), &[x, y]).unwrap();
     g.mark_output(p);
-    let plan = partition(&g, FusionPolicy::On);
-    let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+    let plan = crate::plan_steps(&g);
+    let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel") };
     assert!(compile(&k.kernel).unwrap().vectorized(), "pow should vectorize");
     let got = run(&k.kernel, &[xs.clone(), ys.clone()], &k.params, 1 << 20).remove(0);
     let mut worst = (0, 0.0, 0.0);
@@ -471,8 +469,8 @@ fn reductions_vectorized_across_outputs() {
                 let p = g.push(Op::Binary(BinaryOp::Mul), &[x, colv]).unwrap();
                 let r = g.push(Op::Reduce { op, axes: axes.clone() }, &[p]).unwrap();
                 g.mark_output(r);
-                let plan = partition(&g, FusionPolicy::On);
-                let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+                let plan = crate::plan_steps(&g);
+                let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel") };
                 let compiled = compile(&k.kernel).unwrap();
                 assert!(compiled.vectorized(), "{op:?} {shape:?} {axes:?}\n{}", k.kernel);
                 let mut data: Vec<f64> =
@@ -518,8 +516,8 @@ fn transposed_reads_walk_in_strips() {
         let m = g.push(Op::Binary(BinaryOp::Mul), &[x, two]).unwrap();
         let y = g.push(Op::Binary(BinaryOp::Add), &[m, r]).unwrap();
         g.mark_output(y);
-        let plan = partition(&g, FusionPolicy::On);
-        let [Step::Kernel(k)] = plan.steps.as_slice() else { panic!("one kernel") };
+        let plan = crate::plan_steps(&g);
+        let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel") };
         assert!(super::strip_width(&k.kernel, &super::coalesce(&k.kernel, 0..2)).is_some());
         check(&k.kernel, &[values(205 * 37, dtype, 5), values(203, dtype, 6)], &k.params);
 

@@ -1,0 +1,226 @@
+//! The JIT driver: one kernel compiled into a JIT module of its own (so the kernel cache can
+//! free kernels one by one), for the host ISA, which is detected once per process.
+
+use std::collections::HashMap;
+
+use cranelift_codegen::ir::{AbiParam, UserFuncName, types};
+use cranelift_codegen::isa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module, default_libcall_names};
+use kiln_ir::DType;
+use kiln_ir::kernel::{ExprKind, Kernel};
+
+use super::helpers;
+use super::strategy::*;
+use super::translate::*;
+use crate::CodegenError;
+use crate::walk::coalesce;
+/// The entry point of a compiled kernel.
+pub type Entry = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
+
+/// A compiled kernel: its machine code (owned by its own JIT module, so that the cache can
+/// drop kernels one by one) and its text.
+pub struct CpuKernel {
+    module: Option<JITModule>,
+    entry: Entry,
+    clif: String,
+    vectorized: bool,
+    min_chunk: usize,
+}
+
+// SAFETY: the module's code is immutable once finalized and the entry point is a plain
+// function pointer; sharing them across threads is what running a kernel in parallel does.
+unsafe impl Send for CpuKernel {}
+// SAFETY: as above.
+unsafe impl Sync for CpuKernel {}
+
+impl CpuKernel {
+    /// The fewest output positions a parallel task should take: a reduction vectorized
+    /// across its outputs works in blocks of [`COLUMN_BLOCK`] of them, and smaller tasks
+    /// would waste its vector lanes and cache lines.
+    pub fn min_chunk(&self) -> usize {
+        self.min_chunk
+    }
+
+    /// The entry point; see the module docs for its contract.
+    pub fn entry(&self) -> Entry {
+        self.entry
+    }
+
+    /// The Cranelift IR of the kernel, as text.
+    pub fn clif(&self) -> &str {
+        &self.clif
+    }
+
+    /// Whether the inner loop runs on SIMD vectors.
+    pub fn vectorized(&self) -> bool {
+        self.vectorized
+    }
+}
+
+impl Drop for CpuKernel {
+    fn drop(&mut self) {
+        if let Some(module) = self.module.take() {
+            // SAFETY: the only pointer into this module's code is `entry`, which dies with
+            // `self`; no call can be running since callers borrow `self` while calling.
+            unsafe { module.free_memory() };
+        }
+    }
+}
+
+/// The 64-bit parameter slots a kernel's entry point reads: for each parameter, the bits of
+/// an f64 when the kernel uses it as a float, of an i64 otherwise.
+pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(p, v)| {
+            let float =
+                kernel.exprs.iter().any(|e| e.kind == ExprKind::Param(p) && e.dtype.is_float());
+            if float { v.to_f64().to_bits() } else { v.to_i64() as u64 }
+        })
+        .collect()
+}
+
+/// Compiles `kernel` for the host CPU.
+///
+/// # Errors
+/// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
+/// module) or the host is not supported.
+pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
+    let isa = host_isa()?;
+    let fma = has_fma(&*isa);
+    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+    for (name, ptr) in helpers::symbols() {
+        builder.symbol(name, ptr);
+    }
+    let mut module = JITModule::new(builder);
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(&kernel.name(), Linkage::Export, &sig)
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    ctx.func.signature = sig;
+    ctx.func.name = UserFuncName::testcase(kernel.name());
+
+    // A reduction walks its kept dimensions per output and its reduced ones in rows.
+    let rank = kernel.shape.rank();
+    let kept = kernel.reduce.map_or(0, |r| r.kept);
+    let outer = coalesce(kernel, 0..kept);
+    let walk = coalesce(kernel, kept..rank);
+    let vector = vector_type(kernel, &walk);
+    let columns = column_type(kernel, &walk, &outer);
+    let strip = if kernel.reduce.is_none() { strip_width(kernel, &walk) } else { None };
+    // A strip-walking kernel vectorizes too, gathering its transposed reads.
+    let vector = vector.or_else(|| strip.and_then(|_| lane_type(kernel)));
+    // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
+    let mut helper_ids = Vec::new();
+    for (name, sig) in helpers::signatures(&module) {
+        let hid = module
+            .declare_function(name, Linkage::Import, &sig)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+        helper_ids.push((name, hid));
+    }
+    let target = module.target_config();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let mut helper_refs = HashMap::new();
+        for (name, hid) in &helper_ids {
+            helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
+        }
+        // A column reduction's lanes run across its outputs; its parameters splat the same.
+        let lanes = vector.or(columns);
+        let mut t = Translator {
+            kernel,
+            walk: &walk,
+            vector: lanes,
+            strip,
+            fma,
+            helpers: helper_refs,
+            b: &mut b,
+        };
+        match (kernel.reduce, columns) {
+            (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
+            (Some(red), None) => t.body_reduce(red, &outer),
+            (None, _) => t.body(),
+        }
+        b.seal_all_blocks();
+        b.finalize(target);
+    }
+    let clif = ctx.func.display().to_string();
+    ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
+    module
+        .define_function(id, &mut ctx)
+        .map_err(|e| CodegenError::Cranelift(format!("{e:?}\n{clif}")))?;
+    if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
+        eprintln!("{code}");
+    }
+    module.clear_context(&mut ctx);
+    module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    let code = module.get_finalized_function(id);
+    // SAFETY: `code` is the finalized function declared above with exactly this signature.
+    let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
+    Ok(CpuKernel {
+        module: Some(module),
+        entry,
+        clif,
+        vectorized: vector.is_some() || columns.is_some(),
+        min_chunk: match (columns, strip) {
+            (Some(_), _) => COLUMN_BLOCK,
+            (None, Some(_)) => STRIP_ROWS * walk.dims.last().copied().unwrap_or(1),
+            (None, None) => 1,
+        },
+    })
+}
+
+/// The host CPU as the planner sees it: transcendental functions are polynomials of some
+/// thirty instructions on 128-bit vectors, so a shared one is stored rather than computed
+/// again, and a reduction stores the values it reduces in the same pass; `gemm` multiplies
+/// f32, f64 and f16.
+pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
+    name: "cpu",
+    costs: kiln_ir::target::OpCosts { transcendental: 32, division: 4, arithmetic: 1 },
+    gemm_dtypes: &[DType::F32, DType::F64, DType::F16],
+    reductions_store_inputs: true,
+};
+
+/// The host's ISA, detected and configured once per process (an `Arc`: each kernel's JIT
+/// module holds a handle).
+fn host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
+    static HOST: std::sync::LazyLock<Result<isa::OwnedTargetIsa, CodegenError>> =
+        std::sync::LazyLock::new(detect_host_isa);
+    HOST.clone()
+}
+
+fn detect_host_isa() -> Result<isa::OwnedTargetIsa, CodegenError> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v).map_err(|e| CodegenError::Cranelift(e.to_string()))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    set(&mut flags, "is_pic", "false")?;
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    let isa = cranelift_native::builder()
+        .map_err(|e| CodegenError::Cranelift(format!("unsupported host: {e}")))?;
+    isa.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Cranelift(e.to_string()))
+}
+
+/// Whether vector `fma` lowers to one instruction on this host.
+fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
+    match isa.name() {
+        "x64" => isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true)),
+        "aarch64" => true,
+        _ => false,
+    }
+}

@@ -1,0 +1,111 @@
+//! Loop-strategy choice: which loop a kernel gets (vectorized rows, strips over a
+//! transposed read, a reduction across outputs, or scalar) and the lane types they use.
+
+use cranelift_codegen::ir::{Type, types};
+use kiln_ir::kernel::{ExprKind, Kernel};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
+
+use crate::walk::Walk;
+/// How a kernel's values are held in registers.
+pub(super) fn scalar_type(dtype: DType) -> Type {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => types::F32,
+        DType::F64 => types::F64,
+        DType::I64 | DType::I32 | DType::U8 => types::I64,
+        DType::Bool => types::I8,
+    }
+}
+
+/// The lane type when the whole kernel can run on vectors of one float type along its row
+/// (every input contiguous or broadcast along the walk's innermost dimension).
+pub(super) fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
+    let inner_ok = walk.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
+    lane_type(kernel).filter(|_| inner_ok)
+}
+
+/// The lanes of a reduction that vectorizes across its outputs instead: its reduced walk
+/// is strided (a sum over rows, `x.sum_dim(0)`), but neighbouring outputs read neighbouring
+/// elements of every input.
+pub(super) fn column_type(kernel: &Kernel, walk: &Walk, outer: &Walk) -> Option<(DType, Type)> {
+    if kernel.reduce.is_none() || kernel.outputs.len() != 1 || vector_type(kernel, walk).is_some() {
+        return None;
+    }
+    let (float, lanes) = lane_type(kernel)?;
+    let across_ok = outer.strides.iter().all(|s| matches!(s.last(), Some(0 | 1)));
+    let wide = *outer.dims.last().expect("a dimension") >= lanes.lane_count() as usize;
+    (across_ok && wide).then_some((float, lanes))
+}
+
+/// Outputs per block of a reduction vectorized across its outputs (a sum over rows, whose
+/// neighbouring outputs read neighbouring elements): the block's f64 accumulators live in an
+/// 8 KiB stack slot, in L1, while the kernel streams the input one row segment of the block
+/// (4 KiB of f32, a page) at a time.
+pub const COLUMN_BLOCK: usize = 1024;
+
+/// Rows a task of a strip-walking kernel should cover: a cache line of an input read across
+/// rows serves this many of them.
+pub const STRIP_ROWS: usize = 16;
+
+/// The strip width for an elementwise kernel that reads an input across its rows (a
+/// transposed view: innermost stride neither 0 nor 1, but 1 along another dimension) over
+/// rows long enough to strip; `None` for kernels that walk rows in order.
+pub(super) fn strip_width(kernel: &Kernel, walk: &Walk) -> Option<usize> {
+    const STRIP: usize = 64;
+    let inner = *walk.dims.last()?;
+    let crosses = walk.strides.iter().any(|s| {
+        let last = *s.last().expect("a dimension");
+        last != 0 && last != 1 && s[..s.len() - 1].contains(&1)
+    });
+    (walk.dims.len() >= 2 && inner > STRIP && crosses && kernel.reduce.is_none()).then_some(STRIP)
+}
+
+/// The lane type when every value of the kernel is of one float type that vectorizes.
+pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
+    let float =
+        kernel.inputs.first().map(|i| i.dtype).or_else(|| kernel.exprs.first().map(|e| e.dtype))?;
+    let lanes = match float {
+        DType::F32 => types::F32X4,
+        DType::F64 => types::F64X2,
+        _ => return None,
+    };
+    let inputs_ok = kernel.inputs.iter().all(|i| i.dtype == float);
+    let exprs_ok = kernel.exprs.iter().all(|e| match e.kind {
+        ExprKind::Load(_) | ExprKind::Param(_) => e.dtype == float,
+        ExprKind::Unary(op, _) => match op {
+            UnaryOp::Not => e.dtype == DType::Bool,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Relu
+            | UnaryOp::Recip
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round => e.dtype == float,
+            UnaryOp::Exp
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Erf
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos => e.dtype == DType::F32 && float == DType::F32,
+        },
+        ExprKind::Binary(op, a, _) => {
+            let arg = kernel.exprs[a].dtype;
+            match op {
+                BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum => e.dtype == float,
+                BinaryOp::And | BinaryOp::Or => arg == DType::Bool,
+                BinaryOp::Pow => e.dtype == DType::F32,
+                _ => arg == float,
+            }
+        }
+        ExprKind::Where(_, a, _) => kernel.exprs[a].dtype == float,
+        ExprKind::Cast(_) => false,
+    });
+    let outputs_ok = kernel.outputs.iter().all(|&o| kernel.exprs[o].dtype == float);
+    (inputs_ok && exprs_ok && outputs_ok).then_some((float, lanes))
+}
