@@ -38,70 +38,19 @@
 //! assert_eq!(step.stats().replays, 1);       // then replayed
 //! ```
 
-use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 
+use kiln_ir::pipeline::{Constants, Fusion};
 use kiln_ir::{DType, NodeId, Op, Shape};
 use kiln_runtime::Device;
 use kiln_runtime::exec::Prepared;
 
 use crate::error::ok;
 use crate::lazy::LazyNode;
-use crate::realize::{Captured, build_graph, capture, output_slots};
-use crate::tensor::Storage;
-use crate::{Error, Execution, Result, Tensor};
-
-/// What one compiled call records: realizations asked for, storages written.
-struct Session {
-    deferred: Vec<Arc<LazyNode>>,
-    written: Vec<Arc<Storage>>,
-    first_serial: u64,
-}
-
-thread_local! {
-    static SESSION: RefCell<Option<Session>> = const { RefCell::new(None) };
-}
-
-/// Inside a compiled call, a realization is deferred to the end of the call: returns `true`
-/// when it was.
-pub(crate) fn defer(targets: &[Arc<LazyNode>]) -> bool {
-    SESSION.with(|s| match &mut *s.borrow_mut() {
-        Some(session) => {
-            session.deferred.extend(targets.iter().cloned());
-            true
-        }
-        None => false,
-    })
-}
-
-/// Inside a compiled call, reading a pending value is a graph break.
-pub(crate) fn check_read(node: &Arc<LazyNode>) -> Result<()> {
-    let inside = SESSION.with(|s| s.borrow().is_some());
-    if !inside {
-        return Ok(());
-    }
-    Err(Error::Compile {
-        op: "compile",
-        detail: format!(
-            "the value of the {} recorded at {} was read inside a compiled function, which would split its plan (a graph break); return the tensor from the closure and read it after the call",
-            node.op.name(),
-            node.origin
-        ),
-    })
-}
-
-/// Inside a compiled call, an in-place write makes the storage's new value a result of the
-/// call.
-pub(crate) fn note_write(t: &Tensor) {
-    SESSION.with(|s| {
-        if let Some(session) = &mut *s.borrow_mut()
-            && !session.written.iter().any(|w| Arc::ptr_eq(w, t.storage()))
-        {
-            session.written.push(t.storage().clone());
-        }
-    });
-}
+use crate::realize::{Captured, build_graph, capture, output_slots, run_captured};
+use crate::session::record;
+use crate::{Result, Tensor};
 
 /// Arguments a compiled function can take: `&Tensor`, tuples of up to four `&Tensor`s,
 /// `&[Tensor]`, `Tensor`, and `()`.
@@ -232,8 +181,6 @@ fn same_op(planned: &Op, recorded: &Op) -> bool {
 /// A plan and what it was built from.
 struct Entry {
     signature: Signature,
-    /// Whether the plan fuses (`with_fusion`): part of what a call must match.
-    fuse: bool,
     keys: Vec<SlotKey>,
     outputs: Vec<usize>,
     /// Slots of the constants and random leaves, with their node in the plan's graph.
@@ -404,16 +351,13 @@ impl<F> Compiled<F> {
         targets: &[Arc<LazyNode>],
         first_serial: u64,
     ) -> Result<()> {
-        let fuse = match crate::execution() {
-            Execution::Reference => return crate::realize::realize(targets),
-            Execution::Fused => true,
-            Execution::Unfused => false,
-        };
         let device = targets.first().map_or(Device::Cpu, |t| t.device);
-        if targets.iter().any(|t| t.device != device) {
-            // A step whose results live on several devices runs as separate realizations.
+        let options = crate::execution::plan_options(Constants::Rebindable, device);
+        let Some(options) = options.filter(|_| targets.iter().all(|t| t.device == device)) else {
+            // The reference executor runs unplanned; a step whose results live on several
+            // devices runs as separate realizations.
             return crate::realize::realize(targets);
-        }
+        };
         let mut captured = capture(targets);
         // Values recorded before the call (an in-place write made outside) are not part of
         // the function: compute them first, so the plan sees them as inputs.
@@ -434,16 +378,17 @@ impl<F> Compiled<F> {
             return Ok(());
         }
         let outputs = output_slots(&captured, targets);
-        let check = crate::execution::check_scale();
 
         let mut reason = None;
         for i in 0..self.entries.len() {
             let entry = &self.entries[i];
-            let why = if entry.fuse != fuse {
+            let planned = entry.prepared.options();
+            let why = if planned.fusion != options.fusion {
+                let on_off = |f: Fusion| if f == Fusion::Fused { "on" } else { "off" };
                 Some(format!(
                     "fusion is {} now and was {} when the plan was made",
-                    if fuse { "on" } else { "off" },
-                    if entry.fuse { "on" } else { "off" }
+                    on_off(options.fusion),
+                    on_off(planned.fusion)
                 ))
             } else if entry.prepared.device() != device {
                 Some(format!(
@@ -460,11 +405,7 @@ impl<F> Compiled<F> {
                 for &(slot, node) in &entry.rebind {
                     entry.prepared.rebind(node, &captured.nodes[slot].op);
                 }
-                let buffers: Vec<_> = captured.buffers.iter().flatten().cloned().collect();
-                let results = entry.prepared.run(&buffers, check)?;
-                for (&slot, buffer) in outputs.iter().zip(results) {
-                    captured.nodes[slot].set_realized(buffer);
-                }
+                run_captured(&mut entry.prepared, &captured, &outputs)?;
                 self.stats.replays += 1;
                 self.stats.steps_per_call = entry.prepared.steps();
                 return Ok(());
@@ -474,12 +415,10 @@ impl<F> Compiled<F> {
 
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
-        let (graph, buffers, ids) = (built.graph, built.buffers, built.ids);
+        let (graph, ids) = (built.graph, built.ids);
         let mut rebind = Vec::new();
         for (slot, node) in captured.nodes.iter().enumerate() {
-            if matches!(node.op, Op::Full(_) | Op::Random { .. })
-                && captured.buffers[slot].is_none()
-            {
+            if node.op.is_rebindable() && captured.buffers[slot].is_none() {
                 rebind.push((slot, ids[slot]));
             }
         }
@@ -494,11 +433,8 @@ impl<F> Compiled<F> {
                 args: captured.args(slot).to_vec(),
             })
             .collect();
-        let mut prepared = Prepared::new(&graph, fuse, true, device);
-        let results = prepared.run(&buffers, check)?;
-        for (&slot, buffer) in outputs.iter().zip(results) {
-            captured.nodes[slot].set_realized(buffer);
-        }
+        let mut prepared = Prepared::new(&graph, options, device);
+        run_captured(&mut prepared, &captured, &outputs)?;
         self.stats.plans += 1;
         self.stats.steps_per_call = prepared.steps();
         if let Some(reason) = reason {
@@ -516,38 +452,7 @@ impl<F> Compiled<F> {
         if self.entries.len() == MAX_PLANS {
             self.entries.remove(0);
         }
-        self.entries.push(Entry { signature, fuse, keys, outputs, rebind, prepared });
+        self.entries.push(Entry { signature, keys, outputs, rebind, prepared });
         Ok(())
     }
-}
-
-/// Runs `f` with realizations deferred and writes noted; returns its value and the session.
-fn record<T>(f: impl FnOnce() -> T) -> Result<(T, Session)> {
-    /// Ends the session however `f` returns, a panic included.
-    struct End;
-    impl Drop for End {
-        fn drop(&mut self) {
-            SESSION.with(|s| s.borrow_mut().take());
-        }
-    }
-    if SESSION.with(|s| s.borrow().is_some()) {
-        return Err(Error::Compile {
-            op: "compile",
-            detail: "a compiled function called another compiled function; call the inner one's closure directly (its ops join the outer plan)".into(),
-        });
-    }
-    SESSION.with(|s| {
-        *s.borrow_mut() = Some(Session {
-            deferred: Vec::new(),
-            written: Vec::new(),
-            first_serial: crate::lazy::next_serial(),
-        });
-    });
-    let end = End;
-    let value = f();
-    let session = SESSION.with(|s| s.borrow_mut().take());
-    drop(end);
-    let session =
-        session.ok_or_else(|| Error::Internal("the compile session disappeared".into()))?;
-    Ok((value, session))
 }

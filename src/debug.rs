@@ -83,9 +83,10 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
     let Ok(captured) = crate::realize::pending_graph(&nodes) else {
         return PlanSummary::default();
     };
-    let (graph, _) = kiln_ir::passes::optimize(&captured);
+    let plan = plan(&captured, tensors);
+    let graph = &plan.graph;
     let mut summary = PlanSummary::default();
-    for step in plan(&graph, tensors).steps {
+    for step in plan.steps {
         match step {
             Step::Kernel(k) => {
                 summary.kernels += 1;
@@ -181,8 +182,8 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
 
     use kiln_ir::fuse::Step;
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    let graph = match crate::realize::pending_graph(&nodes) {
-        Ok(g) => kiln_ir::passes::optimize(&g).0,
+    let plan = match crate::realize::pending_graph(&nodes) {
+        Ok(g) => plan(&g, tensors),
         Err(e) => {
             return format!(
                 "digraph kiln {{\n    error [label=\"{}\"];\n}}\n",
@@ -190,7 +191,7 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
             );
         }
     };
-    let plan = plan(&graph, tensors);
+    let graph = &plan.graph;
     let label = |id: kiln_ir::NodeId| {
         let n = graph.node(id);
         escape(&format!("%{} = {}\\n{} {}", id.index(), n.op, n.shape, n.dtype))
@@ -238,15 +239,72 @@ fn escape(s: &str) -> String {
     s.replace('"', "\\\"")
 }
 
-/// The plan the executor would make for `graph`: fused or not as set now, priced for the
-/// device of the first tensor.
-fn plan(graph: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::fuse::Plan {
-    use kiln_ir::fuse::{FusionPolicy, partition_for};
-    let policy = if crate::execution() == crate::Execution::Unfused {
-        FusionPolicy::Off
-    } else {
-        FusionPolicy::On
-    };
+/// The options the executor would plan `tensors` with now: fused or not as set, priced for
+/// the device of the first tensor (the reference executor's graphs are shown fused).
+fn options(tensors: &[&Tensor]) -> kiln_ir::pipeline::PlanOptions {
+    use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
     let device = tensors.first().map_or(crate::Device::Cpu, |t| t.device());
-    partition_for(graph, policy, device.fusion_target())
+    crate::execution::plan_options(Constants::Fold, device).unwrap_or(PlanOptions {
+        fusion: Fusion::Fused,
+        constants: Constants::Fold,
+        target: device.target(),
+    })
+}
+
+/// The plan the executor would make for the captured graph of `tensors`.
+fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Plan {
+    kiln_ir::pipeline::Planner::default().plan(captured, options(tensors))
+}
+
+/// What each stage of the planner makes of the graph that computing `tensors` would run
+/// now: `(stage, text)` pairs, the graph after each named pass, then the partition (each
+/// stored value and why) and the lowered steps with their Kernel IR. `KILN_DEBUG=passes`
+/// prints the same to standard error for every realization.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::ones([4]);
+/// x.realize();
+/// let y = (&x * 1.0).exp();
+/// let stages = kiln::debug::passes(&[&y]);
+/// let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
+/// assert_eq!(names, ["transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]);
+/// assert!(stages[1].1.contains("mul"));   // before simplify: x * 1
+/// assert!(!stages[2].1.contains("mul"));  // after it: gone
+/// ```
+pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
+    let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
+    let Ok(captured) = crate::realize::pending_graph(&nodes) else { return Vec::new() };
+    let mut stages = Vec::new();
+    kiln_ir::pipeline::Planner::default().plan_observed(
+        &captured,
+        options(tensors),
+        &mut |name, stage| stages.push((name.to_string(), stage.to_string())),
+    );
+    stages
+}
+
+/// The CPU kernel cache's counters: hits, misses, compiles, evictions, failed compiles, and
+/// what it holds now (kernels, bytes of machine code).
+///
+/// ```
+/// use kiln::prelude::*;
+/// let x = Tensor::randn([16]);
+/// (&x * 3.0).exp().to_vec::<f32>();
+/// let before = kiln::debug::cache_stats();
+/// (&x * 3.0).exp().to_vec::<f32>();          // the same kernel again
+/// assert!(kiln::debug::cache_stats().hits > before.hits);
+/// ```
+pub fn cache_stats() -> CacheStats {
+    kiln_runtime::exec::cache_stats()
+}
+
+/// The counters of a kernel cache.
+pub use kiln_runtime::cache::{CacheLimits, CacheStats};
+
+/// Bounds every kernel cache (the CPU's and each GPU's) to `limits`; the least recently used
+/// kernels are evicted past them. `KILN_KERNEL_CACHE=N[,BYTES]` sets them at start-up
+/// (default 4096 kernels, 256 MiB of code).
+pub fn set_kernel_cache_limits(limits: CacheLimits) {
+    kiln_runtime::cache::set_limits(limits);
 }

@@ -17,6 +17,15 @@ fn check_from_env() -> bool {
     *ENV
 }
 
+/// The options of a plan made now on this thread for `device` (`None` for the reference
+/// executor).
+pub(crate) fn plan_options(
+    constants: kiln_ir::pipeline::Constants,
+    device: kiln_runtime::Device,
+) -> Option<kiln_ir::pipeline::PlanOptions> {
+    execution().plan_options(constants, device)
+}
+
 /// The check tolerance scale in force on this thread, if checking is on.
 pub(crate) fn check_scale() -> Option<f64> {
     CHECK.with(Cell::get).or_else(|| check_from_env().then_some(1.0))

@@ -106,6 +106,7 @@ mod profile;
 mod random;
 mod realize;
 pub mod serialize;
+mod session;
 mod tensor;
 
 pub use autograd::{

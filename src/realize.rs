@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use kiln_ir::pipeline::Constants;
 use kiln_ir::{Graph, NodeId};
-use kiln_runtime::{Buffer, Device, exec};
+use kiln_runtime::exec::{self, Execution, Prepared};
+use kiln_runtime::{Buffer, Device};
 
 use crate::Result;
 use crate::lazy::{LazyNode, State};
@@ -14,7 +16,7 @@ use crate::lazy::{LazyNode, State};
 /// still refers to (a user's tensor, a pending consumer), so nothing is computed twice.
 /// Everything else computed on the way is freed when this returns.
 pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
-    if crate::compile::defer(targets) {
+    if crate::session::defer(targets) {
         return Ok(());
     }
     let device = targets.first().map_or(Device::Cpu, |t| t.device);
@@ -36,17 +38,39 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         return Ok(());
     }
     let built = build_graph(&captured, targets)?;
-    let buffers = exec::run(
-        &built.graph,
-        &built.buffers,
-        crate::execution(),
-        crate::execution::check_scale(),
-        device,
-    )?;
-    for (slot, buffer) in built.outputs.into_iter().zip(buffers) {
+    match crate::execution::plan_options(Constants::Fold, device) {
+        Some(options) => {
+            let mut prepared = Prepared::new(&built.graph, options, device);
+            run_captured(&mut prepared, &captured, &built.outputs)
+        }
+        None => {
+            let check = crate::execution::check_scale();
+            let results =
+                exec::run(&built.graph, &built.buffers, Execution::Reference, check, device)?;
+            write_back(&captured, &built.outputs, results);
+            Ok(())
+        }
+    }
+}
+
+/// Runs `prepared` (a plan of the graph built from `captured`) on the captured input buffers
+/// and stores the results into their nodes: how a realization and a compiled call both run.
+pub(crate) fn run_captured(
+    prepared: &mut Prepared,
+    captured: &Captured,
+    outputs: &[usize],
+) -> Result<()> {
+    let buffers: Vec<Buffer> = captured.buffers.iter().flatten().cloned().collect();
+    let results = prepared.run(&buffers, crate::execution::check_scale())?;
+    write_back(captured, outputs, results);
+    Ok(())
+}
+
+/// Stores each output's buffer into its captured node.
+fn write_back(captured: &Captured, outputs: &[usize], results: Vec<Buffer>) {
+    for (&slot, buffer) in outputs.iter().zip(results) {
         captured.nodes[slot].set_realized(buffer);
     }
-    Ok(())
 }
 
 /// The graph that realizing `targets` would run, without running it.

@@ -34,11 +34,11 @@ impl Device {
         if ordinal < crate::cuda::device_count() { Device::Cuda(ordinal) } else { Device::Cpu }
     }
 
-    /// The processor kind the fuser prices its recompute rule for on this device.
-    pub fn fusion_target(self) -> kiln_ir::fuse::Target {
+    /// The machine a plan for this device is made for, as its code generator describes it.
+    pub fn target(self) -> kiln_ir::target::Target {
         match self {
-            Device::Cpu => kiln_ir::fuse::Target::Cpu,
-            Device::Cuda(_) => kiln_ir::fuse::Target::Gpu,
+            Device::Cpu => kiln_codegen::cpu::TARGET,
+            Device::Cuda(_) => kiln_codegen::cuda::TARGET,
         }
     }
 }

@@ -9,6 +9,8 @@
 //!   transcendental functions it is the correctly rounded value of an f64 approximation,
 //!   more accurate than what any fast kernel computes.
 //! - Integers are computed in i64 with wrapping arithmetic and wrapped to the node's width.
+//! - Every scalar op is the one definition in `kiln_ir::semantics`, which constant folding,
+//!   the kernel interpreter and the CPU code generator's helper calls share.
 //! - Booleans are booleans.
 //!
 //! Intermediate values are freed after their last use.
@@ -19,6 +21,7 @@ use kiln_ir::{
 };
 
 use crate::{Buffer, RunError, RuntimeError};
+use kiln_ir::semantics;
 
 /// The values of one node, in the domain its dtype computes in.
 #[derive(Clone, Debug)]
@@ -178,22 +181,13 @@ fn store(values: &Values, dtype: DType) -> Result<Buffer, RuntimeError> {
 fn round(values: Values, dtype: DType) -> Values {
     match values {
         Values::F(mut v) => {
-            let r: fn(f64) -> f64 = match dtype {
-                DType::F32 => |x| f64::from(x as f32),
-                DType::F16 => |x| f16_from_f64(x).to_f64(),
-                DType::BF16 => |x| bf16_from_f64(x).to_f64(),
-                _ => return Values::F(v),
-            };
-            v.iter_mut().for_each(|x| *x = r(*x));
+            if dtype != DType::F64 {
+                v.iter_mut().for_each(|x| *x = semantics::round(dtype, *x));
+            }
             Values::F(v)
         }
         Values::I(mut v) => {
-            let r: fn(i64) -> i64 = match dtype {
-                DType::I32 => |x| i64::from(x as i32),
-                DType::U8 => |x| i64::from(x as u8),
-                _ => return Values::I(v),
-            };
-            v.iter_mut().for_each(|x| *x = r(*x));
+            v.iter_mut().for_each(|x| *x = semantics::wrap(dtype, *x));
             Values::I(v)
         }
         b => b,
@@ -212,18 +206,7 @@ fn eval(
     Ok(match op {
         Op::Input => unreachable!("inputs are bound, not evaluated"),
         Op::Full(s) => fill(dtype, n, *s),
-        Op::Random { dist, key } => match dist {
-            RandomDist::Uniform => {
-                let bits = dtype.mantissa_bits().unwrap_or(53);
-                Values::F((0..n as u64).map(|i| random::uniform(*key, i, bits)).collect())
-            }
-            RandomDist::Normal => {
-                Values::F((0..n as u64).map(|i| random::normal(*key, i)).collect())
-            }
-            RandomDist::Int { low, high } => {
-                Values::I((0..n as u64).map(|i| random::int(*key, i, *low, *high)).collect())
-            }
-        },
+        Op::Random { dist, key } => random_fill(*dist, *key, dtype, n),
         Op::Unary(u) => unary(*u, args[0]),
         Op::Binary(b) => binary(*b, args[0], args[1]),
         Op::Where => {
@@ -369,38 +352,26 @@ fn select<T: Copy>(c: &[bool], a: &[T], b: &[T]) -> Vec<T> {
     c.iter().zip(a.iter().zip(b)).map(|(&c, (&a, &b))| if c { a } else { b }).collect()
 }
 
+/// A random fill's values: a pure function of its key and each element's index.
+fn random_fill(dist: RandomDist, key: u64, dtype: DType, n: usize) -> Values {
+    match dist {
+        RandomDist::Uniform => {
+            let bits = dtype.mantissa_bits().unwrap_or(53);
+            Values::F((0..n as u64).map(|i| random::uniform(key, i, bits)).collect())
+        }
+        RandomDist::Normal => {
+            Values::F((0..n as u64).map(|i| random::normal(key, i)).collect())
+        }
+        RandomDist::Int { low, high } => {
+            Values::I((0..n as u64).map(|i| random::int(key, i, low, high)).collect())
+        }
+    }
+}
+
 fn unary(op: UnaryOp, x: &Values) -> Values {
     match x {
-        Values::F(v) => {
-            let f: fn(f64) -> f64 = match op {
-                UnaryOp::Neg => |x| -x,
-                UnaryOp::Abs => f64::abs,
-                UnaryOp::Sqrt => f64::sqrt,
-                UnaryOp::Exp => f64::exp,
-                UnaryOp::Log => f64::ln,
-                UnaryOp::Sin => f64::sin,
-                UnaryOp::Cos => f64::cos,
-                UnaryOp::Tanh => f64::tanh,
-                UnaryOp::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
-                UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
-                UnaryOp::Erf => libm::erf,
-                UnaryOp::Recip => |x| 1.0 / x,
-                UnaryOp::Floor => f64::floor,
-                UnaryOp::Ceil => f64::ceil,
-                UnaryOp::Round => f64::round_ties_even,
-                UnaryOp::Not => unreachable!("logical_not takes bool"),
-            };
-            Values::F(v.iter().map(|&x| f(x)).collect())
-        }
-        Values::I(v) => {
-            let f: fn(i64) -> i64 = match op {
-                UnaryOp::Neg => i64::wrapping_neg,
-                UnaryOp::Abs => i64::wrapping_abs,
-                UnaryOp::Relu => |x| x.max(0),
-                other => unreachable!("{} is float-only", other.name()),
-            };
-            Values::I(v.iter().map(|&x| f(x)).collect())
-        }
+        Values::F(v) => Values::F(v.iter().map(|&x| semantics::unary(op, x)).collect()),
+        Values::I(v) => Values::I(v.iter().map(|&x| semantics::unary_int(op, x)).collect()),
         Values::B(v) => match op {
             UnaryOp::Not => Values::B(v.iter().map(|&x| !x).collect()),
             other => unreachable!("{} does not take bool", other.name()),
@@ -408,64 +379,27 @@ fn unary(op: UnaryOp, x: &Values) -> Values {
     }
 }
 
-fn compare<T: PartialOrd>(op: BinaryOp, a: T, b: T) -> bool {
-    match op {
-        BinaryOp::Eq => a == b,
-        BinaryOp::Ne => a != b,
-        BinaryOp::Lt => a < b,
-        BinaryOp::Le => a <= b,
-        BinaryOp::Gt => a > b,
-        BinaryOp::Ge => a >= b,
-        other => unreachable!("{} is not a comparison", other.name()),
-    }
-}
-
 fn binary(op: BinaryOp, a: &Values, b: &Values) -> Values {
+    use semantics::compare;
+    let zip = |f: &dyn Fn(usize) -> bool, n: usize| Values::B((0..n).map(f).collect());
     match (a, b) {
+        (Values::F(a), Values::F(b)) if op.is_comparison() => {
+            zip(&|i| compare(op, a[i], b[i]), a.len())
+        }
+        (Values::I(a), Values::I(b)) if op.is_comparison() => {
+            zip(&|i| compare(op, a[i], b[i]), a.len())
+        }
+        (Values::B(a), Values::B(b)) if op.is_comparison() => {
+            zip(&|i| compare(op, a[i], b[i]), a.len())
+        }
         (Values::F(a), Values::F(b)) => {
-            if op.is_comparison() {
-                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
-            }
-            let f: fn(f64, f64) -> f64 = match op {
-                BinaryOp::Add => |x, y| x + y,
-                BinaryOp::Sub => |x, y| x - y,
-                BinaryOp::Mul => |x, y| x * y,
-                BinaryOp::Div => |x, y| x / y,
-                BinaryOp::Pow => f64::powf,
-                BinaryOp::Maximum => {
-                    |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
-                }
-                BinaryOp::Minimum => {
-                    |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
-                }
-                other => unreachable!("{} does not take floats", other.name()),
-            };
-            Values::F(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+            Values::F(a.iter().zip(b).map(|(&x, &y)| semantics::binary(op, x, y)).collect())
         }
         (Values::I(a), Values::I(b)) => {
-            if op.is_comparison() {
-                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
-            }
-            let f: fn(i64, i64) -> i64 = match op {
-                BinaryOp::Add => i64::wrapping_add,
-                BinaryOp::Sub => i64::wrapping_sub,
-                BinaryOp::Mul => i64::wrapping_mul,
-                BinaryOp::Maximum => i64::max,
-                BinaryOp::Minimum => i64::min,
-                other => unreachable!("{} does not take integers", other.name()),
-            };
-            Values::I(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+            Values::I(a.iter().zip(b).map(|(&x, &y)| semantics::binary_int(op, x, y)).collect())
         }
         (Values::B(a), Values::B(b)) => {
-            if op.is_comparison() {
-                return Values::B(a.iter().zip(b).map(|(&x, &y)| compare(op, x, y)).collect());
-            }
-            let f: fn(bool, bool) -> bool = match op {
-                BinaryOp::And | BinaryOp::Minimum => |x, y| x && y,
-                BinaryOp::Or | BinaryOp::Maximum => |x, y| x || y,
-                other => unreachable!("{} does not take bools", other.name()),
-            };
-            Values::B(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+            Values::B(a.iter().zip(b).map(|(&x, &y)| semantics::binary_bool(op, x, y)).collect())
         }
         _ => unreachable!("binary inputs share a dtype"),
     }

@@ -386,3 +386,103 @@ mod tests {
         assert_eq!(row_dims(&dims, 6), None);
     }
 }
+
+// Driving a group from the executor.
+
+use std::time::Instant;
+
+use kiln_ir::Graph;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::exec::{Bufs, PreparedStep};
+use crate::trace::{self, Event};
+use crate::{Buffer, RunError};
+
+/// The buffers a row group leaves for later steps, and its trace events.
+pub(crate) type GroupRun = (Vec<(NodeId, Buffer)>, Vec<Event>);
+
+/// Runs a row group's kernels tile by tile (see [`crate::rows`]), returning the outputs read
+/// after the group and, when `tracing`, one event per kernel: the group's wall time shared
+/// out in proportion to the time each kernel's calls took.
+pub(crate) fn run_group(
+    graph: &Graph,
+    steps: &mut [PreparedStep],
+    group: &RowGroup,
+    bufs: &Bufs,
+    tracing: bool,
+    keep_all: bool,
+) -> Result<GroupRun, RunError> {
+    let started = Instant::now();
+    let mut members = Vec::with_capacity(steps.len());
+    let mut compiles = Vec::with_capacity(steps.len());
+    for s in steps.iter_mut() {
+        let PreparedStep::Kernel { step, kernel: Some(kernel), compile } = s else {
+            unreachable!("a row group holds compiled CPU kernels")
+        };
+        compiles.push((compile.take(), kernel.clone()));
+        let sizes = step.outputs.iter().map(|&o| graph.node(o).dtype.size_in_bytes()).collect();
+        members.push(Member { step, kernel, sizes });
+    }
+    // Every output that is read after the group gets a full buffer.
+    let mut specs = Vec::new();
+    let mut owners = Vec::new();
+    for (m, member) in members.iter().enumerate() {
+        let lens = member.step.kernel.output_lens();
+        for (o, (&n, len)) in member.step.outputs.iter().zip(lens).enumerate() {
+            if keep_all || !group.internal.contains(&n) {
+                specs.push((graph.node(n).dtype, len));
+                owners.push((m, o, n));
+            }
+        }
+    }
+    let root = graph.node(members[0].step.outputs[0]);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
+    let mut took = Vec::new();
+    // SAFETY: the group came from `rows::find` over these steps; external inputs are live
+    // buffers the graph checked the kernels' views against; every full output is written
+    // at every position (each member computes all of its rows, tile by tile).
+    let filled = unsafe {
+        Buffer::from_raw_fill_many(&specs, |ptrs| {
+            let mut outputs: Vec<Vec<Option<*mut u8>>> =
+                members.iter().map(|m| vec![None; m.step.outputs.len()]).collect();
+            for (&(m, o, _), &p) in owners.iter().zip(ptrs) {
+                outputs[m][o] = Some(p);
+            }
+            let input = |n: NodeId| bufs[&n].as_ptr();
+            took = run(&members, group.rows, group.tile, &input, &outputs, tracing)?;
+            Ok::<(), RuntimeError>(())
+        })
+    };
+    let outs = filled.map_err(at)?.map_err(at)?;
+    let mut events = Vec::new();
+    if tracing {
+        let wall = started.elapsed();
+        let total: f64 = took.iter().sum();
+        // Bytes of every buffer of the group, internal ones included.
+        let mut sizes: HashMap<NodeId, u64> = HashMap::default();
+        for m in &members {
+            for ((&n, len), size) in
+                m.step.outputs.iter().zip(m.step.kernel.output_lens()).zip(&m.sizes)
+            {
+                sizes.insert(n, (len * size) as u64);
+            }
+        }
+        for ((m, t), (compile, kernel)) in members.iter().zip(&took).zip(compiles) {
+            let k = m.step;
+            let read = k
+                .inputs
+                .iter()
+                .map(|n| sizes.get(n).copied().unwrap_or_else(|| trace::bytes(&bufs[n])))
+                .sum();
+            let written = k.outputs.iter().map(|n| sizes[n]).sum();
+            let share = if total > 0.0 { t / total } else { 1.0 / members.len() as f64 };
+            let info = trace::KernelRun { compiled: Some(kernel), generated: true, compile };
+            let mut e = trace::kernel_event(graph, k, info, read, written, wall.mul_f64(share));
+            e.cut = format!("{}; runs row tile by row tile with its group", e.cut);
+            events.push(e);
+        }
+    }
+    let nodes = owners.into_iter().map(|(_, _, n)| n);
+    Ok((nodes.zip(outs).collect(), events))
+}

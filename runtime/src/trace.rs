@@ -84,12 +84,32 @@ thread_local! {
     static SINKS: RefCell<Vec<Sink>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `KILN_DEBUG`: 0 (off), 1 (a line per step), 2 (also each new kernel's source).
-pub fn debug_level() -> u8 {
-    static LEVEL: LazyLock<u8> = LazyLock::new(|| {
-        std::env::var("KILN_DEBUG").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+/// `KILN_DEBUG`, a comma-separated list: a level (0 off, 1 a line per step, 2 also each new
+/// kernel's source) and/or `passes` (the graph after each planning stage).
+fn debug_setting() -> (u8, bool) {
+    static SETTING: LazyLock<(u8, bool)> = LazyLock::new(|| {
+        let text = std::env::var("KILN_DEBUG").unwrap_or_default();
+        let mut setting = (0, false);
+        for word in text.split(',').map(str::trim) {
+            match word.parse() {
+                Ok(level) => setting.0 = level,
+                Err(_) if word == "passes" => setting.1 = true,
+                Err(_) => {}
+            }
+        }
+        setting
     });
-    *LEVEL
+    *SETTING
+}
+
+/// The `KILN_DEBUG` level: 0 (off), 1 (a line per step), 2 (also each new kernel's source).
+pub fn debug_level() -> u8 {
+    debug_setting().0
+}
+
+/// Whether `KILN_DEBUG` asks for the graph after each planning stage (`KILN_DEBUG=passes`).
+pub fn debug_passes() -> bool {
+    debug_setting().1
 }
 
 /// Whether steps are being recorded on this thread.
@@ -168,4 +188,134 @@ fn print_debug(e: &Event) {
             eprintln!("{clif}");
         }
     }
+}
+
+// The events of the executor's steps.
+
+use std::sync::Arc;
+
+use kiln_codegen::cpu::CpuKernel;
+use kiln_ir::fuse::KernelStep;
+use kiln_ir::{Graph, NodeId};
+
+use crate::Buffer;
+
+/// The ops of a fused kernel for people: scalar constants and their broadcasts are left
+/// out, reductions show their axes and casts their target.
+pub fn describe_ops(graph: &Graph, nodes: &[NodeId]) -> String {
+    use kiln_ir::Op;
+    let is_constant = |n: NodeId| matches!(graph.node(n).op, Op::Full(_));
+    let shown: Vec<String> = nodes
+        .iter()
+        .filter(|&&n| match &graph.node(n).op {
+            Op::Full(_) => false,
+            Op::View(_) => !graph.args(n).into_iter().all(is_constant),
+            _ => true,
+        })
+        .map(|&n| match &graph.node(n).op {
+            op @ (Op::Reduce { .. } | Op::Cast(_)) => op.to_string(),
+            op => op.name().to_string(),
+        })
+        .collect();
+    shown.join(" ")
+}
+
+/// A buffer's size in bytes.
+pub(crate) fn bytes(b: &Buffer) -> u64 {
+    (b.len() * b.dtype().size_in_bytes()) as u64
+}
+
+/// An event with only its name, kind, ops and cut filled in.
+pub(crate) fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) -> Event {
+    Event {
+        name: name.to_string(),
+        kind,
+        ops,
+        cut,
+        shape: String::new(),
+        start: Duration::ZERO,
+        duration: Duration::ZERO,
+        bytes_read: 0,
+        bytes_written: 0,
+        compile: None,
+        sources: Vec::new(),
+        text: None,
+        clif: None,
+        cuda: None,
+    }
+}
+
+/// How a kernel step ran: on generated code (with its compile time, if it was compiled for
+/// this launch), or on the reference executor.
+pub(crate) struct KernelRun {
+    /// The CPU kernel, when one ran.
+    pub(crate) compiled: Option<Arc<CpuKernel>>,
+    /// Whether generated code ran (on the CPU or a GPU) rather than the reference executor.
+    pub(crate) generated: bool,
+    pub(crate) compile: Option<Duration>,
+}
+
+/// The event of a kernel step.
+pub(crate) fn kernel_event(
+    graph: &Graph,
+    k: &KernelStep,
+    info: KernelRun,
+    bytes_read: u64,
+    bytes_written: u64,
+    duration: Duration,
+) -> Event {
+    let kind = if info.generated { StepKind::Kernel } else { StepKind::Reference };
+    let cut = match k.outputs.len() {
+        1 => k.cut.to_string(),
+        n => {
+            let s = if n > 2 { "s" } else { "" };
+            match k.kernel.reduce {
+                Some(_) => format!("{}; also writes the values it reduces", k.cut),
+                None => format!("{}; also writes {} kept result{s}", k.cut, n - 1),
+            }
+        }
+    };
+    let mut e = plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), cut);
+    e.shape = k.kernel.shape.to_string();
+    e.duration = duration;
+    e.compile = info.compile;
+    e.bytes_read = bytes_read;
+    e.bytes_written = bytes_written;
+    let mut sources: Vec<_> = k.fused.iter().filter_map(|&n| graph.node(n).origin).collect();
+    sources.dedup();
+    e.sources = sources;
+    if wants_sources() {
+        e.text = Some(k.kernel.to_string());
+        e.clif = info.compiled.map(|c| c.clif().to_string());
+        e.cuda = Some(kiln_codegen::cuda::source(&k.kernel));
+    }
+    e
+}
+
+/// Updates the peak of live bytes with the buffers live while a step's output is written.
+pub(crate) fn track_memory<'b>(
+    memory: Option<&mut MemoryPeak>,
+    graph: &Graph,
+    bufs: impl Iterator<Item = (NodeId, &'b Buffer)>,
+    new: Option<(NodeId, &Buffer)>,
+) {
+    let Some(memory) = memory else { return };
+    let mut live: Vec<(u64, NodeId)> = bufs.map(|(n, b)| (bytes(b), n)).collect();
+    if let Some((n, b)) = new {
+        live.push((bytes(b), n));
+    }
+    let total: u64 = live.iter().map(|(b, _)| b).sum();
+    if total <= memory.peak_bytes {
+        return;
+    }
+    live.sort_by_key(|&(b, _)| std::cmp::Reverse(b));
+    memory.peak_bytes = total;
+    memory.largest = live
+        .iter()
+        .take(5)
+        .map(|&(b, n)| {
+            let node = graph.node(n);
+            (b, node.op.name(), node.origin)
+        })
+        .collect();
 }

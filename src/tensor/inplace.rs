@@ -106,7 +106,7 @@ impl Tensor {
             )
         };
         self.storage().replace(node);
-        crate::compile::note_write(self);
+        crate::session::note_write(self);
         if grad_on {
             crate::autograd::adopt_history(self, &new);
         }

@@ -81,7 +81,7 @@ impl Tensor {
         }
         // The node whose dense result is exactly this tensor's elements.
         let node = self.node();
-        crate::compile::check_read(&node)?;
+        crate::session::check_read(&node)?;
         crate::realize::realize(std::slice::from_ref(&node))?;
         let buffer =
             node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))?;
@@ -129,7 +129,7 @@ impl Tensor {
         if let Some(b) = node.buffer() {
             return Ok(b);
         }
-        crate::compile::check_read(&node)?;
+        crate::session::check_read(&node)?;
         crate::realize::realize(std::slice::from_ref(&node))?;
         node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))
     }

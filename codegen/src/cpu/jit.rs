@@ -26,6 +26,7 @@ pub struct CpuKernel {
     module: Option<JITModule>,
     entry: Entry,
     clif: String,
+    code_bytes: usize,
     vectorized: bool,
     min_chunk: usize,
 }
@@ -52,6 +53,11 @@ impl CpuKernel {
     /// The Cranelift IR of the kernel, as text.
     pub fn clif(&self) -> &str {
         &self.clif
+    }
+
+    /// The size of the machine code, in bytes (what the kernel cache counts).
+    pub fn code_bytes(&self) -> usize {
+        self.code_bytes
     }
 
     /// Whether the inner loop runs on SIMD vectors.
@@ -166,6 +172,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
         eprintln!("{code}");
     }
+    let code_bytes = ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
     module.clear_context(&mut ctx);
     module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let code = module.get_finalized_function(id);
@@ -175,6 +182,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         module: Some(module),
         entry,
         clif,
+        code_bytes,
         vectorized: vector.is_some() || columns.is_some(),
         min_chunk: match (columns, strip) {
             (Some(_), _) => COLUMN_BLOCK,

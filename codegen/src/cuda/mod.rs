@@ -39,6 +39,16 @@ pub mod library;
 #[cfg(test)]
 mod tests;
 
+/// An NVIDIA GPU as the planner sees it: arithmetic, special functions included, is cheap
+/// next to memory traffic, so shared values are recomputed (row softmax reads its input three
+/// times, not four) and reductions do not store what they reduce; cuBLAS multiplies bf16 too.
+pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
+    name: "cuda",
+    costs: kiln_ir::target::OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
+    gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
+    reductions_store_inputs: false,
+};
+
 /// The entry point's name: the kernel's structural name (`k_<hash>`).
 pub fn entry_name(kernel: &Kernel) -> String {
     kernel.name()

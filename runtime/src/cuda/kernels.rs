@@ -11,19 +11,19 @@ use kiln_codegen::cuda as codegen;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{DType, Element, Scalar};
-use rustc_hash::FxHashMap as HashMap;
 
 use super::Gpu;
+use crate::cache::KernelCache;
 use crate::{Buffer, RuntimeError};
 
-/// Compiled kernels of one device, keyed by the kernel itself (its structural hash picks the
-/// bucket, equality confirms).
+/// Compiled kernels of one device, in the bounded kernel caches (see [`crate::cache`]);
+/// a module evicted from both is unloaded once the last plan holding its functions drops.
 #[derive(Default)]
 pub(crate) struct Cache {
     /// A kernel's entry points: the kernel, then a split reduction's merge.
-    functions: HashMap<Kernel, Arc<[CudaFunction]>>,
+    pub(crate) functions: KernelCache<Kernel, Arc<[CudaFunction]>>,
     /// Library kernels' entry points, by source text.
-    library: HashMap<String, Vec<Arc<CudaFunction>>>,
+    pub(crate) library: KernelCache<String, Vec<Arc<CudaFunction>>>,
 }
 
 /// The entry points of a library kernel on `gpu`, compiled on first use.
@@ -34,8 +34,9 @@ pub(crate) fn library_functions(
     if let Some(f) =
         gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).library.get(&kernel.source)
     {
-        return Ok(f.clone());
+        return Ok(f);
     }
+    let ptx_len = kernel.source.len();
     let ptx = ptx_for(gpu, &kernel.entries[0], &kernel.source)?;
     gpu.bind()?;
     let module = gpu.ctx.load_module(ptx).map_err(|e| gpu.error("loading a compiled kernel", e))?;
@@ -46,7 +47,7 @@ pub(crate) fn library_functions(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| gpu.error("finding a compiled kernel", e))?;
     let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok(cache.library.entry(kernel.source.clone()).or_insert(functions).clone())
+    Ok(cache.library.insert(kernel.source.clone(), functions, ptx_len))
 }
 
 /// The compiled entry points of `kernel` on `gpu` (the kernel, then the merge of a split
@@ -62,11 +63,12 @@ pub(crate) fn compile_kernel(
     if let Some(f) =
         gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).functions.get(kernel)
     {
-        return Ok((f.clone(), None));
+        return Ok((f, None));
     }
     let started = Instant::now();
     let source = codegen::source(kernel);
     let name = codegen::entry_name(kernel);
+    let ptx_len = source.len();
     let ptx = ptx_for(gpu, &name, &source)?;
     gpu.bind()?;
     let module = gpu.ctx.load_module(ptx).map_err(|e| gpu.error("loading a compiled kernel", e))?;
@@ -81,7 +83,7 @@ pub(crate) fn compile_kernel(
         .map_err(|e| gpu.error("finding a compiled kernel", e))?;
     let took = started.elapsed();
     let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok((cache.functions.entry(kernel.clone()).or_insert(function).clone(), Some(took)))
+    Ok((cache.functions.insert(kernel.clone(), function, ptx_len), Some(took)))
 }
 
 /// Compiles the kernels of `kernels` that `gpu` has not compiled yet, all at once on the
@@ -95,7 +97,7 @@ pub(crate) fn precompile(gpu: &'static Gpu, kernels: &[&Kernel]) -> Vec<Option<D
         let cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = std::collections::HashSet::new();
         for (i, k) in kernels.iter().enumerate() {
-            if !cache.functions.contains_key(*k) && seen.insert(*k) {
+            if !cache.functions.contains(*k) && seen.insert(*k) {
                 todo.push(i);
             }
         }

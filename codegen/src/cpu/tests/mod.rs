@@ -518,7 +518,10 @@ fn transposed_reads_walk_in_strips() {
         g.mark_output(y);
         let plan = crate::plan_steps(&g);
         let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel") };
-        assert!(super::strip_width(&k.kernel, &super::coalesce(&k.kernel, 0..2)).is_some());
+        assert!(
+            super::strategy::strip_width(&k.kernel, &crate::walk::coalesce(&k.kernel, 0..2))
+                .is_some()
+        );
         check(&k.kernel, &[values(205 * 37, dtype, 5), values(203, dtype, 6)], &k.params);
 
         let (k3, p3) = kernel_of(&[3, 70, 90], dtype, |g, x| {
@@ -530,7 +533,10 @@ fn transposed_reads_walk_in_strips() {
                 .unwrap();
             g.push(Op::Unary(UnaryOp::Neg), &[t]).unwrap()
         });
-        assert!(super::strip_width(&k3, &super::coalesce(&k3, 0..3)).is_some(), "{k3}");
+        assert!(
+            super::strategy::strip_width(&k3, &crate::walk::coalesce(&k3, 0..3)).is_some(),
+            "{k3}"
+        );
         check(&k3, &[values(3 * 70 * 90, dtype, 7)], &p3);
     }
 }

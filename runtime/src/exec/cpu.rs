@@ -1,0 +1,121 @@
+//! CPU kernels: compiled through the kernel cache and launched over the thread pool.
+
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_ir::Graph;
+use kiln_ir::fuse::KernelStep;
+use kiln_ir::kernel::Kernel;
+
+use super::execute::Bufs;
+use crate::cache::{CacheStats, KernelCache};
+use crate::{Buffer, RunError, RuntimeError};
+
+/// The CPU's compiled kernels; `None` for a kernel that failed to compile (it runs on the
+/// reference executor, and is not compiled again).
+static CACHE: LazyLock<Mutex<KernelCache<Kernel, Option<Arc<CpuKernel>>>>> =
+    LazyLock::new(|| Mutex::new(KernelCache::default()));
+
+/// The CPU kernel cache's counters.
+pub fn cache_stats() -> CacheStats {
+    CACHE.lock().unwrap_or_else(PoisonError::into_inner).stats()
+}
+
+/// The compiled kernel for `kernel`, from the cache or compiled now (with the time the
+/// compile took); `None` when it cannot be compiled (the step then runs on the reference
+/// executor).
+pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
+    if let Some(found) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
+        return (found, None);
+    }
+    // Compile outside the lock: another thread may compile the same kernel meanwhile, which
+    // costs a duplicate compile but never blocks on one.
+    let started = Instant::now();
+    let result = cpu::compile(kernel).ok().map(Arc::new);
+    let took = started.elapsed();
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    let bytes = result.as_ref().map_or(0, |k| k.code_bytes());
+    if result.is_none() {
+        cache.note_failure();
+    }
+    (cache.insert(kernel.clone(), result, bytes), Some(took))
+}
+
+/// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).
+///
+/// # Errors
+/// The code generator's message if the kernel cannot be compiled.
+pub fn clif(kernel: &Kernel) -> Result<String, String> {
+    if let Some(Some(k)) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
+        return Ok(k.clif().to_string());
+    }
+    cpu::compile(kernel).map(|k| k.clif().to_string()).map_err(|e| e.to_string())
+}
+
+/// Positions per thread task: large enough to amortize a task, small enough to balance.
+const CHUNK: usize = 1 << 15;
+
+/// Runs a kernel step on the CPU: its compiled code, or (when it could not be compiled) its
+/// ops one by one on the reference executor.
+pub(super) fn run_kernel(
+    graph: &Graph,
+    step: &KernelStep,
+    kernel: Option<&CpuKernel>,
+    bufs: &Bufs,
+) -> Result<Vec<Buffer>, RunError> {
+    let root = graph.node(step.outputs[0]);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
+    let Some(kernel) = kernel else {
+        return super::check::kernel_reference(graph, step, bufs);
+    };
+    let n = step.kernel.output_len();
+    // Domain positions per output position: 1, or the size of a reduction's reduced dims.
+    let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
+    let params: Vec<u64> = cpu::param_slots(&step.kernel, &step.params);
+    let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
+    let outputs: Vec<_> = step
+        .outputs
+        .iter()
+        .zip(step.kernel.output_lens())
+        .map(|(&o, len)| (graph.node(o).dtype, len))
+        .collect();
+    // SAFETY: the kernel writes every one of the `n` positions of each output (its range is
+    // 0..n, split into disjoint chunks; a reduction's unreduced outputs get every domain
+    // position of its output positions), reads its inputs only through views that the graph
+    // checked to lie inside their buffers, and the buffers outlive the calls.
+    let filled = unsafe {
+        Buffer::from_raw_fill_many(&outputs, |outs| {
+            let mut ptrs: Vec<*mut u8> = inputs.iter().map(|&p| p.cast_mut()).collect();
+            ptrs.extend_from_slice(outs);
+            launch(kernel, &ptrs, &params, n, per_output);
+            Ok::<(), RuntimeError>(())
+        })
+    };
+    filled.map_err(at)?.map_err(at)
+}
+
+/// Calls the kernel over output positions `0..n`, in parallel chunks of about `CHUNK`
+/// domain positions when there is enough work.
+fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_output: usize) {
+    struct Args(*const *mut u8, *const u64);
+    // SAFETY: the pointers are only read by the kernel, and each task writes a disjoint
+    // range of the output.
+    unsafe impl Sync for Args {}
+    let args = Args(ptrs.as_ptr(), params.as_ptr());
+    let entry = kernel.entry();
+    let call = |start: usize, end: usize| {
+        let a = &args;
+        // SAFETY: see `run_kernel`; `start..end` lies inside `0..n`, and `kernel` (which owns
+        // the code) is borrowed for the whole launch.
+        unsafe { entry(a.0, a.1, start as u64, end as u64) };
+    };
+    let chunk = (CHUNK / per_output).max(kernel.min_chunk());
+    if n <= chunk || rayon::current_num_threads() == 1 {
+        call(0, n);
+        return;
+    }
+    use rayon::prelude::*;
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| call(c * chunk, ((c + 1) * chunk).min(n)));
+}

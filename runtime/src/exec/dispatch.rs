@@ -1,0 +1,92 @@
+//! The steps that are not generated CPU kernels, on the plan's device: library kernels and
+//! cuBLAS on a GPU, native loops and `gemm` on the CPU, and host copies where a device has
+//! no kernel of its own (reported as such in profiles).
+
+use std::time::Duration;
+
+use kiln_ir::fuse::KernelStep;
+use kiln_ir::{Graph, NodeId};
+
+use super::execute::Bufs;
+use super::on_device;
+use crate::trace::StepKind;
+use crate::{Buffer, Device, RunError, RuntimeError, cuda, reference};
+
+/// Runs a node that is not a kernel: natively or on the reference executor on the host; on
+/// a GPU with a library kernel, or else on host copies of its inputs with the result copied
+/// back.
+pub(super) fn eval_node_on(
+    gpu: Option<&'static cuda::Gpu>,
+    graph: &Graph,
+    n: NodeId,
+    args: &[&Buffer],
+) -> Result<(Buffer, StepKind), RunError> {
+    if let Some(g) = gpu
+        && let Some(out) = cuda::eval_node(g, graph, n, args)
+    {
+        return Ok((out?, StepKind::Library));
+    }
+    let device = gpu.map_or(Device::Cpu, |g| g.device());
+    let host;
+    let args = if device == Device::Cpu {
+        args
+    } else {
+        host = on_device(&args.iter().map(|&b| b.clone()).collect::<Vec<_>>(), Device::Cpu)?;
+        &host.iter().collect::<Vec<_>>()[..]
+    };
+    let (out, kind) = match crate::native::eval(graph, n, args) {
+        Some(out) => (out?, StepKind::Library),
+        None => (reference::eval_node(graph, n, args)?, StepKind::Reference),
+    };
+    let node = graph.node(n);
+    let out = out.to_device(device).map_err(|error| RunError {
+        error,
+        op: Some(node.op.name()),
+        origin: node.origin,
+    })?;
+    Ok((out, kind))
+}
+
+/// A matrix product: `gemm` on the CPU, cuBLAS on a GPU (or the host's `gemm` over copies
+/// for operand layouts cuBLAS cannot take).
+pub(super) fn matmul_on(
+    gpu: Option<&'static cuda::Gpu>,
+    a: &Buffer,
+    va: &kiln_ir::View,
+    b: &Buffer,
+    vb: &kiln_ir::View,
+) -> Result<Buffer, RuntimeError> {
+    let Some(gpu) = gpu else { return crate::matmul::matmul(a, va, b, vb) };
+    if let Some(out) = cuda::matmul(gpu, a, va, b, vb)? {
+        return Ok(out);
+    }
+    let (ha, hb) = (a.to_device(Device::Cpu)?, b.to_device(Device::Cpu)?);
+    if a.dtype() != kiln_ir::DType::BF16 {
+        return crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device());
+    }
+    // `gemm` has no bf16: multiply in f32 and round once.
+    let dense = |b: &Buffer, v: &kiln_ir::View| -> Result<(Buffer, kiln_ir::View), RuntimeError> {
+        Ok((Buffer::from_slice(&b.gather::<f32>(v))?, kiln_ir::View::contiguous(v.shape().clone())))
+    };
+    let ((fa, fva), (fb, fvb)) = (dense(&ha, va)?, dense(&hb, vb)?);
+    let product = crate::matmul::matmul(&fa, &fva, &fb, &fvb)?;
+    let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([product.len()]));
+    Buffer::from_slice(&product.gather::<half::bf16>(&all))?.to_device(gpu.device())
+}
+
+/// Launches a kernel step on a GPU.
+pub(super) fn run_gpu_kernel(
+    gpu: &'static cuda::Gpu,
+    graph: &Graph,
+    step: &KernelStep,
+    bufs: &Bufs,
+) -> Result<(Vec<Buffer>, Option<Duration>), RunError> {
+    let root = graph.node(step.outputs[0]);
+    let inputs: Vec<&Buffer> = step.inputs.iter().map(|i| &bufs[i]).collect();
+    let dtypes: Vec<_> = step.outputs.iter().map(|&o| graph.node(o).dtype).collect();
+    cuda::run_kernel(gpu, step, &dtypes, &inputs).map_err(|error| RunError {
+        error,
+        op: Some(root.op.name()),
+        origin: root.origin,
+    })
+}

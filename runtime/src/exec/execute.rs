@@ -1,0 +1,303 @@
+//! Running a prepared plan: the step loop, the live buffers, frees after the last reader,
+//! and the trace of every step.
+
+use std::time::Instant;
+
+use kiln_codegen::cpu::CpuKernel;
+use kiln_ir::fuse::KernelStep;
+use kiln_ir::{Graph, Node, NodeId, Scalar};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::prepare::{PreparedStep, fill_value};
+use super::{Prepared, check, cpu, dispatch, on_device};
+use crate::trace::{self, KernelRun, MemoryPeak, StepKind};
+use crate::{Buffer, Device, RunError, cuda, native, rows};
+
+impl Prepared {
+    /// Runs the plan with `inputs` bound to the graph's `Input` nodes, in order; returns the
+    /// outputs' buffers (new buffers on every run). `check` compares every kernel with the
+    /// reference executor, as [`super::run`] does.
+    ///
+    /// # Errors
+    /// As [`super::run`].
+    pub fn run(&mut self, inputs: &[Buffer], check: Option<f64>) -> Result<Vec<Buffer>, RunError> {
+        let gpu = match self.device {
+            Device::Cpu => None,
+            Device::Cuda(i) => Some(cuda::gpu(i)?),
+        };
+        let moved;
+        let inputs = if inputs.iter().all(|b| b.device() == self.device) {
+            inputs
+        } else {
+            moved = on_device(inputs, self.device)?;
+            &moved[..]
+        };
+        let Prepared { graph, steps, groups, fills, readers, outputs, .. } = self;
+        let tracing = trace::enabled();
+        let mut run = Run {
+            graph,
+            gpu,
+            tracing,
+            check,
+            memory: tracing.then(MemoryPeak::default),
+            bufs: Bufs(vec![None; readers.len()]),
+            readers: readers.clone(),
+        };
+        for (&n, b) in graph.inputs().iter().zip(inputs) {
+            run.bufs.insert(n, b.clone());
+        }
+        let mut index = 0;
+        while index < steps.len() {
+            if let Some(group) = groups.iter().find(|g| g.start == index) {
+                run.row_group(&mut steps[group.start..group.end], group)?;
+                index = group.end;
+                continue;
+            }
+            if fills.values().any(|&k| k == index) {
+                // A constant base: the scatter that reads it fills its own output.
+                index += 1;
+                continue;
+            }
+            let fill = match &steps[index] {
+                PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
+                _ => None,
+            };
+            match &mut steps[index] {
+                PreparedStep::Node(n) => run.node(*n, fill)?,
+                PreparedStep::MatMul(node, operands) => run.matmul(*node, operands)?,
+                PreparedStep::Kernel { step, kernel, compile } => {
+                    run.kernel(step, kernel.as_ref(), compile.take())?;
+                }
+            }
+            index += 1;
+        }
+        if let Some(memory) = run.memory {
+            trace::record_memory(memory);
+        }
+        Ok(outputs.iter().map(|o| run.bufs[o].clone()).collect())
+    }
+}
+
+/// The state of one run of a plan.
+struct Run<'a> {
+    graph: &'a Graph,
+    gpu: Option<&'static cuda::Gpu>,
+    tracing: bool,
+    check: Option<f64>,
+    memory: Option<MemoryPeak>,
+    bufs: Bufs,
+    /// Readers still to come, per node.
+    readers: Vec<u32>,
+}
+
+impl Run<'_> {
+    /// One read of `n` is done; its buffer is freed after the last.
+    fn done_reading(&mut self, n: NodeId) {
+        let r = &mut self.readers[n.index()];
+        *r -= 1;
+        if *r == 0 {
+            self.bufs.remove(&n);
+        }
+    }
+
+    /// GPU work is queued, not done: a traced step waits for it so its time is its own.
+    fn settle(&self, at: &Node) -> Result<(), RunError> {
+        match self.gpu {
+            Some(g) if self.tracing => g.synchronize().map_err(|error| RunError {
+                error,
+                op: Some(at.op.name()),
+                origin: at.origin,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records a traced step and the memory live while its output is written.
+    fn traced(&mut self, started: Instant, event: trace::Event, new: Option<(NodeId, &Buffer)>) {
+        trace::record(started, event);
+        trace::track_memory(self.memory.as_mut(), self.graph, self.bufs.iter(), new);
+    }
+
+    /// A node that is not a kernel (gather, scatter, cumsum, ...); `fill` is the value of a
+    /// scatter's constant base, when its kernel was skipped.
+    fn node(&mut self, n: NodeId, fill: Option<Scalar>) -> Result<(), RunError> {
+        let started = Instant::now();
+        let graph = self.graph;
+        let args = graph.arg_slice(n);
+        let (out, kind, bytes_read) = {
+            let (arg_bufs, (out, kind)) = match fill {
+                Some(value) => {
+                    let arg_bufs: Vec<&Buffer> = args[1..].iter().map(|a| &self.bufs[a]).collect();
+                    let out = native::scatter_onto_fill(graph, n, value, &arg_bufs)?;
+                    (arg_bufs, (out, StepKind::Library))
+                }
+                None => {
+                    let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &self.bufs[a]).collect();
+                    let out = dispatch::eval_node_on(self.gpu, graph, n, &arg_bufs)?;
+                    (arg_bufs, out)
+                }
+            };
+            (out, kind, arg_bufs.iter().map(|b| trace::bytes(b)).sum())
+        };
+        let node = graph.node(n);
+        self.settle(node)?;
+        if self.tracing {
+            let name = node.op.name();
+            let mut e = trace::plain_event(name, kind, name.to_string(), String::new());
+            e.shape = node.shape.to_string();
+            e.bytes_read = bytes_read;
+            e.bytes_written = trace::bytes(&out);
+            e.sources = node.origin.into_iter().collect();
+            e.duration = started.elapsed();
+            self.traced(started, e, Some((n, &out)));
+        }
+        for &a in args {
+            self.done_reading(a);
+        }
+        self.bufs.insert(n, out);
+        Ok(())
+    }
+
+    /// A matrix product: `gemm` on the CPU, cuBLAS on a GPU.
+    fn matmul(
+        &mut self,
+        node: NodeId,
+        operands: &[(NodeId, kiln_ir::View); 2],
+    ) -> Result<(), RunError> {
+        let started = Instant::now();
+        let n = self.graph.node(node);
+        let [(a, va), (b, vb)] = operands;
+        let out = dispatch::matmul_on(self.gpu, &self.bufs[a], va, &self.bufs[b], vb)
+            .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
+        self.settle(n)?;
+        if self.tracing {
+            let mut e =
+                trace::plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
+            e.shape = format!("{} @ {}", va.shape(), vb.shape());
+            e.bytes_read = trace::bytes(&self.bufs[a]) + trace::bytes(&self.bufs[b]);
+            e.bytes_written = trace::bytes(&out);
+            e.sources = n.origin.into_iter().collect();
+            e.duration = started.elapsed();
+            self.traced(started, e, Some((node, &out)));
+        }
+        for (o, _) in operands {
+            self.done_reading(*o);
+        }
+        self.bufs.insert(node, out);
+        Ok(())
+    }
+
+    /// A fused kernel, on the CPU or a GPU; `compile` is its compile time when this is its
+    /// first run.
+    fn kernel(
+        &mut self,
+        k: &KernelStep,
+        kernel: Option<&Arc<CpuKernel>>,
+        compile: Option<Duration>,
+    ) -> Result<(), RunError> {
+        let started = Instant::now();
+        let (outs, compile, generated) = match self.gpu {
+            None => {
+                let outs = cpu::run_kernel(self.graph, k, kernel.map(|k| &**k), &self.bufs)?;
+                (outs, compile, kernel.is_some())
+            }
+            Some(g) => {
+                let (outs, took) = dispatch::run_gpu_kernel(g, self.graph, k, &self.bufs)?;
+                self.settle(self.graph.node(k.outputs[0]))?;
+                // Compiled while planning (in parallel), or now.
+                (outs, compile.or(took), true)
+            }
+        };
+        if self.tracing {
+            let info = KernelRun { compiled: kernel.cloned(), generated, compile };
+            let read = k.inputs.iter().map(|i| trace::bytes(&self.bufs[i])).sum();
+            let written = outs.iter().map(trace::bytes).sum();
+            let e = trace::kernel_event(self.graph, k, info, read, written, started.elapsed());
+            self.traced(started, e, Some((k.outputs[0], &outs[0])));
+        }
+        if let Some(scale) = self.check {
+            let expected = check::kernel_reference(self.graph, k, &self.bufs)?;
+            for (out, want) in outs.iter().zip(&expected) {
+                check::compare(self.graph, k, out, want, scale)?;
+            }
+        }
+        for &n in &k.inputs {
+            self.done_reading(n);
+        }
+        for (node, buf) in k.outputs.iter().zip(outs) {
+            self.bufs.insert(*node, buf);
+        }
+        Ok(())
+    }
+
+    /// A row group: its kernels run tile by tile (see [`crate::rows`]).
+    fn row_group(
+        &mut self,
+        steps: &mut [PreparedStep],
+        group: &rows::RowGroup,
+    ) -> Result<(), RunError> {
+        let started = Instant::now();
+        // The oracle compares every kernel's full outputs: a checked run keeps the group's
+        // internal buffers whole.
+        let keep_all = self.check.is_some();
+        let (outs, events) =
+            rows::run_group(self.graph, steps, group, &self.bufs, self.tracing, keep_all)?;
+        // Laid end to end from the group's start: the kernels ran interleaved, tile by tile,
+        // and their durations are their shares of the group's time.
+        let mut at = started;
+        for e in events {
+            let next = at + e.duration;
+            trace::record(at, e);
+            at = next;
+        }
+        for (node, buf) in outs {
+            self.bufs.insert(node, buf);
+        }
+        trace::track_memory(self.memory.as_mut(), self.graph, self.bufs.iter(), None);
+        // In order: a buffer a later member reads is not freed before that member is checked
+        // (its read is counted).
+        for s in steps.iter() {
+            let PreparedStep::Kernel { step: k, .. } = s else { continue };
+            if let Some(scale) = self.check {
+                let expected = check::kernel_reference(self.graph, k, &self.bufs)?;
+                for (out, want) in k.outputs.iter().zip(&expected) {
+                    check::compare(self.graph, k, &self.bufs[out], want, scale)?;
+                }
+            }
+            for &n in &k.inputs {
+                if keep_all || !group.internal.contains(&n) {
+                    self.done_reading(n);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The live buffers of a run, by node index.
+pub(crate) struct Bufs(Vec<Option<Buffer>>);
+
+impl Bufs {
+    fn insert(&mut self, n: NodeId, b: Buffer) {
+        self.0[n.index()] = Some(b);
+    }
+
+    fn remove(&mut self, n: &NodeId) {
+        self.0[n.index()] = None;
+    }
+
+    /// The live buffers.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeId, &Buffer)> {
+        self.0.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (NodeId::new(i), b)))
+    }
+}
+
+impl std::ops::Index<&NodeId> for Bufs {
+    type Output = Buffer;
+    fn index(&self, n: &NodeId) -> &Buffer {
+        self.0[n.index()]
+            .as_ref()
+            .expect("a step reads only buffers computed before it and not yet freed")
+    }
+}

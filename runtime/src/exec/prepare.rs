@@ -1,0 +1,262 @@
+//! A plan made ready to run: planned by the pipeline, its kernels compiled, its schedule
+//! decided (row groups, constant fills).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln_codegen::cpu::CpuKernel;
+use kiln_ir::fuse::{KernelStep, Step};
+use kiln_ir::kernel::{ExprKind, Kernel};
+use kiln_ir::pipeline::{Fusion, NodeMap, PlanOptions, Planner, Stage};
+use kiln_ir::{Graph, NodeId, Op, Scalar};
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::trace::{self, StepKind};
+use crate::{Device, cuda, rows};
+
+/// A graph made ready to run: optimized, partitioned, its kernels compiled. Running it again
+/// with new input buffers costs no planning, hashing or compiling; planned with rebindable
+/// constants, it can also take new values for its constants and random keys between runs
+/// ([`Prepared::rebind`]).
+pub struct Prepared {
+    pub(super) graph: Graph,
+    pub(super) device: Device,
+    pub(super) options: PlanOptions,
+    pub(super) steps: Vec<PreparedStep>,
+    /// How many steps (and outputs) read each node: buffers are freed after the last.
+    pub(super) readers: Vec<u32>,
+    pub(super) outputs: Vec<NodeId>,
+    /// The node of the prepared graph that each node of the given graph became.
+    map: NodeMap,
+    /// Where each `Full` node's value is a kernel parameter: (step, parameter).
+    params_of: HashMap<NodeId, Vec<(usize, usize)>>,
+    /// Runs of CPU kernel steps that execute row tile by row tile (see [`crate::rows`]).
+    pub(super) groups: Vec<rows::RowGroup>,
+    /// Scatters whose base is one value everywhere, with the step of the kernel that would
+    /// have written that base: the kernel is skipped and the scatter fills its output with
+    /// the kernel's parameter (read at run time, so `compile()` can rebind it).
+    pub(super) fills: HashMap<NodeId, usize>,
+}
+
+/// One step of a prepared plan.
+pub(crate) enum PreparedStep {
+    Kernel {
+        step: Box<KernelStep>,
+        kernel: Option<Arc<CpuKernel>>,
+        /// Compile time not yet reported (the first run reports it).
+        compile: Option<Duration>,
+    },
+    Node(NodeId),
+    MatMul(NodeId, [(NodeId, kiln_ir::View); 2]),
+}
+
+impl Prepared {
+    /// Plans `graph` under `options` for `device` and compiles its kernels (CPU kernels
+    /// through the kernel cache; a GPU plan's new kernels in parallel).
+    pub fn new(graph: &Graph, options: PlanOptions, device: Device) -> Prepared {
+        let planning = Instant::now();
+        let plan = Planner::default().plan_observed(graph, options, &mut show_stage);
+        let bound = plan.graph.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
+        let mut readers = vec![0u32; bound];
+        let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::default();
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for (i, step) in plan.steps.into_iter().enumerate() {
+            let mut read = |n: NodeId| readers[n.index()] += 1;
+            steps.push(match step {
+                Step::Kernel(k) => {
+                    k.inputs.iter().for_each(|&n| read(n));
+                    for (j, &n) in k.param_nodes.iter().enumerate() {
+                        params_of.entry(n).or_default().push((i, j));
+                    }
+                    let (kernel, compile) = if device == Device::Cpu {
+                        super::cpu::compiled(&k.kernel)
+                    } else {
+                        (None, None)
+                    };
+                    PreparedStep::Kernel { step: k, kernel, compile }
+                }
+                Step::Node(n) => {
+                    plan.graph.arg_slice(n).iter().for_each(|&a| read(a));
+                    PreparedStep::Node(n)
+                }
+                Step::MatMul { node, operands } => {
+                    operands.iter().for_each(|(n, _)| read(*n));
+                    PreparedStep::MatMul(node, operands)
+                }
+            });
+        }
+        for &o in &plan.outputs {
+            readers[o.index()] += 1;
+        }
+        let gpu_compiling = precompile_gpu(device, &mut steps);
+        let mut prepared = Prepared {
+            graph: plan.graph,
+            device,
+            options,
+            steps,
+            readers,
+            outputs: plan.outputs,
+            map: plan.map,
+            params_of,
+            groups: Vec::new(),
+            fills: HashMap::default(),
+        };
+        prepared.trace_planning(planning, gpu_compiling);
+        prepared.schedule();
+        prepared
+    }
+
+    /// Reports the planning time (compiles excluded) to the trace.
+    fn trace_planning(&self, planning: Instant, gpu_compiling: Duration) {
+        if !trace::enabled() {
+            return;
+        }
+        let ops = format!("{} nodes, {} steps", self.graph.len(), self.steps.len());
+        let mut e = trace::plain_event("plan", StepKind::Plan, ops, String::new());
+        // CPU kernels compile one by one; GPU kernels in parallel (their wall time).
+        let compiling: Duration = if self.device == Device::Cpu {
+            self.steps
+                .iter()
+                .filter_map(|s| match s {
+                    PreparedStep::Kernel { compile, .. } => *compile,
+                    _ => None,
+                })
+                .sum()
+        } else {
+            gpu_compiling
+        };
+        e.duration = planning.elapsed().saturating_sub(compiling);
+        trace::record(planning, e);
+    }
+
+    /// Row groups and constant fills: they change the schedule, not the kernels, so one
+    /// kernel per op (the unfused baseline) keeps its one-pass-per-op schedule.
+    fn schedule(&mut self) {
+        if self.device != Device::Cpu || self.options.fusion == Fusion::Unfused {
+            return;
+        }
+        let fills = constant_scatter_bases(&self.graph, &self.steps, &self.readers);
+        let kernels: Vec<Option<&KernelStep>> = self
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s {
+                PreparedStep::Kernel { step, kernel: Some(_), .. }
+                    if !fills.values().any(|&k| k == i) =>
+                {
+                    Some(&**step)
+                }
+                _ => None,
+            })
+            .collect();
+        self.groups = rows::find(&kernels, &self.readers);
+        self.fills = fills;
+    }
+
+    /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
+    /// value or key (`op`), for the following runs. Nodes that optimization dropped are
+    /// ignored.
+    ///
+    /// # Panics
+    /// If `op` is not of the node's kind (see [`Graph::rebind_leaf`]).
+    pub fn rebind(&mut self, node: NodeId, op: &Op) {
+        let Some(&n) = self.map.get(&node) else { return };
+        if &self.graph.node(n).op == op {
+            return;
+        }
+        if let (Op::Full(v), Some(uses)) = (op, self.params_of.get(&n)) {
+            for &(s, j) in uses {
+                if let PreparedStep::Kernel { step, .. } = &mut self.steps[s] {
+                    step.params[j] = *v;
+                }
+            }
+        }
+        self.graph.rebind_leaf(n, op.clone());
+    }
+
+    /// The device the plan runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The options the plan was made with.
+    pub fn options(&self) -> PlanOptions {
+        self.options
+    }
+
+    /// The number of steps (kernels, library calls and reference ops) one run takes.
+    pub fn steps(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// `KILN_DEBUG=passes`: each planning stage's result on standard error.
+fn show_stage(name: &str, stage: Stage<'_>) {
+    if trace::debug_passes() {
+        eprintln!("kiln: after {name}:\n{stage}");
+    }
+}
+
+/// Compiles a GPU plan's new kernels in parallel, noting each one's compile time on its
+/// step; returns the wall time it took.
+fn precompile_gpu(device: Device, steps: &mut [PreparedStep]) -> Duration {
+    let started = Instant::now();
+    let Device::Cuda(i) = device else { return Duration::ZERO };
+    let Ok(gpu) = cuda::gpu(i) else { return Duration::ZERO };
+    let kernels: Vec<&Kernel> = steps
+        .iter()
+        .filter_map(|s| match s {
+            PreparedStep::Kernel { step, .. } => Some(&step.kernel),
+            _ => None,
+        })
+        .collect();
+    let mut took = cuda::precompile(gpu, &kernels).into_iter();
+    for s in steps {
+        if let PreparedStep::Kernel { compile, .. } = s {
+            *compile = took.next().flatten();
+        }
+    }
+    started.elapsed()
+}
+
+/// The scatters of a CPU plan whose base only a constant kernel writes and only they read
+/// (the gradient of a gather scatters into zeros): scatter node -> the kernel's step.
+fn constant_scatter_bases(
+    graph: &Graph,
+    steps: &[PreparedStep],
+    readers: &[u32],
+) -> HashMap<NodeId, usize> {
+    let mut writer: HashMap<NodeId, usize> = HashMap::default();
+    for (i, s) in steps.iter().enumerate() {
+        if let PreparedStep::Kernel { step, .. } = s
+            && let [out] = step.outputs[..]
+            && step.kernel.inputs.is_empty()
+            && let ExprKind::Param(_) = step.kernel.exprs[step.kernel.outputs[0]].kind
+            && step.kernel.reduce.is_none()
+        {
+            writer.insert(out, i);
+        }
+    }
+    let mut fills = HashMap::default();
+    for s in steps {
+        if let PreparedStep::Node(n) = s
+            && let Op::Scatter { .. } = graph.node(*n).op
+            && let Some(&k) = writer.get(&graph.arg_slice(*n)[0])
+            && readers[graph.arg_slice(*n)[0].index()] == 1
+        {
+            fills.insert(*n, k);
+        }
+    }
+    fills
+}
+
+/// The value a constant kernel (see [`constant_scatter_bases`]) writes.
+pub(super) fn fill_value(step: &PreparedStep) -> Scalar {
+    let PreparedStep::Kernel { step, .. } = step else {
+        unreachable!("fills come from kernel steps")
+    };
+    let ExprKind::Param(p) = step.kernel.exprs[step.kernel.outputs[0]].kind else {
+        unreachable!("a constant kernel stores a parameter")
+    };
+    step.params[p]
+}
