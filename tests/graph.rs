@@ -95,3 +95,52 @@ fn training_step_kernel_snapshots() {
     let reduction = kernels.iter().find(|k| k.ops.contains("max[1]")).expect("the row max");
     insta::assert_snapshot!("row_max_kernel_cuda", reduction.cuda.as_deref().expect("CUDA C"));
 }
+
+/// The planner's stages, Cranelift-filetest style: for a program that exercises every pass
+/// (a transposed product, a gather of an expression, an identity, a duplicate), the graph
+/// after each named pass, the partition, and the lowered steps with their Kernel IR. A
+/// change to any stage shows up here as a reviewed diff of that stage alone.
+#[test]
+fn planner_stage_snapshots() {
+    let x = Tensor::from_vec((0..12).map(|i| i as f32 / 4.0 - 1.0).collect::<Vec<_>>(), [3, 4]);
+    let w = Tensor::from_vec((0..20).map(|i| (i as f32).cos()).collect::<Vec<_>>(), [5, 4]);
+    let t = Tensor::from_vec(vec![1i64, 0, 4], [3]);
+    Tensor::try_realize_all(&[&x, &w, &t]).unwrap();
+    // (x wᵀ)ᵀ is used only transposed; log_softmax is gathered; `* 1.0` is an identity;
+    // exp(x) is computed twice.
+    let logits = w.matmul(&x.t()).t() * 1.0;
+    let picked = logits.log_softmax(1).gather(1, &t.unsqueeze(1));
+    let twice = x.exp() + x.exp();
+    let stages = kiln::debug::passes(&[&picked, &twice]);
+    let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]
+    );
+    for (name, text) in &stages {
+        insta::assert_snapshot!(format!("stage_{name}"), text);
+    }
+}
+
+/// The Cranelift IR of each CPU loop strategy: vectorized rows, strips over a transposed
+/// read, a row reduction, and a reduction vectorized across its outputs (columns).
+#[test]
+fn loop_strategy_clif_snapshots() {
+    use kiln::debug::plan_summary;
+    let m = Tensor::from_vec((0..64 * 48).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [64, 48]);
+    m.realize();
+    let cases = [
+        ("vector", (&m * 2.0 + 1.0).exp()),
+        ("strip", m.t().contiguous() * 3.0),
+        ("row_reduction", m.sum_dim(1, false)),
+        ("column_reduction", m.sum_dim(0, false)),
+    ];
+    for (name, y) in cases {
+        let plan = plan_summary(&[&y]);
+        assert_eq!(plan.kernels, 1, "{name}: {:?}", plan.kernel_notes);
+        insta::assert_snapshot!(
+            format!("clif_{name}"),
+            format!("{}\n\n{}", plan.kernel_text[0], plan.clif[0])
+        );
+    }
+}

@@ -489,124 +489,124 @@ impl ReduceOp {
 }
 
 /// [`Op::infer`] of `reduce`.
-fn infer_reduce(op: ReduceOp, axes: &[usize], inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
-        let (shape, dtype) = inputs[0];
-        if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= shape.rank())
-        {
-            return Err(IrError::InvalidGraph(format!(
-                "{}: axes {axes:?} must be sorted, distinct and below rank {}",
-                op.name(),
-                shape.rank()
-            )));
-        }
-        let mut dims = shape.dims().to_vec();
-        for &a in axes {
-            dims[a] = 1;
-        }
-        match op {
-            ReduceOp::ArgMax | ReduceOp::ArgMin => {
-                if axes.len() != 1 {
-                    return Err(IrError::InvalidGraph(format!(
-                        "{} reduces exactly one axis",
-                        op.name()
-                    )));
-                }
-                if shape.dims()[axes[0]] == 0 {
-                    return Err(IrError::shape(
-                        op.name(),
-                        format!("cannot reduce dimension {} of size 0 in {shape}", axes[0]),
-                    ));
-                }
-                Ok((Shape::new(dims), DType::I64))
+fn infer_reduce(
+    op: ReduceOp,
+    axes: &[usize],
+    inputs: &[(&Shape, DType)],
+) -> Result<(Shape, DType), IrError> {
+    let (shape, dtype) = inputs[0];
+    if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= shape.rank()) {
+        return Err(IrError::InvalidGraph(format!(
+            "{}: axes {axes:?} must be sorted, distinct and below rank {}",
+            op.name(),
+            shape.rank()
+        )));
+    }
+    let mut dims = shape.dims().to_vec();
+    for &a in axes {
+        dims[a] = 1;
+    }
+    match op {
+        ReduceOp::ArgMax | ReduceOp::ArgMin => {
+            if axes.len() != 1 {
+                return Err(IrError::InvalidGraph(format!(
+                    "{} reduces exactly one axis",
+                    op.name()
+                )));
             }
-            ReduceOp::Max | ReduceOp::Min => {
-                // Bools have identities (false for max, true for min): any/all of nothing.
-                if dtype != DType::Bool
-                    && let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0)
-                {
-                    return Err(IrError::shape(
-                        op.name(),
-                        format!(
-                            "cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"
-                        ),
-                    ));
-                }
-                Ok((Shape::new(dims), dtype))
+            if shape.dims()[axes[0]] == 0 {
+                return Err(IrError::shape(
+                    op.name(),
+                    format!("cannot reduce dimension {} of size 0 in {shape}", axes[0]),
+                ));
             }
-            ReduceOp::Sum | ReduceOp::Prod => {
-                if dtype == DType::Bool {
-                    return Err(IrError::dtype(
-                        op.name(),
-                        "is not defined for bool inputs",
-                    ));
-                }
-                Ok((Shape::new(dims), dtype))
-            }
+            Ok((Shape::new(dims), DType::I64))
         }
+        ReduceOp::Max | ReduceOp::Min => {
+            // Bools have identities (false for max, true for min): any/all of nothing.
+            if dtype != DType::Bool
+                && let Some(&a) = axes.iter().find(|&&a| shape.dims()[a] == 0)
+            {
+                return Err(IrError::shape(
+                    op.name(),
+                    format!(
+                        "cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"
+                    ),
+                ));
+            }
+            Ok((Shape::new(dims), dtype))
+        }
+        ReduceOp::Sum | ReduceOp::Prod => {
+            if dtype == DType::Bool {
+                return Err(IrError::dtype(op.name(), "is not defined for bool inputs"));
+            }
+            Ok((Shape::new(dims), dtype))
+        }
+    }
 }
 
 /// [`Op::infer`] of `scatter`.
-fn infer_scatter(axis: usize, accumulate: bool, inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
-        let op = if accumulate { "scatter_add" } else { "scatter" };
-        let (base, dtype) = inputs[0];
-        let (index, idtype) = inputs[1];
-        let (src, sdtype) = inputs[2];
-        check_index(op, axis, base, index, idtype)?;
-        if index.rank() != src.rank()
-            || index.dims().iter().zip(src.dims()).any(|(i, s)| i > s)
-        {
-            return Err(IrError::shape(
-                op,
-                format!(
-                    "index of shape {index} does not fit in src of shape {src}: every dimension must be at most src's"
-                ),
-            ));
-        }
-        if sdtype != dtype {
-            return Err(IrError::dtype(
-                op,
-                format!("src has dtype {sdtype} but the tensor has {dtype}"),
-            ));
-        }
-        if accumulate && dtype == DType::Bool {
-            return Err(IrError::dtype(op, "is not defined for bool tensors"));
-        }
-        Ok((base.clone(), dtype))
+fn infer_scatter(
+    axis: usize,
+    accumulate: bool,
+    inputs: &[(&Shape, DType)],
+) -> Result<(Shape, DType), IrError> {
+    let op = if accumulate { "scatter_add" } else { "scatter" };
+    let (base, dtype) = inputs[0];
+    let (index, idtype) = inputs[1];
+    let (src, sdtype) = inputs[2];
+    check_index(op, axis, base, index, idtype)?;
+    if index.rank() != src.rank() || index.dims().iter().zip(src.dims()).any(|(i, s)| i > s) {
+        return Err(IrError::shape(
+            op,
+            format!(
+                "index of shape {index} does not fit in src of shape {src}: every dimension must be at most src's"
+            ),
+        ));
+    }
+    if sdtype != dtype {
+        return Err(IrError::dtype(
+            op,
+            format!("src has dtype {sdtype} but the tensor has {dtype}"),
+        ));
+    }
+    if accumulate && dtype == DType::Bool {
+        return Err(IrError::dtype(op, "is not defined for bool tensors"));
+    }
+    Ok((base.clone(), dtype))
 }
 
 /// [`Op::infer`] of `matmul`.
 fn infer_matmul(inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
-        let (sa, da) = inputs[0];
-        let (sb, db) = inputs[1];
-        if da != db {
-            return Err(IrError::dtype(
-                "matmul",
-                format!(
-                    "operands have dtypes {da} and {db}; cast one of them so they agree"
-                ),
-            ));
-        }
-        if da == DType::Bool {
-            return Err(IrError::dtype("matmul", "is not defined for bool operands"));
-        }
-        let (ra, rb) = (sa.rank(), sb.rank());
-        if ra < 2 || ra != rb || sa.dims()[..ra - 2] != sb.dims()[..rb - 2] {
-            return Err(IrError::shape(
-                "matmul",
-                format!("batched operands {sa} and {sb} need equal batch dimensions"),
-            ));
-        }
-        let (m, k) = (sa.dims()[ra - 2], sa.dims()[ra - 1]);
-        let (k2, n) = (sb.dims()[rb - 2], sb.dims()[rb - 1]);
-        if k != k2 {
-            return Err(IrError::shape(
-                "matmul",
-                format!("shapes {sa} and {sb} are not compatible: {k} != {k2}"),
-            ));
-        }
-        let mut dims = sa.dims()[..ra - 2].to_vec();
-        dims.extend([m, n]);
-        Ok((Shape::new(dims), da))
+    let (sa, da) = inputs[0];
+    let (sb, db) = inputs[1];
+    if da != db {
+        return Err(IrError::dtype(
+            "matmul",
+            format!("operands have dtypes {da} and {db}; cast one of them so they agree"),
+        ));
+    }
+    if da == DType::Bool {
+        return Err(IrError::dtype("matmul", "is not defined for bool operands"));
+    }
+    let (ra, rb) = (sa.rank(), sb.rank());
+    if ra < 2 || ra != rb || sa.dims()[..ra - 2] != sb.dims()[..rb - 2] {
+        return Err(IrError::shape(
+            "matmul",
+            format!("batched operands {sa} and {sb} need equal batch dimensions"),
+        ));
+    }
+    let (m, k) = (sa.dims()[ra - 2], sa.dims()[ra - 1]);
+    let (k2, n) = (sb.dims()[rb - 2], sb.dims()[rb - 1]);
+    if k != k2 {
+        return Err(IrError::shape(
+            "matmul",
+            format!("shapes {sa} and {sb} are not compatible: {k} != {k2}"),
+        ));
+    }
+    let mut dims = sa.dims()[..ra - 2].to_vec();
+    dims.extend([m, n]);
+    Ok((Shape::new(dims), da))
 }
 
 /// The rules `gather` and `scatter` share: an `I64` index of the tensor's rank, no larger

@@ -359,9 +359,7 @@ fn random_fill(dist: RandomDist, key: u64, dtype: DType, n: usize) -> Values {
             let bits = dtype.mantissa_bits().unwrap_or(53);
             Values::F((0..n as u64).map(|i| random::uniform(key, i, bits)).collect())
         }
-        RandomDist::Normal => {
-            Values::F((0..n as u64).map(|i| random::normal(key, i)).collect())
-        }
+        RandomDist::Normal => Values::F((0..n as u64).map(|i| random::normal(key, i)).collect()),
         RandomDist::Int { low, high } => {
             Values::I((0..n as u64).map(|i| random::int(key, i, low, high)).collect())
         }

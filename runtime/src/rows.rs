@@ -20,7 +20,13 @@ use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{NodeId, View};
 
+use crate::exec::{Bufs, PreparedStep};
+use crate::trace::{self, Event};
+use crate::{Buffer, RunError};
 use crate::{Device, RuntimeError};
+use kiln_ir::Graph;
+use rustc_hash::FxHashMap as HashMap;
+use std::time::Instant;
 
 /// When groups form and how large their tiles are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,53 +357,6 @@ pub(crate) unsafe fn run(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kiln_ir::Shape;
-
-    #[test]
-    fn row_local_reads_are_recognized() {
-        let dims = [4, 3, 5];
-        let view = |strides: &[isize], offset: usize| {
-            View::from_parts(Shape::new(dims.to_vec()), strides.to_vec(), offset)
-        };
-        // Dense [12, 5] read row by row, 12 rows of 5.
-        assert!(reads_its_row(&view(&[15, 5, 1], 0), 2, 5));
-        // One value per row (a row max broadcast along the row).
-        assert!(reads_its_row(&view(&[3, 1, 0], 0), 2, 1));
-        // 4 rows of 15.
-        assert!(reads_its_row(&view(&[15, 5, 1], 0), 1, 15));
-        // A transpose reads across rows.
-        assert!(!reads_its_row(&view(&[1, 20, 4], 0), 2, 5));
-        // A shifted read (a slice) leaves the row, unless it stays inside it.
-        assert!(!reads_its_row(&view(&[15, 5, 1], 1), 2, 5));
-        assert!(reads_its_row(
-            &View::from_parts(Shape::new(vec![4, 3, 4]), vec![15, 5, 1], 1),
-            2,
-            5
-        ));
-        // The next row's data (a narrow along the rows).
-        assert!(!reads_its_row(&view(&[15, 5, 1], 5), 2, 5));
-        // A broadcast across rows reads other rows' data.
-        assert!(!reads_its_row(&view(&[0, 0, 1], 0), 2, 5));
-        assert_eq!(row_dims(&dims, 12), Some(2));
-        assert_eq!(row_dims(&dims, 4), Some(1));
-        assert_eq!(row_dims(&dims, 6), None);
-    }
-}
-
-// Driving a group from the executor.
-
-use std::time::Instant;
-
-use kiln_ir::Graph;
-use rustc_hash::FxHashMap as HashMap;
-
-use crate::exec::{Bufs, PreparedStep};
-use crate::trace::{self, Event};
-use crate::{Buffer, RunError};
-
 /// The buffers a row group leaves for later steps, and its trace events.
 pub(crate) type GroupRun = (Vec<(NodeId, Buffer)>, Vec<Event>);
 
@@ -485,4 +444,40 @@ pub(crate) fn run_group(
     }
     let nodes = owners.into_iter().map(|(_, _, n)| n);
     Ok((nodes.zip(outs).collect(), events))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::Shape;
+
+    #[test]
+    fn row_local_reads_are_recognized() {
+        let dims = [4, 3, 5];
+        let view = |strides: &[isize], offset: usize| {
+            View::from_parts(Shape::new(dims.to_vec()), strides.to_vec(), offset)
+        };
+        // Dense [12, 5] read row by row, 12 rows of 5.
+        assert!(reads_its_row(&view(&[15, 5, 1], 0), 2, 5));
+        // One value per row (a row max broadcast along the row).
+        assert!(reads_its_row(&view(&[3, 1, 0], 0), 2, 1));
+        // 4 rows of 15.
+        assert!(reads_its_row(&view(&[15, 5, 1], 0), 1, 15));
+        // A transpose reads across rows.
+        assert!(!reads_its_row(&view(&[1, 20, 4], 0), 2, 5));
+        // A shifted read (a slice) leaves the row, unless it stays inside it.
+        assert!(!reads_its_row(&view(&[15, 5, 1], 1), 2, 5));
+        assert!(reads_its_row(
+            &View::from_parts(Shape::new(vec![4, 3, 4]), vec![15, 5, 1], 1),
+            2,
+            5
+        ));
+        // The next row's data (a narrow along the rows).
+        assert!(!reads_its_row(&view(&[15, 5, 1], 5), 2, 5));
+        // A broadcast across rows reads other rows' data.
+        assert!(!reads_its_row(&view(&[0, 0, 1], 0), 2, 5));
+        assert_eq!(row_dims(&dims, 12), Some(2));
+        assert_eq!(row_dims(&dims, 4), Some(1));
+        assert_eq!(row_dims(&dims, 6), None);
+    }
 }
