@@ -16,7 +16,7 @@
 //! [`CompileStats`] says why, naming the user line that recorded the differing op.
 //!
 //! Reading a value that the closure itself computed (`.item()`, `.to_vec()`, printing) would
-//! need a realization in the middle of the plan: it is an error ([`Error::Compile`]), a
+//! need a realization in the middle of the plan: it is an error ([`Error::Compile`](crate::Error::Compile)), a
 //! *graph break*; return the tensor and read it after the call.
 //!
 //! ```
@@ -328,8 +328,8 @@ impl<F> Compiled<F> {
     /// [`Compiled::call`], returning an error instead of panicking.
     ///
     /// # Errors
-    /// [`Error::Compile`] for a graph break (the closure read a value it computed);
-    /// [`Error::Runtime`] when running the plan fails.
+    /// [`Error::Compile`](crate::Error::Compile) for a graph break (the closure read a value it computed);
+    /// [`Error::Runtime`](crate::Error::Runtime) when running the plan fails.
     pub fn try_call<I: Inputs, O: Outputs>(&mut self, inputs: I) -> Result<O>
     where
         F: FnMut(I) -> O,

@@ -1,4 +1,4 @@
-//! The CPU back end: a [`Kernel`] lowered to Cranelift IR and compiled to machine code.
+//! The CPU back end: a [`Kernel`](kiln_ir::kernel::Kernel) lowered to Cranelift IR and compiled to machine code.
 //!
 //! The generated function has the signature
 //! `extern "C" fn(bufs: *const *mut u8, params: *const u64, start: u64, end: u64)` and computes
