@@ -3,19 +3,37 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    BlockArg, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value, types,
+    Block, BlockArg, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value, types,
 };
-use kiln_ir::ReduceOp;
+use std::collections::HashMap;
+
 use kiln_ir::kernel::KernelReduce;
+use kiln_ir::{DType, ReduceOp};
 
 use super::math;
-use super::strategy::*;
-use super::translate::*;
+use super::strategy::COLUMN_BLOCK;
+use super::translate::{Prologue, Translator, VecSrc};
 use crate::walk::Walk;
+
+/// One reduced position's view of a column block.
+#[derive(Clone, Copy)]
+struct Segment<'a> {
+    /// The inputs' addresses at this reduced position.
+    ptrs: &'a [Value],
+    /// Per input: its stride across outputs (0 or 1).
+    across: &'a [i64],
+    /// Per input: its element size in bytes.
+    sizes: &'a [i64],
+    /// How many outputs the block holds.
+    count: Value,
+    slot_addr: Value,
+    /// The constant 0, made once before the loops.
+    zero: Value,
+    red: KernelReduce,
+    dtype: DType,
+}
+
 impl<'b> Translator<'_, 'b> {
-    /// A reduction kernel: for each output position in `start..end`, fold the body's value
-    /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
-    /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
     /// A reduction vectorized across its outputs: for each block of up to [`COLUMN_BLOCK`]
     /// neighbouring outputs, f64 accumulators in a stack slot, and a walk over the reduced
     /// positions that adds each position's row segment of the block to them with vectors.
@@ -29,7 +47,6 @@ impl<'b> Translator<'_, 'b> {
         let n_in = ins.len();
         let out_ptr = outs[0];
         let starts = self.input_starts(&ins);
-        let width = i64::from(lanes.lane_count());
         let sizes: Vec<i64> = k.inputs.iter().map(|i| i.dtype.size_in_bytes() as i64).collect();
         // Per input: its stride across outputs (0 or 1) and along the innermost reduced dim.
         let across: Vec<i64> = outer.strides.iter().map(|s| *s.last().expect("a dim")).collect();
@@ -69,21 +86,7 @@ impl<'b> Translator<'_, 'b> {
         let bases = self.advance(&starts, o, &outer.dims, &outer.strides);
         let identity = self.identity(red.op, dtype);
         let identities = self.b.ins().splat(types::F64X2, identity);
-        let ihead = self.b.create_block();
-        let i = self.b.append_block_param(ihead, types::I64);
-        let ibody = self.b.create_block();
-        let rows_start = self.b.create_block();
-        let zero = self.iconst(0);
-        self.b.ins().jump(ihead, &[BlockArg::Value(zero)]);
-        self.b.switch_to_block(ihead);
-        let all = self.iconst((COLUMN_BLOCK * 8) as i64);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i, all);
-        self.b.ins().brif(more, ibody, &[], rows_start, &[]);
-        self.b.switch_to_block(ibody);
-        let at = self.b.ins().iadd(slot_addr, i);
-        self.b.ins().store(MemFlagsData::trusted(), identities, at, 0);
-        let i_next = self.b.ins().iadd_imm_s(i, 16);
-        self.b.ins().jump(ihead, &[BlockArg::Value(i_next)]);
+        let (rows_start, zero) = self.fill_slot(slot_addr, identities);
 
         // Rows of the reduced walk (all but its innermost dimension).
         self.b.switch_to_block(rows_start);
@@ -114,6 +117,77 @@ impl<'b> Translator<'_, 'b> {
 
         // One reduced position: the block's segment, by vectors then one by one.
         self.b.switch_to_block(lbody);
+        let segment = Segment {
+            ptrs: &ptrs,
+            across: &across,
+            sizes: &sizes,
+            count,
+            slot_addr,
+            zero,
+            red,
+            dtype,
+        };
+        let lnext = self.fold_segment(&segment, &param_scalar, &param_vector, lanes);
+
+        self.b.switch_to_block(lnext);
+        let stepped: Vec<Value> = (0..n_in)
+            .map(|idx| self.b.ins().iadd_imm_s(ptrs[idx], along[idx] * sizes[idx]))
+            .collect();
+        let jl_next = self.b.ins().iadd_imm_s(jl, 1);
+        let mut args = vec![BlockArg::Value(jl_next)];
+        args.extend(ptr_args(&stepped));
+        self.b.ins().jump(lhead, &args);
+
+        self.b.switch_to_block(rdone);
+        let ir_next = self.b.ins().iadd_imm_s(ir, 1);
+        self.b.ins().jump(rhead, &[BlockArg::Value(ir_next)]);
+
+        // The block's results, rounded to the output dtype.
+        self.b.switch_to_block(store);
+        self.store_block(slot_addr, o, count, dtype, out_ptr, zero);
+        let o_next = self.b.ins().iadd(o, count);
+        self.b.ins().jump(head, &[BlockArg::Value(o_next)]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
+
+    /// Sets every f64 of the accumulator slot to `identities` (an f64x2 splat); returns the
+    /// block after the loop, current, and the constant 0 for the loops that follow.
+    fn fill_slot(&mut self, slot_addr: Value, identities: Value) -> (Block, Value) {
+        let ihead = self.b.create_block();
+        let i = self.b.append_block_param(ihead, types::I64);
+        let ibody = self.b.create_block();
+        let rows_start = self.b.create_block();
+        let zero = self.iconst(0);
+        self.b.ins().jump(ihead, &[BlockArg::Value(zero)]);
+        self.b.switch_to_block(ihead);
+        let all = self.iconst((COLUMN_BLOCK * 8) as i64);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i, all);
+        self.b.ins().brif(more, ibody, &[], rows_start, &[]);
+        self.b.switch_to_block(ibody);
+        let at = self.b.ins().iadd(slot_addr, i);
+        self.b.ins().store(MemFlagsData::trusted(), identities, at, 0);
+        let i_next = self.b.ins().iadd_imm_s(i, 16);
+        self.b.ins().jump(ihead, &[BlockArg::Value(i_next)]);
+
+        self.b.switch_to_block(rows_start);
+        (rows_start, zero)
+    }
+
+    /// Folds one reduced position's segment of the block into the accumulator slot, by
+    /// vectors then one by one; returns the block it ends by jumping to, for the caller to fill.
+    fn fold_segment(
+        &mut self,
+        seg: &Segment<'_>,
+        param_scalar: &HashMap<usize, Value>,
+        param_vector: &HashMap<usize, Value>,
+        lanes: Type,
+    ) -> Block {
+        let Segment { ptrs, across, sizes, count, slot_addr, zero, red, dtype } = *seg;
+        let n_in = ptrs.len();
+        let width = i64::from(lanes.lane_count());
+        let out_expr = self.kernel.outputs[0];
         let chead = self.b.create_block();
         let j = self.b.append_block_param(chead, types::I64);
         let cbody = self.b.create_block();
@@ -142,7 +216,7 @@ impl<'b> Translator<'_, 'b> {
                 srcs.push(VecSrc::At(self.b.ins().iadd(ptrs[idx], off)));
             }
         }
-        let values = self.compute_vector(&srcs, &param_vector, lanes);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
         let v = values[out_expr];
         let wide = if lanes == types::F32X4 {
             let (lo, hi) = math::widen(&mut self.math(), v);
@@ -175,7 +249,7 @@ impl<'b> Translator<'_, 'b> {
                 self.b.ins().iadd(ptrs[idx], off)
             })
             .collect();
-        let values = self.compute_scalar(zero, &addrs, &param_scalar);
+        let values = self.compute_scalar(zero, &addrs, param_scalar);
         let acc_at = self.b.ins().imul_imm_s(tj, 8);
         let acc_at = self.b.ins().iadd(slot_addr, acc_at);
         let acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
@@ -183,22 +257,20 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().store(MemFlagsData::trusted(), folded, acc_at, 0);
         let tj_next = self.b.ins().iadd_imm_s(tj, 1);
         self.b.ins().jump(thead, &[BlockArg::Value(tj_next)]);
+        lnext
+    }
 
-        self.b.switch_to_block(lnext);
-        let stepped: Vec<Value> = (0..n_in)
-            .map(|idx| self.b.ins().iadd_imm_s(ptrs[idx], along[idx] * sizes[idx]))
-            .collect();
-        let jl_next = self.b.ins().iadd_imm_s(jl, 1);
-        let mut args = vec![BlockArg::Value(jl_next)];
-        args.extend(ptr_args(&stepped));
-        self.b.ins().jump(lhead, &args);
-
-        self.b.switch_to_block(rdone);
-        let ir_next = self.b.ins().iadd_imm_s(ir, 1);
-        self.b.ins().jump(rhead, &[BlockArg::Value(ir_next)]);
-
-        // The block's results, rounded to the output dtype.
-        self.b.switch_to_block(store);
+    /// Writes the block's `count` accumulators, rounded to `dtype`, to the outputs from `o`;
+    /// leaves the block after the loop current.
+    fn store_block(
+        &mut self,
+        slot_addr: Value,
+        o: Value,
+        count: Value,
+        dtype: DType,
+        out_ptr: Value,
+        zero: Value,
+    ) {
         let shead = self.b.create_block();
         let sj = self.b.append_block_param(shead, types::I64);
         let sbody = self.b.create_block();
@@ -219,10 +291,5 @@ impl<'b> Translator<'_, 'b> {
         let sj_next = self.b.ins().iadd_imm_s(sj, 1);
         self.b.ins().jump(shead, &[BlockArg::Value(sj_next)]);
         self.b.switch_to_block(block_done);
-        let o_next = self.b.ins().iadd(o, count);
-        self.b.ins().jump(head, &[BlockArg::Value(o_next)]);
-
-        self.b.switch_to_block(exit);
-        self.b.ins().return_(&[]);
     }
 }

@@ -5,7 +5,7 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
 use kiln_ir::DType;
 
-use super::translate::*;
+use super::translate::{Prologue, Translator, VecSrc};
 impl<'b> Translator<'_, 'b> {
     pub(super) fn body(&mut self) {
         let pro = self.prologue();

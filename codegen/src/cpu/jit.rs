@@ -13,8 +13,8 @@ use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
 use super::helpers;
-use super::strategy::*;
-use super::translate::*;
+use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, lane_type, strip_width, vector_type};
+use super::translate::Translator;
 use crate::CodegenError;
 use crate::walk::coalesce;
 /// The entry point of a compiled kernel.

@@ -2,14 +2,31 @@
 //! per-lane accumulators in f64/i64.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Value, types};
+use std::collections::HashMap;
+
+use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
 use kiln_ir::kernel::KernelReduce;
 use kiln_ir::{DType, ReduceOp};
 
 use super::math;
-use super::strategy::*;
-use super::translate::*;
+use super::strategy::scalar_type;
+use super::translate::{Prologue, Translator, acc_ty_dtype};
 use crate::walk::Walk;
+
+/// What the vector part of one row needs from the row loop around it.
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    bases: &'a [Value],
+    /// Outputs after the first: (expression, dtype, this row's base address).
+    side: &'a [(usize, DType, Value)],
+    acc: Value,
+    len: Value,
+    /// The constant 0, made once in the row loop.
+    zero: Value,
+    red: KernelReduce,
+    dtype: DType,
+}
+
 impl<'b> Translator<'_, 'b> {
     /// The accumulator type and identity of a reduction over values of `dtype`.
     pub(super) fn identity(&mut self, op: ReduceOp, dtype: DType) -> Value {
@@ -64,6 +81,9 @@ impl<'b> Translator<'_, 'b> {
         }
     }
 
+    /// A reduction kernel: for each output position in `start..end`, fold the body's value
+    /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
+    /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
     pub(super) fn body_reduce(&mut self, red: KernelReduce, outer: &Walk) {
         let k = self.kernel;
         let out_expr = k.outputs[0];
@@ -136,129 +156,15 @@ impl<'b> Translator<'_, 'b> {
                 (e, dtype, self.b.ins().iadd(base, off))
             })
             .collect();
-        if let Some((_, lanes)) = self.vector
-            && matches!(red.op, ReduceOp::Max | ReduceOp::Min)
-        {
-            // Max and min are exact in any order: keep a vector accumulator in the lanes'
-            // own type and fold its lanes into the scalar one when the row's vector part ends.
-            // The loop compares and selects (two instructions where Cranelift's
-            // NaN-propagating `fmax` takes about nine) and remembers NaN lanes apart.
-            let width = lanes.lane_count();
-            let mask_ty = if lanes == types::F32X4 { types::I32X4 } else { types::I64X2 };
-            let (splats, starts) = self.vector_row(&bases, zero, lanes);
-            let vhead = self.b.create_block();
-            let jv = self.b.append_block_param(vhead, types::I64);
-            let vacc = self.b.append_block_param(vhead, lanes);
-            let vnan = self.b.append_block_param(vhead, mask_ty);
-            let ptrs = self.carried(vhead, starts.len());
-            let vbody = self.b.create_block();
-            let vdone = self.b.create_block();
-            let ident = self.float_const(
-                if red.op == ReduceOp::Max { f64::NEG_INFINITY } else { f64::INFINITY },
-                lanes.lane_type(),
-            );
-            let init = self.b.ins().splat(lanes, ident);
-            let no_nan = self.b.ins().iconst(mask_ty.lane_type(), 0);
-            let no_nan = self.b.ins().splat(mask_ty, no_nan);
-            let mut args =
-                vec![BlockArg::Value(zero), BlockArg::Value(init), BlockArg::Value(no_nan)];
-            args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
-            self.b.ins().jump(vhead, &args);
-            self.b.switch_to_block(vhead);
-            let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
-            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
-            self.b.ins().brif(fits, vbody, &[], vdone, &[]);
-            self.b.switch_to_block(vbody);
-            let srcs = self.vector_srcs(&splats, &ptrs);
-            let values = self.compute_vector(&srcs, &param_vector, lanes);
-            self.store_side_vectors(&side, &values, jv);
-            let v = values[out_expr];
-            let cc = if red.op == ReduceOp::Max { FloatCC::GreaterThan } else { FloatCC::LessThan };
-            let better = self.b.ins().fcmp(cc, v, vacc);
-            let better = self.b.ins().bitcast(lanes, MemFlagsData::new(), better);
-            let folded = self.b.ins().bitselect(better, v, vacc);
-            let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
-            let nans = self.b.ins().bor(vnan, is_nan);
-            let mut loop_args =
-                vec![BlockArg::Value(next), BlockArg::Value(folded), BlockArg::Value(nans)];
-            let steps = self.input_steps(&splats, lanes);
-            let advanced = self.advance_ptrs(&ptrs, &steps);
-            loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
-            self.b.ins().jump(vhead, &loop_args);
-            self.b.switch_to_block(vdone);
-            let mut acc = racc;
-            for lane in 0..width {
-                let v = self.b.ins().extractlane(vacc, lane as u8);
-                acc = self.combine(red.op, acc, v, dtype);
+        let row = Row { bases: &bases, side: &side, acc: racc, len: len_v, zero, red, dtype };
+        let (j0, acc0) = match self.vector {
+            Some((_, lanes)) if matches!(red.op, ReduceOp::Max | ReduceOp::Min) => {
+                self.row_vector_extremum(&row, &param_vector, lanes)
             }
-            let any_nan = self.b.ins().vany_true(vnan);
-            let nan = self.b.ins().f64const(f64::NAN);
-            let acc = self.b.ins().select(any_nan, nan, acc);
-            self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
-        } else if let Some((_, lanes)) = self.vector {
-            // Every lane accumulates in f64, in f64x2 vectors (an f32x4 is widened into two),
-            // so that the lanes' additions do not wait on each other; the lanes are combined
-            // in order when the row's vector part ends.
-            let width = lanes.lane_count();
-            let n_acc = (width / 2) as usize;
-            let (splats, starts) = self.vector_row(&bases, zero, lanes);
-            let vhead = self.b.create_block();
-            let jv = self.b.append_block_param(vhead, types::I64);
-            let vaccs: Vec<Value> =
-                (0..n_acc).map(|_| self.b.append_block_param(vhead, types::F64X2)).collect();
-            let ptrs = self.carried(vhead, starts.len());
-            let vbody = self.b.create_block();
-            let vdone = self.b.create_block();
-            let identity = self.identity(red.op, dtype);
-            let identities = self.b.ins().splat(types::F64X2, identity);
-            let first = self.b.ins().insertlane(identities, racc, 0);
-            let mut args = vec![BlockArg::Value(zero), BlockArg::Value(first)];
-            args.extend((1..n_acc).map(|_| BlockArg::Value(identities)));
-            args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
-            self.b.ins().jump(vhead, &args);
-            self.b.switch_to_block(vhead);
-            let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
-            let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
-            self.b.ins().brif(fits, vbody, &[], vdone, &[]);
-            self.b.switch_to_block(vbody);
-            let srcs = self.vector_srcs(&splats, &ptrs);
-            let values = self.compute_vector(&srcs, &param_vector, lanes);
-            self.store_side_vectors(&side, &values, jv);
-            let v = values[out_expr];
-            let wide = if lanes == types::F32X4 {
-                let (lo, hi) = math::widen(&mut self.math(), v);
-                vec![lo, hi]
-            } else {
-                vec![v]
-            };
-            let mut next_args = vec![BlockArg::Value(next)];
-            for (&acc, &w) in vaccs.iter().zip(&wide) {
-                let folded = match red.op {
-                    ReduceOp::Prod => self.b.ins().fmul(acc, w),
-                    _ => self.b.ins().fadd(acc, w),
-                };
-                next_args.push(BlockArg::Value(folded));
-            }
-            let steps = self.input_steps(&splats, lanes);
-            let advanced = self.advance_ptrs(&ptrs, &steps);
-            next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
-            self.b.ins().jump(vhead, &next_args);
-            self.b.switch_to_block(vdone);
-            let mut acc = None;
-            for &vacc in &vaccs {
-                for lane in 0..2u8 {
-                    let v = self.b.ins().extractlane(vacc, lane);
-                    acc = Some(match acc {
-                        None => v,
-                        Some(a) => self.combine(red.op, a, v, acc_ty_dtype(dtype)),
-                    });
-                }
-            }
-            let acc = acc.expect("at least one accumulator");
-            self.b.ins().jump(shead, &[BlockArg::Value(jv), BlockArg::Value(acc)]);
-        } else {
-            self.b.ins().jump(shead, &[BlockArg::Value(zero), BlockArg::Value(racc)]);
-        }
+            Some((_, lanes)) => self.row_vector_accumulate(&row, &param_vector, lanes),
+            None => (zero, racc),
+        };
+        self.b.ins().jump(shead, &[BlockArg::Value(j0), BlockArg::Value(acc0)]);
 
         self.b.switch_to_block(shead);
         let go = self.b.ins().icmp(IntCC::UnsignedLessThan, js, len_v);
@@ -294,5 +200,144 @@ impl<'b> Translator<'_, 'b> {
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+    }
+
+    /// The vector part of a max/min row: returns the position where the scalar tail starts
+    /// and the accumulator so far.
+    fn row_vector_extremum(
+        &mut self,
+        row: &Row<'_>,
+        param_vector: &HashMap<usize, Value>,
+        lanes: Type,
+    ) -> (Value, Value) {
+        let Row { bases, side, acc: racc, len: len_v, zero, red, dtype } = *row;
+        let out_expr = self.kernel.outputs[0];
+        // Max and min are exact in any order: keep a vector accumulator in the lanes'
+        // own type and fold its lanes into the scalar one when the row's vector part ends.
+        // The loop compares and selects (two instructions where Cranelift's
+        // NaN-propagating `fmax` takes about nine) and remembers NaN lanes apart.
+        let width = lanes.lane_count();
+        let mask_ty = if lanes == types::F32X4 { types::I32X4 } else { types::I64X2 };
+        let (splats, starts) = self.vector_row(bases, zero, lanes);
+        let vhead = self.b.create_block();
+        let jv = self.b.append_block_param(vhead, types::I64);
+        let vacc = self.b.append_block_param(vhead, lanes);
+        let vnan = self.b.append_block_param(vhead, mask_ty);
+        let ptrs = self.carried(vhead, starts.len());
+        let vbody = self.b.create_block();
+        let vdone = self.b.create_block();
+        let ident = self.float_const(
+            if red.op == ReduceOp::Max { f64::NEG_INFINITY } else { f64::INFINITY },
+            lanes.lane_type(),
+        );
+        let init = self.b.ins().splat(lanes, ident);
+        let no_nan = self.b.ins().iconst(mask_ty.lane_type(), 0);
+        let no_nan = self.b.ins().splat(mask_ty, no_nan);
+        let mut args = vec![BlockArg::Value(zero), BlockArg::Value(init), BlockArg::Value(no_nan)];
+        args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vhead, &args);
+        self.b.switch_to_block(vhead);
+        let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+        self.b.ins().brif(fits, vbody, &[], vdone, &[]);
+        self.b.switch_to_block(vbody);
+        let srcs = self.vector_srcs(&splats, &ptrs);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
+        self.store_side_vectors(side, &values, jv);
+        let v = values[out_expr];
+        let cc = if red.op == ReduceOp::Max { FloatCC::GreaterThan } else { FloatCC::LessThan };
+        let better = self.b.ins().fcmp(cc, v, vacc);
+        let better = self.b.ins().bitcast(lanes, MemFlagsData::new(), better);
+        let folded = self.b.ins().bitselect(better, v, vacc);
+        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
+        let nans = self.b.ins().bor(vnan, is_nan);
+        let mut loop_args =
+            vec![BlockArg::Value(next), BlockArg::Value(folded), BlockArg::Value(nans)];
+        let steps = self.input_steps(&splats, lanes);
+        let advanced = self.advance_ptrs(&ptrs, &steps);
+        loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vhead, &loop_args);
+        self.b.switch_to_block(vdone);
+        let mut acc = racc;
+        for lane in 0..width {
+            let v = self.b.ins().extractlane(vacc, lane as u8);
+            acc = self.combine(red.op, acc, v, dtype);
+        }
+        let any_nan = self.b.ins().vany_true(vnan);
+        let nan = self.b.ins().f64const(f64::NAN);
+        let acc = self.b.ins().select(any_nan, nan, acc);
+        (jv, acc)
+    }
+
+    /// The vector part of a sum/product row: returns the position where the scalar tail
+    /// starts and the accumulator so far.
+    fn row_vector_accumulate(
+        &mut self,
+        row: &Row<'_>,
+        param_vector: &HashMap<usize, Value>,
+        lanes: Type,
+    ) -> (Value, Value) {
+        let Row { bases, side, acc: racc, len: len_v, zero, red, dtype } = *row;
+        let out_expr = self.kernel.outputs[0];
+        // Every lane accumulates in f64, in f64x2 vectors (an f32x4 is widened into two),
+        // so that the lanes' additions do not wait on each other; the lanes are combined
+        // in order when the row's vector part ends.
+        let width = lanes.lane_count();
+        let n_acc = (width / 2) as usize;
+        let (splats, starts) = self.vector_row(bases, zero, lanes);
+        let vhead = self.b.create_block();
+        let jv = self.b.append_block_param(vhead, types::I64);
+        let vaccs: Vec<Value> =
+            (0..n_acc).map(|_| self.b.append_block_param(vhead, types::F64X2)).collect();
+        let ptrs = self.carried(vhead, starts.len());
+        let vbody = self.b.create_block();
+        let vdone = self.b.create_block();
+        let identity = self.identity(red.op, dtype);
+        let identities = self.b.ins().splat(types::F64X2, identity);
+        let first = self.b.ins().insertlane(identities, racc, 0);
+        let mut args = vec![BlockArg::Value(zero), BlockArg::Value(first)];
+        args.extend((1..n_acc).map(|_| BlockArg::Value(identities)));
+        args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vhead, &args);
+        self.b.switch_to_block(vhead);
+        let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+        self.b.ins().brif(fits, vbody, &[], vdone, &[]);
+        self.b.switch_to_block(vbody);
+        let srcs = self.vector_srcs(&splats, &ptrs);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
+        self.store_side_vectors(side, &values, jv);
+        let v = values[out_expr];
+        let wide = if lanes == types::F32X4 {
+            let (lo, hi) = math::widen(&mut self.math(), v);
+            vec![lo, hi]
+        } else {
+            vec![v]
+        };
+        let mut next_args = vec![BlockArg::Value(next)];
+        for (&acc, &w) in vaccs.iter().zip(&wide) {
+            let folded = match red.op {
+                ReduceOp::Prod => self.b.ins().fmul(acc, w),
+                _ => self.b.ins().fadd(acc, w),
+            };
+            next_args.push(BlockArg::Value(folded));
+        }
+        let steps = self.input_steps(&splats, lanes);
+        let advanced = self.advance_ptrs(&ptrs, &steps);
+        next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vhead, &next_args);
+        self.b.switch_to_block(vdone);
+        let mut acc = None;
+        for &vacc in &vaccs {
+            for lane in 0..2u8 {
+                let v = self.b.ins().extractlane(vacc, lane);
+                acc = Some(match acc {
+                    None => v,
+                    Some(a) => self.combine(red.op, a, v, acc_ty_dtype(dtype)),
+                });
+            }
+        }
+        let acc = acc.expect("at least one accumulator");
+        (jv, acc)
     }
 }

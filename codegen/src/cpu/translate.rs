@@ -10,7 +10,7 @@ use kiln_ir::kernel::{ExprKind, Kernel};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 use super::math;
-use super::strategy::*;
+use super::strategy::scalar_type;
 use crate::walk::Walk;
 
 /// The flags of kernel loads and stores: kiln's buffers are aligned and every address a
