@@ -116,6 +116,31 @@ fn bmm_and_dot() {
     assert_close(&[d.item::<f64>()], &[v.iter().map(|x| x * x).sum()], DType::F64, "dot");
 }
 
+/// `((x @ y)ᵀ @ z)ᵀ * 2`: the inner transposed product is an operand of the outer one, and both
+/// are rewritten to `bᵀ aᵀ`; the outer must read the inner's new product, not its old one.
+#[test]
+fn nested_transposed_products() {
+    let mut rng = Rng::new(35);
+    let (m, k) = (3, 4);
+    let dx = values(&mut rng, m * k, DType::F64);
+    let dy = values(&mut rng, k * m, DType::F64);
+    let dz = values(&mut rng, m * 2, DType::F64);
+    let (x, y, z) = (
+        tensor(&dx, &[m, k], DType::F64),
+        tensor(&dy, &[k, m], DType::F64),
+        tensor(&dz, &[m, 2], DType::F64),
+    );
+    // `* 2.0` records the outer transpose as a node of the graph (an output is read through
+    // its view without one).
+    let got = x.matmul(&y).t().matmul(&z).t() * 2.0;
+    let xy = mm_ref(&dx, &dy, m, k, m);
+    let xyt: Vec<f64> = (0..m * m).map(|i| xy[(i % m) * m + i / m]).collect();
+    let p = mm_ref(&xyt, &dz, m, m, 2);
+    let want: Vec<f64> = (0..2 * m).map(|i| 2.0 * p[(i % m) * 2 + i / m]).collect();
+    assert_eq!(got.shape().dims(), &[2, m]);
+    assert_close_tol(&read(&got, DType::F64), &want, 1e-12, "((x y)ᵀ z)ᵀ");
+}
+
 #[test]
 fn transposed_and_broadcast_operands_go_to_gemm_as_strides() {
     let mut rng = Rng::new(34);

@@ -130,8 +130,10 @@ pub fn transpose_products(graph: &Graph) -> Option<Rewrite> {
                 let r = shape.rank();
                 let mut perm: Vec<usize> = (0..r).collect();
                 perm.swap(r - 2, r - 1);
+                // An operand that is itself a folded transpose is a product now: transpose
+                // the new product, not the view's old source (which is gone).
                 let (view, src) = match &graph.node(n).op {
-                    Op::View(v) => (v.permute(&perm), graph.args(n)[0]),
+                    Op::View(v) if !fold.contains_key(&n) => (v.permute(&perm), graph.args(n)[0]),
                     _ => (View::contiguous(shape).permute(&perm), n),
                 };
                 if view.is_identity_of(&graph.node(src).shape) {
