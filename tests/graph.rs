@@ -144,3 +144,27 @@ fn loop_strategy_clif_snapshots() {
         );
     }
 }
+
+/// The CUDA C of each kernel kind the CUDA code generator emits: elementwise, a row
+/// reduction, a reduction across its outputs (columns), and a long reduction split into
+/// partials (with its merge). The elementwise and row kinds of a training step are in
+/// `training_step_kernel_snapshots`; this covers the rest on small, readable programs.
+#[test]
+fn cuda_kernel_kind_snapshots() {
+    let m = Tensor::from_vec((0..64 * 48).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [64, 48]);
+    let long =
+        Tensor::from_vec((0..1 << 20).map(|i| (i % 5) as f32).collect::<Vec<_>>(), [1 << 20]);
+    Tensor::try_realize_all(&[&m, &long]).unwrap();
+    let cases = [
+        ("elementwise", (&m * 2.0 + 1.0).exp()),
+        ("row_reduction", m.sum_dim(1, false)),
+        ("column_reduction", m.sum_dim(0, false)),
+        ("split_reduction", (&long * 2.0).sum()),
+    ];
+    for (name, y) in cases {
+        let (_, kernels) = kiln::debug::kernels(|| y.realize());
+        assert_eq!(kernels.len(), 1, "{name}: one kernel");
+        let cuda = kernels[0].cuda.as_deref().expect("CUDA C");
+        insta::assert_snapshot!(format!("cuda_{name}"), format!("{}\n\n{cuda}", kernels[0].text));
+    }
+}
