@@ -6,7 +6,10 @@ use crate::{Error, Result, Tensor};
 /// as PyTorch's `gradcheck` does (in its fast mode: the output is projected onto a fixed
 /// random direction, which catches any wrong Jacobian entry with probability 1).
 ///
-/// Inputs may live on any device; the perturbed copies are made on each input's device.
+/// Inputs may live on any device and in any layout: a permuted or sliced input is
+/// differentiated through its view (the perturbed copies are made on each input's device,
+/// with the same strides over a perturbed storage). Views whose elements share memory (an
+/// `expand`) are refused, as PyTorch refuses them.
 /// `inputs` should be `f64` tensors (in lower precision the finite differences are too
 /// noisy); each is checked element by element with steps of `±eps`. An analytic and a
 /// numeric value agree when `|a - n| <= tol * (1 + |n|)`.
@@ -27,8 +30,21 @@ pub fn gradcheck(
     eps: f64,
     tol: f64,
 ) -> Result<()> {
-    let leaves: Vec<Tensor> =
-        inputs.iter().map(|t| t.detach().contiguous().requires_grad_(true)).collect();
+    // The inputs keep the caller's layout: a permuted or sliced input is differentiated
+    // through its view, and the finite differences perturb the storage under it.
+    for (i, t) in inputs.iter().enumerate() {
+        if !t.layout().is_non_overlapping() {
+            return Err(Error::Autograd {
+                op: "gradcheck",
+                detail: format!(
+                    "input {i} (shape {}, strides {:?}) is a view whose elements share memory (an expand?); a finite difference cannot move one of them alone: pass it .contiguous()",
+                    t.shape(),
+                    t.layout().strides()
+                ),
+            });
+        }
+    }
+    let leaves: Vec<Tensor> = inputs.iter().map(|t| t.detach().requires_grad_(true)).collect();
     let out = f(&leaves);
     // A fixed direction with entries in [0.5, 1.5): generic enough to see every column.
     let direction: Vec<f64> =
@@ -42,20 +58,24 @@ pub fn gradcheck(
     let analytic = crate::autograd::try_grad(&[&loss], &wrt, false)?;
 
     for (i, (input, grad)) in leaves.iter().zip(&analytic).enumerate() {
-        let base: Vec<f64> = input.try_to_vec()?;
+        // The whole storage under the input's view, and where each element lives in it.
+        let storage: Vec<f64> = Tensor::from_node(input.storage().node()).try_to_vec()?;
+        let offsets: Vec<usize> = input.layout().offsets().collect();
         let grad: Vec<f64> = grad.try_to_vec()?;
-        for j in 0..base.len() {
+        for (j, &at_storage) in offsets.iter().enumerate() {
             let at = |delta: f64| -> Result<f64> {
-                let mut v = base.clone();
-                v[j] += delta;
+                let mut v = storage.clone();
+                v[at_storage] += delta;
                 let moved: Vec<Tensor> = leaves
                     .iter()
                     .enumerate()
                     .map(|(k, t)| {
                         let moved = if k == i {
-                            Tensor::from_vec(v.clone(), t.shape().clone())
+                            let len = v.len();
+                            Tensor::from_vec(v.clone(), [len])
                                 .to_dtype(t.dtype())
                                 .try_to(t.device())?
+                                .with_view(t.layout().clone())
                         } else {
                             t.detach()
                         };
