@@ -434,6 +434,35 @@ pub(crate) fn composite_reductions_pass_gradcheck() {
     gradcheck(first, &[x], 1e-6, 1e-5).unwrap();
 }
 
+/// gradcheck differentiates through the caller's layout: `f` sees the permuted or sliced
+/// strides on every call (the analytic one and each perturbed one), and an input whose
+/// elements share memory is refused with the fix.
+#[test]
+fn gradcheck_keeps_the_callers_layout() {
+    let mut rng = Rng::new(44);
+    for layout in [Layout::Permuted, Layout::Sliced] {
+        let x = input(&mut rng, &[3, 4], layout);
+        let (strides, offset) = (x.stride(), x.storage_offset());
+        let seen = std::sync::Mutex::new(Vec::new());
+        gradcheck(
+            |xs| {
+                seen.lock().unwrap().push((xs[0].stride(), xs[0].storage_offset()));
+                (xs[0].tanh() * &xs[0]).sum_dim(1, false)
+            },
+            &[x],
+            1e-6,
+            1e-6,
+        )
+        .unwrap();
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 1 + 2 * 12, "{layout:?}: one analytic call, two per element");
+        assert!(seen.iter().all(|s| *s == (strides.clone(), offset)), "{layout:?}: {seen:?}");
+    }
+    let expanded = Tensor::from_vec(vec![1.0f64, 2.0], [2, 1]).expand(&[2, 3]);
+    let err = gradcheck(|xs| xs[0].exp(), &[expanded], 1e-6, 1e-6).unwrap_err().to_string();
+    assert!(err.contains("share memory") && err.contains(".contiguous()"), "{err}");
+}
+
 #[test]
 fn in_place_autograd_rules() {
     // In place on a leaf that requires grad is an error, with the fix.

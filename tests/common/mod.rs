@@ -85,13 +85,48 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F64 => v,
         DType::F32 => v as f32 as f64,
-        DType::F16 => kiln_ir::f16_from_f64(v).to_f64(),
-        DType::BF16 => kiln_ir::bf16_from_f64(v).to_f64(),
+        DType::F16 => {
+            nearest_16(v, |a| f16::from_f64(a).to_bits(), |b| f16::from_bits(b).to_f64(), 0x7c00)
+        }
+        DType::BF16 => {
+            nearest_16(v, |a| bf16::from_f64(a).to_bits(), |b| bf16::from_bits(b).to_f64(), 0x7f80)
+        }
         DType::I64 => v as i64 as f64,
         DType::I32 => v as i64 as i32 as f64,
         DType::U8 => v as i64 as u8 as f64,
         DType::Bool => f64::from(u8::from(v != 0.0)),
     }
+}
+
+/// `v` rounded once to a 16-bit float format, ties to even, as an oracle independent of
+/// kiln's conversion: `half`'s conversion (which goes through f32 and may round twice) only
+/// proposes a candidate; the nearest of it and its two neighbours is chosen exactly. For
+/// overflow, infinity (`inf_bits`) stands for the power of two after the largest finite
+/// value, as IEEE rounding defines it.
+fn nearest_16(
+    v: f64,
+    to_bits: impl Fn(f64) -> u16,
+    value: impl Fn(u16) -> f64,
+    inf_bits: u16,
+) -> f64 {
+    if v.is_nan() {
+        return f64::NAN;
+    }
+    let a = v.abs();
+    let at = |b: u16| if b == inf_bits { 2.0 * value(b - 1) - value(b - 2) } else { value(b) };
+    let c = to_bits(a).min(inf_bits);
+    let candidates = [c.saturating_sub(1), c, (c + 1).min(inf_bits)];
+    let mut best = candidates[1];
+    for &b in &candidates {
+        let (d, e) = ((a - at(b)).abs(), (a - at(best)).abs());
+        if d < e || (d == e && b % 2 == 0) {
+            best = b;
+        }
+    }
+    if a.is_infinite() {
+        best = inf_bits;
+    }
+    value(best).copysign(v)
 }
 
 /// `n` random values exactly representable in `dtype`: floats in [-3, 3], signed integers in
