@@ -102,6 +102,7 @@ mod execution;
 mod lazy;
 pub mod nn;
 pub mod optim;
+mod origin;
 mod profile;
 mod random;
 mod realize;

@@ -220,3 +220,56 @@ fn cuda_probing_never_fails_and_moves_say_why() {
     }
     assert!(x.cpu().shares_storage_with(&x));
 }
+
+/// The origin line of the first runtime error `f`'s result gives when read.
+fn failing_line(t: &Tensor) -> (String, u32) {
+    let err = t.try_to_vec::<f32>().expect_err("reading should fail");
+    let kiln::Error::Runtime(run) = &err else { panic!("expected a runtime error, got {err:?}") };
+    let origin = run.origin.unwrap_or_else(|| panic!("no origin: {err}"));
+    assert!(err.to_string().contains(&format!("{}:{}", origin.file(), origin.line())), "{err}");
+    (origin.file().to_string(), origin.line())
+}
+
+/// Errors found while computing name the user's line, also when the failing op was recorded
+/// deep inside a loss, a layer or a model made of layers.
+#[test]
+fn errors_inside_losses_and_layers_name_the_users_line() {
+    use kiln::nn::{Embedding, Module, Sequential, functional as F};
+    let here = |line: u32| ("tests/errors.rs".to_string(), line);
+    let logits = Tensor::zeros([2, 3]);
+    let target = Tensor::from_vec(vec![0i64, 5], [2]);
+    let line = line!() + 1;
+    let loss = F::cross_entropy(&logits, &target);
+    assert_eq!(failing_line(&loss), here(line));
+    let log_p = logits.log_softmax(1);
+    let line = line!() + 1;
+    let loss = F::try_nll_loss_with(&log_p, &target, Default::default(), None).unwrap();
+    assert_eq!(failing_line(&loss), here(line));
+
+    // A layer, and the same layer inside a Sequential (called through `dyn Module`).
+    let indices = Tensor::from_vec(vec![1i64, 9], [2]);
+    let line = line!() + 1;
+    let out = Embedding::new(4, 3).forward(&indices);
+    assert_eq!(failing_line(&out), here(line));
+    let model = Sequential::new().with(Embedding::new(4, 3));
+    let line = line!() + 1;
+    let out = model.try_forward(&indices).unwrap();
+    assert_eq!(failing_line(&out), here(line));
+
+    // A module of the user's own, run by a Sequential: its own line, not the Sequential's.
+    struct Head;
+    impl kiln::nn::Parameters for Head {
+        fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor)) {}
+        fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor)) {}
+    }
+    const HEAD_LINE: u32 = line!() + 4;
+    impl Module for Head {
+        fn try_forward(&self, x: &Tensor) -> kiln::Result<Tensor> {
+            let target = Tensor::from_vec(vec![7i64], [1]);
+            F::try_cross_entropy_with(x, &target, Default::default())
+        }
+    }
+    let model = Sequential::new().with(Head);
+    let out = model.forward(&Tensor::zeros([1, 3]));
+    assert_eq!(failing_line(&out), here(HEAD_LINE));
+}

@@ -277,7 +277,12 @@ pub fn gather_first(graph: &Graph) -> Option<Rewrite> {
                     }
                     Leaf::Full => out.push(Op::Gather { axis: *axis }, &[map[m], index]),
                 };
-                pushed.insert(*m, value.expect("a gather of an operand of the gathered shape"));
+                let value = value.expect("a gather of an operand of the gathered shape");
+                // The pushed gathers check the index: their errors name the gather's line.
+                if let Some(origin) = node.origin {
+                    out.set_origin(value, origin);
+                }
+                pushed.insert(*m, value);
             }
             push_elementwise(graph, &mut out, graph.args(id)[0], &mut pushed)
         } else {

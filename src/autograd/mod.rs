@@ -102,7 +102,7 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
         inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
         output: Arc::downgrade(&out.0),
-        origin: Location::caller(),
+        origin: crate::origin::caller(),
     };
     meta(out).grad_fn = Some(Arc::new(node));
 }
@@ -117,7 +117,7 @@ pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
             inputs: Mutex::new(Some(vec![input.clone()])),
             versions: vec![input.storage().version()],
             output: Arc::downgrade(&out.0),
-            origin: Location::caller(),
+            origin: crate::origin::caller(),
         };
         meta(out).grad_fn = Some(Arc::new(node));
     }

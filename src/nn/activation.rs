@@ -15,7 +15,9 @@ macro_rules! activation {
         }
 
         impl Module for $name {
+            #[track_caller]
             fn try_forward(&self, $x: &Tensor) -> Result<Tensor> {
+                let _at = crate::origin::enter();
                 $body
             }
         }
@@ -42,7 +44,9 @@ impl Parameters for GELU {
 }
 
 impl Module for GELU {
+    #[track_caller]
     fn try_forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
         Ok(x.gelu())
     }
 }

@@ -33,7 +33,9 @@ impl Embedding {
 crate::parameters!(Embedding { weight });
 
 impl Module for Embedding {
+    #[track_caller]
     fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
         if !indices.dtype().is_int() {
             return Err(Error::dtype(
                 "Embedding",

@@ -57,6 +57,7 @@ pub struct CrossEntropyOptions {
 #[track_caller]
 #[must_use]
 pub fn softmax(input: &Tensor, dim: i64) -> Tensor {
+    let _at = crate::origin::enter();
     input.softmax(dim)
 }
 
@@ -64,6 +65,7 @@ pub fn softmax(input: &Tensor, dim: i64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn log_softmax(input: &Tensor, dim: i64) -> Tensor {
+    let _at = crate::origin::enter();
     input.log_softmax(dim)
 }
 
@@ -76,6 +78,7 @@ pub fn log_softmax(input: &Tensor, dim: i64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn cross_entropy(input: &Tensor, target: &Tensor) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_cross_entropy_with(input, target, CrossEntropyOptions::default()))
 }
 
@@ -98,6 +101,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn cross_entropy_with(input: &Tensor, target: &Tensor, options: CrossEntropyOptions) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_cross_entropy_with(input, target, options))
 }
 
@@ -108,11 +112,13 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, options: CrossEntropy
 /// [`Error::DType`] for float targets or integer logits; [`Error::Value`] for a label
 /// smoothing outside `[0, 1]`. A class index outside `[0, C)` fails when the loss is computed
 /// ([`Error::Runtime`]).
+#[track_caller]
 pub fn try_cross_entropy_with(
     input: &Tensor,
     target: &Tensor,
     options: CrossEntropyOptions,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     const OP: &str = "cross_entropy";
     let eps = options.label_smoothing;
     if !(0.0..=1.0).contains(&eps) {
@@ -140,6 +146,7 @@ pub fn try_cross_entropy_with(
 #[track_caller]
 #[must_use]
 pub fn nll_loss(input: &Tensor, target: &Tensor) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_nll_loss_with(input, target, Reduction::Mean, None))
 }
 
@@ -155,6 +162,7 @@ pub fn nll_loss_with(
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_nll_loss_with(input, target, reduction, ignore_index))
 }
 
@@ -162,12 +170,14 @@ pub fn nll_loss_with(
 ///
 /// # Errors
 /// As [`try_cross_entropy_with`].
+#[track_caller]
 pub fn try_nll_loss_with(
     input: &Tensor,
     target: &Tensor,
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     const OP: &str = "nll_loss";
     let class_dim = check_class_target(OP, input, target)?;
     let options = CrossEntropyOptions { reduction, label_smoothing: 0.0, ignore_index };
@@ -268,6 +278,7 @@ fn nll_from_log_probs(
 #[track_caller]
 #[must_use]
 pub fn mse_loss(input: &Tensor, target: &Tensor) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_mse_loss_with(input, target, Reduction::Mean))
 }
 
@@ -278,6 +289,7 @@ pub fn mse_loss(input: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_mse_loss_with(input, target, reduction))
 }
 
@@ -286,7 +298,9 @@ pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> T
 /// # Errors
 /// [`Error::Shape`] when the shapes differ (PyTorch broadcasts with a warning; that is
 /// almost always a bug, so kiln asks for an explicit `expand`).
+#[track_caller]
 pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     same_shape("mse_loss", input, target)?;
     reduction.apply(&input.try_sub(target)?.square())
 }
@@ -308,6 +322,7 @@ pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) 
 #[track_caller]
 #[must_use]
 pub fn binary_cross_entropy_with_logits(logits: &Tensor, target: &Tensor) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_binary_cross_entropy_with_logits(logits, target, Reduction::Mean))
 }
 
@@ -315,11 +330,13 @@ pub fn binary_cross_entropy_with_logits(logits: &Tensor, target: &Tensor) -> Ten
 ///
 /// # Errors
 /// [`Error::Shape`] when the shapes differ, [`Error::DType`] for non-float logits.
+#[track_caller]
 pub fn try_binary_cross_entropy_with_logits(
     logits: &Tensor,
     target: &Tensor,
     reduction: Reduction,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     const OP: &str = "binary_cross_entropy_with_logits";
     same_shape(OP, logits, target)?;
     if !logits.dtype().is_float() {
@@ -355,6 +372,7 @@ fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
 #[track_caller]
 #[must_use]
 pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_dropout(input, p, training))
 }
 
@@ -362,7 +380,9 @@ pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
 ///
 /// # Errors
 /// [`Error::Value`] when `p` is not in `[0, 1]`; [`Error::DType`] for a non-float input.
+#[track_caller]
 pub fn try_dropout(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     if !(0.0..=1.0).contains(&p) {
         return Err(Error::value("dropout", format!("p must be in [0, 1], got {p}")));
     }
@@ -396,6 +416,7 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Tensor {
+    let _at = crate::origin::enter();
     ok(try_layer_norm(input, normalized_shape, weight, bias, eps))
 }
 
@@ -404,6 +425,7 @@ pub fn layer_norm(
 /// # Errors
 /// [`Error::Shape`] when the input does not end in `normalized_shape` or the weight or bias
 /// have another shape; [`Error::DType`] for a non-float input.
+#[track_caller]
 pub fn try_layer_norm(
     input: &Tensor,
     normalized_shape: &[usize],
@@ -411,6 +433,7 @@ pub fn try_layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     const OP: &str = "layer_norm";
     let (n, k) = (input.ndim(), normalized_shape.len());
     if k == 0 || k > n || &input.dims()[n - k..] != normalized_shape {

@@ -161,6 +161,11 @@ pub trait Parameters {
 ///
 /// Implement [`Module::try_forward`]; [`Module::forward`] is its panicking twin, as
 /// everywhere in kiln.
+///
+/// An error found while computing (an index out of range, say) names the line that recorded
+/// the failing op: for kiln's own layers and losses, the line of your program that called
+/// them (also through a [`Sequential`]); for your own modules, the line in your
+/// `try_forward`.
 pub trait Module: Parameters {
     /// The forward pass.
     ///
@@ -252,7 +257,9 @@ impl<T: Parameters + ?Sized> Parameters for Box<T> {
 }
 
 impl<T: Module + ?Sized> Module for Box<T> {
+    #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
         (**self).try_forward(input)
     }
 }

@@ -55,7 +55,9 @@ impl LayerNorm {
 crate::parameters!(LayerNorm { weight, bias });
 
 impl Module for LayerNorm {
+    #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
         functional::try_layer_norm(
             input,
             &self.normalized_shape,

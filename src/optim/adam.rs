@@ -106,7 +106,9 @@ macro_rules! adam_like {
         }
 
         impl Optimizer for $name {
+            #[track_caller]
             fn try_step(&mut self) -> Result<()> {
+                let _at = crate::origin::enter();
                 self.inner.step()
             }
 

@@ -89,7 +89,9 @@ pub trait Optimizer {
 /// let g = p.grad().unwrap().to_vec::<f32>();
 /// assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6);
 /// ```
+#[track_caller]
 pub fn clip_grad_norm(parameters: &[Tensor], max_norm: f64) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     if max_norm.is_nan() || max_norm < 0.0 {
         return Err(Error::value(
             "clip_grad_norm",

@@ -93,7 +93,9 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    #[track_caller]
     fn try_step(&mut self) -> Result<()> {
+        let _at = crate::origin::enter();
         let c = self.config;
         crate::no_grad(|| {
             let mut touched = Vec::new();

@@ -6,8 +6,6 @@
 //! ones, so every alias reads the update, and tensors recorded earlier keep reading the old
 //! values, as they would have in eager PyTorch.
 
-use std::panic::Location;
-
 use kiln_ir::{Op, Scalar};
 
 use super::{Operand, Tensor};
@@ -102,7 +100,7 @@ impl Tensor {
                 base.shape.clone(),
                 base.dtype,
                 base.device,
-                Location::caller(),
+                crate::origin::caller(),
             )
         };
         self.storage().replace(node);

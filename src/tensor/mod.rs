@@ -12,7 +12,6 @@ mod read;
 mod reduce;
 mod select;
 
-use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -111,7 +110,7 @@ impl Tensor {
     /// A tensor over an already computed buffer.
     #[track_caller]
     pub(crate) fn from_buffer(buffer: Buffer, shape: Shape) -> Tensor {
-        Tensor::from_node(LazyNode::realized(buffer, shape, Location::caller()))
+        Tensor::from_node(LazyNode::realized(buffer, shape, crate::origin::caller()))
     }
 
     /// Another view of the same storage, with no autograd history.
@@ -154,7 +153,7 @@ impl Tensor {
             self.0.view.shape().clone(),
             dtype,
             device,
-            Location::caller(),
+            crate::origin::caller(),
         )
     }
 
@@ -186,7 +185,7 @@ impl Tensor {
             shape,
             dtype,
             device,
-            Location::caller(),
+            crate::origin::caller(),
         ));
         if let Some(op) = grad_op {
             if moved.is_empty() {
@@ -231,7 +230,7 @@ impl Tensor {
             shape,
             dtype,
             device,
-            Location::caller(),
+            crate::origin::caller(),
         )))
     }
 
