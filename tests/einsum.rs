@@ -93,6 +93,22 @@ fn implicit_output_and_ellipsis() {
         "ellipsis sum",
     );
     assert_eq!(kiln::einsum("i...->...", &[&x]).dims(), &[1, 3, 4]);
+    // Any number of '...' dimensions (their labels are not digits).
+    let dims: Vec<usize> = (0..12).map(|d| 1 + d % 2).collect();
+    let many =
+        Tensor::arange(0.0f64, 64.0, 1.0).view(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
+    let same = kiln::try_einsum("...->...", &[&many]).unwrap();
+    assert_eq!((same.dims(), same.to_vec::<f64>()), (&dims[..], many.to_vec::<f64>()));
+    let summed = kiln::try_einsum("...i->...", &[&many]).unwrap();
+    assert_eq!(summed.to_vec::<f64>(), many.sum_dim(-1, false).to_vec::<f64>());
+    // Broadcast dimensions that disagree are named as such, not by an internal label.
+    let err = kiln::try_einsum("...i,...i->...", &[&Tensor::zeros([2, 3]), &Tensor::zeros([4, 3])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("dimension 1 from the right of '...' has size 4 in operand 1 but 2"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -60,7 +60,8 @@ pub fn try_einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
                     return Err(Error::shape(
                         "einsum",
                         format!(
-                            "subscript '{l}' has size {d} in operand {i} but {} elsewhere ({equation})",
+                            "{} has size {d} in operand {i} but {} elsewhere ({equation})",
+                            describe(l),
                             *entry
                         ),
                     ));
@@ -110,8 +111,22 @@ struct Spec {
     output: Vec<char>,
 }
 
+/// The labels of `...`'s dimensions: private-use characters, which no equation can spell
+/// (subscripts are letters), so there are as many as a tensor has dimensions.
+const ELLIPSIS_BASE: u32 = 0xE000;
+
 fn is_ellipsis(l: char) -> bool {
-    l.is_ascii_digit()
+    (ELLIPSIS_BASE..ELLIPSIS_BASE + 0x1000).contains(&u32::from(l))
+}
+
+/// A label as messages show it.
+fn describe(l: char) -> String {
+    if is_ellipsis(l) {
+        let k = u32::from(l) - ELLIPSIS_BASE;
+        format!("dimension {} from the right of '...'", k + 1)
+    } else {
+        format!("subscript '{l}'")
+    }
 }
 
 fn parse(equation: &str, operands: &[&Tensor]) -> Result<Spec> {
@@ -201,7 +216,8 @@ fn parse(equation: &str, operands: &[&Tensor]) -> Result<Spec> {
 
 /// The label of the `k`-th `...` dimension counted from the right.
 fn ellipsis_label(k: usize) -> char {
-    char::from_digit(k as u32, 10).expect("tensors have at most 10 broadcast dimensions here")
+    // Below 0x1000 dimensions (no tensor has that many), every label is a valid char.
+    char::from_u32(ELLIPSIS_BASE + (k as u32).min(0xFFF)).unwrap_or('\u{E000}')
 }
 
 /// The letters before and after `...` (if any), or `None` when dots are misplaced.
