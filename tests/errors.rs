@@ -273,3 +273,56 @@ fn errors_inside_losses_and_layers_name_the_users_line() {
     let out = model.forward(&Tensor::zeros([1, 3]));
     assert_eq!(failing_line(&out), here(HEAD_LINE));
 }
+
+/// Shapes whose element count or byte size overflows are errors at the call, never a
+/// wrapped size (which would allocate too little and index out of bounds).
+#[test]
+fn shapes_too_large_for_memory_are_errors() {
+    let huge = [1usize << 40, 1 << 40];
+    let err = Tensor::try_full_dtype(huge, 0.0, DType::F32).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "full: a f32 tensor of shape [1099511627776, 1099511627776] would hold more than"
+        ),
+        "{err}"
+    );
+    let wraps = [1usize << 62, 8]; // 2^65 elements: wraps to 0 in usize
+    assert!(Tensor::try_full_dtype(wraps, 1i64, DType::I64).is_err());
+    let err = Tensor::zeros([1]).try_expand(&[1 << 62, 1 << 62]).unwrap_err().to_string();
+    assert!(err.starts_with("expand: a f32 tensor of shape"), "{err}");
+    assert!(Tensor::try_eye(1 << 33).is_err());
+    let panicked = std::panic::catch_unwind(|| Tensor::zeros(huge)).unwrap_err();
+    let text = panicked.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("more than any memory can address"), "{text}");
+    // The identity matrix is lazy: any size that fits is fine to record.
+    assert_eq!(Tensor::eye(3).to_vec::<f32>(), vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+    assert_eq!(Tensor::eye(0).dims(), &[0, 0]);
+    assert_eq!(Tensor::eye(100_000).dims(), &[100_000, 100_000]);
+}
+
+/// Layer constructors have `try_` forms: bad options and impossible sizes are errors.
+#[test]
+fn layer_constructors_return_errors() {
+    use kiln::nn::{Dropout, Embedding, LayerNorm, Linear};
+    let text = |e: kiln::Error| e.to_string();
+    assert_eq!(text(Dropout::try_new(1.5).unwrap_err()), "Dropout: p must be in [0, 1], got 1.5");
+    assert!(Dropout::try_new(f64::NAN).is_err());
+    assert_eq!(
+        text(Linear::try_with_options(3, 2, true, DType::I64).unwrap_err()),
+        "Linear: parameters must be floating point, got i64; use DType::F32"
+    );
+    assert!(text(Linear::try_new(1 << 40, 1 << 40).unwrap_err()).contains("more than any memory"));
+    assert!(text(Embedding::try_new(1 << 62, 4).unwrap_err()).contains("more than any memory"));
+    assert_eq!(
+        text(LayerNorm::try_with_options(&[4], -1.0, true).unwrap_err()),
+        "LayerNorm: eps must be >= 0, got -1"
+    );
+    let layer = Linear::try_new(3, 2).unwrap();
+    assert_eq!(
+        (layer.weight.dims(), layer.bias.as_ref().map(|b| b.dims().to_vec())),
+        (&[2, 3][..], Some(vec![2]))
+    );
+    let panicked = std::panic::catch_unwind(|| Dropout::new(-0.1)).unwrap_err();
+    let message = panicked.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("Dropout: p must be in [0, 1], got -0.1"), "{message}");
+}

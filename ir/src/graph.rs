@@ -73,6 +73,7 @@ impl Graph {
             return Ok(self.input(shape, dtype));
         }
         op.check_leaf(dtype)?;
+        shape.check_size(op.name(), dtype)?;
         let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
         self.arg_lists.push(Vec::new());
         Ok(id)
@@ -89,6 +90,7 @@ impl Graph {
             typed.push((&n.shape, n.dtype));
         }
         let (shape, dtype) = op.infer(&typed)?;
+        shape.check_size(op.name(), dtype)?;
         let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
         for (slot, &i) in inputs.iter().enumerate() {
             self.graph.add_edge(i, id, slot);

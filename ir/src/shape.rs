@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::IrError;
+use crate::{DType, IrError};
 
 /// The extent of each dimension of a tensor, outermost first. `[]` is a scalar.
 ///
@@ -35,9 +35,36 @@ impl Shape {
         self.0.len()
     }
 
-    /// The number of elements: the product of the dimensions (1 for a scalar).
+    /// The number of elements: the product of the dimensions (1 for a scalar). It saturates
+    /// at `usize::MAX` instead of wrapping; every shape kiln records has passed
+    /// [`Shape::check_size`], so for those it is exact.
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
+    }
+
+    /// The number of elements, or `None` when the product overflows `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        if self.0.contains(&0) {
+            return Some(0);
+        }
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// Checks that a tensor of this shape and `dtype` could exist: its element count and byte
+    /// size fit in `isize` (the most any allocation can hold), with an error for `op` that
+    /// names the shape otherwise.
+    pub fn check_size(&self, op: &'static str, dtype: DType) -> Result<(), IrError> {
+        let bytes = self.checked_numel().and_then(|n| n.checked_mul(dtype.size_in_bytes()));
+        match bytes {
+            Some(b) if b <= isize::MAX as usize => Ok(()),
+            _ => Err(IrError::shape(
+                op,
+                format!(
+                    "a {dtype} tensor of shape {self} would hold more than {} bytes, more than any memory can address",
+                    isize::MAX
+                ),
+            )),
+        }
     }
 
     /// The row-major strides of a dense tensor of this shape, in elements.
@@ -46,7 +73,7 @@ impl Shape {
         let mut acc = 1isize;
         for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
             *s = acc;
-            acc *= d.max(1) as isize;
+            acc = acc.saturating_mul(d.max(1) as isize);
         }
         strides
     }

@@ -227,9 +227,9 @@ impl View {
             .dims()
             .iter()
             .zip(&self.strides)
-            .map(|(&d, &s)| (d as isize - 1) * s.max(0))
-            .sum();
-        self.offset + last as usize + 1
+            .map(|(&d, &s)| (d as isize - 1).saturating_mul(s.max(0)))
+            .fold(0isize, isize::saturating_add);
+        self.offset.saturating_add(last as usize).saturating_add(1)
     }
 
     fn offset_at(&self, dim: usize, index: usize) -> usize {

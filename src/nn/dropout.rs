@@ -1,7 +1,8 @@
 //! Dropout.
 
 use super::{Module, Parameters, functional};
-use crate::{Result, Tensor};
+use crate::error::ok;
+use crate::{Error, Result, Tensor};
 
 /// Zeroes each element with probability `p` in training mode and scales the rest by
 /// `1/(1-p)`; passes the input through in evaluation mode ([`Parameters::eval`]).
@@ -29,11 +30,22 @@ impl Dropout {
     /// Dropout with probability `p`, in training mode.
     ///
     /// # Panics
-    /// When `p` is not in `[0, 1]`.
+    /// When `p` is not in `[0, 1]`; [`Dropout::try_new`] returns the error.
     #[must_use]
+    #[track_caller]
     pub fn new(p: f64) -> Dropout {
-        assert!((0.0..=1.0).contains(&p), "Dropout: p must be in [0, 1], got {p}");
-        Dropout { p, training: true }
+        ok(Dropout::try_new(p))
+    }
+
+    /// [`Dropout::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `p` is not in `[0, 1]` (or is NaN).
+    pub fn try_new(p: f64) -> Result<Dropout> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::shape("Dropout", format!("p must be in [0, 1], got {p}")));
+        }
+        Ok(Dropout { p, training: true })
     }
 }
 

@@ -1,6 +1,7 @@
 //! Lookup tables.
 
 use super::Module;
+use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
 /// A table of `num_embeddings` vectors of size `embedding_dim`, indexed by integer tensors of
@@ -23,10 +24,25 @@ pub struct Embedding {
 
 impl Embedding {
     /// A table of `f32` vectors drawn from the standard normal distribution.
+    ///
+    /// # Panics
+    /// As [`Embedding::try_new`] fails.
     #[must_use]
+    #[track_caller]
     pub fn new(num_embeddings: usize, embedding_dim: usize) -> Embedding {
-        let weight = Tensor::randn([num_embeddings, embedding_dim]).realize().requires_grad_(true);
-        Embedding { weight }
+        ok(Embedding::try_new(num_embeddings, embedding_dim))
+    }
+
+    /// [`Embedding::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a table no memory can hold; [`Error::Runtime`] when it cannot be
+    /// allocated.
+    #[track_caller]
+    pub fn try_new(num_embeddings: usize, embedding_dim: usize) -> Result<Embedding> {
+        let weight = Tensor::try_randn([num_embeddings, embedding_dim])?;
+        weight.try_realize()?;
+        Ok(Embedding { weight: weight.requires_grad_(true) })
     }
 }
 

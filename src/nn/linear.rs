@@ -1,6 +1,7 @@
 //! The fully connected layer.
 
 use super::{Module, check_features};
+use crate::error::ok;
 use crate::{DType, Error, Result, Tensor};
 
 /// `y = x Wᵀ + b`, PyTorch's `nn.Linear`: weight `[out_features, in_features]`, bias
@@ -27,34 +28,70 @@ pub struct Linear {
 
 impl Linear {
     /// A layer with a bias, in `f32`, initialized as PyTorch does.
+    ///
+    /// # Panics
+    /// As [`Linear::try_new`] fails.
     #[must_use]
+    #[track_caller]
     pub fn new(in_features: usize, out_features: usize) -> Linear {
-        Linear::with_options(in_features, out_features, true, DType::F32)
+        ok(Linear::try_new(in_features, out_features))
+    }
+
+    /// [`Linear::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Linear::try_with_options`].
+    #[track_caller]
+    pub fn try_new(in_features: usize, out_features: usize) -> Result<Linear> {
+        Linear::try_with_options(in_features, out_features, true, DType::F32)
     }
 
     /// A layer with or without a bias, in a floating-point `dtype`.
     ///
     /// # Panics
-    /// For a dtype that is not floating point.
+    /// As [`Linear::try_with_options`] fails.
     #[must_use]
+    #[track_caller]
     pub fn with_options(
         in_features: usize,
         out_features: usize,
         bias: bool,
         dtype: DType,
     ) -> Linear {
-        assert!(dtype.is_float(), "Linear: parameters must be floating point, got {dtype}");
+        ok(Linear::try_with_options(in_features, out_features, bias, dtype))
+    }
+
+    /// [`Linear::with_options`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::DType`] for a dtype that is not floating point; [`Error::Shape`] for sizes no
+    /// memory can hold; [`Error::Runtime`] when the initial values cannot be computed (out of
+    /// memory).
+    #[track_caller]
+    pub fn try_with_options(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        dtype: DType,
+    ) -> Result<Linear> {
+        if !dtype.is_float() {
+            return Err(Error::dtype(
+                "Linear",
+                format!("parameters must be floating point, got {dtype}; use DType::F32"),
+            ));
+        }
         // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound = 1/sqrt(fan_in) for the weight,
         // and the bias uses the same bound; a layer with no inputs uses bound 0.
         let bound = if in_features == 0 { 0.0 } else { 1.0 / (in_features as f64).sqrt() };
-        let uniform = |shape: &[usize]| {
-            ((Tensor::rand(shape) * (2.0 * bound) - bound).to_dtype(dtype))
-                .realize()
-                .requires_grad_(true)
+        let uniform = |shape: &[usize]| -> Result<Tensor> {
+            // Once the shape is known to fit, the arithmetic over it cannot fail.
+            let t = (Tensor::try_rand(shape)? * (2.0 * bound) - bound).to_dtype(dtype);
+            t.try_realize()?;
+            Ok(t.requires_grad_(true))
         };
-        let weight = uniform(&[out_features, in_features]);
-        let bias = bias.then(|| uniform(&[out_features]));
-        Linear { weight, bias }
+        let weight = uniform(&[out_features, in_features])?;
+        let bias = if bias { Some(uniform(&[out_features])?) } else { None };
+        Ok(Linear { weight, bias })
     }
 
     /// A layer from given tensors (loaded weights, say).

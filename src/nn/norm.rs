@@ -1,7 +1,8 @@
 //! Normalization layers.
 
 use super::{Module, functional};
-use crate::{Result, Tensor};
+use crate::error::ok;
+use crate::{DType, Error, Result, Tensor};
 
 /// Normalizes over the trailing `normalized_shape` dimensions to zero mean and unit
 /// (biased) variance, then applies a learned elementwise scale (ones) and shift (zeros),
@@ -30,25 +31,51 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     /// A layer norm with a learned scale and shift and `eps = 1e-5`.
+    ///
+    /// # Panics
+    /// As [`LayerNorm::try_with_options`] fails.
     #[must_use]
+    #[track_caller]
     pub fn new(normalized_shape: &[usize]) -> LayerNorm {
-        LayerNorm::with_options(normalized_shape, 1e-5, true)
+        ok(LayerNorm::try_with_options(normalized_shape, 1e-5, true))
     }
 
     /// A layer norm with a chosen `eps`, with or without the learned scale and shift.
+    ///
+    /// # Panics
+    /// As [`LayerNorm::try_with_options`] fails.
     #[must_use]
+    #[track_caller]
     pub fn with_options(
         normalized_shape: &[usize],
         eps: f64,
         elementwise_affine: bool,
     ) -> LayerNorm {
-        let param = |t: Tensor| t.realize().requires_grad_(true);
-        LayerNorm {
-            normalized_shape: normalized_shape.to_vec(),
-            eps,
-            weight: elementwise_affine.then(|| param(Tensor::ones(normalized_shape))),
-            bias: elementwise_affine.then(|| param(Tensor::zeros(normalized_shape))),
+        ok(LayerNorm::try_with_options(normalized_shape, eps, elementwise_affine))
+    }
+
+    /// [`LayerNorm::with_options`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a negative or NaN `eps`, or a shape no memory can hold;
+    /// [`Error::Runtime`] when the parameters cannot be allocated.
+    #[track_caller]
+    pub fn try_with_options(
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+    ) -> Result<LayerNorm> {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(Error::shape("LayerNorm", format!("eps must be >= 0, got {eps}")));
         }
+        let param = |value: f64| -> Result<Tensor> {
+            let t = Tensor::try_full_dtype(normalized_shape, value, DType::F32)?;
+            t.try_realize()?;
+            Ok(t.requires_grad_(true))
+        };
+        let (weight, bias) =
+            if elementwise_affine { (Some(param(1.0)?), Some(param(0.0)?)) } else { (None, None) };
+        Ok(LayerNorm { normalized_shape: normalized_shape.to_vec(), eps, weight, bias })
     }
 }
 

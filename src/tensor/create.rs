@@ -110,7 +110,22 @@ impl Tensor {
     /// A tensor of `dtype` filled with `value` (converted with Rust `as` semantics).
     #[track_caller]
     pub fn full_dtype(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType) -> Tensor {
-        ok(Tensor::from_leaf(Op::Full(value.into()), shape.into(), dtype))
+        ok(Tensor::try_full_dtype(shape, value, dtype))
+    }
+
+    /// [`Tensor::full_dtype`] (and so `zeros`, `ones`, `full`), returning an error instead of
+    /// panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the tensor's element count or byte size overflows (a shape no
+    /// memory can hold); [`Error::DType`] for a value the dtype cannot take.
+    #[track_caller]
+    pub fn try_full_dtype(
+        shape: impl Into<Shape>,
+        value: impl Into<Scalar>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        Tensor::from_leaf(Op::Full(value.into()), shape.into(), dtype)
     }
 
     /// The `n x n` identity matrix (`f32`).
@@ -121,8 +136,21 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn eye(n: usize) -> Tensor {
-        let data: Vec<f32> = (0..n * n).map(|i| if i % (n + 1) == 0 { 1.0 } else { 0.0 }).collect();
-        Tensor::from_vec(data, [n, n])
+        ok(Tensor::try_eye(n))
+    }
+
+    /// [`Tensor::eye`], returning an error when `n x n` elements cannot exist.
+    ///
+    /// The matrix is computed lazily (row index equals column index), so it costs nothing
+    /// until it is read and fuses into what reads it.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `n * n` overflows or the matrix would exceed addressable memory.
+    #[track_caller]
+    pub fn try_eye(n: usize) -> Result<Tensor> {
+        Shape::new(vec![n, n]).check_size("eye", DType::F32)?;
+        let i = Tensor::try_arange(0i64, n as i64, 1)?;
+        Ok(i.try_unsqueeze(1)?.try_eq(&i.try_unsqueeze(0)?)?.float())
     }
 
     /// The values `start, start + step, ...` below `end` (above it for a negative step), of
@@ -255,8 +283,31 @@ impl Tensor {
 
     #[track_caller]
     fn random(dist: RandomDist, shape: Shape, dtype: DType) -> Tensor {
+        ok(Tensor::try_random(dist, shape, dtype))
+    }
+
+    #[track_caller]
+    fn try_random(dist: RandomDist, shape: Shape, dtype: DType) -> Result<Tensor> {
         let key = crate::random::next_key();
-        ok(Tensor::from_leaf(Op::Random { dist, key }, shape, dtype))
+        Tensor::from_leaf(Op::Random { dist, key }, shape, dtype)
+    }
+
+    /// [`Tensor::rand`], returning an error for a shape no memory can hold.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the element count or byte size overflows.
+    #[track_caller]
+    pub fn try_rand(shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::try_random(RandomDist::Uniform, shape.into(), DType::F32)
+    }
+
+    /// [`Tensor::randn`], returning an error for a shape no memory can hold.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the element count or byte size overflows.
+    #[track_caller]
+    pub fn try_randn(shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::try_random(RandomDist::Normal, shape.into(), DType::F32)
     }
 
     /// Zeros of this tensor's shape and dtype, on its device.

@@ -178,6 +178,7 @@ impl Tensor {
         }
         let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
         let (shape, dtype) = op.infer(&typed)?;
+        shape.check_size(op.name(), dtype)?;
         let grad_op = crate::autograd::wants_grad(&op, dtype, inputs).then(|| op.clone());
         let out = Tensor::from_node(LazyNode::pending(
             op,
@@ -224,6 +225,7 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         op.check_leaf(dtype)?;
+        shape.check_size(op.name(), dtype)?;
         Ok(Tensor::from_node(LazyNode::pending(
             op,
             Vec::new(),

@@ -334,7 +334,9 @@ impl Tensor {
             };
             dims.push(new);
         }
-        Ok(self.broadcast_to(&Shape::new(dims)))
+        let shape = Shape::new(dims);
+        shape.check_size("expand", self.dtype())?;
+        Ok(self.broadcast_to(&shape))
     }
 
     /// Keeps `len` elements of dimension `dim` starting at `start`. Shares storage.
