@@ -302,6 +302,26 @@ pub fn cache_stats() -> CacheStats {
 /// The counters of a kernel cache.
 pub use kiln_runtime::cache::{CacheLimits, CacheStats};
 
+/// Every CPU kernel the code generator could not compile, by name, with its message. Their
+/// ops run on the reference executor (correct, much slower); each failure is also written to
+/// stderr once, counted in [`cache_stats`]`().failures`, and noted on the kernel's profile
+/// row. An empty list is the normal case.
+///
+/// ```
+/// assert!(kiln::debug::compile_failures().is_empty());
+/// ```
+pub fn compile_failures() -> Vec<(String, String)> {
+    kiln_runtime::exec::compile_failures()
+}
+
+/// Makes every new CPU compile on this thread fail (`true`) or work again (`false`),
+/// returning the previous setting: a hook for testing the reference-executor fallback.
+/// Kernels already compiled stay cached.
+#[doc(hidden)]
+pub fn fail_cpu_compiles(fail: bool) -> bool {
+    kiln_runtime::exec::fail_compiles(fail)
+}
+
 /// Bounds every kernel cache (the CPU's and each GPU's) to `limits`; the least recently used
 /// kernels are evicted past them. `KILN_KERNEL_CACHE=N[,BYTES]` sets them at start-up
 /// (default 4096 kernels, 256 MiB of code).

@@ -7,16 +7,31 @@ use kiln::prelude::*;
 
 use crate::common::*;
 
+/// How closely generated code must agree with the reference executor on a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Precision {
+    /// Only exactly rounded ops: the reference's values, up to 16-bit double rounding.
+    Exact,
+    /// A function that generated code approximates in f32 (a few ULP). Later ops can
+    /// amplify those ULP without bound (`x * c * c`, squared, then a softmax over values near
+    /// 1e5: seed 33470), so the reference is matched to 1%.
+    Approximated,
+    /// An approximated value then cast to an integer or bool: a value a ULP below 1.0
+    /// truncates to 0 (seed 39696). Only the generated modes can be compared, with each
+    /// other (they share the polynomials).
+    Discontinuous,
+}
+
 /// A random program: inputs of random shapes, dtypes and layouts, then random elementwise
-/// ops, broadcasts, movement ops, casts and reductions. Deterministic in `seed`. Also says
-/// whether it used a function that generated code approximates in f32 (a few ULP), whose
-/// error a later promotion to f64 carries into an f64 result.
-fn program(seed: u64) -> (Tensor, bool) {
+/// ops, broadcasts, movement ops, casts, reductions, products, gathers, in-place writes
+/// through views, cumulative sums and flips. Deterministic in `seed`. Also says how closely
+/// generated code can match the reference on it.
+fn program(seed: u64) -> (Tensor, Precision) {
     program_on(seed, Device::Cpu)
 }
 
 /// [`program`] with its inputs stored on `device`.
-pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
+pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
     let mut rng = Rng::new(seed);
     let dtypes = [
         DType::F32,
@@ -43,6 +58,7 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
     }
     let mut x = pool[0].clone();
     let approximated = std::cell::Cell::new(false);
+    let discontinuous = std::cell::Cell::new(false);
     // The fallback when a binary op's shapes do not broadcast.
     let cos = |x: &Tensor| {
         approximated.set(true);
@@ -50,8 +66,8 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
     };
     for _ in 0..rng.int(2, 12) {
         let other = pool[rng.int(0, pool.len() as i64) as usize].clone();
-        let op = rng.int(0, 22);
-        if matches!(op, 0..=5 | 18 | 21) {
+        let op = rng.int(0, 28);
+        if matches!(op, 0..=5 | 18 | 21..=23 | 26) {
             approximated.set(true);
         }
         x = match op {
@@ -79,7 +95,13 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
                 .try_gt(&other)
                 .and_then(|c| Tensor::try_where_(&c, &x, &other))
                 .unwrap_or_else(|_| cos(&x)),
-            14 => x.to_dtype(dtypes[rng.int(0, dtypes.len() as i64) as usize]),
+            14 => {
+                let to = dtypes[rng.int(0, dtypes.len() as i64) as usize];
+                if approximated.get() && !to.is_float() {
+                    discontinuous.set(true);
+                }
+                x.to_dtype(to)
+            }
             15 if x.ndim() >= 2 => x.transpose(0, -1),
             16 if x.ndim() >= 1 && x.dims()[0] > 1 => x.narrow(0, 1, x.dims()[0] - 1),
             17 if x.ndim() >= 1 => x.float().sum_dim(-1, rng.int(0, 2) == 0),
@@ -87,26 +109,82 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, bool) {
             19 => x.float() * 0.5 + 0.25,
             20 if x.ndim() >= 1 => x.float().mean_dim(0, true) - &x.float(),
             21 => x.float().square().tanh(),
+            // Products of bounded values (|tanh| < 1), so f32 accumulation stays within
+            // tolerance whatever the cancellation.
+            22 if x.ndim() >= 2 => {
+                let t = x.float().tanh();
+                t.matmul(&t.transpose(-2, -1))
+            }
+            23 if x.ndim() == 1 => {
+                let t = x.float().tanh();
+                t.matmul(&t)
+            }
+            // Selection: a gather along the last dimension.
+            24 if x.ndim() >= 1 && x.numel() > 0 => {
+                let last = *x.dims().last().expect("a dimension") as i64;
+                let index: Vec<i64> = (0..x.numel()).map(|_| rng.int(0, last)).collect();
+                x.gather(-1, &Tensor::from_vec(index, x.dims()).to(device))
+            }
+            // An in-place write through a view of a computed tensor.
+            25 if x.ndim() >= 1 && x.dims()[0] > 1 => {
+                let y = x.float() + 0.0;
+                y.narrow(0, 0, 1).fill_(2.5);
+                y
+            }
+            26 if x.ndim() >= 1 => x.float().tanh().cumsum(-1),
+            27 if x.ndim() >= 1 && x.numel() > 0 => x.flip(&[0]),
             _ => cos(&x),
         };
         if rng.int(0, 4) == 0 {
             pool.push(x.clone());
         }
     }
-    (x, approximated.get())
+    let precision = match (approximated.get(), discontinuous.get()) {
+        (_, true) => Precision::Discontinuous,
+        (true, false) => Precision::Approximated,
+        (false, false) => Precision::Exact,
+    };
+    (x, precision)
 }
 
-fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>, bool) {
+fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>, Precision) {
     kiln::with_execution(mode, || {
-        let (y, approximated) = program(seed);
-        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>(), approximated)
+        let (y, precision) = program(seed);
+        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>(), precision)
     })
 }
 
+/// The tolerances for a program's result of `dtype`: between generated modes, and against
+/// the reference (`None`: not comparable, see [`Precision::Discontinuous`]).
+pub(crate) fn tolerances(dtype: DType, precision: Precision) -> (f64, Option<f64>) {
+    // The generated code computes what the reference computes, up to the double rounding
+    // of 16-bit floats (through f32) and the few ULP of the f32 polynomials.
+    let floor = if precision == Precision::Exact { 1e-12 } else { tolerance(DType::F32) };
+    let tight = 4.0 * tolerance(dtype).max(floor);
+    match precision {
+        Precision::Exact => (tight, Some(tight)),
+        Precision::Approximated => (tight, Some(tight.max(1e-2))),
+        Precision::Discontinuous => (tight, None),
+    }
+}
+
+/// Seeds beyond the first 2,000 that `scripts/fuzz` found disagreeing, kept once fixed.
+const REGRESSION_SEEDS: &[u64] = &[33470, 39696];
+
 #[test]
 fn random_programs_agree_fused_unfused_and_reference() {
-    for seed in 0..2000 {
-        let (shape, dtype, reference, approximated) = run(seed, Execution::Reference);
+    // `KILN_FUZZ_SEEDS=START..END` (or `=N` for 0..N) runs other programs: `scripts/fuzz`.
+    let seeds = match std::env::var("KILN_FUZZ_SEEDS") {
+        Ok(v) => match v.split_once("..") {
+            Some((a, b)) => a.parse().expect("a start seed")..b.parse().expect("an end seed"),
+            None => 0..v.parse().expect("a number of seeds"),
+        },
+        Err(_) => 0..2000u64,
+    };
+    for seed in seeds.chain(REGRESSION_SEEDS.iter().copied()) {
+        let (shape, dtype, reference, precision) = run(seed, Execution::Reference);
+        let (tight, loose) = tolerances(dtype, precision);
+        let mut fused: Option<Vec<f64>> = None;
         for (mode, grouped) in
             [(Execution::Fused, false), (Execution::Unfused, false), (Execution::Fused, true)]
         {
@@ -119,11 +197,15 @@ fn random_programs_agree_fused_unfused_and_reference() {
             let (s, d, got, _) = with_row_group_sizes(sizes, || run(seed, mode));
             let mode = format!("{mode:?}{}", if grouped { " in row groups" } else { "" });
             assert_eq!((&s, d), (&shape, dtype), "seed {seed} {mode:?}");
-            // The generated code computes what the reference computes, up to the double
-            // rounding of 16-bit floats (through f32) and the few ULP of the f32 polynomials.
-            let floor = if approximated { tolerance(DType::F32) } else { 1e-12 };
-            let tol = 4.0 * tolerance(dtype).max(floor);
-            assert_close_tol(&got, &reference, tol, &format!("seed {seed} {mode:?}"));
+            if let Some(loose) = loose {
+                assert_close_tol(&got, &reference, loose, &format!("seed {seed} {mode:?}"));
+            }
+            match &fused {
+                None => fused = Some(got),
+                Some(f) => {
+                    assert_close_tol(&got, f, tight, &format!("seed {seed} {mode:?} vs fused"));
+                }
+            }
         }
     }
 }

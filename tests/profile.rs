@@ -124,3 +124,35 @@ fn gradient_kernels_name_the_forward_lines() {
     assert!(!sources.is_empty());
     assert!(sources.iter().all(|s| s.starts_with("tests/profile.rs")), "{sources:?}");
 }
+
+/// A kernel that cannot be compiled is never a silent slow path: its ops still give the right
+/// values (on the reference executor), and the failure is counted in `cache_stats`, listed
+/// by `compile_failures` with the code generator's message, and noted on its profile row.
+#[test]
+fn a_failed_compile_is_visible() {
+    let x = Tensor::from_vec((0..37).map(|i| i as f32 * 0.25).collect::<Vec<_>>(), [37]);
+    x.realize();
+    let before = kiln::debug::cache_stats().failures;
+    kiln::debug::fail_cpu_compiles(true);
+    // A constant no other test uses, so that this kernel is not cached already.
+    let y = (&x * 1.918_273_6 + 0.5).tanh();
+    let (values, kernels) = kiln::debug::kernels(|| y.to_vec::<f32>());
+    kiln::debug::fail_cpu_compiles(false);
+    for (i, v) in values.iter().enumerate() {
+        let want = ((i as f64 * 0.25) * f64::from(1.918_273_6f32) + 0.5).tanh();
+        assert!((f64::from(*v) - want).abs() < 1e-6, "{i}: {v} vs {want}");
+    }
+    assert!(kiln::debug::cache_stats().failures > before);
+    let name = &kernels[0].name;
+    assert!(kernels[0].clif.is_none(), "no machine code ran");
+    assert!(
+        kernels[0].cut.contains("could not be compiled, ran on the reference executor"),
+        "{}",
+        kernels[0].cut
+    );
+    let failures = kiln::debug::compile_failures();
+    assert!(
+        failures.iter().any(|(k, why)| k == name && why.contains("made to fail")),
+        "{failures:?}"
+    );
+}

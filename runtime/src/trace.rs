@@ -275,7 +275,14 @@ pub(crate) fn kernel_event(
             }
         }
     };
-    let mut e = plain_event(&k.kernel.name(), kind, describe_ops(graph, &k.fused), cut);
+    let name = k.kernel.name();
+    let cut = match (info.generated, crate::exec::cpu::compile_failure(&name)) {
+        (false, Some(why)) => {
+            format!("{cut}; could not be compiled, ran on the reference executor: {why}")
+        }
+        _ => cut,
+    };
+    let mut e = plain_event(&name, kind, describe_ops(graph, &k.fused), cut);
     e.shape = k.kernel.shape.to_string();
     e.duration = duration;
     e.compile = info.compile;

@@ -1,6 +1,9 @@
 //! CPU kernels: compiled through the kernel cache and launched over the thread pool.
 
+use std::cell::Cell;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use kiln_codegen::cpu::{self, CpuKernel};
@@ -32,14 +35,67 @@ pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Durat
     // Compile outside the lock: another thread may compile the same kernel meanwhile, which
     // costs a duplicate compile but never blocks on one.
     let started = Instant::now();
-    let result = cpu::compile(kernel).ok().map(Arc::new);
+    let result = if FAIL_COMPILES.with(Cell::get) {
+        Err("compiles are made to fail (kiln::debug::fail_cpu_compiles)".to_string())
+    } else {
+        cpu::compile(kernel).map_err(|e| e.to_string())
+    };
     let took = started.elapsed();
+    let result = match result {
+        Ok(k) => Some(Arc::new(k)),
+        Err(message) => {
+            report_failure(kernel, message);
+            None
+        }
+    };
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     let bytes = result.as_ref().map_or(0, |k| k.code_bytes());
     if result.is_none() {
         cache.note_failure();
     }
     (cache.insert(kernel.clone(), result, bytes), Some(took))
+}
+
+/// Kernels that could not be compiled: name -> the code generator's message.
+static FAILURES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
+
+thread_local! {
+    /// Makes new CPU compiles on this thread fail (for tests of the fallback).
+    static FAIL_COMPILES: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A failed compile is never silent: it is written to stderr once per kernel, kept for
+/// [`compile_failures`] and the profile, and counted in the cache's `failures`.
+fn report_failure(kernel: &Kernel, message: String) {
+    let name = kernel.name();
+    let mut failures = FAILURES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let std::collections::hash_map::Entry::Vacant(slot) = failures.entry(name) {
+        eprintln!(
+            "kiln: warning: CPU kernel {} ({}) could not be compiled: {message}; its ops run on the reference executor (slow)",
+            slot.key(),
+            kernel.shape
+        );
+        slot.insert(message);
+    }
+}
+
+/// Every CPU kernel that could not be compiled, with the code generator's message.
+pub fn compile_failures() -> Vec<(String, String)> {
+    let failures = FAILURES.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut all: Vec<_> = failures.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    all.sort();
+    all
+}
+
+/// Why the CPU kernel `name` could not be compiled, if it could not.
+pub(crate) fn compile_failure(name: &str) -> Option<String> {
+    FAILURES.lock().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+}
+
+/// Makes new CPU compiles on this thread fail (`true`) or work again, returning the
+/// previous setting: a test hook for the reference-executor fallback.
+pub fn fail_compiles(fail: bool) -> bool {
+    FAIL_COMPILES.with(|f| f.replace(fail))
 }
 
 /// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).

@@ -12,7 +12,7 @@
 //!   kernels, native loops, host copies, matrix products).
 
 mod check;
-mod cpu;
+pub(crate) mod cpu;
 mod dispatch;
 mod execute;
 mod prepare;
@@ -20,7 +20,7 @@ mod prepare;
 use kiln_ir::Graph;
 use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
-pub use cpu::{cache_stats, clif};
+pub use cpu::{cache_stats, clif, compile_failures, fail_compiles};
 pub(crate) use execute::Bufs;
 pub use prepare::Prepared;
 pub(crate) use prepare::PreparedStep;
