@@ -121,6 +121,16 @@ impl From<IrError> for Error {
 }
 
 impl Error {
+    /// The same error reported as `op`'s: for a call implemented by another op (`mm` by
+    /// `matmul`), so that the message names what the user called.
+    pub(crate) fn reported_as(self, op: &'static str) -> Error {
+        match self {
+            Error::Shape { detail, .. } => Error::Shape { op, detail },
+            Error::DType { detail, .. } => Error::DType { op, detail },
+            other => other,
+        }
+    }
+
     pub(crate) fn shape(op: &'static str, detail: impl Into<String>) -> Error {
         Error::Shape { op, detail: detail.into() }
     }

@@ -6,6 +6,7 @@ mod common;
 mod compile;
 
 mod autograd;
+mod bad_inputs;
 mod construction;
 mod cuda;
 mod data;

@@ -32,7 +32,7 @@ impl Tensor {
     /// [`Error::Runtime`] when memory runs out.
     #[track_caller]
     pub fn try_from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
-        Tensor::try_from_slice(&data, shape)
+        Tensor::try_from_slice(&data, shape).map_err(|e| e.reported_as("from_vec"))
     }
 
     /// A tensor of `shape` holding a copy of `data` in row-major order.
@@ -54,7 +54,7 @@ impl Tensor {
         let shape = shape.into();
         if data.len() != shape.numel() {
             return Err(Error::shape(
-                "from_vec",
+                "from_slice",
                 format!(
                     "{} values cannot fill shape {shape}, which has {} elements; pass a shape whose dimensions multiply to {}",
                     data.len(),

@@ -111,7 +111,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_mm(&self, rhs: &Tensor) -> Result<Tensor> {
         self.expect_ranks("mm", rhs, 2)?;
-        self.try_matmul(rhs)
+        self.try_matmul(rhs).map_err(|e| e.reported_as("mm"))
     }
 
     /// The batched product of `[b, n, m]` and `[b, m, p]` tensors.
@@ -143,7 +143,7 @@ impl Tensor {
                 ),
             ));
         }
-        self.try_matmul(rhs)
+        self.try_matmul(rhs).map_err(|e| e.reported_as("bmm"))
     }
 
     /// The dot product of two vectors of one length, as a zero-dimensional tensor.
@@ -170,7 +170,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_dot(&self, rhs: &Tensor) -> Result<Tensor> {
         self.expect_ranks("dot", rhs, 1)?;
-        self.try_matmul(rhs)
+        self.try_matmul(rhs).map_err(|e| e.reported_as("dot"))
     }
 
     fn expect_ranks(&self, op: &'static str, rhs: &Tensor, rank: usize) -> Result<()> {

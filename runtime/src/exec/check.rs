@@ -43,9 +43,15 @@ pub(super) fn compare(
         };
     let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([got.len()]));
     let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
-    let bad = g.iter().zip(&w).position(|(a, b)| {
-        !((a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * b.abs().max(1.0))
-    });
+    // A length mismatch is a difference too (zip would stop at the shorter one): reported at
+    // the first element only one side has.
+    let bad = g
+        .iter()
+        .zip(&w)
+        .position(|(a, b)| {
+            !((a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * b.abs().max(1.0))
+        })
+        .or((g.len() != w.len()).then(|| g.len().min(w.len())));
     let Some(i) = bad else { return Ok(()) };
     let root = graph.node(step.outputs[0]);
     let ops: Vec<&str> = step.fused.iter().map(|&n| graph.node(n).op.name()).collect();
@@ -56,10 +62,12 @@ pub(super) fn compare(
         error: RuntimeError::CheckFailed(Box::new(CheckReport {
             kernel: step.kernel.name(),
             ops: ops.join(" "),
-            detail: format!(
-                "element {i} is {}, the reference gives {} (tolerance {tol:e})",
-                g[i], w[i]
-            ),
+            detail: match (g.get(i), w.get(i)) {
+                (Some(a), Some(b)) => {
+                    format!("element {i} is {a}, the reference gives {b} (tolerance {tol:e})")
+                }
+                _ => format!("the kernel wrote {} elements, the reference {}", g.len(), w.len()),
+            },
             sources: sources.join(", "),
             text: step.kernel.to_string(),
         })),

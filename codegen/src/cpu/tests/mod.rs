@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use kiln_ir::fuse::Step;
 use kiln_ir::kernel::{Kernel, interpret};
-use kiln_ir::{BinaryOp, DType, Graph, Op, Scalar, Shape, UnaryOp, View};
+use kiln_ir::{BinaryOp, DType, Graph, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
 use super::compile;
 
@@ -55,13 +55,18 @@ fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) ->
     let mut ptrs: Vec<*mut u8> = in_bytes.iter_mut().map(|b| b.as_mut_ptr()).collect();
     ptrs.extend(out_bytes.iter_mut().map(|b| b.as_mut_ptr()));
     let p: Vec<u64> = super::param_slots(kernel, params);
+    // At least one call, so that an empty domain runs the kernel over `0..0` (which must
+    // touch no memory) instead of skipping it.
     let mut start = 0;
-    while start < n {
+    loop {
         let end = (start + chunk).min(n);
         // SAFETY: every buffer holds the elements the kernel's views reach, and the output
         // buffers hold n elements of their dtype.
         unsafe { (compiled.entry())(ptrs.as_ptr(), p.as_ptr(), start as u64, end as u64) };
         start = end;
+        if start >= n {
+            break;
+        }
     }
     out_bytes
         .iter()
@@ -74,7 +79,9 @@ fn check(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) {
     let want = interpret(kernel, inputs, params);
     for chunk in [1, 3, 7, 1 << 20] {
         let got = run(kernel, inputs, params, chunk);
+        assert_eq!(got.len(), want.len(), "outputs (chunk {chunk})\n{kernel}");
         for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.len(), w.len(), "elements (chunk {chunk})\n{kernel}");
             for (i, (a, b)) in g.iter().zip(w).enumerate() {
                 let ok = (a.is_nan() && b.is_nan())
                     || a == b
@@ -203,6 +210,15 @@ fn empty_and_scalar_domains() {
     let (k, p) =
         kernel_of(&[0, 3], DType::F32, |g, x| g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap());
     check(&k, &[vec![]], &p);
+    // Outputs over an empty reduced dimension: each is the identity (a sum of nothing; max
+    // and min have none and are refused when recorded).
+    let reduce = |op| Op::Reduce { op, axes: vec![1] };
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        let (k, p) = kernel_of(&[3, 0], DType::F32, |g, x| g.push(reduce(op), &[x]).unwrap());
+        check(&k, &[vec![]], &p);
+        let want = if op == ReduceOp::Sum { 0.0 } else { 1.0 };
+        assert_eq!(run(&k, &[vec![]], &p, 1), vec![vec![want; 3]]);
+    }
 }
 
 /// The distance in units in the last place between two finite f32 values of one sign.
