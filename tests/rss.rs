@@ -21,6 +21,14 @@ fn memory_stays_flat() {
     realizing_a_graph_many_times_keeps_memory_flat();
     long_in_place_loops_realize_once_and_stay_flat();
     training_loops_keep_memory_flat_and_deep_graphs_backprop();
+    compiled_training_steps_keep_memory_flat();
+}
+
+/// How many times longer than CI's run to soak: `KILN_SOAK=10` (as `scripts/soak` sets)
+/// makes the record/realize loop one million cycles and the compiled training loop 10,000
+/// steps.
+fn soak() -> usize {
+    std::env::var("KILN_SOAK").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
 }
 
 fn realizing_a_graph_many_times_keeps_memory_flat() {
@@ -37,7 +45,7 @@ fn realizing_a_graph_many_times_keeps_memory_flat() {
         step();
     }
     let before = rss_bytes();
-    for _ in 0..100_000 {
+    for _ in 0..100_000 * soak() {
         assert_eq!(step(), expected);
     }
     let after = rss_bytes();
@@ -91,12 +99,50 @@ fn training_loops_keep_memory_flat_and_deep_graphs_backprop() {
         w = step(&w);
     }
     let before = rss_bytes();
-    for _ in 0..10_000 {
+    for _ in 0..10_000 * soak() {
         w = step(&w);
     }
     let after = rss_bytes();
     assert!(
         after < before + 8 * 1024 * 1024,
         "resident memory grew from {before} to {after} bytes"
+    );
+}
+
+/// A compiled MLP training step (forward, cross-entropy, backward, SGD with momentum)
+/// replayed many times: the plan, the optimizer's state and the kernels are reused, so
+/// resident memory stays flat.
+fn compiled_training_steps_keep_memory_flat() {
+    use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential, functional as F};
+    use kiln::optim::{Optimizer, Sgd, SgdConfig};
+    kiln::manual_seed(3);
+    let model = Sequential::new().with(Linear::new(32, 64)).with(ReLU).with(Linear::new(64, 10));
+    let mut opt =
+        Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let x = Tensor::randn([16, 32]);
+    let y = Tensor::randint(0, 10, [16]);
+    Tensor::try_realize_all(&[&x, &y]).expect("inputs");
+    let mut step = |(x, y): (&Tensor, &Tensor)| {
+        opt.zero_grad();
+        let loss = F::cross_entropy(&model.forward(x), y);
+        loss.backward();
+        opt.step();
+        loss
+    };
+    let mut f = kiln::compile(&mut step);
+    let first = f.call((&x, &y)).item::<f32>();
+    for _ in 0..100 {
+        f.call((&x, &y)).item::<f32>();
+    }
+    let before = rss_bytes();
+    let mut last = first;
+    for _ in 0..1_000 * soak() {
+        last = f.call((&x, &y)).item::<f32>();
+    }
+    let after = rss_bytes();
+    assert!(last < first, "training lowered the loss: {first} -> {last}");
+    assert!(
+        after < before + 8 * 1024 * 1024,
+        "resident memory grew from {before} to {after} bytes over compiled steps"
     );
 }
