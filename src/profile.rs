@@ -278,6 +278,7 @@ fn kind_name(k: StepKind) -> &'static str {
         StepKind::Kernel => "kernel",
         StepKind::Library => "library",
         StepKind::Reference => "reference",
+        StepKind::Host => "host",
         StepKind::Plan => "plan",
     }
 }

@@ -665,3 +665,20 @@ fn two_devices_keep_their_memory_kernels_and_errors_apart() {
     held.realize();
     assert!(kiln::cuda::memory_allocated(1) >= 37 * 53 * 4);
 }
+
+/// An op of a GPU plan that no device kernel takes (an integer product) runs on the host
+/// over copies, gives the CPU's values, and its profile row says `host`, not `library`.
+#[test]
+fn host_work_in_a_gpu_plan_is_labelled_as_such() {
+    let Some((gpu, _memory)) = gpu_or_skip("host_work_in_a_gpu_plan_is_labelled_as_such") else {
+        return;
+    };
+    let a = Tensor::from_vec((0..12).map(|i| i - 5).collect::<Vec<i64>>(), [3, 4]);
+    let b = Tensor::from_vec((0..8).map(|i| 2 * i + 1).collect::<Vec<i64>>(), [4, 2]);
+    let want = a.matmul(&b).to_vec::<i64>();
+    let (ga, gb) = (a.to(gpu), b.to(gpu));
+    let (got, p) = kiln::profile(|| ga.matmul(&gb).to_vec::<i64>());
+    assert_eq!(got, want);
+    let kinds: Vec<_> = p.kernels().iter().map(|k| k.kind).collect();
+    assert!(kinds.contains(&kiln::StepKind::Host), "{p}");
+}

@@ -336,6 +336,57 @@ fn native_index_ops_agree_with_the_reference() {
     index_ops_agree_with_the_reference_on(Device::Cpu);
 }
 
+/// Random fills, the adjoint of a view (the gradient of a slice, and of an overlapping
+/// view) and bf16 and integer products run natively on the CPU; they give what the reference
+/// executor gives: random fills bit for bit, products of integers exactly (wrapping), bf16
+/// products to bf16 precision.
+#[test]
+fn native_fills_unviews_and_products_agree_with_the_reference() {
+    let mut rng = Rng::new(78);
+    let both = |f: &dyn Fn() -> Vec<f64>| {
+        let native = kiln::with_execution(Execution::Fused, f);
+        let reference = kiln::with_execution(Execution::Reference, f);
+        (native, reference)
+    };
+    for n in [0usize, 1, 7, 65_537, 200_003] {
+        let (a, b) = both(&|| {
+            kiln::manual_seed(n as u64);
+            let mut v = Tensor::rand([n]).to_vec::<f64>();
+            v.extend(Tensor::randn([n]).double().to_vec::<f64>());
+            v.extend(Tensor::randint(-5, 1000, [n]).to_vec::<f64>());
+            v
+        });
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "random fills of {n}"
+        );
+    }
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        let data = values(&mut rng, 6 * 7, dtype);
+        let (a, b) = both(&|| {
+            let x = tensor(&data, &[6, 7], dtype).requires_grad_(true);
+            // A slice's gradient is an unview (non-overlapping); so is a flipped slice's.
+            let y = x.narrow(1, 2, 4).exp().sum() + x.narrow(0, 1, 3).flip(&[1]).square().sum();
+            kiln::grad(&[&y], &[&x], false).remove(0).to_vec::<f64>()
+        });
+        assert_close(&a, &b, dtype, &format!("unview gradients {dtype}"));
+    }
+    for dtype in [DType::I64, DType::I32, DType::U8, DType::BF16] {
+        for (m, k, n) in [(1, 1, 1), (3, 5, 2), (17, 33, 9), (2, 0, 3)] {
+            let da = values(&mut rng, 2 * m * k, dtype);
+            let db = values(&mut rng, 2 * k * n, dtype);
+            let (a, b) = both(&|| {
+                let x = tensor(&da, &[2, m, k], dtype);
+                let w = tensor(&db, &[2, n, k], dtype);
+                x.matmul(&w.transpose(1, 2)).to_vec::<f64>()
+            });
+            let tol = if dtype == DType::BF16 { 1.6e-2 } else { 0.0 };
+            assert_close_tol(&a, &b, tol, &format!("{dtype} product {m}x{k}x{n}"));
+        }
+    }
+}
+
 /// Random tensors with ties and NaNs, every axis, several dtypes and layouts, indices with
 /// repeats: the native loops (or device kernels) for gather, scatter, scatter_add, cumsum,
 /// assign, argmax and argmin give exactly what the reference executor gives.

@@ -14,8 +14,8 @@ pub struct Target {
     pub name: &'static str,
     /// What computing an op once per element costs, for the recompute rule.
     pub costs: OpCosts,
-    /// The dtypes the target's matrix library multiplies; products of other dtypes run as
-    /// ops of their own.
+    /// The dtypes the target multiplies natively (a matrix library or a loop of its own,
+    /// reading strided operands); products of other dtypes run as ops of their own.
     pub gemm_dtypes: &'static [DType],
     /// Whether a stored value that a reduction over trailing dimensions sums is written by
     /// that reduction's kernel (one pass computes, reduces and stores it). Worth it where

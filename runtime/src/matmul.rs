@@ -26,7 +26,54 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
         DType::F32 => batched::<f32>(a, va, b, vb, 0.0, 1.0),
         DType::F64 => batched::<f64>(a, va, b, vb, 0.0, 1.0),
         DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, f16::ONE),
-        other => unreachable!("matmul of {other} runs on the reference executor"),
+        DType::BF16 => bf16_through_f32(a, va, b, vb),
+        DType::I64 | DType::I32 | DType::U8 => integer(a, va, b, vb),
+        other => unreachable!("matmul of {other}: the op's dtype check refuses it"),
+    }
+}
+
+/// A bf16 product: `gemm` has no bf16, so the operands are widened to f32 (exactly), multiplied
+/// with f32 accumulation, and each result rounded once to bf16 (PyTorch's CPU bf16 matmul
+/// also accumulates in f32).
+fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
+    let dense = |x: &Buffer, v: &View| -> Result<(Buffer, View), RuntimeError> {
+        Ok((Buffer::from_slice(&x.gather::<f32>(v))?, View::contiguous(v.shape().clone())))
+    };
+    let ((fa, fva), (fb, fvb)) = (dense(a, va)?, dense(b, vb)?);
+    let product = batched::<f32>(&fa, &fva, &fb, &fvb, 0.0, 1.0)?;
+    let values = product.as_slice::<f32>().expect("an f32 product");
+    Buffer::from_iter(values.len(), values.iter().map(|&x| half::bf16::from_f32(x)))
+}
+
+/// An integer product, exact with wrapping arithmetic (two's complement, as the reference
+/// executor and PyTorch compute it): rows of the output in parallel, each an `i-k-j` loop
+/// over i64 accumulators that streams the right operand's rows.
+fn integer(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
+    use rayon::prelude::*;
+    let dtype = a.dtype();
+    let r = va.shape().rank();
+    let (m, k, n) = (va.shape().dims()[r - 2], va.shape().dims()[r - 1], vb.shape().dims()[r - 1]);
+    let batch = va.shape().dims()[..r - 2].iter().product::<usize>();
+    let a: Vec<i64> = a.gather(va);
+    let b: Vec<i64> = b.gather(vb);
+    let mut out = vec![0i64; batch * m * n];
+    out.par_chunks_mut(n.max(1)).enumerate().for_each(|(row, out)| {
+        if n == 0 {
+            return;
+        }
+        let (p, i) = (row / m, row % m);
+        let a_row = &a[(p * m + i) * k..(p * m + i + 1) * k];
+        for (l, &x) in a_row.iter().enumerate() {
+            let b_row = &b[(p * k + l) * n..(p * k + l + 1) * n];
+            for (o, &y) in out.iter_mut().zip(b_row) {
+                *o = o.wrapping_add(x.wrapping_mul(y));
+            }
+        }
+    });
+    match dtype {
+        DType::I32 => Buffer::from_iter(out.len(), out.iter().map(|&x| x as i32)),
+        DType::U8 => Buffer::from_iter(out.len(), out.iter().map(|&x| x as u8)),
+        _ => Buffer::from_slice(&out),
     }
 }
 

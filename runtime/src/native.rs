@@ -1,6 +1,7 @@
 //! Native CPU loops for ops that do not fuse into kernels: `gather`, `scatter` and
 //! `scatter_add`, `assign` (an in-place write through a view), `cumsum`, `argmax` and
-//! `argmin`.
+//! `argmin`, random fills, `unview` (the gradient of a slice), and matrix products of dtypes
+//! the device's library does not take.
 //! They read the buffers in their own element types, where the reference executor converts
 //! whole tensors to f64 first (a 4096-row cross-entropy gathered its 4096 logits in 79 ms
 //! that way, and an argmax over 4096x4096 took 234 ms). Their semantics are the reference
@@ -8,7 +9,9 @@
 
 use std::mem::MaybeUninit;
 
-use kiln_ir::{Element, Graph, NodeId, Op, ReduceOp, Scalar, Shape, View};
+use kiln_ir::{
+    DType, Element, Graph, NodeId, Op, RandomDist, ReduceOp, Scalar, Shape, View, random,
+};
 
 use crate::buffer::with_element_type;
 use crate::reference;
@@ -46,6 +49,19 @@ pub(crate) fn eval(
         Op::CumSum { axis } => Some(cumsum(args[0], &node.shape, *axis).map_err(at)),
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             Some(arg_extreme(*op, args[0], shape_of(0), axes[0]).map_err(at))
+        }
+        // A product the device's library does not take (on a GPU: integers), over dense
+        // host copies.
+        Op::MatMul => {
+            let (va, vb) =
+                (View::contiguous(shape_of(0).clone()), View::contiguous(shape_of(1).clone()));
+            Some(crate::matmul::matmul(args[0], &va, args[1], &vb).map_err(at))
+        }
+        Op::Random { dist, key } if node.dtype != DType::Bool => {
+            Some(random_fill(*dist, *key, node.dtype, node.shape.numel()).map_err(at))
+        }
+        Op::Unview { view, shape } if node.dtype != DType::Bool => {
+            Some(unview(args[0], view, shape.numel()).map_err(at))
         }
         _ => None,
     }
@@ -334,4 +350,50 @@ fn arg_extreme(
         });
     }
     Buffer::from_slice(&out)
+}
+
+/// A random fill in parallel chunks: each element a pure function of the key and its index,
+/// converted to the dtype as the reference executor converts it.
+fn random_fill(dist: RandomDist, key: u64, dtype: DType, n: usize) -> Result<Buffer, RuntimeError> {
+    let bits = dtype.mantissa_bits().unwrap_or(53);
+    let value = move |i: u64| match dist {
+        RandomDist::Uniform => Scalar::F64(random::uniform(key, i, bits)),
+        RandomDist::Normal => Scalar::F64(random::normal(key, i)),
+        RandomDist::Int { low, high } => Scalar::I64(random::int(key, i, low, high)),
+    };
+    with_element_type!(dtype, T => edited::<T>(
+        n,
+        |start, chunk| {
+            for (j, slot) in chunk.iter_mut().enumerate() {
+                slot.write(T::from_scalar(value((start + j) as u64)));
+            }
+        },
+        |_| {},
+    ))
+}
+
+/// The adjoint of a view: zeros, with each input element added at the position the view
+/// reads it from. Where the view reads a position once (a permute, a slice) the values are
+/// copied; where it reads one several times (a broadcast) their sum is taken in f64 (i64 for
+/// integers) and rounded once, as the reference executor does.
+fn unview(x: &Buffer, view: &View, len: usize) -> Result<Buffer, RuntimeError> {
+    with_element_type!(x.dtype(), T => {
+        let x = x.as_slice::<T>().expect("the buffer's own element type");
+        if view.is_non_overlapping() {
+            let zero = T::from_scalar(Scalar::I64(0));
+            return edited::<T>(
+                len,
+                |_, chunk| chunk.iter_mut().for_each(|slot| { slot.write(zero); }),
+                |out| view.offsets().zip(x).for_each(|(p, &v)| out[p] = v),
+            );
+        }
+        let mut sums = vec![Scalar::I64(0); len];
+        for (p, &v) in view.offsets().zip(x) {
+            sums[p] = match (sums[p], v.to_scalar()) {
+                (Scalar::I64(a), Scalar::I64(b)) => Scalar::I64(a.wrapping_add(b)),
+                (a, b) => Scalar::F64(a.to_f64() + b.to_f64()),
+            };
+        }
+        Buffer::from_iter(len, sums.into_iter().map(T::from_scalar))
+    })
 }

@@ -16,9 +16,12 @@ pub enum StepKind {
     Kernel,
     /// A library call (matmul through `gemm`).
     Library,
-    /// An op run on the reference executor (gather, scatter, cumsum, ...), or a kernel that
-    /// could not be compiled.
+    /// An op run on the reference executor: a kernel that could not be compiled, or an op
+    /// with no native loop.
     Reference,
+    /// An op of a GPU plan that ran on the host, over copies of its inputs (no device
+    /// kernel takes it), its result copied back.
+    Host,
     /// Planning a realization: graph passes and fusion.
     Plan,
 }

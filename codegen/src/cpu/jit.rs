@@ -195,11 +195,19 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
 /// The host CPU as the planner sees it: transcendental functions are polynomials of some
 /// thirty instructions on 128-bit vectors, so a shared one is stored rather than computed
 /// again, and a reduction stores the values it reduces in the same pass; `gemm` multiplies
-/// f32, f64 and f16.
+/// f32, f64 and f16, bf16 through f32, and integers have a parallel loop of their own.
 pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     name: "cpu",
     costs: kiln_ir::target::OpCosts { transcendental: 32, division: 4, arithmetic: 1 },
-    gemm_dtypes: &[DType::F32, DType::F64, DType::F16],
+    gemm_dtypes: &[
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+    ],
     reductions_store_inputs: true,
 };
 

@@ -38,6 +38,8 @@ pub(super) fn eval_node_on(
         Some(out) => (out?, StepKind::Library),
         None => (reference::eval_node(graph, n, args)?, StepKind::Reference),
     };
+    // On a GPU this was host work, whichever loop did it.
+    let kind = if device == Device::Cpu { kind } else { StepKind::Host };
     let node = graph.node(n);
     let out = out.to_device(device).map_err(|error| RunError {
         error,
