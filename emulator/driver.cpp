@@ -35,6 +35,7 @@ enum {
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_INVALID_IMAGE = 200,
+  CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
@@ -336,6 +337,14 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
   const char* text = (const char*)image;
   const char* marker = "// kiln emulator module\n";
+  const char* cubin = "// kiln emulator cubin\n";
+  bool is_cubin = strncmp(text, cubin, strlen(cubin)) == 0;
+  if (is_cubin) {
+    // $KILN_EMULATOR_REJECT_CUBIN plays a driver older than the NVRTC that made the cubin.
+    const char* reject = getenv("KILN_EMULATOR_REJECT_CUBIN");
+    if (reject && strcmp(reject, "1") == 0) return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    marker = cubin;
+  }
   if (strncmp(text, marker, strlen(marker)) != 0) {
     fprintf(stderr, "kiln emulator: a module that the emulated NVRTC did not build\n");
     return CUDA_ERROR_INVALID_IMAGE;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -27,12 +28,30 @@ enum {
   NVRTC_ERROR_OUT_OF_MEMORY = 1,
   NVRTC_ERROR_INVALID_INPUT = 3,
   NVRTC_ERROR_INVALID_PROGRAM = 4,
+  NVRTC_ERROR_INVALID_OPTION = 5,
   NVRTC_ERROR_COMPILATION = 6,
 };
 
 struct Program {
   std::string source, name, ptx, log;
+  // Compiled for a real architecture (`sm_XY`): NVRTC then also gives a cubin.
+  bool cubin = false;
 };
+
+// The architectures NVRTC 13.0 compiles for, or $KILN_EMULATOR_ARCHS (a comma-separated
+// list: "75,80,86" makes the emulated sm_90 device newer than NVRTC knows).
+static std::vector<int> supported_archs() {
+  std::vector<int> archs = {75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121};
+  if (const char* e = getenv("KILN_EMULATOR_ARCHS")) {
+    archs.clear();
+    for (const char* c = e; *c;) {
+      archs.push_back(atoi(c));
+      while (*c && *c != ',') c++;
+      if (*c == ',') c++;
+    }
+  }
+  return archs;
+}
 typedef Program* nvrtcProgram;
 
 // No contraction (kiln compiles with --fmad=false), wrapping integer arithmetic (as PTX's),
@@ -140,6 +159,7 @@ const char* nvrtcGetErrorString(nvrtcResult r) {
     case NVRTC_ERROR_COMPILATION: return "NVRTC_ERROR_COMPILATION";
     case NVRTC_ERROR_INVALID_INPUT: return "NVRTC_ERROR_INVALID_INPUT";
     case NVRTC_ERROR_INVALID_PROGRAM: return "NVRTC_ERROR_INVALID_PROGRAM";
+    case NVRTC_ERROR_INVALID_OPTION: return "NVRTC_ERROR_INVALID_OPTION";
     default: return "NVRTC_ERROR";
   }
 }
@@ -167,6 +187,23 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char* const* option
   for (int i = 0; i < n; i++) {
     // Contraction would round differently from the CPU: kiln must ask for none.
     if (strcmp(options[i], "--fmad=true") == 0) p->log += "warning: --fmad=true is emulated as false\n";
+    // As NVRTC: an architecture it does not know is an error; a real one gives a cubin.
+    const char* arch = "--gpu-architecture=";
+    if (strncmp(options[i], arch, strlen(arch)) == 0) {
+      const char* value = options[i] + strlen(arch);
+      bool real = strncmp(value, "sm_", 3) == 0;
+      if (!real && strncmp(value, "compute_", 8) != 0) {
+        p->log += std::string("nvrtc: error: invalid value for --gpu-architecture: ") + value + "\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+      }
+      int number = atoi(value + (real ? 3 : 8));
+      std::vector<int> archs = supported_archs();
+      if (std::find(archs.begin(), archs.end(), number) == archs.end()) {
+        p->log += std::string("nvrtc: error: invalid value for --gpu-architecture: ") + value + "\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+      }
+      p->cubin = real;
+    }
   }
   std::string launch;
   if (!launchers(p->source, launch, p->log)) return NVRTC_ERROR_COMPILATION;
@@ -217,6 +254,33 @@ nvrtcResult nvrtcGetPTXSize(nvrtcProgram p, size_t* size) {
 nvrtcResult nvrtcGetPTX(nvrtcProgram p, char* out) {
   if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
   memcpy(out, p->ptx.c_str(), p->ptx.size() + 1);
+  return NVRTC_SUCCESS;
+}
+
+// The "cubin" names the same shared library, with a marker of its own, so that the emulated
+// driver can refuse it ($KILN_EMULATOR_REJECT_CUBIN) to exercise the PTX fallback.
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram p, size_t* size) {
+  if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+  *size = p->cubin ? p->ptx.size() + 1 : 0;
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram p, char* out) {
+  if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+  if (!p->cubin) return NVRTC_ERROR_INVALID_INPUT;
+  std::string image = "// kiln emulator cubin\n" + p->ptx.substr(strlen("// kiln emulator module\n"));
+  memcpy(out, image.c_str(), std::min(image.size() + 1, p->ptx.size() + 1));
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetNumSupportedArchs(int* n) {
+  *n = (int)supported_archs().size();
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetSupportedArchs(int* out) {
+  std::vector<int> archs = supported_archs();
+  std::copy(archs.begin(), archs.end(), out);
   return NVRTC_SUCCESS;
 }
 

@@ -682,3 +682,24 @@ fn host_work_in_a_gpu_plan_is_labelled_as_such() {
     let kinds: Vec<_> = p.kernels().iter().map(|k| k.kind).collect();
     assert!(kinds.contains(&kiln::StepKind::Host), "{p}");
 }
+
+/// Kernels load from the cubin NVRTC makes for the device's architecture, or from the PTX
+/// when the driver refuses the cubin (a driver older than NVRTC), or from PTX for an older
+/// architecture when the device is newer than NVRTC knows. `emulator/run-tests` runs this
+/// test three times: as is, with `KILN_EMULATOR_REJECT_CUBIN=1` (the emulated driver refuses
+/// cubins) and with `KILN_EMULATOR_ARCHS=75,80,86` (the emulated NVRTC does not know sm_90).
+#[test]
+fn kernels_load_from_the_cubin_or_fall_back_to_ptx() {
+    let Some((gpu, _memory)) = gpu_or_skip("kernels_load_from_the_cubin_or_fall_back_to_ptx")
+    else {
+        return;
+    };
+    let x = Tensor::from_vec((0..19).map(|i| i as f32).collect::<Vec<_>>(), [19]);
+    let want: Vec<f64> =
+        (0..19).map(|i| (f64::from(i as f32 * 0.123_456_78f32) + 0.5).tanh()).collect();
+    // A constant no other test uses, so that the kernel is compiled and loaded here.
+    let got = (&x.to(gpu) * 0.123_456_78 + 0.5).tanh().to_vec::<f32>();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((f64::from(*a) - b).abs() < 1e-6, "{got:?}");
+    }
+}

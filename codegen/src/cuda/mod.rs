@@ -49,6 +49,20 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     reductions_store_inputs: false,
 };
 
+/// The options NVRTC compiles kiln's CUDA C with, for `arch` (`sm_90` for a device NVRTC
+/// knows, giving PTX and a cubin; `compute_90` for PTX alone). The runtime and the CI test
+/// that compiles every kernel kind both use these, so what CI checks is what runs:
+/// no contraction of `a * b + c` into one rounding (every operation rounds as on the CPU
+/// and in the reference executor, so comparisons and casts of computed values agree), and
+/// with `minimal` (NVRTC 12.4 and later) none of the headers kiln's kernels never use.
+pub fn nvrtc_options(arch: &str, minimal: bool) -> Vec<String> {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--fmad=false".to_string()];
+    if minimal {
+        options.push("-minimal".to_string());
+    }
+    options
+}
+
 /// The entry point's name: the kernel's structural name (`k_<hash>`).
 pub fn entry_name(kernel: &Kernel) -> String {
     kernel.name()

@@ -320,11 +320,10 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
         representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
     for (i, (name, src)) in sources.iter().enumerate() {
-        // The options the runtime compiles with (NVRTC 13 takes `-minimal`).
+        // Exactly the options the runtime compiles with for an sm_90 device (NVRTC 13 takes
+        // `-minimal`).
         let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some("compute_90"),
-            fmad: Some(false),
-            options: vec!["-minimal".into()],
+            options: super::nvrtc_options("sm_90", true),
             ..Default::default()
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)

@@ -1,12 +1,12 @@
-//! Fused kernels on a GPU: CUDA C from `kiln-codegen`, compiled by NVRTC for the device's own
-//! architecture, cached by the kernel's structure (in memory, and on disk under
-//! `KILN_CUDA_CACHE` when it is set), and launched on the device's stream.
+//! Fused kernels on a GPU: CUDA C from `kiln-codegen`, compiled by NVRTC (`nvrtc.rs`: a
+//! cubin for the device's architecture, PTX as the fallback), cached by the kernel's
+//! structure (in memory, and on disk under `KILN_CUDA_CACHE` when it is set), and launched
+//! on the device's stream.
 
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, Ptx};
 use kiln_codegen::cuda as codegen;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
@@ -37,9 +37,7 @@ pub(crate) fn library_functions(
         return Ok(f);
     }
     let ptx_len = kernel.source.len();
-    let ptx = ptx_for(gpu, &kernel.entries[0], &kernel.source)?;
-    gpu.bind()?;
-    let module = gpu.ctx.load_module(ptx).map_err(|e| gpu.error("loading a compiled kernel", e))?;
+    let module = super::nvrtc::load(gpu, &kernel.entries[0], &kernel.source)?;
     let functions = kernel
         .entries
         .iter()
@@ -69,9 +67,7 @@ pub(crate) fn compile_kernel(
     let source = codegen::source(kernel);
     let name = codegen::entry_name(kernel);
     let ptx_len = source.len();
-    let ptx = ptx_for(gpu, &name, &source)?;
-    gpu.bind()?;
-    let module = gpu.ctx.load_module(ptx).map_err(|e| gpu.error("loading a compiled kernel", e))?;
+    let module = super::nvrtc::load(gpu, &name, &source)?;
     let mut names = vec![name.clone()];
     if codegen::split_partials(kernel).is_some() {
         names.push(codegen::merge_name(kernel));
@@ -114,65 +110,6 @@ pub(crate) fn precompile(gpu: &'static Gpu, kernels: &[&Kernel]) -> Vec<Option<D
         took[i] = t;
     }
     took
-}
-
-/// The PTX of `source`: from the disk cache when `KILN_CUDA_CACHE` names a directory holding
-/// it (the source is stored beside it and must match), else compiled now (and stored).
-fn ptx_for(gpu: &Gpu, name: &str, source: &str) -> Result<Ptx, RuntimeError> {
-    let arch = format!("sm_{}{}", gpu.arch.0, gpu.arch.1);
-    let dir = std::env::var_os("KILN_CUDA_CACHE").map(std::path::PathBuf::from);
-    let paths = dir
-        .as_ref()
-        .map(|d| (d.join(format!("{name}_{arch}.cu")), d.join(format!("{name}_{arch}.ptx"))));
-    if let Some((cu, ptx)) = &paths
-        && std::fs::read_to_string(cu).is_ok_and(|stored| stored == source)
-        && let Ok(text) = std::fs::read_to_string(ptx)
-    {
-        return Ok(Ptx::from_src(text));
-    }
-    // SAFETY: only looks the library up; cudarc's NVRTC calls panic when it is missing.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(RuntimeError::BackendUnavailable {
-            device: gpu.device(),
-            reason: "NVRTC (libnvrtc.so) was not found: it compiles kiln's CUDA kernels; install \
-                     the CUDA toolkit or the nvidia-cuda-nvrtc wheel and put its lib directory \
-                     on LD_LIBRARY_PATH"
-                .into(),
-        });
-    }
-    // No contraction of `a * b + c` into one rounding: every operation rounds as on the CPU and
-    // in the reference executor, so comparisons and casts of computed values agree exactly.
-    // IEEE division and square root, and denormals, are NVRTC's defaults.
-    let options = if nvrtc_has_minimal() { vec!["-minimal".to_string()] } else { Vec::new() };
-    let opts = CompileOptions {
-        arch: Some(gpu.arch_flag),
-        fmad: Some(false),
-        options,
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
-        gpu.error(&format!("compiling kernel {name} with NVRTC (a bug in kiln)"), format!("{e:?}"))
-    })?;
-    if let Some((cu, path)) = &paths {
-        // The disk cache is an optimization: failing to write it is not an error.
-        let _ = std::fs::create_dir_all(dir.as_deref().unwrap_or(std::path::Path::new(".")));
-        let _ = std::fs::write(path, ptx.to_src()).and_then(|()| std::fs::write(cu, source));
-    }
-    Ok(ptx)
-}
-
-/// Whether NVRTC takes `-minimal` (12.4 and later): it leaves out what kiln's kernels never
-/// use (textures, the device runtime, cooperative groups), which NVRTC otherwise sets up for
-/// every program: a quarter of the compile time of a typical kernel here (31-36 ms to 25-26
-/// ms with NVRTC 13.0 on the project machine's CPU).
-fn nvrtc_has_minimal() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: called only once NVRTC was found present (by `ptx_for`); writes two ints.
-        let ok = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        ok == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS && (major, minor) >= (12, 4)
-    })
 }
 
 /// One kernel argument, kept alive until the launch has read it.

@@ -14,6 +14,7 @@ mod blas;
 mod kernels;
 mod library;
 mod memory;
+mod nvrtc;
 mod probe;
 
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
@@ -34,12 +35,9 @@ pub(crate) struct Gpu {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// Compute capability (major, minor): kernels are compiled for exactly this.
+    /// Compute capability (major, minor): kernels are compiled for it, or for the newest
+    /// architecture NVRTC knows below it (see `nvrtc.rs`).
     arch: (i32, i32),
-    /// NVRTC's virtual architecture for it (`compute_90`): NVRTC emits PTX only for a
-    /// virtual architecture (a real `sm_90` gives a cubin and no PTX), and the driver
-    /// compiles the PTX for the device when the module loads.
-    arch_flag: &'static str,
     /// Streaming multiprocessors: launch sizes are multiples of it.
     sms: u32,
     pool: Mutex<memory::Pool>,
@@ -80,15 +78,11 @@ impl Gpu {
             )
             .map_err(|e| failed("reading its multiprocessor count", e))?;
         let stream = ctx.default_stream();
-        // Leaked once per device: NVRTC's options take a `&'static str`.
-        let arch_flag: &'static str =
-            Box::leak(format!("sm_{}{}", arch.0, arch.1).into_boxed_str());
         Ok(Gpu {
             ordinal,
             ctx,
             stream,
             arch,
-            arch_flag,
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             pool: Mutex::new(memory::Pool::default()),
             staging: Mutex::new(None),
