@@ -282,14 +282,14 @@ fn shapes_too_large_for_memory_are_errors() {
     let err = Tensor::try_full_dtype(huge, 0.0, DType::F32).unwrap_err().to_string();
     assert!(
         err.starts_with(
-            "full: a f32 tensor of shape [1099511627776, 1099511627776] would hold more than"
+            "full: a tensor of shape [1099511627776, 1099511627776] and dtype f32 would hold more than"
         ),
         "{err}"
     );
     let wraps = [1usize << 62, 8]; // 2^65 elements: wraps to 0 in usize
     assert!(Tensor::try_full_dtype(wraps, 1i64, DType::I64).is_err());
     let err = Tensor::zeros([1]).try_expand(&[1 << 62, 1 << 62]).unwrap_err().to_string();
-    assert!(err.starts_with("expand: a f32 tensor of shape"), "{err}");
+    assert!(err.starts_with("expand: a tensor of shape"), "{err}");
     assert!(Tensor::try_eye(1 << 33).is_err());
     let panicked = std::panic::catch_unwind(|| Tensor::zeros(huge)).unwrap_err();
     let text = panicked.downcast_ref::<String>().cloned().unwrap_or_default();
@@ -325,4 +325,32 @@ fn layer_constructors_return_errors() {
     let panicked = std::panic::catch_unwind(|| Dropout::new(-0.1)).unwrap_err();
     let message = panicked.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("Dropout: p must be in [0, 1], got -0.1"), "{message}");
+}
+
+/// The messages of representative mistakes, one per kind, as a reviewed snapshot: a change
+/// to any wording shows up as a diff. (Device errors depend on the machine and are tested
+/// in `cuda_probing_never_fails_and_moves_say_why`.)
+#[test]
+fn error_message_snapshot() {
+    let a = Tensor::zeros([2, 3]);
+    let messages = [
+        a.try_add(Tensor::zeros([4, 3])).map(|_| ()),
+        a.try_matmul(&Tensor::zeros([4, 3])).map(|_| ()),
+        a.try_reshape(&[4, -1]).map(|_| ()),
+        a.t().try_view(&[6]).map(|_| ()),
+        a.try_sum_dim(5, false).map(|_| ()),
+        a.try_select(1, 7).map(|_| ()),
+        a.try_gather(1, &a).map(|_| ()),
+        Tensor::try_where_(&a, &a, &a).map(|_| ()),
+        kiln::try_einsum("ij,jk->ik", &[&a, &a]).map(|_| ()),
+        Tensor::try_from_vec(vec![1.0f32; 5], [2, 3]).map(|_| ()),
+        Tensor::try_full_dtype([1usize << 40, 1 << 40], 0.0, DType::F32).map(|_| ()),
+        kiln::nn::Dropout::try_new(2.0).map(|_| ()),
+    ];
+    let text: Vec<String> = messages
+        .into_iter()
+        .map(|r| r.expect_err("a mistake").to_string())
+        .map(|m| m.lines().next().unwrap_or_default().to_string())
+        .collect();
+    insta::assert_snapshot!("error_messages", text.join("\n"));
 }

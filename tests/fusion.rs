@@ -32,6 +32,28 @@ fn program(seed: u64) -> (Tensor, Precision) {
 
 /// [`program`] with its inputs stored on `device`.
 pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
+    let p = program_full(seed, device, false);
+    (p.y, p.values)
+}
+
+/// A program's result and what can be compared of it.
+pub(crate) struct Program {
+    pub(crate) y: Tensor,
+    /// How closely the values match the reference.
+    pub(crate) values: Precision,
+    /// How closely gradients match: an approximated value that a non-smooth op (relu, abs,
+    /// a comparison, a clamp, a cast) reads may fall on the other side of the kink, where
+    /// the derivative jumps.
+    pub(crate) gradients: Precision,
+    /// The first input, which requires grad when asked for and it is floating point.
+    pub(crate) input: Tensor,
+    /// The least precise float dtype any value of the program had: gradients carry its
+    /// rounding whatever the input's dtype.
+    pub(crate) coarsest: DType,
+}
+
+/// [`program_on`], optionally with the first input requiring grad.
+pub(crate) fn program_full(seed: u64, device: Device, grad: bool) -> Program {
     let mut rng = Rng::new(seed);
     let dtypes = [
         DType::F32,
@@ -54,11 +76,24 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
             shape[drop..].iter().map(|&d| if rng.int(0, 4) == 0 { 1 } else { d }).collect();
         let data = values(&mut rng, s.iter().product(), dtype);
         let layout = LAYOUTS[rng.int(0, 3) as usize];
-        pool.push(make_on(&data, &s, dtype, layout, device));
+        let t = make_on(&data, &s, dtype, layout, device);
+        pool.push(if grad && pool.is_empty() && dtype.is_float() {
+            t.requires_grad_(true)
+        } else {
+            t
+        });
     }
+    let input = pool[0].clone();
     let mut x = pool[0].clone();
     let approximated = std::cell::Cell::new(false);
     let discontinuous = std::cell::Cell::new(false);
+    let nonsmooth = std::cell::Cell::new(false);
+    let coarsest = std::cell::Cell::new(DType::F64);
+    for t in &pool {
+        if t.dtype().is_float() && tolerance(t.dtype()) > tolerance(coarsest.get()) {
+            coarsest.set(t.dtype());
+        }
+    }
     // The fallback when a binary op's shapes do not broadcast.
     let cos = |x: &Tensor| {
         approximated.set(true);
@@ -69,6 +104,9 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
         let op = rng.int(0, 28);
         if matches!(op, 0..=5 | 18 | 21..=23 | 26) {
             approximated.set(true);
+        }
+        if approximated.get() && matches!(op, 2 | 3 | 6 | 7 | 11 | 13 | 14) {
+            nonsmooth.set(true);
         }
         x = match op {
             0 => x.float().tanh(),
@@ -125,8 +163,9 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
                 let index: Vec<i64> = (0..x.numel()).map(|_| rng.int(0, last)).collect();
                 x.gather(-1, &Tensor::from_vec(index, x.dims()).to(device))
             }
-            // An in-place write through a view of a computed tensor.
-            25 if x.ndim() >= 1 && x.dims()[0] > 1 => {
+            // An in-place write through a view of a computed tensor (not differentiable yet:
+            // only where nothing requires grad).
+            25 if x.ndim() >= 1 && x.dims()[0] > 1 && !x.requires_grad() => {
                 let y = x.float() + 0.0;
                 y.narrow(0, 0, 1).fill_(2.5);
                 y
@@ -135,22 +174,54 @@ pub(crate) fn program_on(seed: u64, device: Device) -> (Tensor, Precision) {
             27 if x.ndim() >= 1 && x.numel() > 0 => x.flip(&[0]),
             _ => cos(&x),
         };
+        if tolerance(x.dtype()) > tolerance(coarsest.get()) {
+            coarsest.set(x.dtype());
+        }
         if rng.int(0, 4) == 0 {
             pool.push(x.clone());
         }
     }
-    let precision = match (approximated.get(), discontinuous.get()) {
+    let class = |broken: bool| match (approximated.get(), broken) {
         (_, true) => Precision::Discontinuous,
         (true, false) => Precision::Approximated,
         (false, false) => Precision::Exact,
     };
-    (x, precision)
+    Program {
+        y: x,
+        values: class(discontinuous.get()),
+        gradients: class(discontinuous.get() || nonsmooth.get()),
+        input,
+        coarsest: coarsest.get(),
+    }
 }
 
-fn run(seed: u64, mode: Execution) -> (Vec<usize>, DType, Vec<f64>, Precision) {
+/// A program's values, run in `mode`: its result, and (when the result is floating point
+/// and depends on the first input) the gradient of the result's sum with respect to that
+/// input, through backward's own generated kernels.
+struct Run {
+    shape: Vec<usize>,
+    dtype: DType,
+    values: Vec<f64>,
+    gradient: Option<Vec<f64>>,
+    precision: (Precision, Precision),
+    coarsest: DType,
+}
+
+fn run(seed: u64, mode: Execution) -> Run {
     kiln::with_execution(mode, || {
-        let (y, precision) = program(seed);
-        (y.dims().to_vec(), y.dtype(), y.to_vec::<f64>(), precision)
+        let p = program_full(seed, Device::Cpu, true);
+        let gradient = (p.y.dtype().is_float() && p.input.requires_grad())
+            .then(|| kiln::try_grad(&[&p.y.sum()], &[&p.input], false).ok())
+            .flatten()
+            .map(|g| g[0].to_vec::<f64>());
+        Run {
+            shape: p.y.dims().to_vec(),
+            dtype: p.y.dtype(),
+            values: p.y.to_vec::<f64>(),
+            gradient,
+            precision: (p.values, p.gradients),
+            coarsest: p.coarsest,
+        }
     })
 }
 
@@ -181,10 +252,14 @@ fn random_programs_agree_fused_unfused_and_reference() {
         },
         Err(_) => 0..2000u64,
     };
+    let (mut programs, mut with_gradients) = (0usize, 0usize);
     for seed in seeds.chain(REGRESSION_SEEDS.iter().copied()) {
-        let (shape, dtype, reference, precision) = run(seed, Execution::Reference);
-        let (tight, loose) = tolerances(dtype, precision);
-        let mut fused: Option<Vec<f64>> = None;
+        let reference = run(seed, Execution::Reference);
+        programs += 1;
+        with_gradients += usize::from(reference.gradient.is_some());
+        let (tight, loose) = tolerances(reference.dtype, reference.precision.0);
+        let (g_tight, g_loose) = tolerances(reference.coarsest, reference.precision.1);
+        let mut fused: Option<Run> = None;
         for (mode, grouped) in
             [(Execution::Fused, false), (Execution::Unfused, false), (Execution::Fused, true)]
         {
@@ -194,20 +269,40 @@ fn random_programs_agree_fused_unfused_and_reference() {
             } else {
                 RowGroupSizes::default()
             };
-            let (s, d, got, _) = with_row_group_sizes(sizes, || run(seed, mode));
+            let got = with_row_group_sizes(sizes, || run(seed, mode));
             let mode = format!("{mode:?}{}", if grouped { " in row groups" } else { "" });
-            assert_eq!((&s, d), (&shape, dtype), "seed {seed} {mode:?}");
+            let what = |part: &str| format!("seed {seed} {mode} {part}");
+            assert_eq!(
+                (&got.shape, got.dtype),
+                (&reference.shape, reference.dtype),
+                "{}",
+                what("")
+            );
+            assert_eq!(
+                got.gradient.is_some(),
+                reference.gradient.is_some(),
+                "{}",
+                what("gradient")
+            );
             if let Some(loose) = loose {
-                assert_close_tol(&got, &reference, loose, &format!("seed {seed} {mode:?}"));
+                assert_close_tol(&got.values, &reference.values, loose, &what("values"));
+            }
+            if let (Some(g), Some(r), Some(loose)) = (&got.gradient, &reference.gradient, g_loose) {
+                assert_close_tol(g, r, loose, &what("gradient"));
             }
             match &fused {
                 None => fused = Some(got),
                 Some(f) => {
-                    assert_close_tol(&got, f, tight, &format!("seed {seed} {mode:?} vs fused"));
+                    assert_close_tol(&got.values, &f.values, tight, &what("values vs fused"));
+                    if let (Some(g), Some(h)) = (&got.gradient, &f.gradient) {
+                        assert_close_tol(g, h, g_tight, &what("gradient vs fused"));
+                    }
                 }
             }
         }
     }
+    // Backward is really exercised: a good share of the programs have a gradient.
+    assert!(with_gradients * 4 >= programs, "{with_gradients} of {programs} with gradients");
 }
 
 #[test]

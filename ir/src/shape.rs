@@ -60,7 +60,7 @@ impl Shape {
             _ => Err(IrError::shape(
                 op,
                 format!(
-                    "a {dtype} tensor of shape {self} would hold more than {} bytes, more than any memory can address",
+                    "a tensor of shape {self} and dtype {dtype} would hold more than {} bytes, more than any memory can address",
                     isize::MAX
                 ),
             )),
