@@ -203,22 +203,44 @@ struct Run {
     dtype: DType,
     values: Vec<f64>,
     gradient: Option<Vec<f64>>,
+    /// How many derivatives `gradient` holds: 1, or 2 with a double backward.
+    orders: usize,
     precision: (Precision, Precision),
     coarsest: DType,
+}
+
+/// A program's result and (as [`run`] computes it) gradient, as a compiled function
+/// returns them.
+fn compiled_program(seed: u64) -> Vec<Tensor> {
+    let p = program_full(seed, Device::Cpu, true);
+    let derivatives = derivatives(&p);
+    std::iter::once(p.y).chain(derivatives).collect()
+}
+
+/// The gradient of a program's sum with respect to its first input, and the gradient of that
+/// gradient's sum (double backward) where it depends on the input: none when the result is
+/// not floating point or does not depend on the input.
+fn derivatives(p: &Program) -> Vec<Tensor> {
+    if !(p.y.dtype().is_float() && p.input.requires_grad()) {
+        return Vec::new();
+    }
+    let Ok(first) = kiln::try_grad(&[&p.y.sum()], &[&p.input], true) else { return Vec::new() };
+    let second = kiln::try_grad(&[&first[0].sum()], &[&p.input], false).ok();
+    first.into_iter().chain(second.into_iter().flatten()).collect()
 }
 
 fn run(seed: u64, mode: Execution) -> Run {
     kiln::with_execution(mode, || {
         let p = program_full(seed, Device::Cpu, true);
-        let gradient = (p.y.dtype().is_float() && p.input.requires_grad())
-            .then(|| kiln::try_grad(&[&p.y.sum()], &[&p.input], false).ok())
-            .flatten()
-            .map(|g| g[0].to_vec::<f64>());
+        let derivatives = derivatives(&p);
+        let gradient = (!derivatives.is_empty())
+            .then(|| derivatives.iter().flat_map(|g| g.to_vec::<f64>()).collect());
         Run {
             shape: p.y.dims().to_vec(),
             dtype: p.y.dtype(),
             values: p.y.to_vec::<f64>(),
             gradient,
+            orders: derivatives.len(),
             precision: (p.values, p.gradients),
             coarsest: p.coarsest,
         }
@@ -252,11 +274,13 @@ fn random_programs_agree_fused_unfused_and_reference() {
         },
         Err(_) => 0..2000u64,
     };
-    let (mut programs, mut with_gradients) = (0usize, 0usize);
+    let (mut programs, mut with_gradients, mut replays) = (0usize, 0usize, 0usize);
+    let mut with_second = 0usize;
     for seed in seeds.chain(REGRESSION_SEEDS.iter().copied()) {
         let reference = run(seed, Execution::Reference);
         programs += 1;
         with_gradients += usize::from(reference.gradient.is_some());
+        with_second += usize::from(reference.orders == 2);
         let (tight, loose) = tolerances(reference.dtype, reference.precision.0);
         let (g_tight, g_loose) = tolerances(reference.coarsest, reference.precision.1);
         let mut fused: Option<Run> = None;
@@ -300,9 +324,31 @@ fn random_programs_agree_fused_unfused_and_reference() {
                 }
             }
         }
+        // The same program as a `compile()`d function: planned on the first call, replayed
+        // on the next two, each agreeing with the eager fused run.
+        let fused = fused.expect("the fused run");
+        let mut compiled = kiln::compile(|(): ()| compiled_program(seed));
+        for call in 0..3 {
+            let out: Vec<Tensor> = compiled.call(());
+            let what = |part: &str| format!("seed {seed} compiled call {call} {part}");
+            assert_close_tol(&out[0].to_vec::<f64>(), &fused.values, tight, &what("values"));
+            let gradient: Vec<f64> = out[1..].iter().flat_map(|g| g.to_vec::<f64>()).collect();
+            assert_eq!(out.len() > 1, fused.gradient.is_some(), "{}", what("gradient"));
+            if let Some(h) = &fused.gradient {
+                assert_close_tol(&gradient, h, g_tight, &what("gradient"));
+            }
+        }
+        // (A program whose result is an input seen through a view computes nothing: no plan.)
+        let stats = compiled.stats();
+        assert!(stats.plans <= 1, "seed {seed}: replayed, not planned again: {stats:?}");
+        replays += stats.replays as usize;
     }
     // Backward is really exercised: a good share of the programs have a gradient.
     assert!(with_gradients * 4 >= programs, "{with_gradients} of {programs} with gradients");
+    // Double backward too, on the programs whose gradient depends on the input.
+    assert!(with_second * 10 >= programs, "{with_second} of {programs} with second derivatives");
+    // And so are compiled replays: two per program that computes anything.
+    assert!(replays >= programs, "{replays} replays for {programs} programs");
 }
 
 #[test]
