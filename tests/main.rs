@@ -8,6 +8,7 @@ mod compile;
 mod autograd;
 mod bad_inputs;
 mod construction;
+mod conv;
 mod cuda;
 mod data;
 mod digits;

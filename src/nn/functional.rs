@@ -15,6 +15,10 @@
 //! assert!((loss - 0.3185).abs() < 1e-4);
 //! ```
 
+pub use super::conv::{
+    Conv2dOptions, Pool2dOptions, avg_pool2d, conv2d, max_pool2d, try_avg_pool2d, try_conv2d,
+    try_max_pool2d,
+};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 

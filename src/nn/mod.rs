@@ -35,6 +35,7 @@
 //! ```
 
 mod activation;
+mod conv;
 mod dropout;
 mod embedding;
 pub mod functional;
@@ -43,6 +44,7 @@ mod norm;
 mod sequential;
 
 pub use activation::{GELU, ReLU, Sigmoid, Tanh};
+pub use conv::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use linear::Linear;

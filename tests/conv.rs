@@ -1,0 +1,252 @@
+//! Convolution and pooling against plain f64 loops, on odd sizes, strides, padding,
+//! dilation and groups, with gradients checked by finite differences.
+
+use kiln::autograd::gradcheck;
+use kiln::nn::functional::{self as F, Conv2dOptions, Pool2dOptions};
+use kiln::nn::{Conv2d, Flatten, MaxPool2d, Module};
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// PyTorch's conv2d as a loop: `x` `[n, c, h, w]`, `wt` `[o, c/g, kh, kw]`.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    wt: &[f64],
+    ws: [usize; 4],
+    bias: Option<&[f64]>,
+    o: Conv2dOptions,
+) -> (Vec<f64>, [usize; 4]) {
+    let [n, c, h, w] = xs;
+    let [oc, cg, kh, kw] = ws;
+    let g = o.groups;
+    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
+    let ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+    let mut out = vec![0.0; n * oc * oh * ow];
+    for b in 0..n {
+        for f in 0..oc {
+            let group = f / (oc / g);
+            for i in 0..oh {
+                for j in 0..ow {
+                    let mut s = bias.map_or(0.0, |b| b[f]);
+                    for ci in 0..cg {
+                        let ch = group * cg + ci;
+                        for u in 0..kh {
+                            for v in 0..kw {
+                                let y = (i * o.stride[0] + u * o.dilation[0]) as isize
+                                    - o.padding[0] as isize;
+                                let z = (j * o.stride[1] + v * o.dilation[1]) as isize
+                                    - o.padding[1] as isize;
+                                if y < 0 || z < 0 || y >= h as isize || z >= w as isize {
+                                    continue;
+                                }
+                                let xv = x[((b * c + ch) * h + y as usize) * w + z as usize];
+                                s += xv * wt[((f * cg + ci) * kh + u) * kw + v];
+                            }
+                        }
+                    }
+                    out[((b * oc + f) * oh + i) * ow + j] = s;
+                }
+            }
+        }
+    }
+    (out, [n, oc, oh, ow])
+}
+
+fn pool_ref(x: &[f64], xs: [usize; 4], o: Pool2dOptions, max: bool) -> Vec<f64> {
+    let [n, c, h, w] = xs;
+    let [kh, kw] = o.kernel_size;
+    let st = o.stride.unwrap_or(o.kernel_size);
+    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / st[0] + 1;
+    let ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / st[1] + 1;
+    let mut out = Vec::new();
+    for plane in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
+                for u in 0..kh {
+                    for v in 0..kw {
+                        let y = (i * st[0] + u * o.dilation[0]) as isize - o.padding[0] as isize;
+                        let z = (j * st[1] + v * o.dilation[1]) as isize - o.padding[1] as isize;
+                        let inside = y >= 0 && z >= 0 && y < h as isize && z < w as isize;
+                        let xv = if inside {
+                            x[(plane * h + y as usize) * w + z as usize]
+                        } else if max {
+                            f64::NEG_INFINITY
+                        } else {
+                            0.0
+                        };
+                        acc = if max { acc.max(xv) } else { acc + xv };
+                    }
+                }
+                out.push(if max { acc } else { acc / (kh * kw) as f64 });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn conv2d_matches_the_loop_in_every_configuration() {
+    let mut rng = Rng::new(81);
+    let cases: [([usize; 4], [usize; 4], Conv2dOptions); 6] = [
+        ([2, 3, 7, 6], [4, 3, 3, 3], Conv2dOptions::default()),
+        (
+            [1, 2, 9, 8],
+            [3, 2, 3, 2],
+            Conv2dOptions { stride: [2, 3], padding: [1, 2], ..Default::default() },
+        ),
+        (
+            [2, 4, 10, 9],
+            [6, 2, 3, 3],
+            Conv2dOptions { groups: 2, dilation: [2, 1], padding: [2, 1], ..Default::default() },
+        ),
+        (
+            [1, 4, 5, 5],
+            [4, 1, 3, 3],
+            Conv2dOptions { groups: 4, padding: [1, 1], ..Default::default() },
+        ),
+        ([3, 5, 4, 4], [7, 5, 1, 1], Conv2dOptions::default()),
+        (
+            [1, 1, 3, 3],
+            [1, 1, 3, 3],
+            Conv2dOptions { stride: [5, 5], padding: [1, 1], ..Default::default() },
+        ),
+    ];
+    for (xs, ws, o) in cases {
+        for dtype in [DType::F32, DType::F64] {
+            for layout in LAYOUTS {
+                let dx = values(&mut rng, xs.iter().product(), dtype);
+                let dw = values(&mut rng, ws.iter().product(), dtype);
+                let db = values(&mut rng, ws[0], dtype);
+                let x = make(&dx, &xs, dtype, layout);
+                let w = tensor(&dw, &ws, dtype);
+                let b = tensor(&db, &[ws[0]], dtype);
+                let y = F::conv2d(&x, &w, Some(&b), o);
+                let (want, shape) = conv_ref(&dx, xs, &dw, ws, Some(&db), o);
+                assert_eq!(y.dims(), &shape, "{xs:?} {ws:?} {o:?}");
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+                assert_close_tol(
+                    &read(&y, dtype),
+                    &want,
+                    tol,
+                    &format!("{xs:?} {ws:?} {o:?} {layout:?}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pooling_matches_the_loop() {
+    let mut rng = Rng::new(82);
+    let xs = [2, 3, 7, 9];
+    let dx = values(&mut rng, xs.iter().product(), DType::F64);
+    let x = tensor(&dx, &xs, DType::F64);
+    let options = [
+        Pool2dOptions::new([2, 2]),
+        Pool2dOptions { stride: Some([1, 2]), ..Pool2dOptions::new([3, 3]) },
+        Pool2dOptions { padding: [1, 1], ..Pool2dOptions::new([3, 2]) },
+        Pool2dOptions { dilation: [2, 2], stride: Some([1, 1]), ..Pool2dOptions::new([2, 3]) },
+    ];
+    for o in options {
+        assert_close_tol(
+            &F::max_pool2d(&x, o).to_vec::<f64>(),
+            &pool_ref(&dx, xs, o, true),
+            0.0,
+            &format!("max {o:?}"),
+        );
+        if o.dilation == [1, 1] {
+            assert_close_tol(
+                &F::avg_pool2d(&x, o).to_vec::<f64>(),
+                &pool_ref(&dx, xs, o, false),
+                1e-12,
+                &format!("avg {o:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn convolution_and_pooling_pass_gradcheck() {
+    let mut rng = Rng::new(83);
+    let x = tensor(&values(&mut rng, 2 * 4 * 5 * 6, DType::F64), &[2, 4, 5, 6], DType::F64);
+    let w = tensor(&values(&mut rng, 6 * 2 * 3 * 2, DType::F64), &[6, 2, 3, 2], DType::F64);
+    let b = tensor(&values(&mut rng, 6, DType::F64), &[6], DType::F64);
+    let o = Conv2dOptions { stride: [2, 1], padding: [1, 1], dilation: [1, 2], groups: 2 };
+    gradcheck(|t| F::conv2d(&t[0], &t[1], Some(&t[2]), o), &[x.clone(), w, b], 1e-6, 1e-6).unwrap();
+    // Overlapping windows (stride 1 < kernel 3): their gradients add up where they overlap.
+    gradcheck(
+        |t| {
+            F::avg_pool2d(
+                &t[0],
+                Pool2dOptions {
+                    stride: Some([1, 1]),
+                    padding: [1, 1],
+                    ..Pool2dOptions::new([3, 3])
+                },
+            )
+        },
+        std::slice::from_ref(&x),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    // Max pooling on distinct values (no ties, where the gradient is not defined).
+    let distinct: Vec<f64> = (0..2 * 4 * 5 * 6).map(|i| ((i * 37) % 241) as f64 / 10.0).collect();
+    let xd = tensor(&distinct, &[2, 4, 5, 6], DType::F64);
+    gradcheck(
+        |t| {
+            F::max_pool2d(
+                &t[0],
+                Pool2dOptions { stride: Some([1, 2]), ..Pool2dOptions::new([2, 2]) },
+            )
+        },
+        &[xd],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_small_cnn_trains_and_its_mistakes_are_errors() {
+    kiln::manual_seed(5);
+    let conv = Conv2d::new(1, 4, [3, 3], Conv2dOptions { padding: [1, 1], ..Default::default() });
+    let pool = MaxPool2d(Pool2dOptions::new([2, 2]));
+    let head = kiln::nn::Linear::new(4 * 4 * 4, 3);
+    let x = Tensor::randn([6, 1, 8, 8]);
+    let y = Tensor::from_vec(vec![0i64, 1, 2, 0, 1, 2], [6]);
+    let mut params = kiln::nn::Parameters::parameters(&conv);
+    params.extend(kiln::nn::Parameters::parameters(&head));
+    let mut opt =
+        kiln::optim::Sgd::new(params, kiln::optim::SgdConfig { lr: 0.1, ..Default::default() });
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        use kiln::optim::Optimizer;
+        opt.zero_grad();
+        let h = Flatten.forward(&pool.forward(&conv.forward(&x).relu()));
+        let loss = F::cross_entropy(&head.forward(&h), &y);
+        loss.backward();
+        opt.step();
+        losses.push(loss.item::<f32>());
+    }
+    assert!(losses[29] < losses[0] * 0.5, "{losses:?}");
+    let err = |r: kiln::Result<Tensor>| r.expect_err("a mistake").to_string();
+    assert!(
+        err(conv.try_forward(&Tensor::zeros([1, 2, 8, 8])))
+            .starts_with("conv2d: the weight [4, 1, 3, 3] expects 1 input channels")
+    );
+    assert!(
+        err(conv.try_forward(&Tensor::zeros([8, 8])))
+            .starts_with("conv2d: expects a [N, C, H, W] batch")
+    );
+    assert!(
+        err(F::try_max_pool2d(&Tensor::zeros([1, 1, 1, 1]), Pool2dOptions::new([2, 2])))
+            .starts_with("max_pool2d: a window spanning 2 does not fit")
+    );
+    assert!(
+        Conv2d::try_new(3, 4, [3, 3], Conv2dOptions { groups: 2, ..Default::default() }).is_err()
+    );
+}
