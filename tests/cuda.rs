@@ -703,3 +703,29 @@ fn kernels_load_from_the_cubin_or_fall_back_to_ptx() {
         assert!((f64::from(*a) - b).abs() < 1e-6, "{got:?}");
     }
 }
+
+/// Convolution and pooling on the GPU (overlapping window views, the im2col copy, cuBLAS
+/// products) agree with the CPU, and so do their gradients.
+#[test]
+fn convolution_and_pooling_on_the_gpu_match_the_cpu() {
+    use kiln::nn::functional::{self as F, Conv2dOptions, Pool2dOptions};
+    let Some((gpu, _memory)) = gpu_or_skip("convolution_and_pooling_on_the_gpu_match_the_cpu")
+    else {
+        return;
+    };
+    let mut rng = Rng::new(84);
+    let x = tensor(&values(&mut rng, 2 * 4 * 7 * 6, DType::F64), &[2, 4, 7, 6], DType::F64);
+    let w = tensor(&values(&mut rng, 6 * 2 * 3 * 3, DType::F64), &[6, 2, 3, 3], DType::F64);
+    let o = Conv2dOptions { stride: [2, 1], padding: [1, 1], groups: 2, ..Default::default() };
+    let p = Pool2dOptions { stride: Some([1, 1]), padding: [1, 1], ..Pool2dOptions::new([3, 3]) };
+    let run = |x: &Tensor, w: &Tensor| {
+        let x = x.requires_grad_(true);
+        let y = F::max_pool2d(&F::conv2d(&x, w, None, o), p) + F::avg_pool2d(&x, p).sum();
+        let g = kiln::grad(&[&y.sum()], &[&x], false).remove(0);
+        (y.to_vec::<f64>(), g.to_vec::<f64>())
+    };
+    let (want, want_g) = run(&x, &w);
+    let (got, got_g) = run(&x.to(gpu), &w.to(gpu));
+    assert_close_tol(&got, &want, 1e-12, "conv and pool values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "conv and pool gradients");
+}
