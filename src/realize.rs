@@ -1,16 +1,18 @@
 //! Realization: capture the pending ancestors of some nodes as a graph, run it, and store the
 //! results back into the nodes.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use kiln_ir::pipeline::Constants;
 use kiln_ir::{Graph, NodeId};
 use kiln_runtime::exec::{self, Execution, Prepared};
 use kiln_runtime::{Buffer, Device};
 
-use crate::Result;
 use crate::lazy::{LazyNode, State};
+use crate::tensor::Storage;
+use crate::{Result, Tensor};
 
 /// Computes `targets`, and every captured node that something outside the captured graph
 /// still refers to (a user's tensor, a pending consumer), so nothing is computed twice.
@@ -19,6 +21,55 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
     if crate::session::defer(targets) {
         return Ok(());
     }
+    let riders = take_riders(targets.first().map_or(Device::Cpu, |t| t.device));
+    if !riders.is_empty() {
+        let mut all = targets.to_vec();
+        all.extend(riders);
+        return realize_now(&all);
+    }
+    realize_now(targets)
+}
+
+thread_local! {
+    /// Storages whose pending writes join this thread's next realization on their device.
+    static RIDERS: RefCell<Vec<Weak<Storage>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes `t`'s pending value part of the next realization on its device, as a write in
+/// eager PyTorch would have happened by then. Batch norm's running statistics use it: their
+/// update reads the batch statistics the forward pass computes anyway, so it rides along
+/// with that realization instead of growing a chain of pending updates step after step.
+/// Inside a compiled call the write is an output of the call already.
+pub(crate) fn ride_along(t: &Tensor) {
+    RIDERS.with(|r| {
+        let mut r = r.borrow_mut();
+        if !r.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(t.storage()))) {
+            r.push(Arc::downgrade(t.storage()));
+        }
+    });
+}
+
+/// The pending riders on `device`, removed from the list (with every dead or realized one).
+fn take_riders(device: Device) -> Vec<Arc<LazyNode>> {
+    RIDERS.with(|r| {
+        let mut taken = Vec::new();
+        r.borrow_mut().retain(|w| {
+            let Some(storage) = w.upgrade() else { return false };
+            let node = storage.node();
+            if node.buffer().is_some() {
+                return false;
+            }
+            if node.device != device {
+                return true;
+            }
+            taken.push(node);
+            false
+        });
+        taken
+    })
+}
+
+fn realize_now(targets: &[Arc<LazyNode>]) -> Result<()> {
     let device = targets.first().map_or(Device::Cpu, |t| t.device);
     if targets.iter().any(|t| t.device != device) {
         // One graph per device: ops never mix devices, so the groups share no pending work.
@@ -29,7 +80,7 @@ pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
         for d in devices {
             let group: Vec<Arc<LazyNode>> =
                 targets.iter().filter(|t| t.device == d).cloned().collect();
-            realize(&group)?;
+            realize_now(&group)?;
         }
         return Ok(());
     }

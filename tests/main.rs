@@ -25,6 +25,7 @@ mod linalg;
 mod memory;
 mod movement;
 mod nn;
+mod norm;
 mod optim;
 mod profile;
 mod reductions;

@@ -15,10 +15,12 @@
 //! assert!((loss - 0.3185).abs() < 1e-4);
 //! ```
 
+pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
 pub use super::conv::{
     Conv2dOptions, Pool2dOptions, avg_pool2d, conv2d, max_pool2d, try_avg_pool2d, try_conv2d,
     try_max_pool2d,
 };
+pub use super::norm::{group_norm, try_group_norm};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -403,6 +405,63 @@ pub fn try_dropout(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
         return Ok(input * 0.0);
     }
     let keep = Tensor::rand(input.shape().clone()).ge(p);
+    Tensor::try_where_(&keep, &(input * (1.0 / (1.0 - p))), 0.0)
+}
+
+/// Channel dropout (PyTorch's `F.dropout2d`): in training mode each channel of each sample
+/// of `input` (`[N, C, H, W]`, or `[C, H, W]` unbatched) is zeroed whole with probability `p`
+/// and the kept ones are scaled by `1/(1-p)`; in evaluation mode the input passes through.
+///
+/// # Panics
+/// As [`try_dropout2d`] fails.
+///
+/// ```
+/// use kiln::nn::functional as F;
+/// use kiln::prelude::*;
+/// let y = F::dropout2d(&Tensor::ones([4, 8, 3, 3]), 0.5, true);
+/// let per_channel = y.sum_dim([2i64, 3].as_slice(), false); // 0 or 9 / (1 - 0.5)
+/// assert!(per_channel.to_vec::<f32>().iter().all(|&s| s == 0.0 || s == 18.0));
+/// ```
+#[track_caller]
+#[must_use]
+pub fn dropout2d(input: &Tensor, p: f64, training: bool) -> Tensor {
+    let _at = crate::origin::enter();
+    ok(try_dropout2d(input, p, training))
+}
+
+/// [`dropout2d`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Value`] when `p` is not in `[0, 1]`; [`Error::Shape`] when the input is not
+/// 3- or 4-dimensional; [`Error::DType`] for a non-float input.
+#[track_caller]
+pub fn try_dropout2d(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
+    let _at = crate::origin::enter();
+    if !matches!(input.ndim(), 3 | 4) {
+        return Err(Error::shape(
+            "dropout2d",
+            format!("expects an input of shape [N, C, H, W] or [C, H, W], got {}", input.shape()),
+        ));
+    }
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::value("dropout2d", format!("p must be in [0, 1], got {p}")));
+    }
+    if !input.dtype().is_float() {
+        return Err(Error::dtype(
+            "dropout2d",
+            format!("the input must be floating point, got {}", input.dtype()),
+        ));
+    }
+    if !training || p == 0.0 {
+        return Ok(input.clone());
+    }
+    if p == 1.0 {
+        return Ok(input * 0.0);
+    }
+    let mut mask_shape = input.dims().to_vec();
+    let k = mask_shape.len();
+    mask_shape[k - 2..].fill(1);
+    let keep = Tensor::try_rand(mask_shape)?.ge(p);
     Tensor::try_where_(&keep, &(input * (1.0 / (1.0 - p))), 0.0)
 }
 

@@ -35,6 +35,7 @@
 //! ```
 
 mod activation;
+mod batchnorm;
 mod conv;
 mod dropout;
 mod embedding;
@@ -44,11 +45,12 @@ mod norm;
 mod sequential;
 
 pub use activation::{GELU, ReLU, Sigmoid, Tanh};
+pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use linear::Linear;
-pub use norm::LayerNorm;
+pub use norm::{GroupNorm, LayerNorm};
 pub use sequential::Sequential;
 
 use crate::error::ok;
@@ -67,6 +69,20 @@ pub trait Parameters {
     /// [`Parameters::to`] does).
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor));
 
+    /// Calls `f` with the name and handle of every *buffer* under `prefix`: state that is
+    /// saved, loaded and moved with the model but is not trained (batch norm's running
+    /// statistics). Optimizers never see buffers, as they are built from
+    /// [`Parameters::parameters`]. Declare buffers in [`crate::parameters!`]'s `buffers`
+    /// list.
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        let _ = (prefix, f);
+    }
+
+    /// Like [`Parameters::visit_buffers`], with mutable access to each handle.
+    fn visit_buffers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        let _ = (prefix, f);
+    }
+
     /// Switches training-only behavior (dropout) on or off in this tree.
     fn set_training(&mut self, training: bool) {
         let _ = training;
@@ -84,6 +100,39 @@ pub trait Parameters {
         let mut out = Vec::new();
         self.visit("", &mut |_, t| out.push(t.clone()));
         out
+    }
+
+    /// Every buffer with its dotted name, in declaration order.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit_buffers("", &mut |name, t| out.push((name.to_string(), t.clone())));
+        out
+    }
+
+    /// Every buffer, in declaration order (handles sharing the model's storage).
+    fn buffers(&self) -> Vec<Tensor> {
+        self.named_buffers().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// The model's whole state, as PyTorch's `state_dict`: every parameter, then every
+    /// buffer, with their dotted names. The tensors share the model's storage; what
+    /// [`Parameters::save`] writes.
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.named_parameters();
+        out.extend(self.named_buffers());
+        out
+    }
+
+    /// Copies `state` (names and tensors, as [`Parameters::state_dict`] or
+    /// [`crate::serialize::load`] give them) into this model's parameters and buffers, in
+    /// place. Every name, shape and dtype must match; otherwise nothing is changed and the
+    /// error lists every difference.
+    ///
+    /// # Errors
+    /// [`Error::Load`] listing missing, unexpected and mismatched tensors;
+    /// [`Error::Runtime`] when computing a pending tensor fails.
+    fn load_state_dict(&self, state: Vec<(String, Tensor)>) -> Result<()> {
+        crate::serialize::assign(&self.state_dict(), state)
     }
 
     /// The total number of scalar parameters.
@@ -108,15 +157,16 @@ pub trait Parameters {
         self.set_training(false);
     }
 
-    /// Moves every parameter to `device`, keeping names and `requires_grad`. The moved
-    /// parameters are leaves of their own (as PyTorch's `module.to`): gradients collect on
-    /// them, where an optimizer built from [`Parameters::parameters`] afterwards finds them.
+    /// Moves every parameter and buffer to `device`, keeping names and `requires_grad`. The
+    /// moved parameters are leaves of their own (as PyTorch's `module.to`): gradients
+    /// collect on them, where an optimizer built from [`Parameters::parameters`] afterwards
+    /// finds them.
     ///
     /// # Errors
     /// [`Error::Device`] when the device cannot be used.
     fn to(&mut self, device: Device) -> Result<()> {
         let mut failure = None;
-        self.visit_mut("", &mut |_, t| {
+        let mut move_one = |t: &mut Tensor| {
             if failure.is_some() || t.device() == device {
                 return;
             }
@@ -127,11 +177,14 @@ pub trait Parameters {
                 Ok(moved) => *t = moved,
                 Err(e) => failure = Some(e),
             }
-        });
+        };
+        self.visit_mut("", &mut |_, t| move_one(t));
+        self.visit_buffers_mut("", &mut |_, t| move_one(t));
         failure.map_or(Ok(()), Err)
     }
 
-    /// Writes the named parameters to a safetensors file.
+    /// Writes the model's [`Parameters::state_dict`] (parameters and buffers) to a
+    /// safetensors file.
     ///
     /// # Errors
     /// [`Error::Io`] when the file cannot be written; [`Error::Runtime`] when computing a
@@ -140,11 +193,11 @@ pub trait Parameters {
     where
         Self: Sized,
     {
-        crate::serialize::save(path, &self.named_parameters())
+        crate::serialize::save(path, &self.state_dict())
     }
 
-    /// Reads parameters saved by [`Parameters::save`] (or any safetensors file with the same
-    /// names) into this model, in place. Every name, shape and dtype must match; otherwise
+    /// Reads parameters and buffers saved by [`Parameters::save`] (or any safetensors file
+    /// with the same names) into this model, in place. Every name, shape and dtype must match; otherwise
     /// nothing is changed and the error lists every difference.
     ///
     /// # Errors
@@ -154,8 +207,7 @@ pub trait Parameters {
     where
         Self: Sized,
     {
-        let loaded = crate::serialize::load(path)?;
-        crate::serialize::assign(&self.named_parameters(), loaded)
+        self.load_state_dict(crate::serialize::load(path)?)
     }
 }
 
@@ -216,6 +268,18 @@ impl<T: Parameters> Parameters for Vec<T> {
         }
     }
 
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        for (i, m) in self.iter().enumerate() {
+            m.visit_buffers(&join(prefix, &i.to_string()), f);
+        }
+    }
+
+    fn visit_buffers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        for (i, m) in self.iter_mut().enumerate() {
+            m.visit_buffers_mut(&join(prefix, &i.to_string()), f);
+        }
+    }
+
     fn set_training(&mut self, training: bool) {
         for m in self {
             m.set_training(training);
@@ -237,6 +301,18 @@ impl<T: Parameters> Parameters for Option<T> {
         }
     }
 
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        if let Some(m) = self {
+            m.visit_buffers(prefix, f);
+        }
+    }
+
+    fn visit_buffers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        if let Some(m) = self {
+            m.visit_buffers_mut(prefix, f);
+        }
+    }
+
     fn set_training(&mut self, training: bool) {
         if let Some(m) = self {
             m.set_training(training);
@@ -253,6 +329,14 @@ impl<T: Parameters + ?Sized> Parameters for Box<T> {
         (**self).visit_mut(prefix, f);
     }
 
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        (**self).visit_buffers(prefix, f);
+    }
+
+    fn visit_buffers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        (**self).visit_buffers_mut(prefix, f);
+    }
+
     fn set_training(&mut self, training: bool) {
         (**self).set_training(training);
     }
@@ -267,8 +351,10 @@ impl<T: Module + ?Sized> Module for Box<T> {
 }
 
 /// Implements [`nn::Parameters`](crate::nn::Parameters) for a struct by listing the fields
-/// that hold parameters (tensors, modules, `Vec`s and `Option`s of them). Parameter names
-/// are the field names joined by dots, as PyTorch's `named_parameters` gives them.
+/// that hold parameters (tensors, modules, `Vec`s and `Option`s of them), and after
+/// `buffers`, the tensor fields that are state but not trained (running statistics). Names
+/// are the field names joined by dots, as PyTorch's `named_parameters` and `named_buffers`
+/// give them. A module field's own buffers are found through it.
 ///
 /// ```
 /// use kiln::nn::{Dropout, Linear, Parameters};
@@ -289,10 +375,24 @@ impl<T: Module + ?Sized> Module for Box<T> {
 /// };
 /// let names: Vec<String> = block.named_parameters().into_iter().map(|(n, _)| n).collect();
 /// assert_eq!(names, ["proj.weight", "proj.bias", "scale", "extra.0.weight", "extra.0.bias"]);
+///
+/// // Buffers: saved, loaded and moved with the model, never trained.
+/// struct Counter {
+///     proj: Linear,
+///     seen: kiln::Tensor,
+/// }
+/// kiln::parameters!(Counter { proj } buffers { seen });
+/// let c = Counter { proj: Linear::new(2, 2), seen: kiln::Tensor::zeros([1]) };
+/// assert_eq!(c.parameters().len(), 2);
+/// assert_eq!(c.named_buffers()[0].0, "seen");
+/// assert_eq!(c.state_dict().len(), 3);
 /// ```
 #[macro_export]
 macro_rules! parameters {
     ($ty:ty { $($field:ident),* $(,)? }) => {
+        $crate::parameters!($ty { $($field),* } buffers {});
+    };
+    ($ty:ty { $($field:ident),* $(,)? } buffers { $($buffer:ident),* $(,)? }) => {
         impl $crate::nn::Parameters for $ty {
             fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &$crate::Tensor)) {
                 $($crate::nn::Parameters::visit(
@@ -310,6 +410,36 @@ macro_rules! parameters {
                 $($crate::nn::Parameters::visit_mut(
                     &mut self.$field,
                     &$crate::nn::join(prefix, stringify!($field)),
+                    f,
+                );)*
+            }
+
+            fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &$crate::Tensor)) {
+                $($crate::nn::Parameters::visit_buffers(
+                    &self.$field,
+                    &$crate::nn::join(prefix, stringify!($field)),
+                    f,
+                );)*
+                $($crate::nn::Parameters::visit(
+                    &self.$buffer,
+                    &$crate::nn::join(prefix, stringify!($buffer)),
+                    f,
+                );)*
+            }
+
+            fn visit_buffers_mut(
+                &mut self,
+                prefix: &str,
+                f: &mut dyn FnMut(&str, &mut $crate::Tensor),
+            ) {
+                $($crate::nn::Parameters::visit_buffers_mut(
+                    &mut self.$field,
+                    &$crate::nn::join(prefix, stringify!($field)),
+                    f,
+                );)*
+                $($crate::nn::Parameters::visit_mut(
+                    &mut self.$buffer,
+                    &$crate::nn::join(prefix, stringify!($buffer)),
                     f,
                 );)*
             }

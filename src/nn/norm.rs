@@ -94,3 +94,183 @@ impl Module for LayerNorm {
         )
     }
 }
+
+/// Group normalization (PyTorch's `F.group_norm`): the channels of `input` (`[N, C, ...]`)
+/// are split into `num_groups` groups, each sample's group is normalized to zero mean and
+/// unit (biased) variance, then an optional per-channel `weight` and `bias` (`[C]`) apply.
+/// The statistics are per sample, so training and evaluation agree.
+///
+/// # Panics
+/// As [`try_group_norm`] fails.
+///
+/// ```
+/// use kiln::nn::functional as F;
+/// use kiln::prelude::*;
+/// let x = Tensor::randn([2, 6, 4, 4]) * 3.0 + 1.0;
+/// let y = F::group_norm(&x, 3, None, None, 1e-5);
+/// let per_group = y.reshape(&[2, 3, -1]).mean_dim(-1, false);
+/// assert!(per_group.abs().max().item::<f32>() < 1e-5);
+/// ```
+#[track_caller]
+pub fn group_norm(
+    input: &Tensor,
+    num_groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Tensor {
+    let _at = crate::origin::enter();
+    ok(try_group_norm(input, num_groups, weight, bias, eps))
+}
+
+/// [`group_norm`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] when the input is not `[N, C, ...]`, `num_groups` does not divide `C`,
+/// or the weight or bias is not `[C]`; [`Error::Value`] for a negative `eps`;
+/// [`Error::DType`] for a non-float input.
+#[track_caller]
+pub fn try_group_norm(
+    input: &Tensor,
+    num_groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let _at = crate::origin::enter();
+    const OP: &str = "group_norm";
+    if input.ndim() < 2 {
+        return Err(Error::shape(
+            OP,
+            format!("expects an input of shape [N, C, ...], got {}", input.shape()),
+        ));
+    }
+    if !input.dtype().is_float() {
+        return Err(Error::dtype(
+            OP,
+            format!("the input must be floating point, got {}", input.dtype()),
+        ));
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::value(OP, format!("eps must be >= 0, got {eps}")));
+    }
+    let (n, c) = (input.dims()[0], input.dims()[1]);
+    if num_groups == 0 || !c.is_multiple_of(num_groups) {
+        return Err(Error::shape(
+            OP,
+            format!("num_groups = {num_groups} must divide the input's {c} channels"),
+        ));
+    }
+    for (what, t) in [("weight", weight), ("bias", bias)] {
+        if let Some(t) = t
+            && t.dims() != [c]
+        {
+            return Err(Error::shape(
+                OP,
+                format!("the {what} must have shape [{c}], got {}", t.shape()),
+            ));
+        }
+    }
+    let grouped = input.try_reshape(&[n as i64, num_groups as i64, -1])?;
+    let mean = grouped.try_mean_dim(-1, true)?;
+    let centered = grouped.try_sub(&mean)?;
+    let var = centered.try_mul(&centered)?.try_mean_dim(-1, true)?;
+    let dims: Vec<i64> = input.dims().iter().map(|&d| d as i64).collect();
+    let mut y = centered.try_mul(&(var + eps).sqrt().reciprocal())?.try_reshape(&dims)?;
+    let mut channel_shape = vec![1i64; input.ndim()];
+    channel_shape[1] = c as i64;
+    if let Some(w) = weight {
+        y = y.try_mul(&w.try_reshape(&channel_shape)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.try_add(&b.try_reshape(&channel_shape)?)?;
+    }
+    Ok(y)
+}
+
+/// Group normalization as a layer (PyTorch's `nn.GroupNorm`), with a learned per-channel
+/// scale (ones) and shift (zeros).
+///
+/// ```
+/// use kiln::nn::{GroupNorm, Module};
+/// use kiln::prelude::*;
+/// let gn = GroupNorm::new(2, 4);
+/// assert_eq!(gn.forward(&Tensor::randn([3, 4, 5])).dims(), &[3, 4, 5]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct GroupNorm {
+    /// How many groups the channels split into.
+    pub num_groups: usize,
+    /// The channel count.
+    pub num_channels: usize,
+    /// Added to the variance (1e-5 by default).
+    pub eps: f64,
+    /// The learned scale `[C]`.
+    pub weight: Option<Tensor>,
+    /// The learned shift `[C]`.
+    pub bias: Option<Tensor>,
+}
+
+impl GroupNorm {
+    /// `num_channels` channels in `num_groups` groups, `eps = 1e-5`, learned scale and shift.
+    ///
+    /// # Panics
+    /// As [`GroupNorm::try_with_options`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(num_groups: usize, num_channels: usize) -> GroupNorm {
+        ok(GroupNorm::try_with_options(num_groups, num_channels, 1e-5, true))
+    }
+
+    /// [`GroupNorm::new`] with a chosen `eps` and `affine`, returning an error instead of
+    /// panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `num_groups` does not divide `num_channels`; [`Error::Value`]
+    /// for a negative `eps`.
+    #[track_caller]
+    pub fn try_with_options(
+        num_groups: usize,
+        num_channels: usize,
+        eps: f64,
+        affine: bool,
+    ) -> Result<GroupNorm> {
+        if num_groups == 0 || !num_channels.is_multiple_of(num_groups) {
+            return Err(Error::shape(
+                "GroupNorm",
+                format!("num_groups = {num_groups} must divide num_channels = {num_channels}"),
+            ));
+        }
+        if eps.is_nan() || eps < 0.0 {
+            return Err(Error::value("GroupNorm", format!("eps must be >= 0, got {eps}")));
+        }
+        let param = |value: f64| -> Result<Tensor> {
+            let t = Tensor::try_full_dtype([num_channels], value, DType::F32)?;
+            t.try_realize()?;
+            Ok(t.requires_grad_(true))
+        };
+        let (weight, bias) =
+            if affine { (Some(param(1.0)?), Some(param(0.0)?)) } else { (None, None) };
+        Ok(GroupNorm { num_groups, num_channels, eps, weight, bias })
+    }
+}
+
+crate::parameters!(GroupNorm { weight, bias });
+
+impl Module for GroupNorm {
+    #[track_caller]
+    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
+        if input.ndim() < 2 || input.dims()[1] != self.num_channels {
+            return Err(Error::shape(
+                "GroupNorm",
+                format!(
+                    "expects an input of shape [N, {}, ...], got {}",
+                    self.num_channels,
+                    input.shape()
+                ),
+            ));
+        }
+        try_group_norm(input, self.num_groups, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+    }
+}

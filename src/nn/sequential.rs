@@ -69,6 +69,18 @@ impl Parameters for Sequential {
         }
     }
 
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        for (i, m) in self.layers.iter().enumerate() {
+            m.visit_buffers(&super::join(prefix, &i.to_string()), f);
+        }
+    }
+
+    fn visit_buffers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        for (i, m) in self.layers.iter_mut().enumerate() {
+            m.visit_buffers_mut(&super::join(prefix, &i.to_string()), f);
+        }
+    }
+
     fn set_training(&mut self, training: bool) {
         for m in &mut self.layers {
             m.set_training(training);
