@@ -174,7 +174,13 @@ fn convolution_and_pooling_pass_gradcheck() {
     let x = tensor(&values(&mut rng, 2 * 4 * 5 * 6, DType::F64), &[2, 4, 5, 6], DType::F64);
     let w = tensor(&values(&mut rng, 6 * 2 * 3 * 2, DType::F64), &[6, 2, 3, 2], DType::F64);
     let b = tensor(&values(&mut rng, 6, DType::F64), &[6], DType::F64);
-    let o = Conv2dOptions { stride: [2, 1], padding: [1, 1], dilation: [1, 2], groups: 2 };
+    let o = Conv2dOptions {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+        groups: 2,
+        ..Default::default()
+    };
     gradcheck(|t| F::conv2d(&t[0], &t[1], Some(&t[2]), o), &[x.clone(), w, b], 1e-6, 1e-6).unwrap();
     // Overlapping windows (stride 1 < kernel 3): their gradients add up where they overlap.
     gradcheck(

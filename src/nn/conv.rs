@@ -1,23 +1,37 @@
-//! Convolution and pooling over 2-D images, built the way a compiler would: a window of the
+//! Convolution over 1-D and 2-D inputs, built the way a compiler would: a window of the
 //! padded input is a *view* (overlapping strides over the same storage, no copy), a
-//! convolution is that view reshaped into columns and multiplied by the weight, and a pooling
-//! is a reduction over the view's window dimensions. Autograd and fusion come from the ops
-//! they are made of: the gradient of the window view adds each window's gradient back where
-//! it was read (overlaps summed).
+//! convolution is that view reshaped into columns and multiplied by the weight. Autograd and
+//! fusion come from the ops they are made of: the gradient of the window view adds each
+//! window's gradient back where it was read (overlaps summed). That adjoint, `col2im`, is
+//! also `fold` and the heart of the transposed convolution.
 
-use super::{Module, Parameters};
+use super::Module;
+use super::resize::{PadMode, try_pad};
 use crate::error::ok;
 use crate::{DType, Error, Result, Tensor};
 use kiln_ir::{Shape, View};
 
 /// The options of [`conv2d`], with PyTorch's names and defaults (stride 1, no padding, no
-/// dilation, one group). Pairs are `[height, width]`.
+/// dilation, one group, zero padding). Pairs are `[height, width]`. Build them with struct
+/// update syntax or the builder methods.
+///
+/// ```
+/// use kiln::nn::functional::{Conv2dOptions, PadMode};
+/// let o = Conv2dOptions::default().stride([2, 2]).padding([1, 1]).padding_mode(PadMode::Reflect);
+/// assert_eq!(o, Conv2dOptions { stride: [2, 2], padding: [1, 1], padding_mode: PadMode::Reflect, ..Default::default() });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dOptions {
     /// Step between windows.
     pub stride: [usize; 2],
-    /// Zeros added on each side.
+    /// Elements added on each side (ignored when `same` is set).
     pub padding: [usize; 2],
+    /// PyTorch's `padding='same'`: pad so the output has the input's size (stride 1 only;
+    /// an odd total puts the extra element after, as PyTorch does).
+    pub same: bool,
+    /// What the padding holds: zeros (`PadMode::Constant`, PyTorch's `'zeros'`), or the
+    /// input reflected, replicated or wrapped around.
+    pub padding_mode: PadMode,
     /// Step between the elements of a window.
     pub dilation: [usize; 2],
     /// Input and output channels are split into this many independent groups.
@@ -26,50 +40,80 @@ pub struct Conv2dOptions {
 
 impl Default for Conv2dOptions {
     fn default() -> Conv2dOptions {
-        Conv2dOptions { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
-    }
-}
-
-/// The options of [`max_pool2d`] and [`avg_pool2d`]: PyTorch's, with `stride` defaulting to
-/// the kernel size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pool2dOptions {
-    /// The window's size.
-    pub kernel_size: [usize; 2],
-    /// Step between windows (`None`: the kernel size).
-    pub stride: Option<[usize; 2]>,
-    /// Padding on each side (`-inf` for max pooling, zeros counted in the mean for average
-    /// pooling, as PyTorch's `count_include_pad=True`).
-    pub padding: [usize; 2],
-    /// Step between the elements of a window (max pooling only).
-    pub dilation: [usize; 2],
-}
-
-impl Pool2dOptions {
-    /// Windows of `kernel_size`, stepping by the kernel size, without padding.
-    pub fn new(kernel_size: [usize; 2]) -> Pool2dOptions {
-        Pool2dOptions { kernel_size, stride: None, padding: [0, 0], dilation: [1, 1] }
-    }
-}
-
-/// `x` (`[N, C, H, W]`) with `padding` added on both sides of H and W, filled with `value`.
-#[track_caller]
-fn pad_hw(x: &Tensor, padding: [usize; 2], value: f64) -> Result<Tensor> {
-    let mut x = x.clone();
-    for (axis, &p) in [(2usize, padding[0]), (3, padding[1])].iter().map(|(a, p)| (*a, p)) {
-        if p == 0 {
-            continue;
+        Conv2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            same: false,
+            padding_mode: PadMode::Constant,
+            dilation: [1, 1],
+            groups: 1,
         }
-        let mut dims = x.dims().to_vec();
-        dims[axis] = p;
-        let side = Tensor::try_full_dtype(dims, value, x.dtype())?.try_to(x.device())?;
-        x = Tensor::try_cat(&[&side, &x, &side], axis as i64)?;
     }
-    Ok(x)
+}
+
+impl Conv2dOptions {
+    /// With this stride.
+    #[must_use]
+    pub fn stride(mut self, stride: [usize; 2]) -> Conv2dOptions {
+        self.stride = stride;
+        self
+    }
+
+    /// With this padding on each side.
+    #[must_use]
+    pub fn padding(mut self, padding: [usize; 2]) -> Conv2dOptions {
+        self.padding = padding;
+        self
+    }
+
+    /// With `padding='same'`.
+    #[must_use]
+    pub fn same(mut self) -> Conv2dOptions {
+        self.same = true;
+        self
+    }
+
+    /// With this padding mode.
+    #[must_use]
+    pub fn padding_mode(mut self, mode: PadMode) -> Conv2dOptions {
+        self.padding_mode = mode;
+        self
+    }
+
+    /// With this dilation.
+    #[must_use]
+    pub fn dilation(mut self, dilation: [usize; 2]) -> Conv2dOptions {
+        self.dilation = dilation;
+        self
+    }
+
+    /// With this many groups.
+    #[must_use]
+    pub fn groups(mut self, groups: usize) -> Conv2dOptions {
+        self.groups = groups;
+        self
+    }
+
+    /// `[left, right, top, bottom]` for [`try_pad`], given the kernel size.
+    fn pads(&self, op: &'static str, kernel: [usize; 2]) -> Result<[i64; 4]> {
+        if !self.same {
+            let [ph, pw] = self.padding;
+            return Ok([pw as i64, pw as i64, ph as i64, ph as i64]);
+        }
+        if self.stride != [1, 1] {
+            return Err(Error::shape(
+                op,
+                format!("padding 'same' needs stride 1, got {:?}", self.stride),
+            ));
+        }
+        let total = |i: usize| (self.dilation[i] * kernel[i].saturating_sub(1)) as i64;
+        let (th, tw) = (total(0), total(1));
+        Ok([tw / 2, tw - tw / 2, th / 2, th - th / 2])
+    }
 }
 
 /// The output size of a window sweep, or an error naming `op` when no window fits.
-fn out_size(
+pub(super) fn out_size(
     op: &'static str,
     size: usize,
     kernel: usize,
@@ -94,7 +138,7 @@ fn out_size(
 /// The windows of `x` (`[N, C, H, W]`, padded already): a view `[N, C, OH, OW, KH, KW]` over
 /// the same storage.
 #[track_caller]
-fn windows(
+pub(super) fn windows(
     op: &'static str,
     x: &Tensor,
     kernel: [usize; 2],
@@ -123,7 +167,7 @@ fn windows(
 }
 
 /// Checks that `x` is a float `[N, C, H, W]` batch.
-fn check_image(op: &'static str, x: &Tensor) -> Result<()> {
+pub(super) fn check_image(op: &'static str, x: &Tensor) -> Result<()> {
     if x.ndim() != 4 {
         return Err(Error::shape(
             op,
@@ -180,7 +224,7 @@ pub fn try_conv2d(
     let _at = crate::origin::enter();
     let op = "conv2d";
     check_image(op, input)?;
-    let Conv2dOptions { stride, padding, dilation, groups } = options;
+    let Conv2dOptions { stride, dilation, groups, .. } = options;
     let (n, c) = (input.dims()[0], input.dims()[1]);
     if weight.ndim() != 4 {
         return Err(Error::shape(
@@ -213,101 +257,22 @@ pub fn try_conv2d(
     {
         return Err(Error::shape(op, format!("the bias must have shape [{o}], got {}", b.shape())));
     }
-    let padded = pad_hw(input, padding, 0.0)?;
+    let padded = try_pad(input, &options.pads(op, [kh, kw])?, options.padding_mode, 0.0)?;
     let win = windows(op, &padded, [kh, kw], stride, dilation)?;
     let (oh, ow) = (win.dims()[2], win.dims()[3]);
-    let (g, og, k) = (groups as i64, (o / groups) as i64, (cg * kh * kw) as i64);
-    // Columns: [N, G, OH*OW, C/G*KH*KW] (one copy, the im2col), times the weight as
-    // [G, C/G*KH*KW, O/G]: [N, G, OH*OW, O/G].
+    let (g, og, k, l) =
+        (groups as i64, (o / groups) as i64, (cg * kh * kw) as i64, (oh * ow) as i64);
+    // Columns: [N, G, C/G*KH*KW, OH*OW] (one copy, the im2col); the weight [G, O/G, C/G*KH*KW]
+    // times them is [N, G, O/G, OH*OW], already the output's layout.
     let cols = win
         .try_reshape(&[n as i64, g, cg as i64, oh as i64, ow as i64, kh as i64, kw as i64])?
-        .try_permute(&[0, 1, 3, 4, 2, 5, 6])?
-        .try_reshape(&[n as i64, g, (oh * ow) as i64, k])?;
-    let w = weight.try_reshape(&[g, og, k])?.try_transpose(1, 2)?;
-    let out = cols.try_matmul(&w)?;
-    let out =
-        out.try_permute(&[0, 1, 3, 2])?.try_reshape(&[n as i64, o as i64, oh as i64, ow as i64])?;
+        .try_permute(&[0, 1, 2, 5, 6, 3, 4])?
+        .try_reshape(&[n as i64, g, k, l])?;
+    let out = weight.try_reshape(&[g, og, k])?.try_matmul(&cols)?;
+    let out = out.try_reshape(&[n as i64, o as i64, oh as i64, ow as i64])?;
     match bias {
         Some(b) => out.try_add(&b.try_reshape(&[1, o as i64, 1, 1])?),
         None => Ok(out),
-    }
-}
-
-/// 2-D max pooling over `[N, C, H, W]`: the largest value of each window (padding never
-/// wins).
-///
-/// # Panics
-/// As [`try_max_pool2d`] fails.
-///
-/// ```
-/// use kiln::nn::functional as F;
-/// use kiln::prelude::*;
-/// let x = Tensor::arange(0.0f32, 16.0, 1.0).view(&[1, 1, 4, 4]);
-/// let y = F::max_pool2d(&x, F::Pool2dOptions::new([2, 2]));
-/// assert_eq!(y.to_vec::<f32>(), vec![5.0, 7.0, 13.0, 15.0]);
-/// ```
-#[track_caller]
-pub fn max_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
-    let _at = crate::origin::enter();
-    ok(try_max_pool2d(input, options))
-}
-
-/// [`max_pool2d`], returning an error instead of panicking.
-///
-/// # Errors
-/// [`Error::Shape`] when the input is not `[N, C, H, W]`, the padding exceeds half the
-/// kernel (as PyTorch refuses), or no window fits; [`Error::DType`] for non-float input.
-#[track_caller]
-pub fn try_max_pool2d(input: &Tensor, options: Pool2dOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
-    pool("max_pool2d", input, options, true)
-}
-
-/// 2-D average pooling over `[N, C, H, W]`: the mean of each window, padding zeros included
-/// (PyTorch's default `count_include_pad=True`).
-///
-/// # Panics
-/// As [`try_avg_pool2d`] fails.
-#[track_caller]
-pub fn avg_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
-    let _at = crate::origin::enter();
-    ok(try_avg_pool2d(input, options))
-}
-
-/// [`avg_pool2d`], returning an error instead of panicking.
-///
-/// # Errors
-/// As [`try_max_pool2d`]; a dilation other than 1 is refused (PyTorch has none).
-#[track_caller]
-pub fn try_avg_pool2d(input: &Tensor, options: Pool2dOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
-    if options.dilation != [1, 1] {
-        return Err(Error::shape("avg_pool2d", "average pooling has no dilation"));
-    }
-    pool("avg_pool2d", input, options, false)
-}
-
-#[track_caller]
-fn pool(op: &'static str, input: &Tensor, options: Pool2dOptions, max: bool) -> Result<Tensor> {
-    check_image(op, input)?;
-    let Pool2dOptions { kernel_size, stride, padding, dilation } = options;
-    for i in 0..2 {
-        if padding[i] * 2 > kernel_size[i] {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "padding {padding:?} should be at most half of the kernel size {kernel_size:?}"
-                ),
-            ));
-        }
-    }
-    let fill = if max { f64::NEG_INFINITY } else { 0.0 };
-    let padded = pad_hw(input, padding, fill)?;
-    let win = windows(op, &padded, kernel_size, stride.unwrap_or(kernel_size), dilation)?;
-    if max {
-        win.try_amax([4i64, 5].as_slice(), false)
-    } else {
-        win.try_mean_dim([4i64, 5].as_slice(), false)
     }
 }
 
@@ -397,49 +362,167 @@ impl Module for Conv2d {
     }
 }
 
-/// Max pooling (PyTorch's `nn.MaxPool2d`).
+/// The options of [`conv1d`]: [`Conv2dOptions`] for one spatial dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MaxPool2d(pub Pool2dOptions);
+pub struct Conv1dOptions {
+    /// Step between windows.
+    pub stride: usize,
+    /// Elements added on each side (ignored when `same` is set).
+    pub padding: usize,
+    /// PyTorch's `padding='same'` (stride 1 only).
+    pub same: bool,
+    /// What the padding holds.
+    pub padding_mode: PadMode,
+    /// Step between the elements of a window.
+    pub dilation: usize,
+    /// Independent channel groups.
+    pub groups: usize,
+}
 
-/// Average pooling (PyTorch's `nn.AvgPool2d`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AvgPool2d(pub Pool2dOptions);
-
-/// Flattens every dimension after the first (PyTorch's `nn.Flatten()`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Flatten;
-
-macro_rules! no_parameters {
-    ($($t:ty),*) => {$(
-        impl Parameters for $t {
-            fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor)) {}
-            fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor)) {}
+impl Default for Conv1dOptions {
+    fn default() -> Conv1dOptions {
+        Conv1dOptions {
+            stride: 1,
+            padding: 0,
+            same: false,
+            padding_mode: PadMode::Constant,
+            dilation: 1,
+            groups: 1,
         }
-    )*};
-}
-no_parameters!(MaxPool2d, AvgPool2d, Flatten);
-
-impl Module for MaxPool2d {
-    #[track_caller]
-    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
-        try_max_pool2d(input, self.0)
     }
 }
 
-impl Module for AvgPool2d {
-    #[track_caller]
-    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
-        try_avg_pool2d(input, self.0)
+impl Conv1dOptions {
+    /// The same convolution as a 2-D one over a height of 1.
+    fn as_2d(self) -> Conv2dOptions {
+        Conv2dOptions {
+            stride: [1, self.stride],
+            padding: [0, self.padding],
+            same: self.same,
+            padding_mode: self.padding_mode,
+            dilation: [1, self.dilation],
+            groups: self.groups,
+        }
     }
 }
 
-impl Module for Flatten {
+/// A 1-D convolution: `input` `[N, C, L]`, `weight` `[O, C / groups, K]`, an optional `bias`
+/// `[O]`; the result is `[N, O, OL]`. It runs as [`conv2d`] over a height of 1.
+///
+/// # Panics
+/// As [`try_conv1d`] fails.
+///
+/// ```
+/// use kiln::nn::functional::{self as F, Conv1dOptions};
+/// use kiln::prelude::*;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [1, 1, 4]);
+/// let w = Tensor::from_vec(vec![1.0f32, -1.0], [1, 1, 2]);
+/// let y = F::conv1d(&x, &w, None, Conv1dOptions { same: true, ..Default::default() });
+/// assert_eq!(y.to_vec::<f32>(), vec![-1.0, -1.0, -1.0, 4.0]);
+/// ```
+#[track_caller]
+pub fn conv1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: Conv1dOptions,
+) -> Tensor {
+    let _at = crate::origin::enter();
+    ok(try_conv1d(input, weight, bias, options))
+}
+
+/// [`conv1d`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_conv2d`], for `[N, C, L]` inputs and `[O, C / groups, K]` weights.
+#[track_caller]
+pub fn try_conv1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: Conv1dOptions,
+) -> Result<Tensor> {
+    let _at = crate::origin::enter();
+    if input.ndim() != 3 {
+        return Err(Error::shape(
+            "conv1d",
+            format!(
+                "expects a [N, C, L] batch, got shape {}; add a batch dimension with .unsqueeze(0)",
+                input.shape()
+            ),
+        ));
+    }
+    if weight.ndim() != 3 {
+        return Err(Error::shape(
+            "conv1d",
+            format!("the weight must be [O, C / groups, K], got shape {}", weight.shape()),
+        ));
+    }
+    try_conv2d(&input.try_unsqueeze(2)?, &weight.try_unsqueeze(2)?, bias, options.as_2d())
+        .map_err(|e| e.reported_as("conv1d"))?
+        .try_squeeze(2)
+}
+
+/// A 1-D convolution layer (PyTorch's `nn.Conv1d`), initialized as PyTorch does.
+///
+/// ```
+/// use kiln::nn::{Conv1d, Module};
+/// use kiln::nn::functional::Conv1dOptions;
+/// use kiln::prelude::*;
+/// let conv = Conv1d::new(4, 6, 3, Conv1dOptions { padding: 1, ..Default::default() });
+/// assert_eq!(conv.forward(&Tensor::randn([2, 4, 9])).dims(), &[2, 6, 9]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    /// `[out_channels, in_channels / groups, K]`.
+    pub weight: Tensor,
+    /// `[out_channels]`.
+    pub bias: Option<Tensor>,
+    /// Stride, padding, dilation and groups.
+    pub options: Conv1dOptions,
+}
+
+impl Conv1d {
+    /// A layer with a bias, in `f32`.
+    ///
+    /// # Panics
+    /// As [`Conv1d::try_new`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        options: Conv1dOptions,
+    ) -> Conv1d {
+        ok(Conv1d::try_new(in_channels, out_channels, kernel_size, options))
+    }
+
+    /// [`Conv1d::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Conv2d::try_new`].
+    #[track_caller]
+    pub fn try_new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        options: Conv1dOptions,
+    ) -> Result<Conv1d> {
+        let c = Conv2d::try_new(in_channels, out_channels, [1, kernel_size], options.as_2d())
+            .map_err(|e| e.reported_as("Conv1d"))?;
+        let weight = c.weight.detach().try_squeeze(2)?.contiguous();
+        weight.try_realize()?;
+        Ok(Conv1d { weight: weight.requires_grad_(true), bias: c.bias, options })
+    }
+}
+
+crate::parameters!(Conv1d { weight, bias });
+
+impl Module for Conv1d {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
         let _at = crate::origin::enter();
-        let n = input.dims().first().copied().unwrap_or(1) as i64;
-        input.try_reshape(&[n, -1])
+        try_conv1d(input, &self.weight, self.bias.as_ref(), self.options)
     }
 }

@@ -16,11 +16,20 @@
 //! ```
 
 pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
-pub use super::conv::{
-    Conv2dOptions, Pool2dOptions, avg_pool2d, conv2d, max_pool2d, try_avg_pool2d, try_conv2d,
-    try_max_pool2d,
+pub use super::conv::{Conv1dOptions, Conv2dOptions, conv1d, conv2d, try_conv1d, try_conv2d};
+pub use super::fold::{
+    ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
+    try_unfold, unfold,
 };
 pub use super::norm::{group_norm, try_group_norm};
+pub use super::pool::{
+    Pool2dOptions, adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d,
+    max_pool2d_with_indices, try_adaptive_avg_pool2d, try_adaptive_max_pool2d, try_avg_pool2d,
+    try_max_pool2d, try_max_pool2d_with_indices,
+};
+pub use super::resize::{
+    InterpolateMode, PadMode, Resize, interpolate, pad, try_interpolate, try_pad,
+};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 

@@ -39,18 +39,24 @@ mod batchnorm;
 mod conv;
 mod dropout;
 mod embedding;
+mod fold;
 pub mod functional;
 mod linear;
 mod norm;
+mod pool;
+mod resize;
 mod sequential;
 
 pub use activation::{GELU, ReLU, Sigmoid, Tanh};
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
-pub use conv::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
+pub use conv::{Conv1d, Conv2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
+pub use fold::ConvTranspose2d;
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm};
+pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
+pub use resize::{Flatten, Upsample};
 pub use sequential::Sequential;
 
 use crate::error::ok;
