@@ -31,3 +31,4 @@ mod profile;
 mod reductions;
 mod rows;
 mod serialize;
+mod vision;
