@@ -1,0 +1,149 @@
+//! Model-level benchmark W8: one training step of the CNN of `anchors/models.py w8` (1×32×32
+//! inputs, batch 64, three conv–batch-norm–ReLU blocks with 16/32/64 channels and strides
+//! 1/2/2, adaptive average pooling, a linear head, SGD with momentum 0.9), in images per
+//! second: compiled, eager fused and eager unfused (one kernel per op). Also times a 3×3
+//! convolution over 64 channels at 32×32, forward and forward + backward.
+//!
+//! `cargo run --release --example bench_models` prints a table; `-- --json` prints JSON lines.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use kiln::nn::functional::{self as F, Conv2dOptions};
+use kiln::nn::{
+    AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, Module, Parameters, ReLU, Sequential,
+};
+use kiln::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::prelude::*;
+
+const BATCH: usize = 64;
+
+fn cbr(c_in: usize, c_out: usize, stride: usize) -> Sequential {
+    let options = Conv2dOptions::default().padding([1, 1]).stride([stride, stride]);
+    let mut conv = Conv2d::new(c_in, c_out, [3, 3], options);
+    conv.bias = None;
+    Sequential::new().with(conv).with(BatchNorm2d::new(c_out)).with(ReLU)
+}
+
+fn w8_model() -> Sequential {
+    Sequential::new()
+        .with(cbr(1, 16, 1))
+        .with(cbr(16, 32, 2))
+        .with(cbr(32, 64, 2))
+        .with(AdaptiveAvgPool2d([1, 1]))
+        .with(Flatten)
+        .with(Linear::new(64, 10))
+}
+
+/// Median milliseconds per call of `f` over `reps` blocks of `block` calls, after warm-ups.
+fn median_ms(reps: usize, block: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..block {
+                f();
+            }
+            t.elapsed().as_secs_f64() * 1e3 / block as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[reps / 2]
+}
+
+fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let mut rows: Vec<(String, &str, f64, String)> = Vec::new();
+    kiln::manual_seed(0);
+    let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randn([BATCH, 1, 32, 32])).collect();
+    let ys: Vec<Tensor> =
+        (0..4).map(|_| (Tensor::rand([BATCH]) * 10.0).floor().long().clamp(0.0, 9.0)).collect();
+    for t in xs.iter().chain(&ys) {
+        t.realize();
+    }
+
+    let model = w8_model();
+    let opt = RefCell::new(Sgd::new(
+        model.parameters(),
+        SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() },
+    ));
+    let step = |x: &Tensor, y: &Tensor| {
+        let mut opt = opt.borrow_mut();
+        opt.zero_grad();
+        let loss = F::cross_entropy(&model.forward(x), y);
+        loss.backward();
+        opt.step();
+        loss
+    };
+    let mut i = 0;
+    let first = Instant::now();
+    let mut compiled = kiln::compile(|(x, y): (&Tensor, &Tensor)| step(x, y));
+    let l0 = compiled.call((&xs[0], &ys[0])).item::<f32>();
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    let ms = median_ms(7, 5, || {
+        compiled.call((&xs[i % 4], &ys[i % 4])).realize();
+        i += 1;
+    });
+    let l1 = compiled.call((&xs[0], &ys[0])).item::<f32>();
+    assert!(l1 < l0, "the W8 step should learn: {l0} -> {l1}");
+    rows.push((
+        "W8 CNN step".into(),
+        "compiled",
+        ms,
+        format!("{:.0} images/s (first call {first_ms:.0} ms)", BATCH as f64 / ms * 1e3),
+    ));
+    drop(compiled);
+    for (variant, fused) in [("fused", true), ("unfused", false)] {
+        let ms = kiln::with_fusion(fused, || {
+            median_ms(7, 5, || {
+                step(&xs[i % 4], &ys[i % 4]).realize();
+                i += 1;
+            })
+        });
+        rows.push((
+            "W8 CNN step".into(),
+            variant,
+            ms,
+            format!("{:.0} images/s", BATCH as f64 / ms * 1e3),
+        ));
+    }
+
+    // conv2d 3x3, 64 -> 64 channels, 32x32, batch 64 (the yardstick).
+    let x = Tensor::randn([BATCH, 64, 32, 32]).requires_grad_(true);
+    let conv = Conv2d::new(64, 64, [3, 3], Conv2dOptions::default().padding([1, 1]));
+    x.realize();
+    let macs = (BATCH * 64 * 32 * 32 * 64 * 9) as f64;
+    let ms = median_ms(5, 2, || {
+        kiln::no_grad(|| conv.forward(&x)).realize();
+    });
+    rows.push((
+        "conv2d 3x3 64ch 32x32".into(),
+        "forward",
+        ms,
+        format!("{:.1} GFLOP/s", 2.0 * macs / ms / 1e6),
+    ));
+    let ms = median_ms(5, 2, || {
+        conv.zero_grad();
+        x.zero_grad();
+        conv.forward(&x).sum().backward();
+        Tensor::try_realize_all(&[&x.grad().unwrap(), &conv.weight.grad().unwrap()]).unwrap();
+    });
+    rows.push((
+        "conv2d 3x3 64ch 32x32".into(),
+        "fwd+bwd",
+        ms,
+        format!("{:.1} GFLOP/s", 6.0 * macs / ms / 1e6),
+    ));
+
+    for (workload, variant, ms, rate) in &rows {
+        if json {
+            println!(
+                "{{\"workload\":\"{workload}\",\"variant\":\"{variant}\",\"median_ms\":{ms:.4},\"rate\":\"{rate}\"}}"
+            );
+        } else {
+            println!("{workload:<24} {variant:<9} {ms:>10.3} ms  {rate}");
+        }
+    }
+}
