@@ -247,11 +247,7 @@ fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, Runtime
     with_element_type!(base.dtype(), T => {
         let base = base.as_slice::<T>().expect("the buffer's own element type");
         let values = values.as_slice::<T>().expect("assign's values have the base's dtype");
-        edited_copy(base, |out| {
-            for (p, &v) in view.offsets().zip(values) {
-                out[p] = v;
-            }
-        })
+        edited_copy(base, |out| write_through(out, values, view, Overlaps::Distinct))
     })
 }
 
@@ -377,23 +373,81 @@ fn random_fill(dist: RandomDist, key: u64, dtype: DType, n: usize) -> Result<Buf
 /// copied; where it reads one several times (a broadcast) their sum is taken in f64 (i64 for
 /// integers) and rounded once, as the reference executor does.
 fn unview(x: &Buffer, view: &View, len: usize) -> Result<Buffer, RuntimeError> {
+    let overlaps = match (view.is_non_overlapping(), x.dtype().is_float()) {
+        (true, _) => Overlaps::Distinct,
+        (false, true) => Overlaps::SumFloat,
+        (false, false) => Overlaps::SumInt,
+    };
     with_element_type!(x.dtype(), T => {
         let x = x.as_slice::<T>().expect("the buffer's own element type");
-        if view.is_non_overlapping() {
-            let zero = T::from_scalar(Scalar::I64(0));
-            return edited::<T>(
-                len,
-                |_, chunk| chunk.iter_mut().for_each(|slot| { slot.write(zero); }),
-                |out| view.offsets().zip(x).for_each(|(p, &v)| out[p] = v),
-            );
-        }
-        let mut sums = vec![Scalar::I64(0); len];
-        for (p, &v) in view.offsets().zip(x) {
-            sums[p] = match (sums[p], v.to_scalar()) {
-                (Scalar::I64(a), Scalar::I64(b)) => Scalar::I64(a.wrapping_add(b)),
-                (a, b) => Scalar::F64(a.to_f64() + b.to_f64()),
-            };
-        }
-        Buffer::from_iter(len, sums.into_iter().map(T::from_scalar))
+        let zero = T::from_scalar(Scalar::I64(0));
+        edited::<T>(
+            len,
+            |_, chunk| chunk.iter_mut().for_each(|slot| { slot.write(zero); }),
+            |out| write_through(out, x, view, overlaps),
+        )
     })
+}
+
+/// How [`write_through`] treats positions that a view reads more than once.
+#[derive(Clone, Copy)]
+enum Overlaps {
+    /// Every position is read at most once: values are written.
+    Distinct,
+    /// Float values are summed in f64 and rounded once.
+    SumFloat,
+    /// Integer values are summed wrapping in i64.
+    SumInt,
+}
+
+/// Writes (or adds, per `overlaps`) `x`'s elements at the positions `view` reads them from.
+/// When each index of the view's first dimension covers its own range of `out` (the
+/// samples of a batch, the planes of a convolution's windows), those ranges run in
+/// parallel.
+fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
+    use rayon::prelude::*;
+    let (dims, strides) = (view.shape().dims(), view.strides());
+    if let Some((&n0, rest)) = dims.split_first()
+        && n0 > 1
+        && x.len() >= 1 << 15
+        && strides[1..].iter().all(|&s| s >= 0)
+    {
+        let s0 = strides[0];
+        let span: isize =
+            rest.iter().zip(&strides[1..]).map(|(&d, &s)| (d as isize - 1).max(0) * s).sum();
+        if s0 > 0 && span < s0 {
+            let sub = View::from_parts(Shape::new(rest.to_vec()), strides[1..].to_vec(), 0);
+            let inner = x.len() / n0;
+            out[view.offset()..]
+                .par_chunks_mut(s0 as usize)
+                .zip(x.par_chunks(inner))
+                .for_each(|(o, xs)| scatter_serial(o, xs, &sub, overlaps));
+            return;
+        }
+    }
+    scatter_serial(out, x, view, overlaps);
+}
+
+fn scatter_serial<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
+    match overlaps {
+        Overlaps::Distinct => view.offsets().zip(x).for_each(|(p, &v)| out[p] = v),
+        Overlaps::SumFloat => {
+            let mut sums = vec![0.0f64; out.len()];
+            for (p, &v) in view.offsets().zip(x) {
+                sums[p] += v.to_scalar().to_f64();
+            }
+            for (slot, s) in out.iter_mut().zip(sums) {
+                *slot = T::from_scalar(Scalar::F64(s));
+            }
+        }
+        Overlaps::SumInt => {
+            let mut sums = vec![0i64; out.len()];
+            for (p, &v) in view.offsets().zip(x) {
+                sums[p] = sums[p].wrapping_add(v.to_scalar().to_i64());
+            }
+            for (slot, s) in out.iter_mut().zip(sums) {
+                *slot = T::from_scalar(Scalar::I64(s));
+            }
+        }
+    }
 }
