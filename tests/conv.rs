@@ -256,3 +256,29 @@ fn a_small_cnn_trains_and_its_mistakes_are_errors() {
         Conv2d::try_new(3, 4, [3, 3], Conv2dOptions { groups: 2, ..Default::default() }).is_err()
     );
 }
+
+/// What one conv–batch-norm–ReLU block compiles to: in evaluation mode the batch norm is a
+/// per-channel scale and shift that fuses with the ReLU into one kernel after the product;
+/// in training mode the batch statistics are reductions over the product's output.
+#[test]
+fn conv_bn_relu_block_kernel_snapshot() {
+    use kiln::nn::{BatchNorm2d, Parameters, ReLU, Sequential};
+    kiln::manual_seed(1);
+    let mut conv = Conv2d::new(3, 4, [3, 3], Conv2dOptions::default().padding([1, 1]));
+    conv.bias = None;
+    let mut block = Sequential::new().with(conv).with(BatchNorm2d::new(4)).with(ReLU);
+    let x = Tensor::randn([2, 3, 5, 5]);
+    x.realize();
+    let mut text = String::new();
+    for (mode, training) in [("training", true), ("evaluation", false)] {
+        block.set_training(training);
+        let y = kiln::no_grad(|| block.forward(&x));
+        let plan = kiln::debug::plan_summary(&[&y]);
+        text += &format!("== {mode}: {} kernels, {} other ops\n", plan.kernels, plan.other_ops);
+        for (note, kernel) in plan.kernel_notes.iter().zip(&plan.kernel_text) {
+            text += &format!("-- {note}\n{kernel}\n");
+        }
+        y.realize(); // and, with it, the running statistics' update
+    }
+    insta::assert_snapshot!(text);
+}

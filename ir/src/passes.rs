@@ -426,6 +426,20 @@ fn fold(graph: &Graph, id: NodeId, args: &[NodeId], folded: &HashMap<NodeId, f64
     Some(round(node.dtype, v))
 }
 
+/// Whether `view` reads every element of a dense buffer of `shape` once, in order: a
+/// reshape (strides of size-1 dimensions do not matter).
+fn reads_in_order(view: &crate::View, shape: &crate::Shape) -> bool {
+    let dense = crate::View::contiguous(view.shape().clone());
+    view.offset() == 0
+        && view.shape().numel() == shape.numel()
+        && view
+            .shape()
+            .dims()
+            .iter()
+            .zip(view.strides().iter().zip(dense.strides()))
+            .all(|(&d, (s, c))| d == 1 || s == c)
+}
+
 /// The graph with constants folded and exact algebraic identities applied (see the
 /// [module documentation](self)).
 pub fn simplify(graph: &Graph) -> Rewrite {
@@ -465,6 +479,14 @@ pub fn simplify(graph: &Graph) -> Rewrite {
                 }
                 _ => {}
             }
+        }
+        // The adjoint of a reshape (a view reading a dense buffer in order) is the reverse
+        // reshape, a view, not a scatter into zeros.
+        if let Op::Unview { view, shape } = &graph.node(id).op
+            && reads_in_order(view, shape)
+        {
+            rewritten.insert(id, (Op::View(crate::View::contiguous(shape.clone())), vec![args[0]]));
+            continue;
         }
         let replacement = match graph.node(id).op {
             Op::Binary(BinaryOp::Mul) if c(args[1]) == Some(1.0) => Some(args[0]),

@@ -166,6 +166,40 @@ pub(super) fn windows(
     }))
 }
 
+/// The windows of `x` (`[N, C, H, W]`, padded already) in the order a convolution's
+/// columns need them: a view `[N, G, C/G, KH, KW, OH, OW]` over the same storage.
+#[track_caller]
+fn columns(
+    op: &'static str,
+    x: &Tensor,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+) -> Result<Tensor> {
+    let d = x.dims().to_vec();
+    let oh = out_size(op, d[2], kernel[0], stride[0], dilation[0])?;
+    let ow = out_size(op, d[3], kernel[1], stride[1], dilation[1])?;
+    let cg = d[1] / groups;
+    let shape = Shape::new(vec![d[0], groups, cg, kernel[0], kernel[1], oh, ow]);
+    Ok(x.restrided(|v: &View| {
+        let s = v.strides();
+        View::from_parts(
+            shape.clone(),
+            vec![
+                s[0],
+                s[1] * cg as isize,
+                s[1],
+                s[2] * dilation[0] as isize,
+                s[3] * dilation[1] as isize,
+                s[2] * stride[0] as isize,
+                s[3] * stride[1] as isize,
+            ],
+            v.offset(),
+        )
+    }))
+}
+
 /// Checks that `x` is a float `[N, C, H, W]` batch.
 pub(super) fn check_image(op: &'static str, x: &Tensor) -> Result<()> {
     if x.ndim() != 4 {
@@ -258,16 +292,14 @@ pub fn try_conv2d(
         return Err(Error::shape(op, format!("the bias must have shape [{o}], got {}", b.shape())));
     }
     let padded = try_pad(input, &options.pads(op, [kh, kw])?, options.padding_mode, 0.0)?;
-    let win = windows(op, &padded, [kh, kw], stride, dilation)?;
-    let (oh, ow) = (win.dims()[2], win.dims()[3]);
+    let cols = columns(op, &padded, [kh, kw], stride, dilation, groups)?;
+    let (oh, ow) = (cols.dims()[5], cols.dims()[6]);
     let (g, og, k, l) =
         (groups as i64, (o / groups) as i64, (cg * kh * kw) as i64, (oh * ow) as i64);
-    // Columns: [N, G, C/G*KH*KW, OH*OW] (one copy, the im2col); the weight [G, O/G, C/G*KH*KW]
-    // times them is [N, G, O/G, OH*OW], already the output's layout.
-    let cols = win
-        .try_reshape(&[n as i64, g, cg as i64, oh as i64, ow as i64, kh as i64, kw as i64])?
-        .try_permute(&[0, 1, 2, 5, 6, 3, 4])?
-        .try_reshape(&[n as i64, g, k, l])?;
+    // Columns: [N, G, C/G·KH·KW, OH·OW], one copy (the im2col) of a view whose gradient is a
+    // single `unview` (col2im); the weight [G, O/G, C/G·KH·KW] times them is
+    // [N, G, O/G, OH·OW], already the output's layout.
+    let cols = cols.contiguous().try_reshape(&[n as i64, g, k, l])?;
     let out = weight.try_reshape(&[g, og, k])?.try_matmul(&cols)?;
     let out = out.try_reshape(&[n as i64, o as i64, oh as i64, ow as i64])?;
     match bias {

@@ -9,6 +9,7 @@
 use super::{Module, Parameters};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
+use kiln_ir::{Op, Shape, View};
 
 /// How [`pad`] fills the new border (PyTorch's `mode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -67,12 +68,37 @@ pub fn try_pad(input: &Tensor, padding: &[i64], mode: PadMode, value: f64) -> Re
             ),
         ));
     }
+    if mode == PadMode::Constant && value == 0.0 && padding.iter().all(|&p| p >= 0) {
+        return zero_pad(input, padding);
+    }
     let mut x = input.clone();
     for (pair, amounts) in padding.chunks(2).enumerate() {
         let axis = input.ndim() - 1 - pair;
         x = pad_axis(&x, axis, amounts[0], amounts[1], mode, value)?;
     }
     Ok(x)
+}
+
+/// Zero padding as one op: the input written into a zero tensor of the padded shape (the
+/// adjoint of the slice that would cut it back out), so its gradient is that slice, a view.
+#[track_caller]
+fn zero_pad(input: &Tensor, padding: &[i64]) -> Result<Tensor> {
+    if padding.iter().all(|&p| p == 0) {
+        return Ok(input.clone());
+    }
+    let mut dims = input.dims().to_vec();
+    let mut before = vec![0usize; dims.len()];
+    for (pair, amounts) in padding.chunks(2).enumerate() {
+        let axis = dims.len() - 1 - pair;
+        before[axis] = amounts[0] as usize;
+        dims[axis] += (amounts[0] + amounts[1]) as usize;
+    }
+    let padded = Shape::new(dims);
+    padded.check_size("pad", input.dtype())?;
+    let strides = View::contiguous(padded.clone()).strides().to_vec();
+    let offset: usize = before.iter().zip(&strides).map(|(&b, &s)| b * s as usize).sum();
+    let view = View::from_parts(input.shape().clone(), strides, offset);
+    Tensor::from_op(Op::Unview { view, shape: padded }, &[input])
 }
 
 /// `x` padded along `axis` by `before` and `after`.
