@@ -488,6 +488,18 @@ pub fn simplify(graph: &Graph) -> Rewrite {
             rewritten.insert(id, (Op::View(crate::View::contiguous(shape.clone())), vec![args[0]]));
             continue;
         }
+        // A view of a reshape reads the reshaped node's buffer, which is its input's: read
+        // that directly, so the reshape is not stored for the view's sake.
+        if let Op::View(outer) = &graph.node(id).op
+            && !rewritten.contains_key(&args[0])
+            && let Op::View(inner) = &graph.node(args[0]).op
+        {
+            let source = resolve(&same_as, graph.args(args[0])[0]);
+            if reads_in_order(inner, &graph.node(source).shape) {
+                rewritten.insert(id, (Op::View(outer.clone()), vec![source]));
+                continue;
+            }
+        }
         let replacement = match graph.node(id).op {
             Op::Binary(BinaryOp::Mul) if c(args[1]) == Some(1.0) => Some(args[0]),
             Op::Binary(BinaryOp::Mul) if c(args[0]) == Some(1.0) => Some(args[1]),
@@ -590,6 +602,45 @@ mod tests {
         assert_ne!(outs[0], outs[2]);
         assert_eq!(m.inputs().len(), 2);
         m.verify().unwrap();
+    }
+
+    #[test]
+    fn reshape_adjoints_and_views_of_reshapes_become_plain_views() {
+        use crate::View;
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2, 6]), DType::F32);
+        // The gradient of a reshape [3, 4] -> [2, 6]: an unview that reads x in order.
+        let back = g
+            .push(
+                Op::Unview {
+                    view: View::contiguous(Shape::from([2, 6])),
+                    shape: Shape::from([3, 4]),
+                },
+                &[x],
+            )
+            .unwrap();
+        // A transpose of a reshape of x reads x's buffer directly.
+        let r = g.push(Op::View(View::contiguous(Shape::from([4, 3]))), &[x]).unwrap();
+        let t =
+            g.push(Op::View(View::from_parts(Shape::from([3, 4]), vec![1, 3], 0)), &[r]).unwrap();
+        // A slice's adjoint is a real scatter into zeros, and stays.
+        let pad = g
+            .push(
+                Op::Unview {
+                    view: View::from_parts(Shape::from([2, 6]), vec![8, 1], 1),
+                    shape: Shape::from([2, 8]),
+                },
+                &[x],
+            )
+            .unwrap();
+        for o in [back, t, pad] {
+            g.mark_output(o);
+        }
+        let Rewrite { graph: s, map } = simplify(&g);
+        s.verify().unwrap();
+        assert!(matches!(s.node(map[&back]).op, Op::View(_)), "{}", s.to_dot());
+        assert_eq!(s.args(map[&t]), &[map[&x]]);
+        assert!(matches!(s.node(map[&pad]).op, Op::Unview { .. }));
     }
 
     #[test]
