@@ -167,12 +167,11 @@ fn normalize(
         let var = centered.try_mul(&centered)?.try_mean_dim(dims, true)?;
         if let (Some(rm), Some(rv)) = (running_mean, running_var) {
             let unbiased = values as f64 / (values - 1) as f64;
-            let momentum = match count {
-                Some(n) => n.to_dtype(DType::F64).reciprocal(),
-                None => Tensor::scalar(momentum).to_dtype(DType::F64),
-            };
-            update_running(rm, &mean, &momentum, 1.0)?;
-            update_running(rv, &var, &momentum, unbiased)?;
+            // A fixed momentum is a Rust scalar (a constant on any device); a cumulative
+            // average reads the count buffer, which lives with the statistics.
+            let cumulative = count.map(|n| n.to_dtype(DType::F64).reciprocal());
+            update_running(rm, &mean, momentum, cumulative.as_ref(), 1.0)?;
+            update_running(rv, &var, momentum, cumulative.as_ref(), unbiased)?;
         }
         // The forward keeps `centered` so the gradient sees the batch mean's dependence.
         let inv = (var + eps).sqrt().reciprocal();
@@ -206,13 +205,23 @@ fn normalize(
     input.try_mul(&scale)?.try_add(&shift)
 }
 
-/// `running += momentum·(factor·batch - running)`, in place and outside autograd.
+/// `running += momentum·(factor·batch - running)`, in place and outside autograd; the
+/// momentum is `cumulative` when given.
 #[track_caller]
-fn update_running(running: &Tensor, batch: &Tensor, momentum: &Tensor, factor: f64) -> Result<()> {
+fn update_running(
+    running: &Tensor,
+    batch: &Tensor,
+    momentum: f64,
+    cumulative: Option<&Tensor>,
+    factor: f64,
+) -> Result<()> {
     crate::no_grad(|| {
         let batch = batch.detach().try_reshape(&[-1])?.to_dtype(running.dtype());
-        let momentum = momentum.to_dtype(running.dtype());
-        let step = batch.try_mul(factor)?.try_sub(running)?.try_mul(&momentum)?;
+        let delta = batch.try_mul(factor)?.try_sub(running)?;
+        let step = match cumulative {
+            Some(m) => delta.try_mul(&m.to_dtype(running.dtype()))?,
+            None => delta.try_mul(momentum)?,
+        };
         let new = running.try_add(&step)?;
         running.try_copy_(&new)?;
         crate::realize::ride_along(running);
