@@ -128,7 +128,8 @@ fn main() {
         conv.zero_grad();
         x.zero_grad();
         conv.forward(&x).sum().backward();
-        Tensor::try_realize_all(&[&x.grad().unwrap(), &conv.weight.grad().unwrap()]).unwrap();
+        let grads = [x.grad().expect("x.grad"), conv.weight.grad().expect("weight.grad")];
+        Tensor::try_realize_all(&[&grads[0], &grads[1]]).expect("the gradients compute");
     });
     rows.push((
         "conv2d 3x3 64ch 32x32".into(),

@@ -20,7 +20,9 @@ fn rand(rng: &mut Rng, shape: &[usize], layout: Layout) -> (Vec<f64>, Tensor) {
 }
 
 fn check(t: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor]) {
-    gradcheck(t, inputs, 1e-6, 1e-6).unwrap();
+    if let Err(e) = gradcheck(t, inputs, 1e-6, 1e-6) {
+        panic!("{e}");
+    }
 }
 
 /// PyTorch's source index of output position `i` along an axis of size `n` padded by `b`.
@@ -427,7 +429,7 @@ fn adaptive_pooling_matches_the_loop() {
                         .flat_map(|y| (z0..z1).map(move |z| (y, z)))
                         .map(|(y, z)| dx[(plane * h + y) * w + z])
                         .collect();
-                    mx.push(vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+                    mx.push(vals.iter().copied().fold(f64::NEG_INFINITY, f64::max));
                     avg.push(vals.iter().sum::<f64>() / vals.len() as f64);
                 }
             }

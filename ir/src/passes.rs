@@ -440,6 +440,31 @@ fn reads_in_order(view: &crate::View, shape: &crate::Shape) -> bool {
             .all(|(&d, (s, c))| d == 1 || s == c)
 }
 
+/// Views that need no scatter or no copy: the adjoint of a reshape (a view reading a dense
+/// buffer in order) is the reverse reshape, a view; and a view of such a reshape reads the
+/// reshaped node's input directly, so the reshape is not stored for the view's sake.
+fn view_rewrite(
+    graph: &Graph,
+    id: NodeId,
+    args: &[NodeId],
+    same_as: &HashMap<NodeId, NodeId>,
+    rewritten: &HashMap<NodeId, (Op, Vec<NodeId>)>,
+) -> Option<(Op, Vec<NodeId>)> {
+    match &graph.node(id).op {
+        Op::Unview { view, shape } if reads_in_order(view, shape) => {
+            Some((Op::View(crate::View::contiguous(shape.clone())), vec![args[0]]))
+        }
+        Op::View(outer) if !rewritten.contains_key(&args[0]) => {
+            let Op::View(inner) = &graph.node(args[0]).op else { return None };
+            let source = graph.args(args[0])[0];
+            let source = *same_as.get(&source).unwrap_or(&source);
+            reads_in_order(inner, &graph.node(source).shape)
+                .then(|| (Op::View(outer.clone()), vec![source]))
+        }
+        _ => None,
+    }
+}
+
 /// The graph with constants folded and exact algebraic identities applied (see the
 /// [module documentation](self)).
 pub fn simplify(graph: &Graph) -> Rewrite {
@@ -480,25 +505,9 @@ pub fn simplify(graph: &Graph) -> Rewrite {
                 _ => {}
             }
         }
-        // The adjoint of a reshape (a view reading a dense buffer in order) is the reverse
-        // reshape, a view, not a scatter into zeros.
-        if let Op::Unview { view, shape } = &graph.node(id).op
-            && reads_in_order(view, shape)
-        {
-            rewritten.insert(id, (Op::View(crate::View::contiguous(shape.clone())), vec![args[0]]));
+        if let Some(r) = view_rewrite(graph, id, &args, &same_as, &rewritten) {
+            rewritten.insert(id, r);
             continue;
-        }
-        // A view of a reshape reads the reshaped node's buffer, which is its input's: read
-        // that directly, so the reshape is not stored for the view's sake.
-        if let Op::View(outer) = &graph.node(id).op
-            && !rewritten.contains_key(&args[0])
-            && let Op::View(inner) = &graph.node(args[0]).op
-        {
-            let source = resolve(&same_as, graph.args(args[0])[0]);
-            if reads_in_order(inner, &graph.node(source).shape) {
-                rewritten.insert(id, (Op::View(outer.clone()), vec![source]));
-                continue;
-            }
         }
         let replacement = match graph.node(id).op {
             Op::Binary(BinaryOp::Mul) if c(args[1]) == Some(1.0) => Some(args[0]),

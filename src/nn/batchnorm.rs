@@ -219,7 +219,7 @@ fn update_running(
         let batch = batch.detach().try_reshape(&[-1])?.to_dtype(running.dtype());
         let delta = batch.try_mul(factor)?.try_sub(running)?;
         let step = match cumulative {
-            Some(m) => delta.try_mul(&m.to_dtype(running.dtype()))?,
+            Some(m) => delta.try_mul(m.to_dtype(running.dtype()))?,
             None => delta.try_mul(momentum)?,
         };
         let new = running.try_add(&step)?;

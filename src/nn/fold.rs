@@ -172,8 +172,7 @@ fn col2im(
         || last(3, 5, stride[1], dilation[1]) >= shape[3]
     {
         return Err(Error::Internal(format!(
-            "col2im: windows {:?} do not fit an image of {shape:?}",
-            d
+            "col2im: windows {d:?} do not fit an image of {shape:?}"
         )));
     }
     Tensor::from_op(Op::Unview { view, shape: image }, &[cols])

@@ -176,7 +176,7 @@ pub fn try_group_norm(
     let centered = grouped.try_sub(&mean)?;
     let var = centered.try_mul(&centered)?.try_mean_dim(-1, true)?;
     let dims: Vec<i64> = input.dims().iter().map(|&d| d as i64).collect();
-    let mut y = centered.try_mul(&(var + eps).sqrt().reciprocal())?.try_reshape(&dims)?;
+    let mut y = centered.try_mul((var + eps).sqrt().reciprocal())?.try_reshape(&dims)?;
     let mut channel_shape = vec![1i64; input.ndim()];
     channel_shape[1] = c as i64;
     if let Some(w) = weight {
