@@ -52,7 +52,8 @@ impl Pass for GatherFirst {
     }
 }
 
-/// [`simplify`] as a pipeline pass: skipped when constants are rebindable.
+/// [`simplify`] as a pipeline pass; when constants are rebindable only the rewrites that
+/// read no constant run (views, double negation).
 pub struct Simplify;
 
 impl Pass for Simplify {
@@ -60,7 +61,7 @@ impl Pass for Simplify {
         "simplify"
     }
     fn run(&self, graph: &Graph, options: &PlanOptions) -> Option<Rewrite> {
-        (options.constants == Constants::Fold).then(|| simplify(graph))
+        Some(simplify_with(graph, options.constants == Constants::Fold))
     }
 }
 
@@ -468,6 +469,12 @@ fn view_rewrite(
 /// The graph with constants folded and exact algebraic identities applied (see the
 /// [module documentation](self)).
 pub fn simplify(graph: &Graph) -> Rewrite {
+    simplify_with(graph, true)
+}
+
+/// [`simplify`]; without `fold_constants`, nothing that reads a constant's value is
+/// rewritten (a compiled plan rebinds them on every call).
+fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
     use crate::{BinaryOp, UnaryOp};
     // First decide, for each node, which node of the same graph it can be replaced by.
     let order = graph.topo_order();
@@ -478,11 +485,11 @@ pub fn simplify(graph: &Graph) -> Rewrite {
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
-        if let Some(v) = fold(graph, id, &args, &folded) {
+        if fold_constants && let Some(v) = fold(graph, id, &args, &folded) {
             folded.insert(id, v);
             continue;
         }
-        let c = |n: NodeId| constant(graph, n, &folded);
+        let c = |n: NodeId| if fold_constants { constant(graph, n, &folded) } else { None };
         // Integer powers that are exact as products: `pow` rounds the exact power once, and
         // so do `x * x` and `1 / x`; `x^1` is `x`.
         if let Op::Binary(BinaryOp::Pow) = graph.node(id).op
