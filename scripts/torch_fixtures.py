@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Writes tests/data/torch_vision.safetensors: inputs, outputs and input gradients of the
+convolutional ops computed by PyTorch in float64, which tests/vision.rs compares kiln with
+(so CI checks agreement with PyTorch itself without installing it). Regenerate with
+`python scripts/torch_fixtures.py` (needs torch and safetensors)."""
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+torch.manual_seed(0)
+out = {}
+
+
+def case(name, fn, *inputs):
+    xs = [t.clone().double().requires_grad_(True) for t in inputs]
+    y = fn(*xs)
+    r = torch.randn_like(y)
+    grads = torch.autograd.grad((y * r).sum(), xs)
+    for i, x in enumerate(xs):
+        out[f"{name}.in{i}"] = x.detach().contiguous()
+        out[f"{name}.grad{i}"] = grads[i].contiguous()
+    out[f"{name}.r"] = r.contiguous()
+    out[f"{name}.out"] = y.detach().contiguous()
+
+
+x = torch.randn(2, 4, 7, 6)
+case("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2),
+     x, torch.randn(6, 2, 3, 2), torch.randn(6))
+conv = torch.nn.Conv2d(4, 3, (3, 2), padding=(1, 2), padding_mode="reflect", bias=False).double()
+case("conv2d_reflect", lambda x, w: F.conv2d(F.pad(x, (2, 2, 1, 1), mode="reflect"), w), x, conv.weight.detach())
+case("conv2d_same", lambda x, w: F.conv2d(x, w, padding="same", dilation=(1, 2)), x, torch.randn(3, 4, 2, 3))
+case("conv1d", lambda x, w: F.conv1d(x, w, stride=2, padding=1, dilation=2, groups=2),
+     torch.randn(2, 4, 11), torch.randn(6, 2, 3))
+case("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2, dilation=(2, 1)),
+     torch.randn(2, 4, 3, 5), torch.randn(4, 3, 3, 2), torch.randn(6))
+case("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True), x)
+out["max_pool2d.indices"] = F.max_pool2d(x.double(), 3, 2, 1, ceil_mode=True, return_indices=True)[1]
+case("avg_pool2d", lambda x: F.avg_pool2d(x, (3, 2), (2, 3), 1, ceil_mode=True, count_include_pad=False), x)
+case("avg_pool2d_pad", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), x)
+case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 4)), x)
+case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (5, 4)), x)
+case("bilinear", lambda x: F.interpolate(x, size=(9, 7), mode="bilinear", align_corners=False), x)
+case("bilinear_align", lambda x: F.interpolate(x, size=(9, 7), mode="bilinear", align_corners=True), x)
+case("bilinear_scale", lambda x: F.interpolate(x, scale_factor=(0.5, 2.0), mode="bilinear"), x)
+case("nearest_scale", lambda x: F.interpolate(x, scale_factor=(2.0, 1.5), mode="nearest"), x)
+case("nearest_size", lambda x: F.interpolate(x, size=(4, 9), mode="nearest"), x)
+for mode in ["reflect", "replicate", "circular"]:
+    case(f"pad_{mode}", lambda x, m=mode: F.pad(x, (2, 1, 1, 2), mode=m), x)
+case("unfold", lambda x: F.unfold(x, (2, 3), dilation=(2, 1), padding=1, stride=(1, 2)), x)
+case("fold", lambda c: F.fold(c, (7, 6), (2, 3), dilation=(2, 1), padding=1, stride=(1, 2)), torch.randn(2, 24, 21))
+case("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b), x, torch.randn(4), torch.randn(4))
+rm, rv = torch.randn(4).double(), torch.rand(4).double() + 0.5
+out["batch_norm.running_mean_before"], out["batch_norm.running_var_before"] = rm.clone(), rv.clone()
+case("batch_norm", lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.3), x, torch.randn(4), torch.randn(4))
+# `case` ran the forward once: the running statistics moved once.
+out["batch_norm.running_mean"], out["batch_norm.running_var"] = rm, rv
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_vision.safetensors")
+print(f"wrote {len(out)} tensors")
