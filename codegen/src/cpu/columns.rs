@@ -77,7 +77,7 @@ impl<'b> Translator<'_, 'b> {
         // The block: outputs o..o+count, within one run of the innermost kept dimension.
         self.b.switch_to_block(block_start);
         let kept_v = self.iconst(kept_inner);
-        let j0 = self.b.ins().urem(o, kept_v);
+        let (_, j0) = self.divrem_const(o, kept_inner as u64);
         let to_row_end = self.b.ins().isub(kept_v, j0);
         let to_end = self.b.ins().isub(end, o);
         let block_v = self.iconst(COLUMN_BLOCK as i64);

@@ -24,7 +24,7 @@ impl<'b> Translator<'_, 'b> {
                 self.b.ins().brif(more, row, &[], exit, &[]);
                 self.b.switch_to_block(row);
                 let inner_v = self.iconst(inner);
-                let j0 = self.b.ins().urem(i_var, inner_v);
+                let (_, j0) = self.divrem_const(i_var, inner as u64);
                 let left = self.b.ins().isub(end, i_var);
                 let reach = self.b.ins().iadd(j0, left);
                 let jend = self.b.ins().umin(reach, inner_v);
@@ -101,15 +101,14 @@ impl<'b> Translator<'_, 'b> {
         let n_in = ins.len();
         let dims = self.walk.dims.clone();
         let inner = *dims.last().expect("at least one dimension") as i64;
-        let inner_v = self.iconst(inner);
-        let row_index = self.b.ins().udiv(i_var, inner_v);
+        let (row_index, _) = self.divrem_const(i_var, inner as u64);
         // Coordinates of the row in the outer dimensions, innermost first.
         let mut coords = Vec::new();
         let mut rest = row_index;
         for &d in dims[..dims.len() - 1].iter().rev() {
-            let dv = self.iconst(d as i64);
-            coords.push(self.b.ins().urem(rest, dv));
-            rest = self.b.ins().udiv(rest, dv);
+            let (q, r) = self.divrem_const(rest, d as u64);
+            coords.push(r);
+            rest = q;
         }
         coords.reverse();
         let mut bases = Vec::with_capacity(n_in);
@@ -206,9 +205,9 @@ impl<'b> Translator<'_, 'b> {
         let mut coords = Vec::new();
         let mut rest = index;
         for &d in dims.iter().rev() {
-            let dv = self.iconst(d as i64);
-            coords.push(self.b.ins().urem(rest, dv));
-            rest = self.b.ins().udiv(rest, dv);
+            let (q, r) = self.divrem_const(rest, d as u64);
+            coords.push(r);
+            rest = q;
         }
         coords.reverse();
         starts

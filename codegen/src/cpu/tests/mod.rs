@@ -556,3 +556,38 @@ fn transposed_reads_walk_in_strips() {
         check(&k3, &[values(3 * 70 * 90, dtype, 7)], &p3);
     }
 }
+
+/// The multiply-high division that row addressing uses is exact for every divisor kind
+/// (powers of two aside: those are shifts) over the whole index range it is used on.
+#[test]
+fn division_by_a_constant_is_exact_below_2_pow_48() {
+    let limit = 1u64 << 48;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut divisors: Vec<u64> = (2..2000).filter(|d: &u64| !d.is_power_of_two()).collect();
+    divisors.extend([3 * 3 * 16 * 16, 18_496, 1_000_003, (1 << 31) - 1, (1 << 40) + 7, limit - 1]);
+    divisors.extend((0..200).map(|_| next() % limit).filter(|d| *d > 2 && !d.is_power_of_two()));
+    for d in divisors {
+        let (m, k) = super::translate::div_magic(d);
+        let mut xs = vec![
+            0,
+            1,
+            d - 1,
+            d,
+            d + 1,
+            limit - 1,
+            limit - 1 - (limit - 1) % d,
+            (limit - 1) / d * d - 1,
+        ];
+        xs.extend((0..200).map(|_| next() % limit));
+        for x in xs {
+            let q = ((u128::from(x) * u128::from(m)) >> k) as u64;
+            assert_eq!(q, x / d, "{x} / {d}");
+        }
+    }
+}
