@@ -799,3 +799,35 @@ fn vision_ops_and_batch_norm_on_the_gpu_match_the_cpu() {
     );
     assert_eq!(gpu_bn.num_batches_tracked.item::<i64>(), 1);
 }
+
+/// The composite activations and special functions, and RMS norm, on the GPU.
+#[test]
+fn activations_and_rms_norm_on_the_gpu_match_the_cpu() {
+    use kiln::nn::functional as F;
+    let Some((gpu, _memory)) = gpu_or_skip("activations_and_rms_norm_on_the_gpu_match_the_cpu")
+    else {
+        return;
+    };
+    let mut rng = Rng::new(124);
+    let mut data = values(&mut rng, 6 * 9, DType::F64);
+    data[..3].copy_from_slice(&[1e-12, -25.0, 25.0]);
+    let x = tensor(&data, &[6, 9], DType::F64);
+    let run = |x: &Tensor| {
+        let x = x.requires_grad_(true);
+        let y = x.silu()
+            + x.gelu_tanh()
+            + x.softplus(1.0, 20.0)
+            + x.leaky_relu(0.1)
+            + x.elu(1.0)
+            + x.abs().log1p()
+            + x.clamp_max(5.0).expm1()
+            + F::rms_norm(&x, &[9], None, None);
+        let g = kiln::grad(&[&y.sum()], &[&x], false).remove(0);
+        (y.to_vec::<f64>(), g.to_vec::<f64>(), x.sign().to_vec::<f64>())
+    };
+    let (want, want_g, want_s) = run(&x);
+    let (got, got_g, got_s) = run(&x.to(gpu).detach());
+    assert_close_tol(&got, &want, 1e-12, "values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "gradients");
+    assert_eq!(got_s, want_s);
+}

@@ -31,4 +31,5 @@ mod profile;
 mod reductions;
 mod rows;
 mod serialize;
+mod special;
 mod vision;

@@ -21,7 +21,7 @@ pub use super::fold::{
     ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
     try_unfold, unfold,
 };
-pub use super::norm::{group_norm, try_group_norm};
+pub use super::norm::{group_norm, rms_norm, try_group_norm, try_rms_norm};
 pub use super::pool::{
     Pool2dOptions, adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d,
     max_pool2d_with_indices, try_adaptive_avg_pool2d, try_adaptive_max_pool2d, try_avg_pool2d,
@@ -415,6 +415,47 @@ pub fn try_dropout(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     }
     let keep = Tensor::rand(input.shape().clone()).ge(p);
     Tensor::try_where_(&keep, &(input * (1.0 / (1.0 - p))), 0.0)
+}
+
+/// [`Tensor::silu`] as a function.
+#[track_caller]
+#[must_use]
+pub fn silu(input: &Tensor) -> Tensor {
+    let _at = crate::origin::enter();
+    input.silu()
+}
+
+/// GELU: exact (through `erf`, [`Tensor::gelu`]) or, with `tanh_approximation`, PyTorch's
+/// `approximate="tanh"` ([`Tensor::gelu_tanh`]).
+#[track_caller]
+#[must_use]
+pub fn gelu(input: &Tensor, tanh_approximation: bool) -> Tensor {
+    let _at = crate::origin::enter();
+    if tanh_approximation { input.gelu_tanh() } else { input.gelu() }
+}
+
+/// [`Tensor::softplus`] as a function.
+#[track_caller]
+#[must_use]
+pub fn softplus(input: &Tensor, beta: f64, threshold: f64) -> Tensor {
+    let _at = crate::origin::enter();
+    input.softplus(beta, threshold)
+}
+
+/// [`Tensor::leaky_relu`] as a function.
+#[track_caller]
+#[must_use]
+pub fn leaky_relu(input: &Tensor, negative_slope: f64) -> Tensor {
+    let _at = crate::origin::enter();
+    input.leaky_relu(negative_slope)
+}
+
+/// [`Tensor::elu`] as a function.
+#[track_caller]
+#[must_use]
+pub fn elu(input: &Tensor, alpha: f64) -> Tensor {
+    let _at = crate::origin::enter();
+    input.elu(alpha)
 }
 
 /// Channel dropout (PyTorch's `F.dropout2d`): in training mode each channel of each sample

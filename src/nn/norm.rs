@@ -274,3 +274,163 @@ impl Module for GroupNorm {
         try_group_norm(input, self.num_groups, self.weight.as_ref(), self.bias.as_ref(), self.eps)
     }
 }
+
+/// Root-mean-square normalization over the trailing `normalized_shape` dimensions
+/// (PyTorch's `F.rms_norm`): `x / sqrt(mean(x²) + eps) · weight`, with `eps` the dtype's
+/// machine epsilon when `None`, as PyTorch's default.
+///
+/// # Panics
+/// As [`try_rms_norm`] fails.
+///
+/// ```
+/// use kiln::nn::functional as F;
+/// use kiln::prelude::*;
+/// let x = Tensor::from_vec(vec![3.0f64, 4.0], [1, 2]);
+/// let y = F::rms_norm(&x, &[2], None, Some(0.0)).to_vec::<f64>();
+/// let rms = (12.5f64).sqrt();
+/// assert!((y[0] - 3.0 / rms).abs() < 1e-15 && (y[1] - 4.0 / rms).abs() < 1e-15);
+/// ```
+#[track_caller]
+pub fn rms_norm(
+    input: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Tensor {
+    let _at = crate::origin::enter();
+    ok(try_rms_norm(input, normalized_shape, weight, eps))
+}
+
+/// [`rms_norm`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] when the input does not end in `normalized_shape` or the weight is not
+/// of that shape; [`Error::DType`] for a non-float input; [`Error::Value`] for a negative
+/// `eps`.
+#[track_caller]
+pub fn try_rms_norm(
+    input: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<Tensor> {
+    let _at = crate::origin::enter();
+    const OP: &str = "rms_norm";
+    let (n, k) = (input.ndim(), normalized_shape.len());
+    if k == 0 || k > n || &input.dims()[n - k..] != normalized_shape {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "the input of shape {} must end in the normalized shape {normalized_shape:?}",
+                input.shape()
+            ),
+        ));
+    }
+    if !input.dtype().is_float() {
+        return Err(Error::dtype(
+            OP,
+            format!("the input must be floating point, got {}", input.dtype()),
+        ));
+    }
+    if let Some(w) = weight
+        && w.dims() != normalized_shape
+    {
+        return Err(Error::shape(
+            OP,
+            format!("the weight must have shape {normalized_shape:?}, got {}", w.shape()),
+        ));
+    }
+    let eps = match eps {
+        Some(e) if e.is_nan() || e < 0.0 => {
+            return Err(Error::value(OP, format!("eps must be >= 0, got {e}")));
+        }
+        Some(e) => e,
+        None => machine_epsilon(input.dtype()),
+    };
+    let dims: Vec<i64> = (n - k..n).map(|d| d as i64).collect();
+    let mean_square = input.try_mul(input)?.try_mean_dim(dims, true)?;
+    let y = input.try_mul((mean_square + eps).sqrt().reciprocal())?;
+    match weight {
+        Some(w) => y.try_mul(w),
+        None => Ok(y),
+    }
+}
+
+/// PyTorch's `torch.finfo(dtype).eps`.
+fn machine_epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 0.000_976_562_5,
+        DType::BF16 => 0.007_812_5,
+        _ => f64::from(f32::EPSILON),
+    }
+}
+
+/// Root-mean-square normalization as a layer (PyTorch's `nn.RMSNorm`), with a learned
+/// elementwise scale (ones).
+///
+/// ```
+/// use kiln::nn::{Module, RmsNorm};
+/// use kiln::prelude::*;
+/// let norm = RmsNorm::new(&[8]);
+/// let y = norm.forward(&(Tensor::randn([4, 8]) * 5.0));
+/// let rms = y.square().mean_dim(-1, false).sqrt();
+/// assert!((rms - 1.0).abs().max().item::<f32>() < 1e-3);
+/// ```
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    /// The trailing shape normalized over.
+    pub normalized_shape: Vec<usize>,
+    /// Added to the mean square; `None` for the dtype's machine epsilon.
+    pub eps: Option<f64>,
+    /// The learned scale, shaped `normalized_shape`.
+    pub weight: Option<Tensor>,
+}
+
+impl RmsNorm {
+    /// A layer with a learned scale and the default `eps`.
+    ///
+    /// # Panics
+    /// As [`RmsNorm::try_with_options`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(normalized_shape: &[usize]) -> RmsNorm {
+        ok(RmsNorm::try_with_options(normalized_shape, None, true))
+    }
+
+    /// A layer with a chosen `eps`, with or without the learned scale.
+    ///
+    /// # Errors
+    /// [`Error::Value`] for a negative or NaN `eps`; [`Error::Shape`] for a shape no memory
+    /// can hold.
+    #[track_caller]
+    pub fn try_with_options(
+        normalized_shape: &[usize],
+        eps: Option<f64>,
+        elementwise_affine: bool,
+    ) -> Result<RmsNorm> {
+        if let Some(e) = eps
+            && (e.is_nan() || e < 0.0)
+        {
+            return Err(Error::value("RmsNorm", format!("eps must be >= 0, got {e}")));
+        }
+        let weight = if elementwise_affine {
+            let t = Tensor::try_full_dtype(normalized_shape, 1.0, DType::F32)?;
+            t.try_realize()?;
+            Some(t.requires_grad_(true))
+        } else {
+            None
+        };
+        Ok(RmsNorm { normalized_shape: normalized_shape.to_vec(), eps, weight })
+    }
+}
+
+crate::parameters!(RmsNorm { weight });
+
+impl Module for RmsNorm {
+    #[track_caller]
+    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        let _at = crate::origin::enter();
+        try_rms_norm(input, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+}

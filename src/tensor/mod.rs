@@ -11,6 +11,7 @@ mod movement;
 mod read;
 mod reduce;
 mod select;
+mod special;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,0 +1,163 @@
+//! Activations and accurate special functions composed of the elementwise primitives, so
+//! they fuse into one kernel with their neighbors and differentiate through their parts.
+
+use super::Tensor;
+
+impl Tensor {
+    /// This tensor as floating point (`f32` for integers and booleans), as the
+    /// transcendental ops take it.
+    fn floating(&self) -> Tensor {
+        if self.dtype().is_float() { self.clone() } else { self.to_dtype(crate::DType::F32) }
+    }
+
+    /// `ln(1 + x)`, accurate for tiny `x` where `(1 + x).log()` loses every digit (Kahan's
+    /// method: `u = 1 + x`, then `x` itself where `u == 1`, else `ln(u)·x / (u - 1)`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1e-10f64, 1.0, -0.5], [3]);
+    /// let y = x.log1p().to_vec::<f64>();
+    /// assert!((y[0] - 1e-10f64.ln_1p()).abs() < 1e-24); // (1 + 1e-10).ln() is 8e-18 off
+    /// assert!((y[1] - 2f64.ln()).abs() < 1e-15);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn log1p(&self) -> Tensor {
+        let x = self.floating();
+        let u = &x + 1.0;
+        let one = u.eq(1.0);
+        // Where u == 1 the general branch is 0/0: it is not taken, and its denominator is
+        // replaced *before* the division so that its gradient stays finite too.
+        let denominator = Tensor::where_(&one, 1.0, &u - 1.0);
+        Tensor::where_(&one, &x, u.log() * &x / denominator)
+    }
+
+    /// `e^x - 1`, accurate for tiny `x` (Kahan's method: `u = e^x`, then `x` where `u == 1`,
+    /// `-1` where `u - 1 == -1`, else `(u - 1)·x / ln(u)`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1e-10f64, 1.0, -40.0], [3]);
+    /// let y = x.expm1().to_vec::<f64>();
+    /// assert!((y[0] - 1e-10f64.exp_m1()).abs() < 1e-24);
+    /// assert!((y[1] - 1f64.exp_m1()).abs() < 1e-15);
+    /// assert_eq!(y[2], -1.0);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn expm1(&self) -> Tensor {
+        let x = self.floating();
+        let u = x.exp();
+        let um1 = &u - 1.0;
+        let one = u.eq(1.0);
+        let saturated = um1.eq(-1.0);
+        // The untaken branches' inputs are replaced before the log and the division, so
+        // that neither they nor their gradients become infinite.
+        let safe_u = Tensor::where_(&one.logical_or(&saturated), std::f64::consts::E, &u);
+        let general = &um1 * &x / safe_u.log();
+        Tensor::where_(&one, &x, Tensor::where_(&saturated, &um1, &general))
+    }
+
+    /// The sigmoid-weighted linear unit `x·σ(x)` (SiLU, also called swish).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let y = Tensor::from_vec(vec![0.0f32, 2.0], [2]).silu().to_vec::<f32>();
+    /// assert_eq!(y[0], 0.0);
+    /// assert!((y[1] - 2.0 / (1.0 + (-2f32).exp())).abs() < 1e-6);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn silu(&self) -> Tensor {
+        let x = self.floating();
+        &x * x.sigmoid()
+    }
+
+    /// GELU with PyTorch's tanh approximation (`approximate="tanh"`):
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-1.0f64, 0.5, 3.0], [3]);
+    /// let (exact, approx) = (x.gelu().to_vec::<f64>(), x.gelu_tanh().to_vec::<f64>());
+    /// assert!(exact.iter().zip(&approx).all(|(a, b)| (a - b).abs() < 1e-3));
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn gelu_tanh(&self) -> Tensor {
+        let x = self.floating();
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = (&x + x.square() * &x * 0.044715) * k;
+        &x * 0.5 * (inner.tanh() + 1.0)
+    }
+
+    /// `ln(1 + e^(β·x)) / β`, and `x` itself where `β·x > threshold` (PyTorch's `softplus`,
+    /// defaults `β = 1`, `threshold = 20`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let y = Tensor::from_vec(vec![0.0f64, 30.0], [2]).softplus(1.0, 20.0).to_vec::<f64>();
+    /// assert!((y[0] - 2f64.ln()).abs() < 1e-15);
+    /// assert_eq!(y[1], 30.0);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn softplus(&self, beta: f64, threshold: f64) -> Tensor {
+        let x = self.floating();
+        let bx = &x * beta;
+        let big = bx.gt(threshold);
+        // The exponent is clamped where the linear branch is taken, so it never overflows
+        // into an infinite (or NaN) gradient there.
+        let soft = bx.clamp_max(threshold).exp().log1p() / beta;
+        Tensor::where_(&big, &x, &soft)
+    }
+
+    /// `x` where positive, `negative_slope·x` elsewhere (PyTorch's `leaky_relu`, default
+    /// slope 0.01).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-2.0f32, 3.0], [2]);
+    /// assert_eq!(x.leaky_relu(0.1).to_vec::<f32>(), vec![-0.2, 3.0]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn leaky_relu(&self, negative_slope: f64) -> Tensor {
+        let x = self.floating();
+        Tensor::where_(&x.gt(0.0), &x, &x * negative_slope)
+    }
+
+    /// `x` where positive, `α·(e^x - 1)` elsewhere (PyTorch's `elu`, default `α = 1`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let y = Tensor::from_vec(vec![-1.0f64, 2.0], [2]).elu(1.0).to_vec::<f64>();
+    /// assert!((y[0] - ((-1f64).exp() - 1.0)).abs() < 1e-15);
+    /// assert_eq!(y[1], 2.0);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn elu(&self, alpha: f64) -> Tensor {
+        let x = self.floating();
+        let negative = x.clamp_max(0.0).expm1() * alpha;
+        Tensor::where_(&x.gt(0.0), &x, &negative)
+    }
+
+    /// `1` for positive elements, `-1` for negative ones, `0` for zeros (NaN stays NaN), in
+    /// this tensor's dtype. Its gradient is zero.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-3.0f32, 0.0, 2.5], [3]);
+    /// assert_eq!(x.sign().to_vec::<f32>(), vec![-1.0, 0.0, 1.0]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn sign(&self) -> Tensor {
+        let x = self.detach();
+        let positive = Tensor::where_(&x.gt(0.0), 1.0, 0.0).to_dtype(self.dtype());
+        let negative = Tensor::where_(&x.lt(0.0), 1.0, 0.0).to_dtype(self.dtype());
+        let s = positive - negative;
+        if self.dtype().is_float() { Tensor::where_(&x.ne(&x), &x, &s) } else { s }
+    }
+}
