@@ -54,5 +54,15 @@ out["batch_norm.running_mean_before"], out["batch_norm.running_var_before"] = rm
 case("batch_norm", lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.3), x, torch.randn(4), torch.randn(4))
 # `case` ran the forward once: the running statistics moved once.
 out["batch_norm.running_mean"], out["batch_norm.running_var"] = rm, rv
+# The activations and special functions of transformer code.
+a = torch.randn(5, 7) * 3
+case("silu", F.silu, a)
+case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), a)
+case("softplus", lambda x: F.softplus(x, beta=2.0, threshold=5.0), a)
+case("leaky_relu", lambda x: F.leaky_relu(x, 0.1), a)
+case("elu", lambda x: F.elu(x, 1.5), a)
+case("log1p", lambda x: torch.log1p(x.abs()), a)
+case("expm1", torch.expm1, a)
+case("rms_norm", lambda x, w: F.rms_norm(x, (7,), w), a, torch.randn(7))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_vision.safetensors")
 print(f"wrote {len(out)} tensors")

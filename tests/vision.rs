@@ -515,7 +515,8 @@ fn interpolate_matches_the_loop() {
     );
 }
 
-/// Agreement with PyTorch itself: `scripts/torch_fixtures.py` wrote PyTorch's float64
+/// Agreement with PyTorch itself (the convolutional ops, and the activations and norms of
+/// transformer code): `scripts/torch_fixtures.py` wrote PyTorch's float64
 /// outputs and input gradients (of `sum(out * r)` for a random `r`) for each op; kiln must
 /// reproduce them from the same inputs.
 #[test]
@@ -659,6 +660,14 @@ fn every_op_agrees_with_pytorch_float64() {
         ("unfold", Box::new(move |i| F::unfold(&i[0], fold_o))),
         ("fold", Box::new(move |i| F::fold(&i[0], [7, 6], fold_o))),
         ("group_norm", Box::new(|i| F::group_norm(&i[0], 2, Some(&i[1]), Some(&i[2]), 1e-5))),
+        ("silu", Box::new(|i| i[0].silu())),
+        ("gelu_tanh", Box::new(|i| i[0].gelu_tanh())),
+        ("softplus", Box::new(|i| i[0].softplus(2.0, 5.0))),
+        ("leaky_relu", Box::new(|i| i[0].leaky_relu(0.1))),
+        ("elu", Box::new(|i| i[0].elu(1.5))),
+        ("log1p", Box::new(|i| i[0].abs().log1p())),
+        ("expm1", Box::new(|i| i[0].expm1())),
+        ("rms_norm", Box::new(|i| F::rms_norm(&i[0], &[7], Some(&i[1]), None))),
     ];
     let check_case = |name: &str, op: &dyn Fn(&[Tensor]) -> Tensor| {
         let inputs: Vec<Tensor> = (0..)
