@@ -3,7 +3,7 @@
 //!
 //! In training mode the running statistics are updated in place, under `no_grad`, from the
 //! batch statistics the forward pass computes anyway. The update is an ordinary recorded
-//! write: inside [`crate::compile`] it is part of the compiled plan (replayed on every call,
+//! write: inside [`crate::compile()`] it is part of the compiled plan (replayed on every call,
 //! never dropped), and outside it joins the next realization on the thread, as the update
 //! in eager PyTorch would have happened by then.
 

@@ -125,7 +125,7 @@ pub fn normal_(t: &Tensor, mean: f64, std: f64) -> Result<()> {
 /// Normal values with mean `mean` and standard deviation `std`, redrawn until every value
 /// lies in `[low, high]` (PyTorch's `trunc_normal_`; the bounds are absolute values, not in
 /// units of `std`). It reads how many values are out of range, so it cannot run inside
-/// [`crate::compile`].
+/// [`crate::compile()`].
 ///
 /// # Errors
 /// [`Error::Value`] when `low >= high`, `std` is not positive, or the interval is so far
