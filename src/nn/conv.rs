@@ -308,6 +308,41 @@ pub fn try_conv2d(
     }
 }
 
+/// A convolution layer's weight (of `weight_shape`) and bias (`[out_channels]`), uniform in
+/// `±1/sqrt(fan_in)` as PyTorch initializes them, with `fan_in = per_group_in·KH·KW`, after
+/// checking that `groups` divides both channel counts and the kernel is not empty.
+pub(super) fn layer_parameters(
+    layer: &'static str,
+    [in_channels, out_channels]: [usize; 2],
+    kernel_size: [usize; 2],
+    groups: usize,
+    weight_shape: [usize; 4],
+    per_group_in: usize,
+) -> Result<(Tensor, Tensor)> {
+    if groups == 0 || !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
+        return Err(Error::shape(
+            layer,
+            format!(
+                "groups = {groups} must divide in_channels = {in_channels} and out_channels = {out_channels}"
+            ),
+        ));
+    }
+    if kernel_size.contains(&0) {
+        return Err(Error::shape(
+            layer,
+            format!("kernel_size must be positive, got {kernel_size:?}"),
+        ));
+    }
+    let fan_in = per_group_in * kernel_size[0] * kernel_size[1];
+    let bound = if fan_in == 0 { 0.0 } else { 1.0 / (fan_in as f64).sqrt() };
+    let uniform = |shape: &[usize]| -> Result<Tensor> {
+        let t = (Tensor::try_rand(shape)? * (2.0 * bound) - bound).to_dtype(DType::F32);
+        t.try_realize()?;
+        Ok(t.requires_grad_(true))
+    };
+    Ok((uniform(&weight_shape)?, uniform(&[out_channels])?))
+}
+
 /// A 2-D convolution layer (PyTorch's `nn.Conv2d`), with its weight and bias initialized as
 /// PyTorch does (uniform in `±1/sqrt(fan_in)`).
 ///
@@ -357,30 +392,15 @@ impl Conv2d {
         options: Conv2dOptions,
     ) -> Result<Conv2d> {
         let g = options.groups;
-        if g == 0 || !in_channels.is_multiple_of(g) || !out_channels.is_multiple_of(g) {
-            return Err(Error::shape(
-                "Conv2d",
-                format!(
-                    "groups = {g} must divide in_channels = {in_channels} and out_channels = {out_channels}"
-                ),
-            ));
-        }
-        if kernel_size.contains(&0) {
-            return Err(Error::shape(
-                "Conv2d",
-                format!("kernel_size must be positive, got {kernel_size:?}"),
-            ));
-        }
-        let fan_in = in_channels / g * kernel_size[0] * kernel_size[1];
-        let bound = if fan_in == 0 { 0.0 } else { 1.0 / (fan_in as f64).sqrt() };
-        let uniform = |shape: &[usize]| -> Result<Tensor> {
-            let t = (Tensor::try_rand(shape)? * (2.0 * bound) - bound).to_dtype(DType::F32);
-            t.try_realize()?;
-            Ok(t.requires_grad_(true))
-        };
-        let weight = uniform(&[out_channels, in_channels / g, kernel_size[0], kernel_size[1]])?;
-        let bias = Some(uniform(&[out_channels])?);
-        Ok(Conv2d { weight, bias, options })
+        let (weight, bias) = layer_parameters(
+            "Conv2d",
+            [in_channels, out_channels],
+            kernel_size,
+            g,
+            [out_channels, in_channels / g.max(1), kernel_size[0], kernel_size[1]],
+            in_channels / g.max(1),
+        )?;
+        Ok(Conv2d { weight, bias: Some(bias), options })
     }
 }
 

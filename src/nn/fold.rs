@@ -5,7 +5,7 @@
 use super::Module;
 use super::conv::{check_image, windows};
 use crate::error::ok;
-use crate::{DType, Error, Result, Tensor};
+use crate::{Error, Result, Tensor};
 use kiln_ir::{Op, Shape, View};
 
 /// The window geometry of [`unfold`] and [`fold`], with PyTorch's names and defaults.
@@ -368,30 +368,15 @@ impl ConvTranspose2d {
         options: ConvTranspose2dOptions,
     ) -> Result<ConvTranspose2d> {
         let g = options.groups;
-        if g == 0 || !in_channels.is_multiple_of(g) || !out_channels.is_multiple_of(g) {
-            return Err(Error::shape(
-                "ConvTranspose2d",
-                format!(
-                    "groups = {g} must divide in_channels = {in_channels} and out_channels = {out_channels}"
-                ),
-            ));
-        }
-        if kernel_size.contains(&0) {
-            return Err(Error::shape(
-                "ConvTranspose2d",
-                format!("kernel_size must be positive, got {kernel_size:?}"),
-            ));
-        }
-        let fan_in = out_channels / g * kernel_size[0] * kernel_size[1];
-        let bound = if fan_in == 0 { 0.0 } else { 1.0 / (fan_in as f64).sqrt() };
-        let uniform = |shape: &[usize]| -> Result<Tensor> {
-            let t = (Tensor::try_rand(shape)? * (2.0 * bound) - bound).to_dtype(DType::F32);
-            t.try_realize()?;
-            Ok(t.requires_grad_(true))
-        };
-        let weight = uniform(&[in_channels, out_channels / g, kernel_size[0], kernel_size[1]])?;
-        let bias = Some(uniform(&[out_channels])?);
-        Ok(ConvTranspose2d { weight, bias, options })
+        let (weight, bias) = super::conv::layer_parameters(
+            "ConvTranspose2d",
+            [in_channels, out_channels],
+            kernel_size,
+            g,
+            [in_channels, out_channels / g.max(1), kernel_size[0], kernel_size[1]],
+            out_channels / g.max(1),
+        )?;
+        Ok(ConvTranspose2d { weight, bias: Some(bias), options })
     }
 }
 
