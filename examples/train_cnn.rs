@@ -75,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.parameters(),
         SgdConfig { lr, momentum: 0.9, weight_decay: 5e-4, nesterov: true, ..Default::default() },
     ));
-    let mut schedule = CosineAnnealingLr::new(&*opt.borrow(), epochs, 0.0);
+    let mut schedule = CosineAnnealingLr::new(&mut *opt.borrow_mut(), epochs, 0.0);
     let loader = DataLoader::new(&train_set, batch_size).shuffle(0).drop_last(true);
     let bar = ProgressBar::new((epochs * loader.len()) as u64);
     bar.set_style(ProgressStyle::with_template(

@@ -93,6 +93,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod checkpoint;
 pub mod compile;
 pub mod cuda;
 pub mod data;
@@ -124,7 +125,7 @@ pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
 pub use profile::{
     Comparison, KernelStats, MemoryPeak, Profile, StepEvent, StepKind, machine_bandwidth, profile,
 };
-pub use random::manual_seed;
+pub use random::{RngState, get_rng_state, manual_seed, set_rng_state};
 pub use tensor::{
     Dims, Ellipsis, IndexOp, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,
 };

@@ -34,6 +34,38 @@ pub fn manual_seed(seed: u64) {
     GENERATOR.with(|g| g.set((seed, 0)));
 }
 
+/// Where this thread's generator stands: its seed and how many random ops it has keyed
+/// since. Saving it and restoring it with [`set_rng_state`] replays the same random
+/// numbers, as PyTorch's `get_rng_state`/`set_rng_state`; checkpoints carry it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RngState {
+    /// The seed given to [`manual_seed`] (or the default seed).
+    pub seed: u64,
+    /// Random ops keyed since seeding.
+    pub count: u64,
+}
+
+/// This thread's generator state.
+///
+/// ```
+/// use kiln::prelude::*;
+/// kiln::manual_seed(7);
+/// let _ = Tensor::rand([2]);
+/// let state = kiln::get_rng_state();
+/// let a = Tensor::rand([3]).to_vec::<f32>();
+/// kiln::set_rng_state(state);
+/// assert_eq!(Tensor::rand([3]).to_vec::<f32>(), a);
+/// ```
+pub fn get_rng_state() -> RngState {
+    let (seed, count) = GENERATOR.with(Cell::get);
+    RngState { seed, count }
+}
+
+/// Restores this thread's generator to `state` (from [`get_rng_state`]).
+pub fn set_rng_state(state: RngState) {
+    GENERATOR.with(|g| g.set((state.seed, state.count)));
+}
+
 /// The key of the next random op.
 pub(crate) fn next_key() -> u64 {
     GENERATOR.with(|g| {

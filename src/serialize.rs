@@ -18,6 +18,7 @@
 //! # std::fs::remove_file(&path).unwrap();
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use half::{bf16, f16};
@@ -25,12 +26,28 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::{DType, Error, Result, Tensor};
 
+/// Tensors with their names, as files hold them.
+pub type NamedTensors = Vec<(String, Tensor)>;
+
 /// Writes `tensors` (name, tensor) to a safetensors file at `path`, computing pending ones.
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be written; [`Error::Value`] for a repeated name;
 /// [`Error::Runtime`] when computing a pending tensor fails.
 pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
+    save_with_metadata(path, tensors, &BTreeMap::new())
+}
+
+/// [`save`], also writing `metadata` (string pairs) into the file's header, where
+/// safetensors keeps free-form metadata (`__metadata__`).
+///
+/// # Errors
+/// As [`save`].
+pub fn save_with_metadata(
+    path: impl AsRef<Path>,
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let path = path.as_ref();
     let mut names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
     names.sort_unstable();
@@ -53,7 +70,9 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> 
                 })
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(views, None, path).map_err(|e| Error::Io {
+    let metadata = (!metadata.is_empty())
+        .then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| Error::Io {
         op: "save",
         detail: format!("cannot write {}: {e}", path.display()),
     })
@@ -65,6 +84,16 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> 
 /// [`Error::Io`] when the file cannot be read or is not valid safetensors, or holds a dtype
 /// kiln does not have (`i8`, `u16`, the 8-bit floats, ...).
 pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
+    load_with_metadata(path).map(|(tensors, _)| tensors)
+}
+
+/// [`load`], also returning the header's metadata (empty when the file has none).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with_metadata(
+    path: impl AsRef<Path>,
+) -> Result<(NamedTensors, BTreeMap<String, String>)> {
     let path = path.as_ref();
     let io = |detail: String| Error::Io { op: "load", detail };
     let bytes =
@@ -87,7 +116,10 @@ pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
         })
         .collect::<Result<Vec<_>>>()?;
     out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    let metadata = SafeTensors::read_metadata(&bytes)
+        .map(|(_, m)| m.metadata().clone().unwrap_or_default().into_iter().collect())
+        .map_err(|e| io(format!("{} has an unreadable header: {e}", path.display())))?;
+    Ok((out, metadata))
 }
 
 /// Copies `loaded` into `params` by name, after checking that names, shapes and dtypes all

@@ -7,6 +7,7 @@ mod compile;
 
 mod autograd;
 mod bad_inputs;
+mod checkpoint;
 mod construction;
 mod conv;
 mod cuda;

@@ -181,7 +181,7 @@ fn clip_grad_norm_scales_to_the_bound() {
 fn schedules_follow_pytorch() {
     let p = vec![Tensor::zeros([1]).requires_grad_(true)];
     let mut opt = Sgd::new(p.clone(), SgdConfig { lr: 0.1, ..Default::default() });
-    let mut step = StepLr::new(&opt, 3, 0.1);
+    let mut step = StepLr::new(&mut opt, 3, 0.1);
     let lrs: Vec<f64> = (0..7)
         .map(|_| {
             step.step(&mut opt);
@@ -193,7 +193,7 @@ fn schedules_follow_pytorch() {
     assert_eq!(step.last_lr(), opt.lr());
 
     let mut opt = Adam::new(p, AdamConfig { lr: 1.0, ..Default::default() });
-    let mut cos = CosineAnnealingLr::new(&opt, 10, 0.1);
+    let mut cos = CosineAnnealingLr::new(&mut opt, 10, 0.1);
     let lrs: Vec<f64> = (0..10)
         .map(|_| {
             cos.step(&mut opt);

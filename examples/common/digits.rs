@@ -128,7 +128,8 @@ pub(crate) fn train(data: &Digits, config: &Config) -> kiln::Result<Report> {
         model.parameters(),
         AdamConfig { lr: config.lr, ..Default::default() },
     ));
-    let mut schedule = CosineAnnealingLr::new(&*opt.borrow(), config.epochs, config.lr / 20.0);
+    let mut schedule =
+        CosineAnnealingLr::new(&mut *opt.borrow_mut(), config.epochs, config.lr / 20.0);
     let loader =
         DataLoader::new(&train_set, config.batch_size).shuffle(config.seed).drop_last(true);
 

@@ -1,7 +1,7 @@
 //! Adam and AdamW.
 
-use super::sgd::check_params;
-use super::{Optimizer, check, grad_of, realize};
+use super::groups::Groups;
+use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -65,7 +65,7 @@ pub struct AdamW {
 
 #[derive(Debug)]
 struct AdamState {
-    params: Vec<Tensor>,
+    groups: Groups,
     config: AdamConfig,
     step: u64,
     moments: Vec<Option<(Tensor, Tensor)>>,
@@ -91,10 +91,20 @@ macro_rules! adam_like {
             /// [`Error::Value`] for a negative learning rate, eps or weight decay, or betas
             /// outside `[0, 1)`; [`Error::Autograd`] for a parameter that does not require grad.
             pub fn try_new(params: Vec<Tensor>, config: AdamConfig) -> Result<$name> {
-                AdamState::new($op, params, config, $decoupled).map(|inner| $name { inner })
+                $name::with_groups(vec![ParamGroup::new(params)], config)
             }
 
-            /// The hyperparameters.
+            /// An optimizer over parameter groups, each taking the `lr` and `weight_decay`
+            /// it leaves unset from `config` (PyTorch's `param_groups`).
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($name), "::try_new`], and [`Error::Value`] for an empty list of groups.")]
+            pub fn with_groups(groups: Vec<ParamGroup>, config: AdamConfig) -> Result<$name> {
+                AdamState::new($op, groups, config, $decoupled).map(|inner| $name { inner })
+            }
+
+            /// The hyperparameters given at construction (each group's `lr` and
+            /// `weight_decay` are in [`Optimizer::param_groups`]).
             pub fn config(&self) -> &AdamConfig {
                 &self.inner.config
             }
@@ -113,15 +123,23 @@ macro_rules! adam_like {
             }
 
             fn parameters(&self) -> &[Tensor] {
-                &self.inner.params
+                &self.inner.groups.params
             }
 
-            fn lr(&self) -> f64 {
-                self.inner.config.lr
+            fn param_groups(&self) -> &[GroupConfig] {
+                &self.inner.groups.configs
             }
 
-            fn set_lr(&mut self, lr: f64) {
-                self.inner.config.lr = lr;
+            fn param_groups_mut(&mut self) -> &mut [GroupConfig] {
+                &mut self.inner.groups.configs
+            }
+
+            fn state_dict(&self) -> StateDict {
+                self.inner.state_dict()
+            }
+
+            fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+                self.inner.load_state_dict(concat!(stringify!($name), "::load_state_dict"), state)
             }
         }
     };
@@ -133,39 +151,75 @@ adam_like!(AdamW, true, "AdamW::new");
 impl AdamState {
     fn new(
         op: &'static str,
-        params: Vec<Tensor>,
+        groups: Vec<ParamGroup>,
         config: AdamConfig,
         decoupled: bool,
     ) -> Result<AdamState> {
-        check(op, "lr", config.lr, 0.0)?;
         check(op, "eps", config.eps, 0.0)?;
-        check(op, "weight_decay", config.weight_decay, 0.0)?;
         for (name, beta) in [("betas.0", config.betas.0), ("betas.1", config.betas.1)] {
             if !(0.0..1.0).contains(&beta) {
                 return Err(Error::value(op, format!("{name} must be in [0, 1), got {beta}")));
             }
         }
-        check_params(op, &params)?;
-        let moments = vec![None; params.len()];
-        Ok(AdamState { params, config, step: 0, moments, decoupled })
+        let groups = Groups::new(op, groups, config.lr, config.weight_decay)?;
+        let moments = vec![None; groups.params.len()];
+        Ok(AdamState { groups, config, step: 0, moments, decoupled })
+    }
+
+    fn state_dict(&self) -> StateDict {
+        let mut state = StateDict::default();
+        self.groups.save(&mut state);
+        state.scalars.insert("step".into(), self.step as f64);
+        for (i, m) in self.moments.iter().enumerate() {
+            if let Some((m, v)) = m {
+                state.tensors.push((format!("state.{i}.exp_avg"), m.clone()));
+                state.tensors.push((format!("state.{i}.exp_avg_sq"), v.clone()));
+            }
+        }
+        state
+    }
+
+    fn load_state_dict(&mut self, op: &'static str, state: &StateDict) -> Result<()> {
+        let configs = self.groups.load(op, state)?;
+        let step = state.scalar(op, "step")?;
+        let mut moments = Vec::new();
+        for (i, p) in self.groups.params.iter().enumerate() {
+            let m = state.tensor(op, &format!("state.{i}.exp_avg"), p)?;
+            let v = state.tensor(op, &format!("state.{i}.exp_avg_sq"), p)?;
+            moments.push(match (m, v) {
+                (Some(m), Some(v)) => Some((m, v)),
+                (None, None) => None,
+                _ => {
+                    return Err(Error::value(
+                        op,
+                        format!("the state has only one of parameter {i}'s two moments"),
+                    ));
+                }
+            });
+        }
+        self.groups.configs = configs;
+        self.step = step as u64;
+        self.moments = moments;
+        Ok(())
     }
 
     fn step(&mut self) -> Result<()> {
         let c = self.config;
         let (b1, b2) = c.betas;
         self.step += 1;
-        let t = self.step as i32;
-        let step_size = c.lr / (1.0 - b1.powi(t));
+        let t = i32::try_from(self.step).unwrap_or(i32::MAX);
+        let correction1 = 1.0 - b1.powi(t);
         let sqrt_correction2 = (1.0 - b2.powi(t)).sqrt();
         crate::no_grad(|| {
             let mut touched = Vec::new();
-            for (p, moments) in self.params.iter().zip(&mut self.moments) {
+            for ((_, p, group), moments) in self.groups.each().zip(&mut self.moments) {
                 let Some(mut g) = grad_of("Adam::step", p)? else { continue };
-                if c.weight_decay != 0.0 {
+                let step_size = group.lr / correction1;
+                if group.weight_decay != 0.0 {
                     if self.decoupled {
-                        p.try_mul_(1.0 - c.lr * c.weight_decay)?;
+                        p.try_mul_(1.0 - group.lr * group.weight_decay)?;
                     } else {
-                        g = g + p * c.weight_decay;
+                        g = g + p * group.weight_decay;
                     }
                 }
                 let (m, v) = match moments.take() {

@@ -27,17 +27,21 @@
 //! ```
 
 mod adam;
+mod groups;
 mod schedule;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW};
-pub use schedule::{CosineAnnealingLr, LrScheduler, StepLr};
+pub use groups::{GroupConfig, ParamGroup, StateDict};
+pub use schedule::{
+    CosineAnnealingLr, LambdaLr, LinearWarmup, LrScheduler, SchedulerState, SequentialLr, StepLr,
+};
 pub use sgd::{Sgd, SgdConfig};
 
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
-/// An optimizer over a fixed list of parameters.
+/// An optimizer over a fixed list of parameters, in one or more [`ParamGroup`]s.
 pub trait Optimizer {
     /// Applies one update from the parameters' current `.grad()`s (parameters without a
     /// gradient are skipped, as in PyTorch), then realizes the parameters and the state.
@@ -66,11 +70,38 @@ pub trait Optimizer {
         }
     }
 
-    /// The current learning rate.
-    fn lr(&self) -> f64;
+    /// The hyperparameters of every parameter group, in the order they were given.
+    fn param_groups(&self) -> &[GroupConfig];
 
-    /// Sets the learning rate (schedules call this).
-    fn set_lr(&mut self, lr: f64);
+    /// Mutable access to every group's hyperparameters (schedules set each `lr`).
+    fn param_groups_mut(&mut self) -> &mut [GroupConfig];
+
+    /// The first group's learning rate.
+    fn lr(&self) -> f64 {
+        self.param_groups().first().map_or(0.0, |g| g.lr)
+    }
+
+    /// Sets every group's learning rate.
+    fn set_lr(&mut self, lr: f64) {
+        for g in self.param_groups_mut() {
+            g.lr = lr;
+        }
+    }
+
+    /// The optimizer's whole state (moments or momentum buffers, step count, every group's
+    /// hyperparameters), sharing storage with the optimizer. Restoring it with
+    /// [`Optimizer::load_state_dict`] into an optimizer built over the same parameters makes
+    /// the following steps bit-identical to those of the optimizer that saved it.
+    fn state_dict(&self) -> StateDict;
+
+    /// Restores a [`StateDict`] from [`Optimizer::state_dict`] (possibly read back from a
+    /// checkpoint), moving its tensors to the parameters' devices.
+    ///
+    /// # Errors
+    /// [`Error::Value`] when the state's groups or entries do not match this optimizer's;
+    /// [`Error::Shape`] when a state tensor's shape or dtype is not its parameter's. On an
+    /// error nothing is changed.
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()>;
 }
 
 /// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`,

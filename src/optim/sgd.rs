@@ -1,6 +1,7 @@
 //! Stochastic gradient descent.
 
-use super::{Optimizer, check, grad_of, realize};
+use super::groups::Groups;
+use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -47,7 +48,7 @@ impl Default for SgdConfig {
 /// ```
 #[derive(Debug)]
 pub struct Sgd {
-    params: Vec<Tensor>,
+    groups: Groups,
     config: SgdConfig,
     momentum_buffers: Vec<Option<Tensor>>,
 }
@@ -70,23 +71,31 @@ impl Sgd {
     /// momentum without momentum or with dampening; [`Error::Autograd`] for a parameter that
     /// does not require grad.
     pub fn try_new(params: Vec<Tensor>, config: SgdConfig) -> Result<Sgd> {
+        Sgd::with_groups(vec![ParamGroup::new(params)], config)
+    }
+
+    /// An optimizer over parameter groups, each taking the hyperparameters it leaves unset
+    /// from `config` (PyTorch's `SGD([{"params": ...}, ...])`).
+    ///
+    /// # Errors
+    /// As [`Sgd::try_new`], and [`Error::Value`] for an empty list of groups.
+    pub fn with_groups(groups: Vec<ParamGroup>, config: SgdConfig) -> Result<Sgd> {
         const OP: &str = "Sgd::new";
-        check(OP, "lr", config.lr, 0.0)?;
         check(OP, "momentum", config.momentum, 0.0)?;
         check(OP, "dampening", config.dampening, 0.0)?;
-        check(OP, "weight_decay", config.weight_decay, 0.0)?;
         if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
             return Err(Error::value(
                 OP,
                 "Nesterov momentum requires momentum > 0 and dampening == 0",
             ));
         }
-        check_params(OP, &params)?;
-        let momentum_buffers = vec![None; params.len()];
-        Ok(Sgd { params, config, momentum_buffers })
+        let groups = Groups::new(OP, groups, config.lr, config.weight_decay)?;
+        let momentum_buffers = vec![None; groups.params.len()];
+        Ok(Sgd { groups, config, momentum_buffers })
     }
 
-    /// The hyperparameters.
+    /// The hyperparameters given at construction (each group's `lr` and `weight_decay`
+    /// are in [`Optimizer::param_groups`]).
     pub fn config(&self) -> &SgdConfig {
         &self.config
     }
@@ -99,10 +108,10 @@ impl Optimizer for Sgd {
         let c = self.config;
         crate::no_grad(|| {
             let mut touched = Vec::new();
-            for (p, buf) in self.params.iter().zip(&mut self.momentum_buffers) {
+            for ((_, p, group), buf) in self.groups.each().zip(&mut self.momentum_buffers) {
                 let Some(mut g) = grad_of("Sgd::step", p)? else { continue };
-                if c.weight_decay != 0.0 {
-                    g = g + p * c.weight_decay;
+                if group.weight_decay != 0.0 {
+                    g = g + p * group.weight_decay;
                 }
                 if c.momentum != 0.0 {
                     let b = match buf.take() {
@@ -113,7 +122,7 @@ impl Optimizer for Sgd {
                     touched.push(b.clone());
                     *buf = Some(b);
                 }
-                p.try_sub_(&(g * c.lr))?;
+                p.try_sub_(&(g * group.lr))?;
                 touched.push(p.clone());
             }
             realize(&touched.iter().collect::<Vec<_>>())
@@ -121,15 +130,41 @@ impl Optimizer for Sgd {
     }
 
     fn parameters(&self) -> &[Tensor] {
-        &self.params
+        &self.groups.params
     }
 
-    fn lr(&self) -> f64 {
-        self.config.lr
+    fn param_groups(&self) -> &[GroupConfig] {
+        &self.groups.configs
     }
 
-    fn set_lr(&mut self, lr: f64) {
-        self.config.lr = lr;
+    fn param_groups_mut(&mut self) -> &mut [GroupConfig] {
+        &mut self.groups.configs
+    }
+
+    fn state_dict(&self) -> StateDict {
+        let mut state = StateDict::default();
+        self.groups.save(&mut state);
+        for (i, b) in self.momentum_buffers.iter().enumerate() {
+            if let Some(b) = b {
+                state.tensors.push((format!("state.{i}.momentum_buffer"), b.clone()));
+            }
+        }
+        state
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        const OP: &str = "Sgd::load_state_dict";
+        let configs = self.groups.load(OP, state)?;
+        let buffers = self
+            .groups
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| state.tensor(OP, &format!("state.{i}.momentum_buffer"), p))
+            .collect::<Result<Vec<_>>>()?;
+        self.groups.configs = configs;
+        self.momentum_buffers = buffers;
+        Ok(())
     }
 }
 
