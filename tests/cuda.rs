@@ -831,3 +831,32 @@ fn activations_and_rms_norm_on_the_gpu_match_the_cpu() {
     assert_close_tol(&got_g, &want_g, 1e-12, "gradients");
     assert_eq!(got_s, want_s);
 }
+
+#[test]
+fn ordering_sampling_and_norms_on_the_gpu_match_the_cpu() {
+    let Some((gpu, _lock)) = gpu_or_skip("ordering_sampling_and_norms_on_the_gpu_match_the_cpu")
+    else {
+        return;
+    };
+    let mut rng = Rng::new(809);
+    let data = values(&mut rng, 5 * 8, DType::F64);
+    let x = tensor(&data, &[5, 8], DType::F64);
+    let run = |x: &Tensor, seed: u64| {
+        let x = x.requires_grad_(true);
+        let (top, idx) = x.topk(3, 1, true);
+        let y = top.sum()
+            + x.cumprod(1).sum()
+            + x.roll(&[2], &[1]).atan().sum()
+            + x.vector_norm(2.0, [1], false).sum();
+        let g = kiln::grad(&[&y], &[&x], false).remove(0);
+        kiln::manual_seed(seed);
+        let draws = x.detach().abs().multinomial(6, true);
+        (y.to_vec::<f64>(), g.to_vec::<f64>(), idx.to_vec::<i64>(), draws.to_vec::<i64>())
+    };
+    let (want, want_g, want_i, want_d) = run(&x, 3);
+    let (got, got_g, got_i, got_d) = run(&x.to(gpu).detach(), 3);
+    assert_close_tol(&got, &want, 1e-12, "values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "gradients");
+    assert_eq!(got_i, want_i);
+    assert_eq!(got_d, want_d, "the same seed draws the same samples on both devices");
+}

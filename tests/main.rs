@@ -28,6 +28,7 @@ mod movement;
 mod nn;
 mod norm;
 mod optim;
+mod ordering;
 mod profile;
 mod reductions;
 mod rows;

@@ -46,6 +46,8 @@ pub fn vjp<B: GradBuilder>(
     let mut r = Rules { b };
     Ok(match op {
         Op::Input | Op::Full(_) | Op::Random { .. } => Vec::new(),
+        // Positions are integers: no gradient (the sorted values get theirs through gather).
+        Op::ArgSort { .. } => vec![None],
         Op::Unary(u) => vec![r.unary(*u, &inputs[0], g)?],
         Op::Binary(bop) => {
             let (x, y) = (&inputs[0], &inputs[1]);
@@ -142,7 +144,7 @@ pub fn vjp<B: GradBuilder>(
 /// Whether `op` passes gradients to any input at all.
 pub fn is_differentiable(op: &Op) -> bool {
     match op {
-        Op::Input | Op::Full(_) | Op::Random { .. } => false,
+        Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
@@ -164,7 +166,7 @@ pub fn is_differentiable(op: &Op) -> bool {
 /// shape). A tensor whose value a rule reads must not change before backward runs.
 pub fn reads_input(op: &Op, i: usize) -> bool {
     match op {
-        Op::Input | Op::Full(_) | Op::Random { .. } => false,
+        Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
         Op::Unary(u) => !matches!(
             u,
             UnaryOp::Neg | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not

@@ -187,6 +187,14 @@ pub enum Op {
     },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
+    /// The `I64` positions that sort each line along `axis` (a stable argsort: equal
+    /// elements keep their order). NaN sorts above every number, as in PyTorch.
+    ArgSort {
+        /// The axis sorted along.
+        axis: usize,
+        /// Largest first.
+        descending: bool,
+    },
 }
 
 impl Op {
@@ -209,6 +217,7 @@ impl Op {
             Op::Scatter { accumulate: true, .. } => "scatter_add",
             Op::CumSum { .. } => "cumsum",
             Op::MatMul => "matmul",
+            Op::ArgSort { .. } => "argsort",
         }
     }
 
@@ -254,7 +263,8 @@ impl Op {
             | Op::Reduce { .. }
             | Op::View(_)
             | Op::Unview { .. }
-            | Op::CumSum { .. } => 1,
+            | Op::CumSum { .. }
+            | Op::ArgSort { .. } => 1,
             Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } => 2,
             Op::Where | Op::Scatter { .. } => 3,
         }
@@ -399,6 +409,15 @@ impl Op {
                 Ok((shape.clone(), dtype))
             }
             Op::MatMul => infer_matmul(inputs),
+            Op::ArgSort { axis, .. } => {
+                let (shape, _) = inputs[0];
+                if *axis >= shape.rank() {
+                    return Err(IrError::InvalidGraph(format!(
+                        "argsort over axis {axis} of {shape}"
+                    )));
+                }
+                Ok((shape.clone(), DType::I64))
+            }
         }
     }
 }

@@ -47,6 +47,9 @@ pub(crate) fn eval(
         ),
         Op::Assign(view) => Some(assign(args[0], view, args[1]).map_err(at)),
         Op::CumSum { axis } => Some(cumsum(args[0], &node.shape, *axis).map_err(at)),
+        Op::ArgSort { axis, descending } => {
+            Some(argsort(args[0], &node.shape, *axis, *descending).map_err(at))
+        }
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             Some(arg_extreme(*op, args[0], shape_of(0), axes[0]).map_err(at))
         }
@@ -281,6 +284,57 @@ fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError
         }
         })
     })
+}
+
+/// The stable argsort of every line along `axis`: NaN above every number, -0 equal to +0.
+fn argsort(
+    x: &Buffer,
+    shape: &Shape,
+    axis: usize,
+    descending: bool,
+) -> Result<Buffer, RuntimeError> {
+    use rayon::prelude::*;
+    use std::cmp::Ordering;
+    let dims = shape.dims();
+    let len = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product();
+    let outer: usize = dims[..axis].iter().product();
+    let order = |a: &(bool, f64, i64), b: &(bool, f64, i64)| -> Ordering {
+        let o = match (a.0, b.0) {
+            (false, false) => a.1.partial_cmp(&b.1).unwrap_or(Ordering::Equal).then(a.2.cmp(&b.2)),
+            (x, y) => x.cmp(&y),
+        };
+        if descending { o.reverse() } else { o }
+    };
+    let mut out = vec![0i64; outer * len * inner];
+    if len > 0 && inner > 0 {
+        with_element_type!(x.dtype(), T => {
+            let x = x.as_slice::<T>().expect("the buffer's own element type");
+            // One block of `len * inner` outputs per outer index; lines inside it are strided.
+            let block = |(o, out): (usize, &mut [i64])| {
+                let mut keys = Vec::with_capacity(len);
+                let mut idx: Vec<usize> = Vec::with_capacity(len);
+                for i in 0..inner {
+                    let first = o * len * inner + i;
+                    keys.clear();
+                    keys.extend((0..len).map(|k| key(x[first + k * inner].to_scalar())));
+                    idx.clear();
+                    idx.extend(0..len);
+                    // Stable, so equal elements keep their order.
+                    idx.sort_by(|&a, &b| order(&keys[a], &keys[b]));
+                    for (k, &j) in idx.iter().enumerate() {
+                        out[k * inner + i] = j as i64;
+                    }
+                }
+            };
+            if outer * len * inner >= 1 << 14 && outer > 1 {
+                out.par_chunks_mut(len * inner).enumerate().for_each(block);
+            } else {
+                out.chunks_mut(len * inner).enumerate().for_each(block);
+            }
+        });
+    }
+    Buffer::from_slice(&out)
 }
 
 /// The comparison key of an element: NaN first, then the value (floats as f64, the others

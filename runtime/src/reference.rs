@@ -306,6 +306,36 @@ fn eval(
             out
         }
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
+        Op::ArgSort { axis, descending } => {
+            let stride = shape.contiguous_strides()[*axis] as usize;
+            let len = shape.dims()[*axis];
+            use std::cmp::Ordering::Equal;
+            let mut out = vec![0i64; n];
+            let key = |i: usize| match args[0] {
+                Values::F(v) => (v[i].is_nan(), v[i], 0),
+                Values::I(v) => (false, 0.0, v[i]),
+                Values::B(v) => (false, 0.0, i64::from(v[i])),
+            };
+            for start in (0..n).filter(|i| (i / stride).is_multiple_of(len.max(1))) {
+                let mut order: Vec<usize> = (0..len).collect();
+                // `sort_by` is stable: equal keys keep their positions' order.
+                order.sort_by(|&a, &b| {
+                    let (a, b) = (key(start + a * stride), key(start + b * stride));
+                    // NaN above everything; -0 and +0 equal.
+                    let o = match (a.0, b.0) {
+                        (false, false) => {
+                            a.1.partial_cmp(&b.1).unwrap_or(Equal).then(a.2.cmp(&b.2))
+                        }
+                        (x, y) => x.cmp(&y),
+                    };
+                    if *descending { o.reverse() } else { o }
+                });
+                for (k, &i) in order.iter().enumerate() {
+                    out[start + k * stride] = i as i64;
+                }
+            }
+            Values::I(out)
+        }
     })
 }
 

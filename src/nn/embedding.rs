@@ -52,18 +52,53 @@ impl Module for Embedding {
     #[track_caller]
     fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {
         let _at = crate::origin::enter();
-        if !indices.dtype().is_int() {
-            return Err(Error::dtype(
-                "Embedding",
-                format!(
-                    "indices must be integers, got {}; convert them with .long()",
-                    indices.dtype()
-                ),
-            ));
-        }
-        let mut shape = indices.dims().to_vec();
-        shape.push(self.weight.dims()[1]);
-        let rows = self.weight.try_index_select(0, &indices.try_reshape(&[-1])?)?;
-        rows.try_reshape(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+        try_embedding(indices, &self.weight)
     }
+}
+
+/// The rows of `weight` (`[num_embeddings, dim]`) picked by integer `indices` of any
+/// shape, giving `indices.shape + [dim]` (PyTorch's `functional.embedding`). The gradient
+/// adds into the picked rows.
+///
+/// ```
+/// use kiln::nn::functional as F;
+/// use kiln::prelude::*;
+/// let weight = Tensor::from_vec(vec![0.0f32, 0.5, 1.0, 1.5, 2.0, 2.5], [3, 2]);
+/// let ids = Tensor::from_vec(vec![2i64, 0, 2], [1, 3]);
+/// let rows = F::embedding(&ids, &weight);
+/// assert_eq!(rows.dims(), [1, 3, 2]);
+/// assert_eq!(rows.to_vec::<f32>(), [2.0, 2.5, 0.0, 0.5, 2.0, 2.5]);
+/// ```
+///
+/// # Panics
+/// As [`try_embedding`] fails.
+#[must_use]
+#[track_caller]
+pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
+    ok(try_embedding(indices, weight))
+}
+
+/// [`embedding`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::DType`] for non-integer indices; [`Error::Shape`] for a weight that is not
+/// 2-D; an index out of range fails when the rows are computed.
+#[track_caller]
+pub fn try_embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    if !indices.dtype().is_int() {
+        return Err(Error::dtype(
+            "embedding",
+            format!("indices must be integers, got {}; convert them with .long()", indices.dtype()),
+        ));
+    }
+    if weight.ndim() != 2 {
+        return Err(Error::shape(
+            "embedding",
+            format!("the weight must be [num_embeddings, dim], got {}", weight.shape()),
+        ));
+    }
+    let mut shape: Vec<i64> = indices.dims().iter().map(|&d| d as i64).collect();
+    shape.push(weight.dims()[1] as i64);
+    let rows = weight.try_index_select(0, &indices.try_reshape(&[-1])?)?;
+    rows.try_reshape(&shape)
 }

@@ -17,6 +17,7 @@
 
 pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
 pub use super::conv::{Conv1dOptions, Conv2dOptions, conv1d, conv2d, try_conv1d, try_conv2d};
+pub use super::embedding::{embedding, try_embedding};
 pub use super::fold::{
     ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
     try_unfold, unfold,

@@ -347,6 +347,13 @@ impl Tensor {
         ok(self.random_like(RandomDist::Normal, "randn_like"))
     }
 
+    /// Uniform `[0, 1)` values of `shape` and `dtype`, drawn where `device` computes them.
+    #[track_caller]
+    pub(crate) fn rand_on(shape: Shape, dtype: DType, device: crate::Device) -> Result<Tensor> {
+        let key = crate::random::next_key();
+        Tensor::from_leaf_on(Op::Random { dist: RandomDist::Uniform, key }, shape, dtype, device)
+    }
+
     #[track_caller]
     fn random_like(&self, dist: RandomDist, op: &'static str) -> Result<Tensor> {
         if !self.dtype().is_float() {

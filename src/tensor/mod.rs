@@ -10,7 +10,9 @@ mod linalg;
 mod movement;
 mod read;
 mod reduce;
+mod sample;
 mod select;
+mod sort;
 mod special;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -291,8 +291,10 @@ impl Tensor {
         let mut dims = first.dims().to_vec();
         dims[axis] = tensors.iter().map(|t| t.dims()[axis]).sum();
         let shape = Shape::new(dims);
-        // Each piece is written into its slot of the result, starting from zeros.
-        let mut out = Tensor::full_dtype(shape.clone(), 0, dtype);
+        // Each piece is written into its slot of the result, starting from zeros on the
+        // pieces' device.
+        let zeros = Op::Full(kiln_ir::Scalar::I64(0));
+        let mut out = Tensor::from_leaf_on(zeros, shape.clone(), dtype, first.device())?;
         let mut offset = 0;
         for t in tensors {
             let len = t.dims()[axis];

@@ -58,6 +58,60 @@ impl Tensor {
         Tensor::where_(&one, &x, Tensor::where_(&saturated, &um1, &general))
     }
 
+    /// The arctangent, in `(-π/2, π/2)`: Cephes' `atan` (range reduction to `|t| ≤ 0.66`
+    /// through `tan(π/4)` and `tan(3π/8)`, then a rational function exact to double
+    /// precision), composed of elementwise primitives so that it fuses and vectorizes.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![0.5f64, -3.0, 1e300, 0.0], [4]);
+    /// let y = x.atan().to_vec::<f64>();
+    /// for (y, x) in y.iter().zip([0.5f64, -3.0, 1e300, 0.0]) {
+    ///     assert!((y - x.atan()).abs() <= 2.0 * f64::EPSILON * x.atan().abs(), "{y} {x}");
+    /// }
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn atan(&self) -> Tensor {
+        use std::f64::consts::{FRAC_PI_2, FRAC_PI_4};
+        const TAN_3PI_8: f64 = 2.414_213_562_373_095;
+        const MORE_BITS: f64 = 6.123_233_995_736_766e-17;
+        const P: [f64; 5] = [
+            -8.750_608_600_031_904e-1,
+            -1.615_753_718_733_365e1,
+            -7.500_855_792_314_705e1,
+            -1.228_866_684_490_136e2,
+            -6.485_021_904_942_025e1,
+        ];
+        const Q: [f64; 5] = [
+            2.485_846_490_142_306e1,
+            1.650_270_098_316_988_5e2,
+            4.328_810_604_912_903e2,
+            4.853_903_996_359_137e2,
+            1.945_506_571_482_614e2,
+        ];
+        let x = self.floating();
+        let a = x.abs();
+        let big = a.gt(TAN_3PI_8);
+        let mid = a.gt(0.66).logical_and(big.logical_not());
+        // The untaken branches' divisors are replaced first, so no branch divides by zero.
+        let inverse = -1.0 / Tensor::where_(&big, &a, 1.0);
+        let shifted = (&a - 1.0) / (&a + 1.0);
+        let t = Tensor::where_(&big, &inverse, Tensor::where_(&mid, &shifted, &a));
+        let z = t.square();
+        let p = P[1..].iter().fold(&z * P[0], |acc, &c| (acc + c) * &z);
+        let q = Q[1..].iter().fold(&z + Q[0], |acc, &c| acc * &z + c);
+        let r = &t + &t * p / q;
+        // Constants in x's dtype: a bare f64 scalar would make an f32 tensor.
+        let base = Tensor::where_(
+            &big,
+            x.full_like(FRAC_PI_2 + MORE_BITS),
+            Tensor::where_(&mid, x.full_like(FRAC_PI_4 + 0.5 * MORE_BITS), x.full_like(0.0)),
+        );
+        let y = base + r;
+        Tensor::where_(&x.lt(0.0), -&y, &y)
+    }
+
     /// The sigmoid-weighted linear unit `x·σ(x)` (SiLU, also called swish).
     ///
     /// ```
