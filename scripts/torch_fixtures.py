@@ -66,3 +66,47 @@ case("expm1", torch.expm1, a)
 case("rms_norm", lambda x, w: F.rms_norm(x, (7,), w), a, torch.randn(7))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_vision.safetensors")
 print(f"wrote {len(out)} tensors")
+
+# Attention and a whole pre-norm transformer block: tests/data/torch_transformer.safetensors.
+out = {}
+q, k, v = torch.randn(2, 3, 4, 5), torch.randn(2, 1, 6, 5), torch.randn(2, 1, 6, 7)
+float_mask = torch.randn(4, 6)
+bool_mask = torch.rand(2, 1, 4, 6) > 0.3
+bool_mask[..., 0] = True  # every query keeps a key
+out["sdpa_bool.mask"] = bool_mask
+out["sdpa_float.mask"] = float_mask.double()
+case("sdpa_plain", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)
+case("sdpa_float", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask.double(), scale=0.3), q, k, v)
+case("sdpa_bool", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask), q, k, v)
+qc = torch.randn(2, 3, 6, 5)
+case("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qc, k, v)
+
+E, H, T = 8, 2, 5
+ln1, ln2 = torch.nn.LayerNorm(E).double(), torch.nn.LayerNorm(E).double()
+mha = torch.nn.MultiheadAttention(E, H, batch_first=True).double()
+fc1, fc2 = torch.nn.Linear(E, 4 * E).double(), torch.nn.Linear(4 * E, E).double()
+with torch.no_grad():
+    for m in [ln1, ln2, mha, fc1, fc2]:
+        for p_ in m.parameters():
+            p_.copy_(torch.randn_like(p_) * 0.5)
+params = {"ln1": ln1, "attn": mha, "ln2": ln2, "fc1": fc1, "fc2": fc2}
+causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+
+
+def block(x):
+    h = ln1(x)
+    x = x + mha(h, h, h, attn_mask=causal, need_weights=False)[0]
+    return x + fc2(F.gelu(fc1(ln2(x)), approximate="tanh"))
+
+
+x = torch.randn(2, T, E).double().requires_grad_(True)
+y = block(x)
+r = torch.randn_like(y)
+named = [(f"{m}.{n}", p_) for m, mod in params.items() for n, p_ in mod.named_parameters()]
+grads = torch.autograd.grad((y * r).sum(), [x] + [p_ for _, p_ in named])
+out["block.x"], out["block.out"], out["block.r"], out["block.grad_x"] = x.detach(), y.detach(), r, grads[0]
+for (n, p_), g in zip(named, grads[1:]):
+    out[f"block.param.{n}"] = p_.detach().clone()
+    out[f"block.grad.{n}"] = g
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_transformer.safetensors")
+print(f"wrote {len(out)} tensors")

@@ -5,6 +5,7 @@ mod common;
 
 mod compile;
 
+mod attention;
 mod autograd;
 mod bad_inputs;
 mod checkpoint;

@@ -52,7 +52,7 @@ impl Module for Embedding {
     #[track_caller]
     fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {
         let _at = crate::origin::enter();
-        try_embedding(indices, &self.weight)
+        lookup("Embedding", indices, &self.weight)
     }
 }
 
@@ -85,15 +85,19 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
 /// 2-D; an index out of range fails when the rows are computed.
 #[track_caller]
 pub fn try_embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    lookup("embedding", indices, weight)
+}
+
+fn lookup(op: &'static str, indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
     if !indices.dtype().is_int() {
         return Err(Error::dtype(
-            "embedding",
+            op,
             format!("indices must be integers, got {}; convert them with .long()", indices.dtype()),
         ));
     }
     if weight.ndim() != 2 {
         return Err(Error::shape(
-            "embedding",
+            op,
             format!("the weight must be [num_embeddings, dim], got {}", weight.shape()),
         ));
     }

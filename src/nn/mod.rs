@@ -35,6 +35,7 @@
 //! ```
 
 mod activation;
+mod attention;
 mod batchnorm;
 mod conv;
 mod dropout;
@@ -49,6 +50,7 @@ mod resize;
 mod sequential;
 
 pub use activation::{ELU, GELU, GELUTanh, LeakyReLU, ReLU, SiLU, Sigmoid, Softplus, Tanh};
+pub use attention::MultiheadAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{Conv1d, Conv2d};
 pub use dropout::Dropout;

@@ -1,0 +1,277 @@
+//! Scaled dot-product attention and multi-head attention against an f64 loop and PyTorch,
+//! and a whole pre-norm transformer block's gradients against PyTorch.
+
+use std::collections::HashMap;
+
+use kiln::autograd::gradcheck;
+use kiln::nn::functional::{self as F, AttentionOptions};
+use kiln::nn::{LayerNorm, Linear, Module, MultiheadAttention, Parameters};
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// The mask of one score: `None` to keep it as is, `Some(add)` to add `add` (−∞ blocks).
+type MaskFn<'a> = &'a dyn Fn(&[usize], usize, usize) -> f64;
+
+/// `softmax(q kᵀ scale + mask) v` by loops over `[B, H, L, E]` operands broadcast from
+/// their own shapes.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    q: (&[f64], &[usize]),
+    k: (&[f64], &[usize]),
+    v: (&[f64], &[usize]),
+    batch: &[usize],
+    scale: f64,
+    mask: MaskFn<'_>,
+) -> Vec<f64> {
+    let r = q.1.len();
+    let (l, e, s, ev) = (q.1[r - 2], q.1[r - 1], k.1[r - 2], v.1[r - 1]);
+    let at = |t: (&[f64], &[usize]), b: &[usize], i: usize, j: usize| {
+        let mut idx: Vec<usize> =
+            b.iter().zip(t.1).map(|(&x, &d)| if d == 1 { 0 } else { x }).collect();
+        idx.extend([i, j]);
+        t.0[ravel(&idx, t.1)]
+    };
+    let mut out = Vec::new();
+    let n: usize = batch.iter().product();
+    for flat in 0..n {
+        let b = unravel(flat, batch);
+        for i in 0..l {
+            let scores: Vec<f64> = (0..s)
+                .map(|j| {
+                    (0..e).map(|c| at(q, &b, i, c) * at(k, &b, j, c)).sum::<f64>() * scale
+                        + mask(&b, i, j)
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = w.iter().sum();
+            for c in 0..ev {
+                out.push((0..s).map(|j| w[j] / z * at(v, &b, j, c)).sum());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_the_loop_with_broadcasts_masks_and_layouts() {
+    let mut rng = Rng::new(401);
+    let (qs, ks, vs) = ([2usize, 3, 4, 5], [2usize, 1, 6, 5], [1usize, 3, 6, 7]);
+    let data = |rng: &mut Rng, s: &[usize]| values(rng, s.iter().product(), DType::F64);
+    let (qd, kd, vd) = (data(&mut rng, &qs), data(&mut rng, &ks), data(&mut rng, &vs));
+    let float_mask = data(&mut rng, &[4, 6]);
+    let bool_mask: Vec<bool> =
+        (0..2 * 4 * 6).map(|i| i % 6 == 0 || rng.uniform(0.0, 1.0) > 0.4).collect();
+    for layout in LAYOUTS {
+        let q = make(&qd, &qs, DType::F64, layout);
+        let (k, v) = (make(&kd, &ks, DType::F64, layout), make(&vd, &vs, DType::F64, layout));
+        let none: MaskFn<'_> = &|_, _, _| 0.0;
+        let got = F::scaled_dot_product_attention(&q, &k, &v, None, false).to_vec::<f64>();
+        let want = reference((&qd, &qs), (&kd, &ks), (&vd, &vs), &[2, 3], 1.0 / 5f64.sqrt(), none);
+        assert_close_tol(&got, &want, 1e-12, &format!("plain {layout:?}"));
+
+        let fm = make(&float_mask, &[4, 6], DType::F64, layout);
+        let options =
+            AttentionOptions { attn_mask: Some(&fm), scale: Some(0.25), ..Default::default() };
+        let got = F::scaled_dot_product_attention_with(&q, &k, &v, options).to_vec::<f64>();
+        let add: MaskFn<'_> = &|_, i, j| float_mask[i * 6 + j];
+        let want = reference((&qd, &qs), (&kd, &ks), (&vd, &vs), &[2, 3], 0.25, add);
+        assert_close_tol(&got, &want, 1e-12, &format!("float mask {layout:?}"));
+
+        let bm = Tensor::from_vec(bool_mask.clone(), [2, 1, 4, 6]);
+        let got = F::scaled_dot_product_attention(&q, &k, &v, Some(&bm), false).to_vec::<f64>();
+        let block: MaskFn<'_> =
+            &|b, i, j| if bool_mask[b[0] * 24 + i * 6 + j] { 0.0 } else { f64::NEG_INFINITY };
+        let want = reference((&qd, &qs), (&kd, &ks), (&vd, &vs), &[2, 3], 1.0 / 5f64.sqrt(), block);
+        assert_close_tol(&got, &want, 1e-12, &format!("bool mask {layout:?}"));
+
+        // Causal, with fewer queries than keys: query i sees keys 0..=i.
+        let got = F::scaled_dot_product_attention(&q, &k, &v, None, true).to_vec::<f64>();
+        let causal: MaskFn<'_> = &|_, i, j| if j <= i { 0.0 } else { f64::NEG_INFINITY };
+        let want =
+            reference((&qd, &qs), (&kd, &ks), (&vd, &vs), &[2, 3], 1.0 / 5f64.sqrt(), causal);
+        assert_close_tol(&got, &want, 1e-12, &format!("causal {layout:?}"));
+    }
+}
+
+#[test]
+fn attention_passes_gradcheck() {
+    let mut rng = Rng::new(402);
+    let mk = |rng: &mut Rng, s: &[usize], layout| {
+        make(&values(rng, s.iter().product(), DType::F64), s, DType::F64, layout)
+    };
+    let q = mk(&mut rng, &[2, 3, 4], Layout::Permuted);
+    let k = mk(&mut rng, &[1, 5, 4], Layout::Sliced);
+    let v = mk(&mut rng, &[2, 5, 3], Layout::Contiguous);
+    let mask = mk(&mut rng, &[3, 5], Layout::Contiguous);
+    let inputs = [q, k, v];
+    gradcheck(
+        |t| F::scaled_dot_product_attention(&t[0], &t[1], &t[2], Some(&mask), false),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        |t| F::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}
+
+#[test]
+fn attention_errors_name_the_shapes_and_the_fix() {
+    let (q, k) = (Tensor::zeros([2, 4, 5]), Tensor::zeros([2, 6, 3]));
+    let err = F::try_scaled_dot_product_attention_with(&q, &k, &k, AttentionOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("[2, 4, 5]") && err.to_string().contains("feature"), "{err}");
+    let k = Tensor::zeros([2, 6, 5]);
+    let m = Tensor::ones([4, 6]);
+    let both = AttentionOptions { attn_mask: Some(&m), is_causal: true, ..Default::default() };
+    let err = F::try_scaled_dot_product_attention_with(&q, &k, &k, both).unwrap_err();
+    assert!(err.to_string().contains("not both"), "{err}");
+    let int_mask = Tensor::ones([4, 6]).long();
+    let bad = AttentionOptions { attn_mask: Some(&int_mask), ..Default::default() };
+    assert!(F::try_scaled_dot_product_attention_with(&q, &k, &k, bad).is_err());
+    assert!(MultiheadAttention::try_new(10, 3, 0.0, true).is_err());
+    let mha = MultiheadAttention::new(6, 2);
+    let err = mha.try_attend(&Tensor::zeros([2, 3, 5]), &k, &k, None, None, false).unwrap_err();
+    assert!(err.to_string().contains("[B, L, 6]"), "{err}");
+}
+
+#[test]
+fn a_padded_key_is_the_same_as_a_missing_key() {
+    kiln::manual_seed(3);
+    let mha = MultiheadAttention::new(8, 2);
+    let (q, kv) = (Tensor::randn([2, 3, 8]), Tensor::randn([2, 5, 8]));
+    let pad = Tensor::from_vec(
+        vec![false, false, false, false, true, false, false, false, false, true],
+        [2, 5],
+    );
+    let padded = mha.attend(&q, &kv, &kv, None, Some(&pad), false).to_vec::<f32>();
+    let short = kv.narrow(1, 0, 4);
+    let missing = mha.attend(&q, &short, &short, None, None, false).to_vec::<f32>();
+    assert_close_tol(
+        &padded.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        &missing.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        1e-6,
+        "key padding",
+    );
+    let unbatched = mha.forward(&q.narrow(0, 0, 1).squeeze(0));
+    assert_eq!(unbatched.dims(), [3, 8]);
+    let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]);
+}
+
+fn fixture() -> HashMap<String, Tensor> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/torch_transformer.safetensors");
+    kiln::serialize::load(&path).expect("the fixture file").into_iter().collect()
+}
+
+#[test]
+fn attention_agrees_with_pytorch_float64() {
+    let file = fixture();
+    let get =
+        |name: &str| file.get(name).unwrap_or_else(|| panic!("{name} is in the fixture")).clone();
+    let (float_mask, bool_mask) = (get("sdpa_float.mask"), get("sdpa_bool.mask"));
+    type Op<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
+    let cases: Vec<(&str, Op<'_>)> = vec![
+        (
+            "sdpa_plain",
+            Box::new(|i| F::scaled_dot_product_attention(&i[0], &i[1], &i[2], None, false)),
+        ),
+        (
+            "sdpa_float",
+            Box::new(|i| {
+                let o = AttentionOptions {
+                    attn_mask: Some(&float_mask),
+                    scale: Some(0.3),
+                    ..Default::default()
+                };
+                F::scaled_dot_product_attention_with(&i[0], &i[1], &i[2], o)
+            }),
+        ),
+        (
+            "sdpa_bool",
+            Box::new(|i| {
+                F::scaled_dot_product_attention(&i[0], &i[1], &i[2], Some(&bool_mask), false)
+            }),
+        ),
+        (
+            "sdpa_causal",
+            Box::new(|i| F::scaled_dot_product_attention(&i[0], &i[1], &i[2], None, true)),
+        ),
+    ];
+    for (name, op) in cases {
+        let inputs: Vec<Tensor> =
+            (0..3).map(|i| get(&format!("{name}.in{i}")).requires_grad_(true)).collect();
+        let y = op(&inputs);
+        assert_close_tol(
+            &y.to_vec::<f64>(),
+            &get(&format!("{name}.out")).to_vec::<f64>(),
+            1e-12,
+            name,
+        );
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let grads = kiln::grad(&[&(&y * &get(&format!("{name}.r"))).sum()], &refs, false);
+        for (i, g) in grads.iter().enumerate() {
+            let want = get(&format!("{name}.grad{i}")).to_vec::<f64>();
+            assert_close_tol(&g.to_vec::<f64>(), &want, 1e-12, &format!("{name} grad {i}"));
+        }
+    }
+}
+
+struct Block {
+    ln1: LayerNorm,
+    attn: MultiheadAttention,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+kiln::parameters!(Block { ln1, attn, ln2, fc1, fc2 });
+
+impl Block {
+    fn forward(&self, x: &Tensor, causal: &Tensor) -> Tensor {
+        let h = self.ln1.forward(x);
+        let x = x + self.attn.attend(&h, &h, &h, Some(causal), None, false);
+        &x + self.fc2.forward(&self.fc1.forward(&self.ln2.forward(&x)).gelu_tanh())
+    }
+}
+
+#[test]
+fn a_pre_norm_transformer_block_agrees_with_pytorch_float64() {
+    let file = fixture();
+    let get =
+        |name: &str| file.get(name).unwrap_or_else(|| panic!("{name} is in the fixture")).clone();
+    let (e, t) = (8, 5);
+    let mut block = Block {
+        ln1: LayerNorm::new(&[e]),
+        attn: MultiheadAttention::new(e, 2),
+        ln2: LayerNorm::new(&[e]),
+        fc1: Linear::new(e, 4 * e),
+        fc2: Linear::new(4 * e, e),
+    };
+    // PyTorch's weights, by PyTorch's names.
+    block.visit_mut("", &mut |name, p| {
+        *p = get(&format!("block.param.{name}")).requires_grad_(true);
+    });
+    let causal: Vec<bool> = (0..t * t).map(|i| i % t > i / t).collect();
+    let causal = Tensor::from_vec(causal, [t, t]);
+    let x = get("block.x").requires_grad_(true);
+    let y = block.forward(&x, &causal);
+    assert_close_tol(&y.to_vec::<f64>(), &get("block.out").to_vec::<f64>(), 1e-12, "block output");
+    (&y * &get("block.r")).sum().backward();
+    let gx = x.grad().expect("x's gradient").to_vec::<f64>();
+    assert_close_tol(&gx, &get("block.grad_x").to_vec::<f64>(), 1e-11, "block grad x");
+    let named = block.named_parameters();
+    assert_eq!(named.len(), 12);
+    for (name, p) in named {
+        let g = p.grad().unwrap_or_else(|| panic!("{name} has a gradient")).to_vec::<f64>();
+        assert_close_tol(&g, &get(&format!("block.grad.{name}")).to_vec::<f64>(), 1e-11, &name);
+    }
+}
