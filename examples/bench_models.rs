@@ -1,10 +1,16 @@
-//! Model-level benchmark W8: one training step of the CNN of `anchors/models.py w8` (1×32×32
+//! Model-level benchmarks. W7: one training step of the character-level GPT of
+//! `anchors/models.py w7` (vocabulary 96, 4 layers, d_model 128, 4 heads, context 64, batch
+//! 32, AdamW), in tokens per second. W8: one training step of the CNN of
+//! `anchors/models.py w8` (1×32×32
 //! inputs, batch 64, three conv–batch-norm–ReLU blocks with 16/32/64 channels and strides
 //! 1/2/2, adaptive average pooling, a linear head, SGD with momentum 0.9), in images per
 //! second: compiled, eager fused and eager unfused (one kernel per op). Also times a 3×3
 //! convolution over 64 channels at 32×32, forward and forward + backward.
 //!
 //! `cargo run --release --example bench_models` prints a table; `-- --json` prints JSON lines.
+
+#[path = "common/gpt.rs"]
+mod gpt;
 
 use std::cell::RefCell;
 use std::time::Instant;
@@ -13,7 +19,7 @@ use kiln::nn::functional::{self as F, Conv2dOptions};
 use kiln::nn::{
     AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, Module, Parameters, ReLU, Sequential,
 };
-use kiln::optim::{Optimizer, Sgd, SgdConfig};
+use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 
 const BATCH: usize = 64;
@@ -53,9 +59,67 @@ fn median_ms(reps: usize, block: usize, mut f: impl FnMut()) -> f64 {
     times[reps / 2]
 }
 
+/// W7: a GPT training step (AdamW lr 3e-4, weight decay 0.1 on every parameter, as the
+/// anchor), compiled, eager fused and eager unfused.
+fn w7(rows: &mut Vec<(String, &'static str, f64, String)>) {
+    const B: usize = 32;
+    kiln::manual_seed(0);
+    let model = gpt::Gpt::new(gpt::GptConfig::w7(96));
+    let t = model.config.context;
+    let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [B, t])).collect();
+    let ys: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [B, t])).collect();
+    for x in xs.iter().chain(&ys) {
+        x.realize();
+    }
+    let config = AdamConfig { lr: 3e-4, weight_decay: 0.1, ..AdamConfig::adamw() };
+    let opt = RefCell::new(AdamW::new(model.parameters(), config));
+    let step = |x: &Tensor, y: &Tensor| {
+        let mut opt = opt.borrow_mut();
+        opt.zero_grad();
+        let loss = model.loss(x, y);
+        loss.backward();
+        opt.step();
+        loss
+    };
+    let tokens = (B * t) as f64;
+    let mut i = 0;
+    let first = Instant::now();
+    let mut compiled = kiln::compile(|(x, y): (&Tensor, &Tensor)| step(x, y));
+    let l0 = compiled.call((&xs[0], &ys[0])).item::<f32>();
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    let ms = median_ms(5, 3, || {
+        compiled.call((&xs[i % 4], &ys[i % 4])).realize();
+        i += 1;
+    });
+    let l1 = compiled.call((&xs[0], &ys[0])).item::<f32>();
+    assert!(l1 < l0, "the W7 step should learn: {l0} -> {l1}");
+    let rate = |ms: f64| tokens / ms * 1e3;
+    rows.push((
+        "W7 GPT step".into(),
+        "compiled",
+        ms,
+        format!("{:.0} tokens/s (first call {first_ms:.0} ms)", rate(ms)),
+    ));
+    drop(compiled);
+    if std::env::var_os("KILN_W7_PROFILE").is_some() {
+        let (_, profile) = kiln::profile(|| step(&xs[0], &ys[0]).realize().clone());
+        eprintln!("{profile}");
+    }
+    for (variant, fused) in [("fused", true), ("unfused", false)] {
+        let ms = kiln::with_fusion(fused, || {
+            median_ms(3, 2, || {
+                step(&xs[i % 4], &ys[i % 4]).realize();
+                i += 1;
+            })
+        });
+        rows.push(("W7 GPT step".into(), variant, ms, format!("{:.0} tokens/s", rate(ms))));
+    }
+}
+
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let mut rows: Vec<(String, &str, f64, String)> = Vec::new();
+    w7(&mut rows);
     kiln::manual_seed(0);
     let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randn([BATCH, 1, 32, 32])).collect();
     let ys: Vec<Tensor> =

@@ -275,3 +275,119 @@ fn a_pre_norm_transformer_block_agrees_with_pytorch_float64() {
         assert_close_tol(&g, &get(&format!("block.grad.{name}")).to_vec::<f64>(), 1e-11, &name);
     }
 }
+
+#[test]
+fn fused_attention_matches_the_composite_path_in_every_dtype() {
+    let mut rng = Rng::new(403);
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for causal in [false, true] {
+            // Odd sizes across tile edges: 70 queries, 131 keys.
+            let (qs, ks, vs) = ([2usize, 70, 12], [2usize, 131, 12], [2usize, 131, 5]);
+            let data: Vec<Vec<f64>> = [&qs[..], &ks, &vs]
+                .iter()
+                .map(|s| {
+                    values(&mut rng, s.iter().product(), DType::F64)
+                        .iter()
+                        .map(|&v| round_to(dtype, v))
+                        .collect()
+                })
+                .collect();
+            let shapes = [&qs[..], &ks, &vs];
+            let mk = |d: DType| -> Vec<Tensor> {
+                data.iter().zip(shapes).map(|(x, s)| tensor(x, s, d).requires_grad_(true)).collect()
+            };
+            // The fused op in `dtype` against the composite path in f64 on the same values.
+            let (low, high) = (mk(dtype), mk(DType::F64));
+            let fused = F::scaled_dot_product_attention(&low[0], &low[1], &low[2], None, causal);
+            let mask = if causal {
+                Tensor::from_vec(
+                    (0..70 * 131).map(|i| i % 131 <= i / 131).collect::<Vec<_>>(),
+                    [70, 131],
+                )
+            } else {
+                Tensor::ones([70, 131]).bool()
+            };
+            let composite =
+                F::scaled_dot_product_attention(&high[0], &high[1], &high[2], Some(&mask), false);
+            let tol = match dtype {
+                DType::F64 => 1e-12,
+                DType::F32 => 2e-5,
+                _ => 2e-2,
+            };
+            let ctx = format!("{dtype:?} causal {causal}");
+            assert_close_tol(&read(&fused, dtype), &composite.to_vec::<f64>(), tol, &ctx);
+            let r: Vec<f64> = values(&mut rng, 2 * 70 * 5, DType::F64)
+                .iter()
+                .map(|&v| round_to(dtype, v))
+                .collect();
+            let gf = kiln::grad(
+                &[&(&fused * &tensor(&r, &[2, 70, 5], dtype)).sum()],
+                &low.iter().collect::<Vec<_>>(),
+                false,
+            );
+            let gc = kiln::grad(
+                &[&(&composite * &tensor(&r, &[2, 70, 5], DType::F64)).sum()],
+                &high.iter().collect::<Vec<_>>(),
+                false,
+            );
+            for (i, (a, b)) in gf.iter().zip(&gc).enumerate() {
+                assert_close_tol(
+                    &read(a, dtype),
+                    &b.to_vec::<f64>(),
+                    tol * 4.0,
+                    &format!("{ctx} grad {i}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_profile_names_the_path_and_long_contexts_never_store_the_score_matrix() {
+    kiln::manual_seed(4);
+    let (t, e) = (2048usize, 32usize);
+    let q = Tensor::randn([1, 2, t, e]).requires_grad_(true);
+    let (k, v) = (
+        Tensor::randn([1, 2, t, e]).requires_grad_(true),
+        Tensor::randn([1, 2, t, e]).requires_grad_(true),
+    );
+    for x in [&q, &k, &v] {
+        x.realize();
+    }
+    let ((), profile) = kiln::profile(|| {
+        let y = F::scaled_dot_product_attention(&q, &k, &v, None, true);
+        let grads = kiln::grad(&[&y.square().sum()], &[&q, &k, &v], false);
+        Tensor::try_realize_all(&grads.iter().collect::<Vec<_>>()).unwrap();
+    });
+    let names: Vec<String> = profile.kernels().iter().map(|k| k.name.clone()).collect();
+    assert!(
+        names.iter().any(|n| n == "attention") && names.iter().any(|n| n == "attention_grad"),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n == "matmul"), "{names:?}");
+    let scores = (2 * t * t * 4) as u64; // the 2 heads' 2048² f32 score matrices
+    let peak = profile.peak_memory().peak_bytes;
+    assert!(peak < scores / 4, "peak {peak} bytes; the score matrices alone are {scores}");
+
+    // With a mask, the composite path: products and a stored score matrix.
+    let (qs, ks) = (q.narrow(2, 0, 64), k.narrow(2, 0, 64));
+    let mask = Tensor::zeros([64, 64]);
+    let (_, profile) = kiln::profile(|| {
+        F::scaled_dot_product_attention(&qs, &ks, &ks, Some(&mask), false).realize().clone()
+    });
+    assert!(profile.kernels().iter().any(|k| k.name == "matmul"));
+}
+
+#[test]
+fn gradients_of_gradients_through_fused_attention_are_an_error_that_names_the_fix() {
+    let q = Tensor::randn([1, 4, 8]).double().requires_grad_(true);
+    let y = F::scaled_dot_product_attention(&q, &q, &q, None, false).sum();
+    let g = kiln::grad(&[&y], &[&q], true).remove(0);
+    let err = kiln::try_grad(&[&g.sum()], &[&q], false).unwrap_err().to_string();
+    assert!(err.contains("attn_mask"), "{err}");
+    // The composite path (a zero float mask) differentiates twice.
+    let zero = Tensor::zeros([4, 4]).double();
+    let y = F::scaled_dot_product_attention(&q, &q, &q, Some(&zero), false).sum();
+    let g = kiln::grad(&[&y], &[&q], true).remove(0);
+    assert!(kiln::try_grad(&[&g.sum()], &[&q], false).is_ok());
+}

@@ -860,3 +860,25 @@ fn ordering_sampling_and_norms_on_the_gpu_match_the_cpu() {
     assert_eq!(got_i, want_i);
     assert_eq!(got_d, want_d, "the same seed draws the same samples on both devices");
 }
+
+#[test]
+fn fused_attention_on_the_gpu_matches_the_cpu() {
+    use kiln::nn::functional as F;
+    let Some((gpu, _lock)) = gpu_or_skip("fused_attention_on_the_gpu_matches_the_cpu") else {
+        return;
+    };
+    let mut rng = Rng::new(810);
+    let q = tensor(&values(&mut rng, 2 * 9 * 4, DType::F64), &[2, 9, 4], DType::F64);
+    let k = tensor(&values(&mut rng, 2 * 11 * 4, DType::F64), &[2, 11, 4], DType::F64);
+    let run = |q: &Tensor, k: &Tensor| {
+        let (q, k) = (q.requires_grad_(true), k.requires_grad_(true));
+        let y = F::scaled_dot_product_attention(&q, &k, &k, None, true);
+        let g = kiln::grad(&[&y.square().sum()], &[&q, &k], false);
+        (y.to_vec::<f64>(), g[0].to_vec::<f64>(), g[1].to_vec::<f64>())
+    };
+    let want = run(&q, &k);
+    let got = run(&q.to(gpu).detach(), &k.to(gpu).detach());
+    assert_close_tol(&got.0, &want.0, 1e-12, "values");
+    assert_close_tol(&got.1, &want.1, 1e-12, "dq");
+    assert_close_tol(&got.2, &want.2, 1e-12, "dk");
+}

@@ -48,6 +48,16 @@ pub fn vjp<B: GradBuilder>(
         Op::Input | Op::Full(_) | Op::Random { .. } => Vec::new(),
         // Positions are integers: no gradient (the sorted values get theirs through gather).
         Op::ArgSort { .. } => vec![None],
+        Op::Attention { causal, scale } => r.attention(*causal, *scale, inputs, g)?,
+        Op::AttentionGrad { .. } => {
+            return Err(IrError::InvalidGraph(
+                "the fused attention's backward has no gradient of its own: for gradients of \
+                 gradients through attention, pass an attn_mask (a float mask of zeros keeps \
+                 the scores) so that scaled_dot_product_attention takes its composite path"
+                    .into(),
+            )
+            .into());
+        }
         Op::Unary(u) => vec![r.unary(*u, &inputs[0], g)?],
         Op::Binary(bop) => {
             let (x, y) = (&inputs[0], &inputs[1]);
@@ -145,6 +155,7 @@ pub fn vjp<B: GradBuilder>(
 pub fn is_differentiable(op: &Op) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
+        Op::Attention { .. } | Op::AttentionGrad { .. } => true,
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
@@ -167,6 +178,7 @@ pub fn is_differentiable(op: &Op) -> bool {
 pub fn reads_input(op: &Op, i: usize) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
+        Op::Attention { .. } | Op::AttentionGrad { .. } => true,
         Op::Unary(u) => !matches!(
             u,
             UnaryOp::Neg | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not
@@ -183,6 +195,35 @@ pub fn reads_input(op: &Op, i: usize) -> bool {
 /// The rules, with small helpers that keep them readable.
 struct Rules<'a, B: GradBuilder> {
     b: &'a mut B,
+}
+
+impl<B: GradBuilder> Rules<'_, B> {
+    /// `dq`, `dk`, `dv` of fused attention: one packed gradient op, then a view of each part.
+    fn attention(
+        &mut self,
+        causal: bool,
+        scale: u64,
+        inputs: &[B::Node],
+        g: B::Node,
+    ) -> Result<Vec<Option<B::Node>>, B::Error> {
+        let mut args = inputs.to_vec();
+        args.push(g);
+        let packed = self.b.op(Op::AttentionGrad { causal, scale }, &args)?;
+        let packed_shape = self.b.shape(&packed);
+        let mut start = 0;
+        let mut parts = Vec::new();
+        for x in inputs {
+            let shape = self.b.shape(x);
+            let (n, rows, cols) = (shape.dims()[0], shape.dims()[1], shape.dims()[2]);
+            let view = crate::View::contiguous(packed_shape.clone())
+                .narrow(1, start, rows * cols)
+                .reshape(&Shape::new(vec![n, rows, cols]))
+                .expect("a narrowed row splits into rows");
+            start += rows * cols;
+            parts.push(Some(self.b.op(Op::View(view), std::slice::from_ref(&packed))?));
+        }
+        Ok(parts)
+    }
 }
 
 impl<B: GradBuilder> Rules<'_, B> {

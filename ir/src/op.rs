@@ -187,6 +187,25 @@ pub enum Op {
     },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
+    /// Fused attention `softmax(q·kᵀ·scale [causal])·v` over dense `q [N, L, E]`,
+    /// `k [N, S, E]`, `v [N, S, Ev]`, giving `[N, L, Ev]`, computed tile by tile with an
+    /// online softmax so that no `L×S` matrix is stored. With `causal`, query `i` sees keys
+    /// `0..=i`.
+    Attention {
+        /// Mask keys after the query.
+        causal: bool,
+        /// The score scale, as `f64` bits (so the op hashes and compares exactly).
+        scale: u64,
+    },
+    /// The gradients of [`Op::Attention`] for `(q, k, v, dout)`, packed as
+    /// `[N, L·E + S·E + S·Ev]` (`dq`, `dk`, `dv` row-major per batch entry), recomputing the
+    /// scores tile by tile.
+    AttentionGrad {
+        /// As the forward op's.
+        causal: bool,
+        /// As the forward op's.
+        scale: u64,
+    },
     /// The `I64` positions that sort each line along `axis` (a stable argsort: equal
     /// elements keep their order). NaN sorts above every number, as in PyTorch.
     ArgSort {
@@ -218,6 +237,8 @@ impl Op {
             Op::CumSum { .. } => "cumsum",
             Op::MatMul => "matmul",
             Op::ArgSort { .. } => "argsort",
+            Op::Attention { .. } => "attention",
+            Op::AttentionGrad { .. } => "attention_grad",
         }
     }
 
@@ -266,7 +287,8 @@ impl Op {
             | Op::CumSum { .. }
             | Op::ArgSort { .. } => 1,
             Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } => 2,
-            Op::Where | Op::Scatter { .. } => 3,
+            Op::Where | Op::Scatter { .. } | Op::Attention { .. } => 3,
+            Op::AttentionGrad { .. } => 4,
         }
     }
 
@@ -409,6 +431,20 @@ impl Op {
                 Ok((shape.clone(), dtype))
             }
             Op::MatMul => infer_matmul(inputs),
+            Op::Attention { .. } => {
+                let (n, l, _, _, ev) = infer_attention("attention", &inputs[..3])?;
+                Ok((Shape::new(vec![n, l, ev]), inputs[0].1))
+            }
+            Op::AttentionGrad { .. } => {
+                let (n, l, e, s, ev) = infer_attention("attention_grad", &inputs[..3])?;
+                if inputs[3] != (&Shape::new(vec![n, l, ev]), inputs[0].1) {
+                    return Err(IrError::InvalidGraph(format!(
+                        "attention_grad's output gradient is {} {}, not [{n}, {l}, {ev}]",
+                        inputs[3].0, inputs[3].1
+                    )));
+                }
+                Ok((Shape::new(vec![n, l * e + s * e + s * ev]), inputs[0].1))
+            }
             Op::ArgSort { axis, .. } => {
                 let (shape, _) = inputs[0];
                 if *axis >= shape.rank() {
@@ -596,6 +632,37 @@ fn infer_scatter(
 }
 
 /// [`Op::infer`] of `matmul`.
+/// `(N, L, E, S, Ev)` of dense attention operands `q [N, L, E]`, `k [N, S, E]`,
+/// `v [N, S, Ev]` of one float dtype.
+fn infer_attention(
+    op: &'static str,
+    inputs: &[(&Shape, DType)],
+) -> Result<(usize, usize, usize, usize, usize), IrError> {
+    let [(q, dq), (k, dk), (v, dv)] = inputs else {
+        return Err(IrError::InvalidGraph(format!("{op} takes q, k and v")));
+    };
+    if !(dq.is_float() && dq == dk && dq == dv) {
+        return Err(IrError::dtype(
+            op,
+            format!("takes q, k, v of one float dtype, got {dq}, {dk}, {dv}"),
+        ));
+    }
+    let fits = q.rank() == 3
+        && k.rank() == 3
+        && v.rank() == 3
+        && q.dims()[0] == k.dims()[0]
+        && k.dims()[0] == v.dims()[0]
+        && q.dims()[2] == k.dims()[2]
+        && k.dims()[1] == v.dims()[1];
+    if !fits {
+        return Err(IrError::shape(
+            op,
+            format!("needs q [N, L, E], k [N, S, E], v [N, S, Ev], got {q}, {k}, {v}"),
+        ));
+    }
+    Ok((q.dims()[0], q.dims()[1], q.dims()[2], k.dims()[1], v.dims()[2]))
+}
+
 fn infer_matmul(inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
     let (sa, da) = inputs[0];
     let (sb, db) = inputs[1];

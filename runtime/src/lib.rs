@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+mod attention;
 mod buffer;
 pub mod cache;
 pub mod cuda;

@@ -47,6 +47,14 @@ pub(crate) fn eval(
         ),
         Op::Assign(view) => Some(assign(args[0], view, args[1]).map_err(at)),
         Op::CumSum { axis } => Some(cumsum(args[0], &node.shape, *axis).map_err(at)),
+        Op::Attention { causal, scale } => Some(
+            attention(args, &node.op, shape_of(0), shape_of(1), shape_of(2), *causal, *scale)
+                .map_err(at),
+        ),
+        Op::AttentionGrad { causal, scale } => Some(
+            attention(args, &node.op, shape_of(0), shape_of(1), shape_of(2), *causal, *scale)
+                .map_err(at),
+        ),
         Op::ArgSort { axis, descending } => {
             Some(argsort(args[0], &node.shape, *axis, *descending).map_err(at))
         }
@@ -78,7 +86,7 @@ fn gather(
     axis: usize,
 ) -> Result<Buffer, RuntimeError> {
     let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
-    let targets = reference::index_targets("gather", axis, x_shape, index_shape, &values)?;
+    let targets = index_targets("gather", axis, x_shape, index_shape, &values)?;
     with_element_type!(x.dtype(), T => {
         let x = x.as_slice::<T>().expect("the buffer's own element type");
         Buffer::from_iter(targets.len(), targets.iter().map(|&t| x[t]))
@@ -130,8 +138,9 @@ fn scatter(
 ) -> Result<Buffer, RuntimeError> {
     let name = if accumulate { "scatter_add" } else { "scatter" };
     let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
-    let targets = reference::index_targets(name, axis, base_shape, index_shape, &values)?;
-    let positions = reference::src_positions(index_shape, src_shape);
+    let targets = index_targets(name, axis, base_shape, index_shape, &values)?;
+    let mut positions = Vec::with_capacity(targets.len());
+    for_each_offset(&reference::src_positions(index_shape, src_shape), |_, p| positions.push(p));
     let dtype = match base {
         Base::Buffer(b) => b.dtype(),
         Base::Fill(_, dtype) => dtype,
@@ -139,16 +148,17 @@ fn scatter(
     with_element_type!(dtype, T => {
         let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
         let edit = |out: &mut [T]| {
-        let pairs = targets.iter().zip(positions.offsets());
+        let pairs = targets.iter().zip(positions.iter().copied());
         match T::DTYPE.category() {
             kiln_ir::Category::Float if accumulate => {
-                let mut sums: std::collections::HashMap<usize, f64> = Default::default();
+                // Every float dtype converts to f64 and back exactly, so untouched elements
+                // keep their values and touched ones are rounded once.
+                let mut sums: Vec<f64> = out.iter().map(|v| v.to_scalar().to_f64()).collect();
                 for (&t, p) in pairs {
-                    let start = out[t].to_scalar().to_f64();
-                    *sums.entry(t).or_insert(start) += src[p].to_scalar().to_f64();
+                    sums[t] += src[p].to_scalar().to_f64();
                 }
-                for (t, v) in sums {
-                    out[t] = T::from_scalar(Scalar::F64(v));
+                for (slot, v) in out.iter_mut().zip(sums) {
+                    *slot = T::from_scalar(Scalar::F64(v));
                 }
             }
             kiln_ir::Category::Int if accumulate => {
@@ -172,6 +182,37 @@ fn scatter(
             }
         }
     })
+}
+
+/// For each position of `index` (row-major), the flat offset in a dense tensor of shape `x`
+/// it selects: the position with coordinate `axis` replaced by the index value (what
+/// `reference::index_targets` computes, with an odometer instead of per-element division).
+fn index_targets(
+    op: &'static str,
+    axis: usize,
+    x: &Shape,
+    index: &Shape,
+    values: &[i64],
+) -> Result<Vec<usize>, RuntimeError> {
+    let size = x.dims()[axis];
+    let mut strides = x.contiguous_strides();
+    let axis_stride = strides[axis] as usize;
+    strides[axis] = 0;
+    let mut out = Vec::with_capacity(values.len());
+    let mut bad = None;
+    for_each_offset(&View::from_parts(index.clone(), strides, 0), |i, base| {
+        let v = values[i];
+        if v < 0 || v as usize >= size {
+            bad.get_or_insert(v);
+            out.push(0);
+        } else {
+            out.push(base + v as usize * axis_stride);
+        }
+    });
+    match bad {
+        Some(index) => Err(RuntimeError::IndexOutOfRange { op, index, axis, size }),
+        None => Ok(out),
+    }
 }
 
 /// A buffer of `len` elements `value` with `edit` applied.
@@ -284,6 +325,61 @@ fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError
         }
         })
     })
+}
+
+/// Fused attention (`Op::Attention`) or its packed gradients (`Op::AttentionGrad`) over
+/// dense `f32`/`f64` operands.
+fn attention(
+    args: &[&Buffer],
+    op: &Op,
+    q: &Shape,
+    k: &Shape,
+    v: &Shape,
+    causal: bool,
+    scale: u64,
+) -> Result<Buffer, RuntimeError> {
+    use crate::attention::{Dims, backward, forward};
+    let d = Dims {
+        n: q.dims()[0],
+        l: q.dims()[1],
+        e: q.dims()[2],
+        s: k.dims()[1],
+        ev: v.dims()[2],
+        causal,
+        scale: f64::from_bits(scale),
+    };
+    let grad = matches!(op, Op::AttentionGrad { .. });
+    macro_rules! run {
+        ($t:ty) => {{
+            let slice =
+                |i: usize| args[i].as_slice::<$t>().expect("attention's operands share a dtype");
+            let out = if grad {
+                backward(slice(0), slice(1), slice(2), slice(3), &d)
+            } else {
+                forward(slice(0), slice(1), slice(2), &d)
+            };
+            Buffer::from_slice(&out)
+        }};
+    }
+    match args[0].dtype() {
+        DType::F32 => run!(f32),
+        DType::F64 => run!(f64),
+        // The 16-bit floats, in f32.
+        _ => {
+            let widened: Vec<Vec<f32>> = args
+                .iter()
+                .map(|b| b.gather::<f32>(&View::contiguous(Shape::from([b.len()]))))
+                .collect();
+            let out = if grad {
+                backward(&widened[0], &widened[1], &widened[2], &widened[3], &d)
+            } else {
+                forward(&widened[0], &widened[1], &widened[2], &d)
+            };
+            with_element_type!(args[0].dtype(), T => {
+                Buffer::from_iter(out.len(), out.iter().map(|&x| T::from_scalar(Scalar::F64(f64::from(x)))))
+            })
+        }
+    }
 }
 
 /// The stable argsort of every line along `axis`: NaN above every number, -0 equal to +0.

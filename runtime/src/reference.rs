@@ -306,6 +306,15 @@ fn eval(
             out
         }
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
+            let f = |i: usize| match args[i] {
+                Values::F(v) => v.as_slice(),
+                _ => unreachable!("attention takes floats"),
+            };
+            let dims = (shapes[0].dims(), shapes[1].dims(), shapes[2].dims());
+            let grad = matches!(op, Op::AttentionGrad { .. });
+            Values::F(attention(f, dims, *causal, f64::from_bits(*scale), grad))
+        }
         Op::ArgSort { axis, descending } => {
             let stride = shape.contiguous_strides()[*axis] as usize;
             let len = shape.dims()[*axis];
@@ -337,6 +346,57 @@ fn eval(
             Values::I(out)
         }
     })
+}
+
+/// Attention by its definition, with the whole score matrix: the output, or (with `grad`)
+/// the packed `[dq | dk | dv]` per batch entry for the output gradient `f(3)`.
+fn attention<'a>(
+    f: impl Fn(usize) -> &'a [f64],
+    (qd, kd, vd): (&[usize], &[usize], &[usize]),
+    causal: bool,
+    scale: f64,
+    grad: bool,
+) -> Vec<f64> {
+    let (n, l, e, s, ev) = (qd[0], qd[1], qd[2], kd[1], vd[2]);
+    let (q, k, v) = (f(0), f(1), f(2));
+    let per = if grad { l * e + s * e + s * ev } else { l * ev };
+    let mut out = vec![0.0; n * per];
+    for b in 0..n {
+        let qi = |i: usize, c: usize| q[(b * l + i) * e + c];
+        let kj = |j: usize, c: usize| k[(b * s + j) * e + c];
+        let vj = |j: usize, c: usize| v[(b * s + j) * ev + c];
+        let o = &mut out[b * per..(b + 1) * per];
+        for i in 0..l {
+            let keys = if causal { (i + 1).min(s) } else { s };
+            let sc: Vec<f64> = (0..keys)
+                .map(|j| (0..e).map(|c| qi(i, c) * kj(j, c)).sum::<f64>() * scale)
+                .collect();
+            let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            let p: Vec<f64> = sc.iter().map(|x| (x - m).exp() / z).collect();
+            if !grad {
+                for c in 0..ev {
+                    o[i * ev + c] = (0..keys).map(|j| p[j] * vj(j, c)).sum();
+                }
+                continue;
+            }
+            let dout = |c: usize| f(3)[(b * l + i) * ev + c];
+            let dp: Vec<f64> =
+                (0..keys).map(|j| (0..ev).map(|c| dout(c) * vj(j, c)).sum()).collect();
+            let d: f64 = (0..keys).map(|j| p[j] * dp[j]).sum();
+            for j in 0..keys {
+                let ds = p[j] * (dp[j] - d) * scale;
+                for c in 0..e {
+                    o[i * e + c] += ds * kj(j, c);
+                    o[l * e + j * e + c] += ds * qi(i, c);
+                }
+                for c in 0..ev {
+                    o[l * e + s * e + j * ev + c] += p[j] * dout(c);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// For each position of `index` (row-major), the flat offset in a dense tensor of shape `x`

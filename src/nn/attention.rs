@@ -1,10 +1,14 @@
 //! Scaled dot-product attention and multi-head attention.
 //!
-//! [`scaled_dot_product_attention`] is composed of kiln's primitives: a batched product
-//! for the scores, one fused kernel for scale, mask and softmax, and a batched product
-//! with the values. The `[.., L, S]` score matrix is therefore stored (once, and once more
-//! for the backward pass); a fused flash-attention kernel that keeps it in tiles is not
-//! built yet, so memory grows with the square of the sequence length.
+//! [`scaled_dot_product_attention`] runs **fused** when there is no mask other than
+//! `is_causal` and no dropout: one attention op over tiles of queries and keys with an
+//! online softmax (flash attention), whose backward recomputes the scores tile by tile, so
+//! the `[.., L, S]` score matrix is never stored and memory grows linearly with the
+//! sequence. On the CPU it is a parallel tiled kernel; on a GPU it currently runs over host
+//! copies, which the profile shows as host work. With an `attn_mask` or dropout it is
+//! composed of kiln's primitives instead (a batched product, one fused scale–mask–softmax
+//! kernel, a batched product), which stores the score matrix; the profile names the path
+//! (`attention` or `matmul`).
 
 use super::dropout::Dropout;
 use super::functional::try_dropout;
@@ -121,6 +125,10 @@ pub fn try_scaled_dot_product_attention_with(
     }
     let (l, s) = (last(q, 2), last(k, 2));
     let scale = options.scale.unwrap_or(1.0 / (last(q, 1) as f64).sqrt());
+    let same_dtype = q.dtype() == k.dtype() && k.dtype() == v.dtype();
+    if options.attn_mask.is_none() && options.dropout_p == 0.0 && same_dtype {
+        return fused(q, k, v, options.is_causal, scale);
+    }
     let scores = q.try_matmul(&k.try_transpose(-2, -1)?)? * scale;
     let scores = if options.is_causal {
         let rows = Tensor::try_arange(0i64, l as i64, 1)?.try_reshape(&[l as i64, 1])?;
@@ -148,6 +156,27 @@ pub fn try_scaled_dot_product_attention_with(
         weights
     };
     weights.try_matmul(v)
+}
+
+/// The fused attention op over the operands broadcast to one batch shape and flattened to
+/// `[N, L, E]`.
+fn fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+    let lead = |t: &Tensor| crate::Shape::new(t.dims()[..t.ndim() - 2].to_vec());
+    let batch = lead(q)
+        .broadcast(&lead(k), "scaled_dot_product_attention")?
+        .broadcast(&lead(v), "scaled_dot_product_attention")?;
+    let n = batch.numel() as i64;
+    let flat = |t: &Tensor| -> Result<Tensor> {
+        let (rows, cols) = (t.dims()[t.ndim() - 2] as i64, t.dims()[t.ndim() - 1] as i64);
+        let mut dims: Vec<i64> = batch.dims().iter().map(|&d| d as i64).collect();
+        dims.extend([rows, cols]);
+        t.try_expand(&dims)?.try_reshape(&[n, rows, cols])
+    };
+    let op = kiln_ir::Op::Attention { causal, scale: scale.to_bits() };
+    let out = Tensor::from_op(op, &[&flat(q)?, &flat(k)?, &flat(v)?])?;
+    let mut dims: Vec<i64> = batch.dims().iter().map(|&d| d as i64).collect();
+    dims.extend([q.dims()[q.ndim() - 2] as i64, v.dims()[v.ndim() - 1] as i64]);
+    out.try_reshape(&dims)
 }
 
 /// Multi-head attention, as PyTorch's `nn.MultiheadAttention` with `batch_first=True`:

@@ -1,0 +1,295 @@
+//! Fused attention on the CPU, flash-attention style: queries in tiles of `ROWS` against
+//! keys in tiles of `COLS`, with a running maximum and sum per query (an online softmax),
+//! so that memory stays `O(tile²)` per thread instead of `O(L·S)`. The backward pass
+//! recomputes the scores tile by tile: one pass for each query's log-sum-exp and
+//! `D = dout·out`, one over query tiles for `dq`, one over key tiles for `dk` and `dv` (so
+//! no two threads write the same gradient row).
+
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
+
+use rayon::prelude::*;
+
+const ROWS: usize = 32;
+const COLS: usize = 64;
+
+/// The float types the kernels run in.
+pub(crate) trait Real:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + AddAssign
+    + MulAssign
+    + 'static
+{
+    const ZERO: Self;
+    const NEG_INF: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn of(v: f64) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: $t = 0.0;
+            const NEG_INF: $t = <$t>::NEG_INFINITY;
+            fn exp(self) -> $t {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> $t {
+                <$t>::ln(self)
+            }
+            fn of(v: f64) -> $t {
+                v as $t
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+/// The sizes of one attention problem: `q [n, l, e]`, `k [n, s, e]`, `v [n, s, ev]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub(crate) n: usize,
+    pub(crate) l: usize,
+    pub(crate) e: usize,
+    pub(crate) s: usize,
+    pub(crate) ev: usize,
+    pub(crate) causal: bool,
+    pub(crate) scale: f64,
+}
+
+impl Dims {
+    /// The keys query `row` sees: `0..end`.
+    fn keys_of(&self, row: usize) -> usize {
+        if self.causal { (row + 1).min(self.s) } else { self.s }
+    }
+}
+
+/// Rows `c0..c1` of `x` (`width` columns) transposed into `out[col * COLS + row]`.
+fn transpose_tile<T: Real>(x: &[T], width: usize, c0: usize, c1: usize, out: &mut [T]) {
+    for (cc, row) in x[c0 * width..c1 * width].chunks_exact(width).enumerate() {
+        for (f, &v) in row.iter().enumerate() {
+            out[f * COLS + cc] = v;
+        }
+    }
+}
+
+/// `scores[cc] = scale · q_row · k[c0 + cc]` for the first `w` keys of a tile whose keys
+/// are transposed in `kt`: the inner loop runs over keys, so it vectorizes.
+fn scores<T: Real>(q_row: &[T], kt: &[T], scale: T, w: usize, out: &mut [T]) {
+    out[..w].iter_mut().for_each(|s| *s = T::ZERO);
+    for (f, &qv) in q_row.iter().enumerate() {
+        let qv = qv * scale;
+        for (s, &kv) in out[..w].iter_mut().zip(&kt[f * COLS..f * COLS + w]) {
+            *s += qv * kv;
+        }
+    }
+}
+
+/// The output rows `r0..r1` of batch entry `b`, with each row's log-sum-exp.
+fn forward_tile<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d: &Dims,
+    b: usize,
+    r0: usize,
+    r1: usize,
+) -> (Vec<T>, Vec<T>) {
+    let (e, ev) = (d.e, d.ev);
+    let scale = T::of(d.scale);
+    let (q, k, v) = (&q[b * d.l * e..], &k[b * d.s * e..], &v[b * d.s * ev..]);
+    let rows = r1 - r0;
+    let mut m = vec![T::NEG_INF; rows];
+    let mut sum = vec![T::ZERO; rows];
+    let mut acc = vec![T::ZERO; rows * ev];
+    let mut kt = vec![T::ZERO; e * COLS];
+    let mut srow = vec![T::ZERO; COLS];
+    let key_end = d.keys_of(r1 - 1);
+    for c0 in (0..key_end).step_by(COLS) {
+        let c1 = (c0 + COLS).min(key_end);
+        transpose_tile(k, e, c0, c1, &mut kt);
+        for r in r0..r1 {
+            let end = d.keys_of(r).min(c1);
+            if end <= c0 {
+                continue;
+            }
+            let w = end - c0;
+            let i = r - r0;
+            scores(&q[r * e..(r + 1) * e], &kt, scale, w, &mut srow);
+            let tile_max =
+                srow[..w].iter().copied().fold(T::NEG_INF, |a, b| if b > a { b } else { a });
+            let m_new = if tile_max > m[i] { tile_max } else { m[i] };
+            let correction = (m[i] - m_new).exp();
+            sum[i] *= correction;
+            let out = &mut acc[i * ev..(i + 1) * ev];
+            out.iter_mut().for_each(|o| *o *= correction);
+            for (cc, &sc) in srow[..w].iter().enumerate() {
+                let p = (sc - m_new).exp();
+                sum[i] += p;
+                for (o, &vv) in out.iter_mut().zip(&v[(c0 + cc) * ev..(c0 + cc + 1) * ev]) {
+                    *o += p * vv;
+                }
+            }
+            m[i] = m_new;
+        }
+    }
+    let mut lse = vec![T::ZERO; rows];
+    for i in 0..rows {
+        acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o = *o / sum[i]);
+        lse[i] = m[i] + sum[i].ln();
+    }
+    (acc, lse)
+}
+
+/// Query tiles of every batch entry: `(b, r0, r1)`.
+fn query_tiles(d: &Dims) -> Vec<(usize, usize, usize)> {
+    (0..d.n)
+        .flat_map(|b| (0..d.l).step_by(ROWS).map(move |r0| (b, r0, (r0 + ROWS).min(d.l))))
+        .collect()
+}
+
+/// `softmax(q·kᵀ·scale)·v` as `[n, l, ev]`.
+pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims) -> Vec<T> {
+    let tiles = query_tiles(d);
+    let parts: Vec<Vec<T>> =
+        tiles.par_iter().map(|&(b, r0, r1)| forward_tile(q, k, v, d, b, r0, r1).0).collect();
+    parts.concat()
+}
+
+/// The gradients of [`forward`] for `dout`, packed per batch entry as `[dq | dk | dv]`.
+pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims) -> Vec<T> {
+    let (e, ev, l, s) = (d.e, d.ev, d.l, d.s);
+    let scale = T::of(d.scale);
+    let tiles = query_tiles(d);
+    // Each query's log-sum-exp and D = dout·out, from the forward pass recomputed.
+    let stats: Vec<(Vec<T>, Vec<T>)> = tiles
+        .par_iter()
+        .map(|&(b, r0, r1)| {
+            let (out, lse) = forward_tile(q, k, v, d, b, r0, r1);
+            let dd = (r0..r1)
+                .map(|r| {
+                    let row = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
+                    row.iter().zip(&out[(r - r0) * ev..]).fold(T::ZERO, |a, (&x, &y)| a + x * y)
+                })
+                .collect();
+            (lse, dd)
+        })
+        .collect();
+    let mut lse = vec![T::ZERO; d.n * l];
+    let mut dd = vec![T::ZERO; d.n * l];
+    for (&(b, r0, r1), (t_lse, t_dd)) in tiles.iter().zip(stats) {
+        lse[b * l + r0..b * l + r1].copy_from_slice(&t_lse);
+        dd[b * l + r0..b * l + r1].copy_from_slice(&t_dd);
+    }
+    // For query row r and the keys c0..c0+w of a tile: p = exp(s - lse), dp = dout·v,
+    // ds = p·(dp - D), written into `p` and `ds`.
+    let row_terms =
+        |b: usize, r: usize, w: usize, kt: &[T], vt: &[T], p: &mut [T], ds: &mut [T]| {
+            let qrow = &q[(b * l + r) * e..(b * l + r + 1) * e];
+            scores(qrow, kt, scale, w, p);
+            let lse_r = lse[b * l + r];
+            p[..w].iter_mut().for_each(|x| *x = (*x - lse_r).exp());
+            let drow = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
+            ds[..w].iter_mut().for_each(|x| *x = T::ZERO);
+            for (f, &g) in drow.iter().enumerate() {
+                for (x, &vv) in ds[..w].iter_mut().zip(&vt[f * COLS..f * COLS + w]) {
+                    *x += g * vv;
+                }
+            }
+            let d_r = dd[b * l + r];
+            for (x, &pp) in ds[..w].iter_mut().zip(&p[..w]) {
+                *x = pp * (*x - d_r);
+            }
+        };
+    // dq, over query tiles.
+    let dq_parts: Vec<Vec<T>> = tiles
+        .par_iter()
+        .map(|&(b, r0, r1)| {
+            let (kb, vb) = (&k[b * s * e..], &v[b * s * ev..]);
+            let mut dq = vec![T::ZERO; (r1 - r0) * e];
+            let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
+            let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+            let key_end = d.keys_of(r1 - 1);
+            for c0 in (0..key_end).step_by(COLS) {
+                let c1 = (c0 + COLS).min(key_end);
+                transpose_tile(kb, e, c0, c1, &mut kt);
+                transpose_tile(vb, ev, c0, c1, &mut vt);
+                for r in r0..r1 {
+                    let end = d.keys_of(r).min(c1);
+                    if end <= c0 {
+                        continue;
+                    }
+                    let w = end - c0;
+                    row_terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+                    let out = &mut dq[(r - r0) * e..(r - r0 + 1) * e];
+                    for (cc, &x) in ds[..w].iter().enumerate() {
+                        let x = x * scale;
+                        for (o, &kv) in out.iter_mut().zip(&kb[(c0 + cc) * e..(c0 + cc + 1) * e]) {
+                            *o += x * kv;
+                        }
+                    }
+                }
+            }
+            dq
+        })
+        .collect();
+    // dk and dv, over key tiles.
+    let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
+        .flat_map(|b| (0..s).step_by(COLS).map(move |c0| (b, c0, (c0 + COLS).min(s))))
+        .collect();
+    let dkv_parts: Vec<(Vec<T>, Vec<T>)> = key_tiles
+        .par_iter()
+        .map(|&(b, c0, c1)| {
+            let (kb, vb) = (&k[b * s * e..], &v[b * s * ev..]);
+            let w_tile = c1 - c0;
+            let (mut dk, mut dv) = (vec![T::ZERO; w_tile * e], vec![T::ZERO; w_tile * ev]);
+            let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
+            let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+            transpose_tile(kb, e, c0, c1, &mut kt);
+            transpose_tile(vb, ev, c0, c1, &mut vt);
+            // Causal: rows before c0 see none of these keys.
+            let first_row = if d.causal { c0 } else { 0 };
+            for r in first_row..l {
+                let end = d.keys_of(r).min(c1);
+                if end <= c0 {
+                    continue;
+                }
+                let w = end - c0;
+                row_terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+                let qrow = &q[(b * l + r) * e..(b * l + r + 1) * e];
+                let drow = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
+                for cc in 0..w {
+                    let (pp, x) = (p[cc], ds[cc] * scale);
+                    for (o, &g) in dv[cc * ev..(cc + 1) * ev].iter_mut().zip(drow) {
+                        *o += pp * g;
+                    }
+                    for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
+                        *o += x * qv;
+                    }
+                }
+            }
+            (dk, dv)
+        })
+        .collect();
+    let per = l * e + s * e + s * ev;
+    let mut out = vec![T::ZERO; d.n * per];
+    for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
+        let at = b * per + r0 * e;
+        out[at..at + dq.len()].copy_from_slice(dq);
+    }
+    for (&(b, c0, _), (dk, dv)) in key_tiles.iter().zip(&dkv_parts) {
+        let at = b * per + l * e + c0 * e;
+        out[at..at + dk.len()].copy_from_slice(dk);
+        let at = b * per + l * e + s * e + c0 * ev;
+        out[at..at + dv.len()].copy_from_slice(dv);
+    }
+    out
+}
