@@ -420,38 +420,15 @@ impl Op {
             Op::Scatter { axis, accumulate } => infer_scatter(*axis, *accumulate, inputs),
             Op::CumSum { axis } => {
                 let (shape, dtype) = inputs[0];
-                if *axis >= shape.rank() {
-                    return Err(IrError::InvalidGraph(format!(
-                        "cumsum over axis {axis} of {shape}"
-                    )));
-                }
-                if dtype == DType::Bool {
-                    return Err(IrError::dtype("cumsum", "is not defined for bool inputs"));
-                }
-                Ok((shape.clone(), dtype))
+                check_axis("cumsum", *axis, shape)?;
+                let bool_error = IrError::dtype("cumsum", "is not defined for bool inputs");
+                if dtype == DType::Bool { Err(bool_error) } else { Ok((shape.clone(), dtype)) }
             }
             Op::MatMul => infer_matmul(inputs),
-            Op::Attention { .. } => {
-                let (n, l, _, _, ev) = infer_attention("attention", &inputs[..3])?;
-                Ok((Shape::new(vec![n, l, ev]), inputs[0].1))
-            }
-            Op::AttentionGrad { .. } => {
-                let (n, l, e, s, ev) = infer_attention("attention_grad", &inputs[..3])?;
-                if inputs[3] != (&Shape::new(vec![n, l, ev]), inputs[0].1) {
-                    return Err(IrError::InvalidGraph(format!(
-                        "attention_grad's output gradient is {} {}, not [{n}, {l}, {ev}]",
-                        inputs[3].0, inputs[3].1
-                    )));
-                }
-                Ok((Shape::new(vec![n, l * e + s * e + s * ev]), inputs[0].1))
-            }
+            Op::Attention { .. } | Op::AttentionGrad { .. } => infer_attention_op(self, inputs),
             Op::ArgSort { axis, .. } => {
                 let (shape, _) = inputs[0];
-                if *axis >= shape.rank() {
-                    return Err(IrError::InvalidGraph(format!(
-                        "argsort over axis {axis} of {shape}"
-                    )));
-                }
+                check_axis("argsort", *axis, shape)?;
                 Ok((shape.clone(), DType::I64))
             }
         }
@@ -632,6 +609,30 @@ fn infer_scatter(
 }
 
 /// [`Op::infer`] of `matmul`.
+/// An axis of `shape`, or an invalid graph.
+fn check_axis(op: &'static str, axis: usize, shape: &Shape) -> Result<(), IrError> {
+    if axis >= shape.rank() {
+        return Err(IrError::InvalidGraph(format!("{op} over axis {axis} of {shape}")));
+    }
+    Ok(())
+}
+
+/// The result of [`Op::Attention`] (`[N, L, Ev]`) or [`Op::AttentionGrad`] (packed).
+fn infer_attention_op(op: &Op, inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
+    let name = op.name();
+    let (n, l, e, s, ev) = infer_attention(name, &inputs[..3])?;
+    if let Op::AttentionGrad { .. } = op {
+        if inputs[3] != (&Shape::new(vec![n, l, ev]), inputs[0].1) {
+            return Err(IrError::InvalidGraph(format!(
+                "attention_grad's output gradient is {} {}, not [{n}, {l}, {ev}]",
+                inputs[3].0, inputs[3].1
+            )));
+        }
+        return Ok((Shape::new(vec![n, l * e + s * e + s * ev]), inputs[0].1));
+    }
+    Ok((Shape::new(vec![n, l, ev]), inputs[0].1))
+}
+
 /// `(N, L, E, S, Ev)` of dense attention operands `q [N, L, E]`, `k [N, S, E]`,
 /// `v [N, S, Ev]` of one float dtype.
 fn infer_attention(

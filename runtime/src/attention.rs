@@ -167,9 +167,40 @@ pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims) -> Vec<T> {
 /// The gradients of [`forward`] for `dout`, packed per batch entry as `[dq | dk | dv]`.
 pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims) -> Vec<T> {
     let (e, ev, l, s) = (d.e, d.ev, d.l, d.s);
-    let scale = T::of(d.scale);
     let tiles = query_tiles(d);
-    // Each query's log-sum-exp and D = dout·out, from the forward pass recomputed.
+    let (lse, dd) = row_statistics(q, k, v, dout, d, &tiles);
+    let g = Grad { q, k, v, dout, d, lse, dd, scale: T::of(d.scale) };
+    let dq_parts: Vec<Vec<T>> = tiles.par_iter().map(|&(b, r0, r1)| g.dq_tile(b, r0, r1)).collect();
+    let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
+        .flat_map(|b| (0..s).step_by(COLS).map(move |c0| (b, c0, (c0 + COLS).min(s))))
+        .collect();
+    let dkv_parts: Vec<(Vec<T>, Vec<T>)> =
+        key_tiles.par_iter().map(|&(b, c0, c1)| g.dkv_tile(b, c0, c1)).collect();
+    let per = l * e + s * e + s * ev;
+    let mut out = vec![T::ZERO; d.n * per];
+    for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
+        let at = b * per + r0 * e;
+        out[at..at + dq.len()].copy_from_slice(dq);
+    }
+    for (&(b, c0, _), (dk, dv)) in key_tiles.iter().zip(&dkv_parts) {
+        let at = b * per + l * e + c0 * e;
+        out[at..at + dk.len()].copy_from_slice(dk);
+        let at = b * per + l * e + s * e + c0 * ev;
+        out[at..at + dv.len()].copy_from_slice(dv);
+    }
+    out
+}
+
+/// Each query's log-sum-exp and `D = dout·out`, from the forward pass recomputed.
+fn row_statistics<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    dout: &[T],
+    d: &Dims,
+    tiles: &[(usize, usize, usize)],
+) -> (Vec<T>, Vec<T>) {
+    let (l, ev) = (d.l, d.ev);
     let stats: Vec<(Vec<T>, Vec<T>)> = tiles
         .par_iter()
         .map(|&(b, r0, r1)| {
@@ -189,107 +220,105 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
         lse[b * l + r0..b * l + r1].copy_from_slice(&t_lse);
         dd[b * l + r0..b * l + r1].copy_from_slice(&t_dd);
     }
-    // For query row r and the keys c0..c0+w of a tile: p = exp(s - lse), dp = dout·v,
-    // ds = p·(dp - D), written into `p` and `ds`.
-    let row_terms =
-        |b: usize, r: usize, w: usize, kt: &[T], vt: &[T], p: &mut [T], ds: &mut [T]| {
-            let qrow = &q[(b * l + r) * e..(b * l + r + 1) * e];
-            scores(qrow, kt, scale, w, p);
-            let lse_r = lse[b * l + r];
-            p[..w].iter_mut().for_each(|x| *x = (*x - lse_r).exp());
-            let drow = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
-            ds[..w].iter_mut().for_each(|x| *x = T::ZERO);
-            for (f, &g) in drow.iter().enumerate() {
-                for (x, &vv) in ds[..w].iter_mut().zip(&vt[f * COLS..f * COLS + w]) {
-                    *x += g * vv;
-                }
+    (lse, dd)
+}
+
+/// What the gradient passes share.
+struct Grad<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    dout: &'a [T],
+    d: &'a Dims,
+    lse: Vec<T>,
+    dd: Vec<T>,
+    scale: T,
+}
+
+impl<T: Real> Grad<'_, T> {
+    /// For query row `r` of entry `b` and the first `w` keys of a tile (transposed in `kt`
+    /// and `vt`): `p = exp(s - lse)` and `ds = p·(dout·v - D)`.
+    #[allow(clippy::too_many_arguments, reason = "the row, the tile and two scratch rows")]
+    fn terms(&self, b: usize, r: usize, w: usize, kt: &[T], vt: &[T], p: &mut [T], ds: &mut [T]) {
+        let (l, e, ev) = (self.d.l, self.d.e, self.d.ev);
+        scores(&self.q[(b * l + r) * e..(b * l + r + 1) * e], kt, self.scale, w, p);
+        let lse = self.lse[b * l + r];
+        p[..w].iter_mut().for_each(|x| *x = (*x - lse).exp());
+        ds[..w].iter_mut().for_each(|x| *x = T::ZERO);
+        for (f, &g) in self.dout[(b * l + r) * ev..(b * l + r + 1) * ev].iter().enumerate() {
+            for (x, &vv) in ds[..w].iter_mut().zip(&vt[f * COLS..f * COLS + w]) {
+                *x += g * vv;
             }
-            let d_r = dd[b * l + r];
-            for (x, &pp) in ds[..w].iter_mut().zip(&p[..w]) {
-                *x = pp * (*x - d_r);
-            }
-        };
-    // dq, over query tiles.
-    let dq_parts: Vec<Vec<T>> = tiles
-        .par_iter()
-        .map(|&(b, r0, r1)| {
-            let (kb, vb) = (&k[b * s * e..], &v[b * s * ev..]);
-            let mut dq = vec![T::ZERO; (r1 - r0) * e];
-            let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-            let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
-            let key_end = d.keys_of(r1 - 1);
-            for c0 in (0..key_end).step_by(COLS) {
-                let c1 = (c0 + COLS).min(key_end);
-                transpose_tile(kb, e, c0, c1, &mut kt);
-                transpose_tile(vb, ev, c0, c1, &mut vt);
-                for r in r0..r1 {
-                    let end = d.keys_of(r).min(c1);
-                    if end <= c0 {
-                        continue;
-                    }
-                    let w = end - c0;
-                    row_terms(b, r, w, &kt, &vt, &mut p, &mut ds);
-                    let out = &mut dq[(r - r0) * e..(r - r0 + 1) * e];
-                    for (cc, &x) in ds[..w].iter().enumerate() {
-                        let x = x * scale;
-                        for (o, &kv) in out.iter_mut().zip(&kb[(c0 + cc) * e..(c0 + cc + 1) * e]) {
-                            *o += x * kv;
-                        }
-                    }
-                }
-            }
-            dq
-        })
-        .collect();
-    // dk and dv, over key tiles.
-    let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
-        .flat_map(|b| (0..s).step_by(COLS).map(move |c0| (b, c0, (c0 + COLS).min(s))))
-        .collect();
-    let dkv_parts: Vec<(Vec<T>, Vec<T>)> = key_tiles
-        .par_iter()
-        .map(|&(b, c0, c1)| {
-            let (kb, vb) = (&k[b * s * e..], &v[b * s * ev..]);
-            let w_tile = c1 - c0;
-            let (mut dk, mut dv) = (vec![T::ZERO; w_tile * e], vec![T::ZERO; w_tile * ev]);
-            let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-            let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        }
+        let dd = self.dd[b * l + r];
+        for (x, &pp) in ds[..w].iter_mut().zip(&p[..w]) {
+            *x = pp * (*x - dd);
+        }
+    }
+
+    /// `dq` of query rows `r0..r1` of entry `b`: `scale · Σ_j ds_ij k_j`.
+    fn dq_tile(&self, b: usize, r0: usize, r1: usize) -> Vec<T> {
+        let (e, ev, s) = (self.d.e, self.d.ev, self.d.s);
+        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
+        let mut dq = vec![T::ZERO; (r1 - r0) * e];
+        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
+        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        let key_end = self.d.keys_of(r1 - 1);
+        for c0 in (0..key_end).step_by(COLS) {
+            let c1 = (c0 + COLS).min(key_end);
             transpose_tile(kb, e, c0, c1, &mut kt);
             transpose_tile(vb, ev, c0, c1, &mut vt);
-            // Causal: rows before c0 see none of these keys.
-            let first_row = if d.causal { c0 } else { 0 };
-            for r in first_row..l {
-                let end = d.keys_of(r).min(c1);
+            for r in r0..r1 {
+                let end = self.d.keys_of(r).min(c1);
                 if end <= c0 {
                     continue;
                 }
                 let w = end - c0;
-                row_terms(b, r, w, &kt, &vt, &mut p, &mut ds);
-                let qrow = &q[(b * l + r) * e..(b * l + r + 1) * e];
-                let drow = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
-                for cc in 0..w {
-                    let (pp, x) = (p[cc], ds[cc] * scale);
-                    for (o, &g) in dv[cc * ev..(cc + 1) * ev].iter_mut().zip(drow) {
-                        *o += pp * g;
-                    }
-                    for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
-                        *o += x * qv;
+                self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+                let out = &mut dq[(r - r0) * e..(r - r0 + 1) * e];
+                for (cc, &x) in ds[..w].iter().enumerate() {
+                    let x = x * self.scale;
+                    for (o, &kv) in out.iter_mut().zip(&kb[(c0 + cc) * e..(c0 + cc + 1) * e]) {
+                        *o += x * kv;
                     }
                 }
             }
-            (dk, dv)
-        })
-        .collect();
-    let per = l * e + s * e + s * ev;
-    let mut out = vec![T::ZERO; d.n * per];
-    for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
-        let at = b * per + r0 * e;
-        out[at..at + dq.len()].copy_from_slice(dq);
+        }
+        dq
     }
-    for (&(b, c0, _), (dk, dv)) in key_tiles.iter().zip(&dkv_parts) {
-        let at = b * per + l * e + c0 * e;
-        out[at..at + dk.len()].copy_from_slice(dk);
-        let at = b * per + l * e + s * e + c0 * ev;
-        out[at..at + dv.len()].copy_from_slice(dv);
+
+    /// `dk` and `dv` of keys `c0..c1` of entry `b`: `scale · Σ_i ds_ij q_i` and
+    /// `Σ_i p_ij dout_i`.
+    fn dkv_tile(&self, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>) {
+        let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
+        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
+        let width = c1 - c0;
+        let (mut dk, mut dv) = (vec![T::ZERO; width * e], vec![T::ZERO; width * ev]);
+        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
+        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        transpose_tile(kb, e, c0, c1, &mut kt);
+        transpose_tile(vb, ev, c0, c1, &mut vt);
+        // Causal: rows before c0 see none of these keys.
+        let first_row = if self.d.causal { c0 } else { 0 };
+        for r in first_row..l {
+            let end = self.d.keys_of(r).min(c1);
+            if end <= c0 {
+                continue;
+            }
+            let w = end - c0;
+            self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+            let qrow = &self.q[(b * l + r) * e..(b * l + r + 1) * e];
+            let drow = &self.dout[(b * l + r) * ev..(b * l + r + 1) * ev];
+            for cc in 0..w {
+                let (pp, x) = (p[cc], ds[cc] * self.scale);
+                for (o, &g) in dv[cc * ev..(cc + 1) * ev].iter_mut().zip(drow) {
+                    *o += pp * g;
+                }
+                for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
+                    *o += x * qv;
+                }
+            }
+        }
+        (dk, dv)
     }
-    out
 }

@@ -307,56 +307,58 @@ fn eval(
         }
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
         Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
-            let f = |i: usize| match args[i] {
-                Values::F(v) => v.as_slice(),
-                _ => unreachable!("attention takes floats"),
-            };
-            let dims = (shapes[0].dims(), shapes[1].dims(), shapes[2].dims());
             let grad = matches!(op, Op::AttentionGrad { .. });
-            Values::F(attention(f, dims, *causal, f64::from_bits(*scale), grad))
+            Values::F(attention(args, shapes, *causal, f64::from_bits(*scale), grad))
         }
-        Op::ArgSort { axis, descending } => {
-            let stride = shape.contiguous_strides()[*axis] as usize;
-            let len = shape.dims()[*axis];
-            use std::cmp::Ordering::Equal;
-            let mut out = vec![0i64; n];
-            let key = |i: usize| match args[0] {
-                Values::F(v) => (v[i].is_nan(), v[i], 0),
-                Values::I(v) => (false, 0.0, v[i]),
-                Values::B(v) => (false, 0.0, i64::from(v[i])),
-            };
-            for start in (0..n).filter(|i| (i / stride).is_multiple_of(len.max(1))) {
-                let mut order: Vec<usize> = (0..len).collect();
-                // `sort_by` is stable: equal keys keep their positions' order.
-                order.sort_by(|&a, &b| {
-                    let (a, b) = (key(start + a * stride), key(start + b * stride));
-                    // NaN above everything; -0 and +0 equal.
-                    let o = match (a.0, b.0) {
-                        (false, false) => {
-                            a.1.partial_cmp(&b.1).unwrap_or(Equal).then(a.2.cmp(&b.2))
-                        }
-                        (x, y) => x.cmp(&y),
-                    };
-                    if *descending { o.reverse() } else { o }
-                });
-                for (k, &i) in order.iter().enumerate() {
-                    out[start + k * stride] = i as i64;
-                }
-            }
-            Values::I(out)
-        }
+        Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
     })
+}
+
+/// The stable argsort of every line of `x` along `axis` (NaN last, -0 equal to +0).
+fn argsort(x: &Values, shape: &Shape, axis: usize, descending: bool) -> Values {
+    let n = shape.numel();
+    let stride = shape.contiguous_strides()[axis] as usize;
+    let len = shape.dims()[axis];
+    use std::cmp::Ordering::Equal;
+    let mut out = vec![0i64; n];
+    let key = |i: usize| match x {
+        Values::F(v) => (v[i].is_nan(), v[i], 0),
+        Values::I(v) => (false, 0.0, v[i]),
+        Values::B(v) => (false, 0.0, i64::from(v[i])),
+    };
+    for start in (0..n).filter(|i| (i / stride).is_multiple_of(len.max(1))) {
+        let mut order: Vec<usize> = (0..len).collect();
+        // `sort_by` is stable: equal keys keep their positions' order.
+        order.sort_by(|&a, &b| {
+            let (a, b) = (key(start + a * stride), key(start + b * stride));
+            // NaN above everything; -0 and +0 equal.
+            let o = match (a.0, b.0) {
+                (false, false) => a.1.partial_cmp(&b.1).unwrap_or(Equal).then(a.2.cmp(&b.2)),
+                (x, y) => x.cmp(&y),
+            };
+            if descending { o.reverse() } else { o }
+        });
+        for (k, &i) in order.iter().enumerate() {
+            out[start + k * stride] = i as i64;
+        }
+    }
+    Values::I(out)
 }
 
 /// Attention by its definition, with the whole score matrix: the output, or (with `grad`)
 /// the packed `[dq | dk | dv]` per batch entry for the output gradient `f(3)`.
-fn attention<'a>(
-    f: impl Fn(usize) -> &'a [f64],
-    (qd, kd, vd): (&[usize], &[usize], &[usize]),
+fn attention(
+    args: &[&Values],
+    shapes: &[&Shape],
     causal: bool,
     scale: f64,
     grad: bool,
 ) -> Vec<f64> {
+    let f = |i: usize| match args[i] {
+        Values::F(v) => v.as_slice(),
+        _ => unreachable!("attention takes floats"),
+    };
+    let (qd, kd, vd) = (shapes[0].dims(), shapes[1].dims(), shapes[2].dims());
     let (n, l, e, s, ev) = (qd[0], qd[1], qd[2], kd[1], vd[2]);
     let (q, k, v) = (f(0), f(1), f(2));
     let per = if grad { l * e + s * e + s * ev } else { l * ev };
