@@ -8,6 +8,7 @@
 //! ```text
 //! cargo run --release --example train_gpt                 # train from scratch
 //! cargo run --release --example train_gpt -- --resume    # continue from the checkpoint
+//!                                                         # (with the same --steps)
 //! cargo run --release --example train_gpt -- --steps 300  # a shorter run
 //! ```
 
@@ -112,7 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let resume = args.iter().any(|a| a == "--resume");
     let steps: usize = match args.iter().position(|a| a == "--steps") {
         Some(i) => args.get(i + 1).ok_or("--steps takes a number")?.parse()?,
-        None => 1200,
+        None => 900,
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let corpus = Corpus::load(&root.join("data/shakespeare.txt.gz"))?;
@@ -154,6 +155,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ckpt.restore_scheduler(&mut schedule)?;
         ckpt.restore_rng()?;
         step = ckpt.value("step").ok_or("the checkpoint has no step")?.parse()?;
+        let planned: usize =
+            ckpt.value("steps").ok_or("the checkpoint has no step count")?.parse()?;
+        if planned != steps {
+            return Err(format!(
+                "the checkpoint is from a run of {planned} steps; resume it with --steps {planned}"
+            )
+            .into());
+        }
         println!("resumed from {} at step {step}", ckpt_path.display());
     }
 
@@ -186,13 +195,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bar.inc(1);
             if step % EVAL_EVERY == 0 || step == steps {
                 val_loss = evaluate(&model, val_ids);
-                bar.println(format!("step {step} train loss {loss:.4} val loss {val_loss:.4}"));
+                let line = format!("step {step} train loss {loss:.4} val loss {val_loss:.4}");
+                // A hidden bar (output not a terminal) prints nothing, so print directly.
+                if bar.is_hidden() {
+                    println!("{line}")
+                } else {
+                    bar.println(line)
+                }
                 Checkpoint::new()
                     .with_model(&model)
                     .with_optimizer(&*opt.borrow())
                     .with_scheduler(&schedule)
                     .with_rng()
                     .with_value("step", step)
+                    .with_value("steps", steps)
                     .save(&ckpt_path)?;
             }
         }
@@ -214,7 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         val_loss = evaluate(&model, val_ids);
     }
     println!("final val loss {val_loss:.4}");
-    if steps >= 1200 && val_loss > TARGET_VAL_LOSS {
+    if steps >= 900 && val_loss > TARGET_VAL_LOSS {
         return Err(format!("validation loss {val_loss:.4} is above {TARGET_VAL_LOSS}").into());
     }
     Ok(())
