@@ -198,9 +198,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let line = format!("step {step} train loss {loss:.4} val loss {val_loss:.4}");
                 // A hidden bar (output not a terminal) prints nothing, so print directly.
                 if bar.is_hidden() {
-                    println!("{line}")
+                    println!("{line}");
                 } else {
-                    bar.println(line)
+                    bar.println(line);
                 }
                 Checkpoint::new()
                     .with_model(&model)
