@@ -116,10 +116,48 @@ fn w7(rows: &mut Vec<(String, &'static str, f64, String)>) {
     }
 }
 
+/// Causal attention over a long context, forward + backward: the fused op against the
+/// composite path (a zero float mask sends it there), with each one's memory peak.
+fn long_attention(rows: &mut Vec<(String, &'static str, f64, String)>) {
+    use kiln::nn::functional as F;
+    let (b, h, t, e) = (1, 4, 2048, 32);
+    kiln::manual_seed(0);
+    let qkv: Vec<Tensor> =
+        (0..3).map(|_| Tensor::randn([b, h, t, e]).requires_grad_(true)).collect();
+    for x in &qkv {
+        x.realize();
+    }
+    let keep: Vec<bool> = (0..t * t).map(|i| i % t <= i / t).collect();
+    let causal = Tensor::where_(&Tensor::from_vec(keep, [t, t]), 0.0, f64::NEG_INFINITY);
+    causal.realize();
+    for (variant, fused) in [("fused", true), ("composite", false)] {
+        let run = || {
+            let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
+            let y = if fused {
+                F::scaled_dot_product_attention(q, k, v, None, true)
+            } else {
+                F::scaled_dot_product_attention(q, k, v, Some(&causal), false)
+            };
+            let grads = kiln::grad(&[&y.square().sum()], &[q, k, v], false);
+            Tensor::try_realize_all(&grads.iter().collect::<Vec<_>>())
+                .expect("the gradients compute");
+        };
+        let ms = median_ms(3, 1, run);
+        let peak = kiln::profile(run).1.peak_memory().peak_bytes as f64 / 1e6;
+        rows.push((
+            format!("attention {h}x{t}x{e} causal fwd+bwd"),
+            variant,
+            ms,
+            format!("peak memory {peak:.0} MB"),
+        ));
+    }
+}
+
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let mut rows: Vec<(String, &str, f64, String)> = Vec::new();
     w7(&mut rows);
+    long_attention(&mut rows);
     kiln::manual_seed(0);
     let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randn([BATCH, 1, 32, 32])).collect();
     let ys: Vec<Tensor> =
