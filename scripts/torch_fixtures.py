@@ -108,5 +108,21 @@ out["block.x"], out["block.out"], out["block.r"], out["block.grad_x"] = x.detach
 for (n, p_), g in zip(named, grads[1:]):
     out[f"block.param.{n}"] = p_.detach().clone()
     out[f"block.grad.{n}"] = g
+# The rest of the transformer vocabulary.
+a = torch.randn(4, 9)
+a[1, 3] = 0.0  # cumprod's gradient through a zero
+case("cumprod", lambda x: torch.cumprod(x, 1), a)
+case("atan", lambda x: torch.atan(x * 3), a)
+case("vector_norm_3", lambda x: torch.linalg.vector_norm(x, 3, dim=1), a)
+case("vector_norm_2", lambda x: torch.linalg.vector_norm(x, 2, dim=0), a)
+case("vector_norm_inf", lambda x: torch.linalg.vector_norm(x, float("inf")), a)
+case("sort", lambda x: torch.sort(x, dim=1, descending=True, stable=True)[0], a)
+out["sort.indices"] = torch.sort(a.double(), dim=1, descending=True, stable=True)[1]
+case("topk", lambda x: torch.topk(x, 3, 0, largest=False)[0], a)
+out["topk.indices"] = torch.topk(a.double(), 3, 0, largest=False)[1]
+case("roll", lambda x: torch.roll(x, (1, -2), (0, 1)), a)
+ids = torch.tensor([[3, 0, 3], [1, 2, 2]])
+out["embedding.ids"] = ids
+case("embedding", lambda w: F.embedding(ids, w), torch.randn(4, 5))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_transformer.safetensors")
 print(f"wrote {len(out)} tensors")

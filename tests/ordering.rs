@@ -339,3 +339,49 @@ fn functional_embedding_picks_rows_and_adds_gradients_into_them() {
     let bad = F::embedding(&Tensor::from_vec(vec![5i64], [1]), &weight);
     assert!(bad.try_to_vec::<f64>().is_err(), "an index past the table is an error");
 }
+
+/// `scripts/torch_fixtures.py` wrote PyTorch's float64 results and input gradients of the
+/// ops above to `tests/data/torch_transformer.safetensors`.
+#[test]
+fn the_new_ops_agree_with_pytorch_float64() {
+    use std::collections::HashMap;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/torch_transformer.safetensors");
+    let file: HashMap<String, Tensor> =
+        kiln::serialize::load(&path).expect("the fixture file").into_iter().collect();
+    let get =
+        |name: &str| file.get(name).unwrap_or_else(|| panic!("{name} is in the fixture")).clone();
+    let ids = get("embedding.ids");
+    type Op<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
+    let cases: Vec<(&str, Op<'_>)> = vec![
+        ("cumprod", Box::new(|x| x.cumprod(1))),
+        ("atan", Box::new(|x| (x * 3.0).atan())),
+        ("vector_norm_3", Box::new(|x| x.vector_norm(3.0, [1], false))),
+        ("vector_norm_2", Box::new(|x| x.vector_norm(2.0, [0], false))),
+        ("vector_norm_inf", Box::new(|x| x.vector_norm(f64::INFINITY, [0i64; 0], false))),
+        ("sort", Box::new(|x| x.sort(1, true).0)),
+        ("topk", Box::new(|x| x.topk(3, 0, false).0)),
+        ("roll", Box::new(|x| x.roll(&[1, -2], &[0, 1]))),
+        ("embedding", Box::new(|w| F::embedding(&ids, w))),
+    ];
+    for (name, op) in cases {
+        let x = get(&format!("{name}.in0")).requires_grad_(true);
+        let y = op(&x);
+        assert_close_tol(
+            &y.to_vec::<f64>(),
+            &get(&format!("{name}.out")).to_vec::<f64>(),
+            1e-13,
+            name,
+        );
+        let g = kiln::grad(&[&(&y * &get(&format!("{name}.r"))).sum()], &[&x], false).remove(0);
+        assert_close_tol(
+            &g.to_vec::<f64>(),
+            &get(&format!("{name}.grad0")).to_vec::<f64>(),
+            1e-12,
+            &format!("{name} grad"),
+        );
+    }
+    let a = get("sort.in0");
+    assert_eq!(a.sort(1, true).1.to_vec::<i64>(), get("sort.indices").to_vec::<i64>());
+    assert_eq!(a.topk(3, 0, false).1.to_vec::<i64>(), get("topk.indices").to_vec::<i64>());
+}
