@@ -2,8 +2,11 @@
 //! keys in tiles of `COLS`, with a running maximum and sum per query (an online softmax),
 //! so that memory stays `O(tile²)` per thread instead of `O(L·S)`. The backward pass
 //! recomputes the scores tile by tile: one pass for each query's log-sum-exp and
-//! `D = dout·out`, one over query tiles for `dq`, one over key tiles for `dk` and `dv` (so
-//! no two threads write the same gradient row).
+//! `D = dout·out`, then the gradients: per batch entry (`dq`, `dk`, `dv` together) when
+//! there are as many entries as threads, else one pass over query tiles for `dq` and one
+//! over key tiles for `dk` and `dv` (so no two threads write the same gradient row). When
+//! every query's keys fit one tile, the softmax of a row is exact in one go and a single
+//! pass does it all.
 
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
@@ -211,6 +214,7 @@ macro_rules! dispatch {
 
 dispatch!(forward_tile_avx2, forward_tile, (q: &[T], k: &[T], v: &[T], d: &Dims, b: usize, r0: usize, r1: usize) -> (Vec<T>, Vec<T>));
 dispatch!(dq_tile_avx2, Grad::dq_tile, (g: &Grad<'_, T>, b: usize, r0: usize, r1: usize) -> Vec<T>);
+dispatch!(entry_avx2, Grad::entry, (g: &Grad<'_, T>, b: usize, packed: &mut [T]) -> ());
 dispatch!(dkv_tile_avx2, Grad::dkv_tile, (g: &Grad<'_, T>, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>));
 
 /// [`forward_tile`] in the CPU's best variant.
@@ -255,6 +259,21 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
     let tiles = query_tiles(d);
     let (lse, dd) = row_statistics(q, k, v, dout, d, &tiles);
     let g = Grad { q, k, v, dout, d, lse, dd, scale: T::of(d.scale) };
+    let per = l * e + s * e + s * ev;
+    if d.n >= rayon::current_num_threads() {
+        // Enough batch entries to keep every thread busy: one pass per entry over its key
+        // tiles computes dq, dk and dv together, without recomputing the scores for dq.
+        let mut out = vec![T::ZERO; d.n * per];
+        out.par_chunks_mut(per.max(1)).enumerate().for_each(|(b, packed)| {
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                // SAFETY: the CPU has AVX2 and FMA.
+                return unsafe { entry_avx2(&g, b, packed) };
+            }
+            g.entry(b, packed);
+        });
+        return out;
+    }
     let dq_parts: Vec<Vec<T>> = tiles
         .par_iter()
         .map(|&(b, r0, r1)| {
@@ -280,7 +299,6 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
             g.dkv_tile(b, c0, c1)
         })
         .collect();
-    let per = l * e + s * e + s * ev;
     let mut out = vec![T::ZERO; d.n * per];
     for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
         let at = b * per + r0 * e;
@@ -468,6 +486,48 @@ impl<T: Real> Grad<'_, T> {
             }
         }
         dq
+    }
+
+    /// The packed `[dq | dk | dv]` of batch entry `b`, key tile by key tile: each tile's
+    /// `dk` and `dv` rows and every query's share of `dq`.
+    #[inline(always)]
+    fn entry(&self, b: usize, packed: &mut [T]) {
+        let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
+        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
+        let (dq, rest) = packed.split_at_mut(l * e);
+        let (dk, dv) = rest.split_at_mut(s * e);
+        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
+        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        for c0 in (0..s).step_by(COLS) {
+            let c1 = (c0 + COLS).min(s);
+            transpose_tile(kb, e, c0, c1, &mut kt);
+            transpose_tile(vb, ev, c0, c1, &mut vt);
+            let first_row = if self.d.causal { c0 } else { 0 };
+            for r in first_row..l {
+                let end = self.d.keys_of(r).min(c1);
+                if end <= c0 {
+                    continue;
+                }
+                let w = end - c0;
+                self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+                let qrow = &self.q[(b * l + r) * e..(b * l + r + 1) * e];
+                let drow = &self.dout[(b * l + r) * ev..(b * l + r + 1) * ev];
+                let dq_row = &mut dq[r * e..(r + 1) * e];
+                for cc in 0..w {
+                    let (pp, x) = (p[cc], ds[cc] * self.scale);
+                    let key = c0 + cc;
+                    for (o, &g) in dv[key * ev..(key + 1) * ev].iter_mut().zip(drow) {
+                        *o += pp * g;
+                    }
+                    for (o, &qv) in dk[key * e..(key + 1) * e].iter_mut().zip(qrow) {
+                        *o += x * qv;
+                    }
+                    for (o, &kv) in dq_row.iter_mut().zip(&kb[key * e..(key + 1) * e]) {
+                        *o += x * kv;
+                    }
+                }
+            }
+        }
     }
 
     /// `dk` and `dv` of keys `c0..c1` of entry `b`: `scale · Σ_i ds_ij q_i` and
