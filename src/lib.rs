@@ -92,6 +92,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod autocast;
 pub mod autograd;
 pub mod checkpoint;
 pub mod compile;
@@ -111,6 +112,7 @@ pub mod serialize;
 mod session;
 mod tensor;
 
+pub use autocast::{autocast, autocast_dtype, try_autocast};
 pub use autograd::{
     BackwardOptions, GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, grad,
     inference_mode, is_grad_enabled, no_grad, try_grad,

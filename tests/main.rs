@@ -25,6 +25,7 @@ mod indexing;
 mod inplace;
 mod linalg;
 mod memory;
+mod mixed_precision;
 mod movement;
 mod nn;
 mod norm;

@@ -97,6 +97,9 @@ pub fn try_scaled_dot_product_attention_with(
 ) -> Result<Tensor> {
     const OP: &str = "scaled_dot_product_attention";
     let _at = crate::origin::enter();
+    // Under autocast, in its 16-bit type (`crate::autocast`).
+    let (q, k, v) =
+        (&crate::autocast::lower(q), &crate::autocast::lower(k), &crate::autocast::lower(v));
     let shapes = || format!("q {}, k {}, v {}", q.shape(), k.shape(), v.shape());
     if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
         return Err(Error::shape(OP, format!("needs [.., L, E] operands, got {}", shapes())));

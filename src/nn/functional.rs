@@ -138,6 +138,8 @@ pub fn try_cross_entropy_with(
     target: &Tensor,
     options: CrossEntropyOptions,
 ) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
     let _at = crate::origin::enter();
     const OP: &str = "cross_entropy";
     let eps = options.label_smoothing;
@@ -197,6 +199,8 @@ pub fn try_nll_loss_with(
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
     let _at = crate::origin::enter();
     const OP: &str = "nll_loss";
     let class_dim = check_class_target(OP, input, target)?;
@@ -320,6 +324,9 @@ pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> T
 /// almost always a bug, so kiln asks for an explicit `expand`).
 #[track_caller]
 pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
+    let target = &crate::autocast::widen(target);
     let _at = crate::origin::enter();
     same_shape("mse_loss", input, target)?;
     reduction.apply(&input.try_sub(target)?.square())
@@ -551,6 +558,8 @@ pub fn try_layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
     let _at = crate::origin::enter();
     const OP: &str = "layer_norm";
     let (n, k) = (input.ndim(), normalized_shape.len());

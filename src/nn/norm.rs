@@ -137,6 +137,8 @@ pub fn try_group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
     let _at = crate::origin::enter();
     const OP: &str = "group_norm";
     if input.ndim() < 2 {
@@ -314,6 +316,8 @@ pub fn try_rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
+    // Under autocast, in f32 (`crate::autocast`).
+    let input = &crate::autocast::widen(input);
     let _at = crate::origin::enter();
     const OP: &str = "rms_norm";
     let (n, k) = (input.ndim(), normalized_shape.len());

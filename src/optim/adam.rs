@@ -1,7 +1,7 @@
 //! Adam and AdamW.
 
 use super::groups::Groups;
-use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize};
+use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize, write};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -119,7 +119,19 @@ macro_rules! adam_like {
             #[track_caller]
             fn try_step(&mut self) -> Result<()> {
                 let _at = crate::origin::enter();
-                self.inner.step()
+                self.inner.step(None)
+            }
+
+            #[track_caller]
+            fn try_step_unless(&mut self, skip: &Tensor) -> Result<bool> {
+                let _at = crate::origin::enter();
+                let saved = (self.inner.moments.clone(), self.inner.step);
+                self.inner.step(Some(skip))?;
+                if skip.try_item::<bool>()? {
+                    (self.inner.moments, self.inner.step) = saved;
+                    return Ok(false);
+                }
+                Ok(true)
             }
 
             fn parameters(&self) -> &[Tensor] {
@@ -203,7 +215,8 @@ impl AdamState {
         Ok(())
     }
 
-    fn step(&mut self) -> Result<()> {
+    /// One update, left undone where `skip` (a 0-d bool) is true; `skip` is realized with it.
+    fn step(&mut self, skip: Option<&Tensor>) -> Result<()> {
         let c = self.config;
         let (b1, b2) = c.betas;
         self.step += 1;
@@ -215,9 +228,10 @@ impl AdamState {
             for ((_, p, group), moments) in self.groups.each().zip(&mut self.moments) {
                 let Some(mut g) = grad_of("Adam::step", p)? else { continue };
                 let step_size = group.lr / correction1;
+                let mut decayed = p.clone();
                 if group.weight_decay != 0.0 {
                     if self.decoupled {
-                        p.try_mul_(1.0 - group.lr * group.weight_decay)?;
+                        decayed = p * (1.0 - group.lr * group.weight_decay);
                     } else {
                         g = g + p * group.weight_decay;
                     }
@@ -227,10 +241,11 @@ impl AdamState {
                     Some((m, v)) => (m * b1 + &g * (1.0 - b1), v * b2 + g.square() * (1.0 - b2)),
                 };
                 let denom = v.sqrt() / sqrt_correction2 + c.eps;
-                p.try_sub_(&(&m / &denom * step_size))?;
+                write(p, &(decayed - &m / &denom * step_size), skip)?;
                 touched.extend([p.clone(), m.clone(), v.clone()]);
                 *moments = Some((m, v));
             }
+            touched.extend(skip.cloned());
             realize(&touched.iter().collect::<Vec<_>>())
         })
     }

@@ -28,11 +28,13 @@
 
 mod adam;
 mod groups;
+mod scaler;
 mod schedule;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use groups::{GroupConfig, ParamGroup, StateDict};
+pub use scaler::{GradScaler, GradScalerConfig};
 pub use schedule::{
     CosineAnnealingLr, LambdaLr, LinearWarmup, LrScheduler, SchedulerState, SequentialLr, StepLr,
 };
@@ -58,6 +60,23 @@ pub trait Optimizer {
     #[track_caller]
     fn step(&mut self) {
         ok(self.try_step());
+    }
+
+    /// [`Optimizer::try_step`], left undone when `skip` (a 0-d bool tensor, usually "a
+    /// gradient is not finite") is true: the parameters keep their values, the state and the
+    /// step count stay as they were. `skip` is computed in the same graph as the update (the
+    /// check fuses into the step); then its value is read. Returns whether the step was
+    /// taken. [`GradScaler`] uses it.
+    ///
+    /// # Errors
+    /// As [`Optimizer::try_step`]; [`Error::Value`] for an optimizer that cannot skip (the
+    /// default for optimizers defined outside kiln).
+    fn try_step_unless(&mut self, skip: &Tensor) -> Result<bool> {
+        let _ = skip;
+        Err(Error::value(
+            "try_step_unless",
+            "this optimizer cannot skip a step; implement try_step_unless",
+        ))
     }
 
     /// The parameters this optimizer updates.
@@ -161,6 +180,15 @@ fn grad_of(op: &'static str, p: &Tensor) -> Result<Option<Tensor>> {
         ));
     }
     Ok(Some(g.to_dtype(p.dtype())))
+}
+
+/// Writes `new` into `p` in place, or leaves `p` as it is where `skip` (a 0-d bool) is true.
+fn write(p: &Tensor, new: &Tensor, skip: Option<&Tensor>) -> Result<()> {
+    let new = match skip {
+        Some(skip) => Tensor::try_where_(skip, p, new)?,
+        None => new.clone(),
+    };
+    p.try_copy_(&new).map(|_| ())
 }
 
 /// Realizes every updated parameter and state tensor together (one graph).

@@ -1,7 +1,7 @@
 //! Stochastic gradient descent.
 
 use super::groups::Groups;
-use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize};
+use super::{GroupConfig, Optimizer, ParamGroup, StateDict, check, grad_of, realize, write};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -101,10 +101,9 @@ impl Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    #[track_caller]
-    fn try_step(&mut self) -> Result<()> {
-        let _at = crate::origin::enter();
+impl Sgd {
+    /// One update, left undone where `skip` (a 0-d bool) is true; `skip` is realized with it.
+    fn update(&mut self, skip: Option<&Tensor>) -> Result<()> {
         let c = self.config;
         crate::no_grad(|| {
             let mut touched = Vec::new();
@@ -122,11 +121,32 @@ impl Optimizer for Sgd {
                     touched.push(b.clone());
                     *buf = Some(b);
                 }
-                p.try_sub_(&(g * group.lr))?;
+                write(p, &(p - g * group.lr), skip)?;
                 touched.push(p.clone());
             }
+            touched.extend(skip.cloned());
             realize(&touched.iter().collect::<Vec<_>>())
         })
+    }
+}
+
+impl Optimizer for Sgd {
+    #[track_caller]
+    fn try_step(&mut self) -> Result<()> {
+        let _at = crate::origin::enter();
+        self.update(None)
+    }
+
+    #[track_caller]
+    fn try_step_unless(&mut self, skip: &Tensor) -> Result<bool> {
+        let _at = crate::origin::enter();
+        let saved = self.momentum_buffers.clone();
+        self.update(Some(skip))?;
+        if skip.try_item::<bool>()? {
+            self.momentum_buffers = saved;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     fn parameters(&self) -> &[Tensor] {

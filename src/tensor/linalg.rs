@@ -37,19 +37,21 @@ impl Tensor {
     /// [`Error::DType`] for differing or bool dtypes, [`Error::Device`] for two devices.
     #[track_caller]
     pub fn try_matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        let (ra, rb) = (self.ndim(), rhs.ndim());
+        // Under autocast, in its 16-bit type (`crate::autocast`).
+        let (lhs, rhs) = (&crate::autocast::lower(self), &crate::autocast::lower(rhs));
+        let (ra, rb) = (lhs.ndim(), rhs.ndim());
         if ra == 0 || rb == 0 {
             return Err(Error::shape(
                 "matmul",
                 format!(
                     "both operands need at least one dimension, got shapes {} and {}; use * to multiply by a scalar",
-                    self.shape(),
+                    lhs.shape(),
                     rhs.shape()
                 ),
             ));
         }
         // Promote vectors to matrices, remembering which dimensions to drop again.
-        let a = if ra == 1 { self.unsqueeze(0) } else { self.clone() };
+        let a = if ra == 1 { lhs.unsqueeze(0) } else { lhs.clone() };
         let b = if rb == 1 { rhs.unsqueeze(1) } else { rhs.clone() };
         let (ar, br) = (a.ndim(), b.ndim());
         let (m, k) = (a.dims()[ar - 2], a.dims()[ar - 1]);
@@ -59,7 +61,7 @@ impl Tensor {
                 "matmul",
                 format!(
                     "shapes {} and {} are not compatible: {k} != {k2}",
-                    self.shape(),
+                    lhs.shape(),
                     rhs.shape()
                 ),
             ));
@@ -71,7 +73,7 @@ impl Tensor {
                 "matmul",
                 format!(
                     "batch dimensions {batch_a} and {batch_b} of shapes {} and {} cannot be broadcast together",
-                    self.shape(),
+                    lhs.shape(),
                     rhs.shape()
                 ),
             )

@@ -537,6 +537,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_softmax(&self, dim: i64) -> Result<Tensor> {
         let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
+        let x = crate::autocast::widen(&x);
         let axis = normalize_axis("softmax", dim, x.ndim())?;
         if x.numel() == 0 {
             return Ok(x);
@@ -562,6 +563,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_log_softmax(&self, dim: i64) -> Result<Tensor> {
         let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
+        let x = crate::autocast::widen(&x);
         let axis = normalize_axis("log_softmax", dim, x.ndim())?;
         if x.numel() == 0 {
             return Ok(x);
