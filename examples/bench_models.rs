@@ -101,9 +101,26 @@ fn w7(rows: &mut Vec<(String, &'static str, f64, String)>) {
         format!("{:.0} tokens/s (first call {first_ms:.0} ms)", rate(ms)),
     ));
     drop(compiled);
+    let mut autocast =
+        kiln::compile(|(x, y): (&Tensor, &Tensor)| kiln::autocast(DType::BF16, || step(x, y)));
+    let ms = median_ms(3, 3, || {
+        autocast.call((&xs[i % 4], &ys[i % 4])).realize();
+        i += 1;
+    });
+    rows.push((
+        "W7 GPT step".into(),
+        "compiled bf16 autocast",
+        ms,
+        format!("{:.0} tokens/s", rate(ms)),
+    ));
+    drop(autocast);
     if std::env::var_os("KILN_W7_PROFILE").is_some() {
         let (_, profile) = kiln::profile(|| step(&xs[0], &ys[0]).realize().clone());
         eprintln!("{profile}");
+        let (_, profile) = kiln::profile(|| {
+            kiln::autocast(DType::BF16, || step(&xs[0], &ys[0]).realize().clone())
+        });
+        eprintln!("bf16 autocast:\n{profile}");
     }
     for (variant, fused) in [("fused", true), ("unfused", false)] {
         let ms = kiln::with_fusion(fused, || {

@@ -206,3 +206,58 @@ fn an_optimizer_that_cannot_skip_says_so() {
     let err = GradScaler::new().try_step(&mut opt).unwrap_err().to_string();
     assert!(err.contains("try_step_unless"), "{err}");
 }
+
+#[test]
+fn generated_bf16_rounding_matches_half_on_every_kind_of_value() {
+    // Ties (both parities), just above and below them, NaNs (quiet and signalling), the
+    // infinities, the largest finite values, subnormals, and random bit patterns.
+    let mut bits: Vec<u32> = vec![
+        0x3F80_8000,
+        0x3F81_8000,
+        0x3F80_8001,
+        0x3F80_7FFF,
+        0x7FC0_0000,
+        0x7F80_0001,
+        0xFFA0_0001,
+        0x7F80_0000,
+        0xFF80_0000,
+        0x7F7F_FFFF,
+        0xFF7F_FFFF,
+        0x7F7F_8000,
+        0x0000_8000,
+        0x0001_8000,
+        0x8000_0001,
+        0,
+        0x8000_0000,
+    ];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    bits.extend((0..20_000).map(|_| {
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (state >> 32) as u32
+    }));
+    let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let x = Tensor::from_vec(values.clone(), [values.len()]);
+    // A cast (the store path) and an op computed in bf16 (the rounding after each op).
+    let cast = x.to_dtype(DType::BF16).to_vec::<half::bf16>();
+    let doubled = (x.to_dtype(DType::BF16) * 2.0).to_vec::<half::bf16>();
+    for (i, v) in values.iter().enumerate() {
+        let want = half::bf16::from_f32(*v);
+        let twice = half::bf16::from_f32(want.to_f32() * 2.0);
+        let same =
+            |a: half::bf16, b: half::bf16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        assert!(
+            same(cast[i], want),
+            "{v:e} ({:#x}): {:#x} vs {:#x}",
+            bits[i],
+            cast[i].to_bits(),
+            want.to_bits()
+        );
+        assert!(
+            same(doubled[i], twice),
+            "2·{v:e}: {:#x} vs {:#x}",
+            doubled[i].to_bits(),
+            twice.to_bits()
+        );
+    }
+}

@@ -36,13 +36,36 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
 /// with f32 accumulation, and each result rounded once to bf16 (PyTorch's CPU bf16 matmul
 /// also accumulates in f32).
 fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
-    let dense = |x: &Buffer, v: &View| -> Result<(Buffer, View), RuntimeError> {
-        Ok((Buffer::from_slice(&x.gather::<f32>(v))?, View::contiguous(v.shape().clone())))
+    // Each operand's storage widened element for element, so its view still addresses it.
+    let widen = |x: &Buffer, v: &View| -> Result<Buffer, RuntimeError> {
+        let data = x.as_slice::<half::bf16>().expect("a bf16 operand");
+        Buffer::from_slice(&widen_bf16(&data[..v.span().min(data.len())]))
     };
-    let ((fa, fva), (fb, fvb)) = (dense(a, va)?, dense(b, vb)?);
-    let product = batched::<f32>(&fa, &fva, &fb, &fvb, 0.0, 1.0)?;
+    let product = batched::<f32>(&widen(a, va)?, va, &widen(b, vb)?, vb, 0.0, 1.0)?;
     let values = product.as_slice::<f32>().expect("an f32 product");
-    Buffer::from_iter(values.len(), values.iter().map(|&x| half::bf16::from_f32(x)))
+    Buffer::from_slice(&narrow_bf16(values))
+}
+
+/// bf16 values as f32 (exact), in parallel chunks through `half`'s slice conversions.
+pub(crate) fn widen_bf16(x: &[half::bf16]) -> Vec<f32> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let mut out = vec![0.0f32; x.len()];
+    out.par_chunks_mut(1 << 16)
+        .zip(x.par_chunks(1 << 16))
+        .for_each(|(o, i)| i.convert_to_f32_slice(o));
+    out
+}
+
+/// f32 values rounded to bf16 (to nearest, ties to even), in parallel chunks.
+pub(crate) fn narrow_bf16(x: &[f32]) -> Vec<half::bf16> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let mut out = vec![half::bf16::ZERO; x.len()];
+    out.par_chunks_mut(1 << 16)
+        .zip(x.par_chunks(1 << 16))
+        .for_each(|(o, i)| o.convert_from_f32_slice(i));
+    out
 }
 
 /// An integer product, exact with wrapping arithmetic (two's complement, as the reference

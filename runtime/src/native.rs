@@ -365,19 +365,34 @@ fn attention(
         DType::F32 => run!(f32),
         DType::F64 => run!(f64),
         // The 16-bit floats, in f32.
-        _ => {
-            let widened: Vec<Vec<f32>> = args
-                .iter()
-                .map(|b| b.gather::<f32>(&View::contiguous(Shape::from([b.len()]))))
-                .collect();
+        DType::BF16 => {
+            let widen =
+                |b: &Buffer| crate::matmul::widen_bf16(b.as_slice().expect("bf16 operands"));
+            let args: Vec<Vec<f32>> = args.iter().map(|b| widen(b)).collect();
             let out = if grad {
-                backward(&widened[0], &widened[1], &widened[2], &widened[3], &d)
+                backward(&args[0], &args[1], &args[2], &args[3], &d)
             } else {
-                forward(&widened[0], &widened[1], &widened[2], &d)
+                forward(&args[0], &args[1], &args[2], &d)
             };
-            with_element_type!(args[0].dtype(), T => {
-                Buffer::from_iter(out.len(), out.iter().map(|&x| T::from_scalar(Scalar::F64(f64::from(x)))))
-            })
+            Buffer::from_slice(&crate::matmul::narrow_bf16(&out))
+        }
+        _ => {
+            use half::slice::HalfFloatSliceExt;
+            let widen = |b: &Buffer| {
+                let x: &[half::f16] = b.as_slice().expect("f16 operands");
+                let mut out = vec![0.0f32; x.len()];
+                x.convert_to_f32_slice(&mut out);
+                out
+            };
+            let args: Vec<Vec<f32>> = args.iter().map(|b| widen(b)).collect();
+            let out = if grad {
+                backward(&args[0], &args[1], &args[2], &args[3], &d)
+            } else {
+                forward(&args[0], &args[1], &args[2], &d)
+            };
+            let mut narrow = vec![half::f16::ZERO; out.len()];
+            narrow.convert_from_f32_slice(&out);
+            Buffer::from_slice(&narrow)
         }
     }
 }

@@ -6,7 +6,7 @@
 use cranelift_codegen::ir::{AbiParam, Signature, types};
 use cranelift_jit::JITModule;
 use cranelift_module::Module;
-use half::{bf16, f16};
+use half::f16;
 use kiln_ir::semantics::{self, binary, unary};
 use kiln_ir::{BinaryOp, UnaryOp};
 
@@ -46,20 +46,12 @@ extern "C" fn kiln_round_f16(x: f32) -> f32 {
     semantics::round_f32_to_f16(x)
 }
 
-extern "C" fn kiln_round_bf16(x: f32) -> f32 {
-    semantics::round_f32_to_bf16(x)
-}
-
 extern "C" fn kiln_f16_to_f32(bits: u32) -> f32 {
     f16::from_bits(bits as u16).to_f32()
 }
 
 extern "C" fn kiln_f32_to_f16(x: f32) -> u32 {
     u32::from(f16::from_f32(x).to_bits())
-}
-
-extern "C" fn kiln_f32_to_bf16(x: f32) -> u32 {
-    u32::from(bf16::from_f32(x).to_bits())
 }
 
 /// Every helper's name and address, for `JITBuilder::symbol`.
@@ -74,10 +66,8 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("kiln_erf", kiln_erf as *const u8),
         ("kiln_pow", kiln_pow as *const u8),
         ("kiln_round_f16", kiln_round_f16 as *const u8),
-        ("kiln_round_bf16", kiln_round_bf16 as *const u8),
         ("kiln_f16_to_f32", kiln_f16_to_f32 as *const u8),
         ("kiln_f32_to_f16", kiln_f32_to_f16 as *const u8),
-        ("kiln_f32_to_bf16", kiln_f32_to_bf16 as *const u8),
     ]
 }
 
@@ -97,9 +87,7 @@ pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
             .collect();
     out.push(("kiln_pow", sig(&[types::F64, types::F64], types::F64)));
     out.push(("kiln_round_f16", sig(&[types::F32], types::F32)));
-    out.push(("kiln_round_bf16", sig(&[types::F32], types::F32)));
     out.push(("kiln_f16_to_f32", sig(&[types::I32], types::F32)));
     out.push(("kiln_f32_to_f16", sig(&[types::F32], types::I32)));
-    out.push(("kiln_f32_to_bf16", sig(&[types::F32], types::I32)));
     out
 }

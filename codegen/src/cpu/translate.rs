@@ -338,7 +338,11 @@ impl<'b> Translator<'_, 'b> {
     pub(super) fn narrow(&mut self, v: Value, dtype: DType) -> Value {
         match dtype {
             DType::F16 => self.call("kiln_round_f16", &[v]),
-            DType::BF16 => self.call("kiln_round_bf16", &[v]),
+            DType::BF16 => {
+                let bits = self.bf16_bits(v);
+                let wide = self.b.ins().ishl_imm_u(bits, 16);
+                self.b.ins().bitcast(types::F32, MemFlagsData::new(), wide)
+            }
             DType::I32 => {
                 let r = self.b.ins().ireduce(types::I32, v);
                 self.b.ins().sextend(types::I64, r)
@@ -346,6 +350,21 @@ impl<'b> Translator<'_, 'b> {
             DType::U8 => self.b.ins().band_imm_u(v, 0xff),
             _ => v,
         }
+    }
+
+    /// The bf16 bits (in the low half of an i32) of an f32 value, rounded to nearest with
+    /// ties to even, NaN kept quiet: `half`'s `bf16::from_f32`, inline instead of a call.
+    fn bf16_bits(&mut self, v: Value) -> Value {
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+        let high = self.b.ins().ushr_imm_u(bits, 16);
+        let lsb = self.b.ins().band_imm_u(high, 1);
+        let biased = self.b.ins().iadd_imm_s(bits, 0x7FFF);
+        let rounded = self.b.ins().iadd(biased, lsb);
+        let rounded = self.b.ins().ushr_imm_u(rounded, 16);
+        let magnitude = self.b.ins().band_imm_u(bits, 0x7FFF_FFFF);
+        let nan = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, magnitude, 0x7F80_0000);
+        let quiet = self.b.ins().bor_imm_u(high, 0x40);
+        self.b.ins().select(nan, quiet, rounded)
     }
 
     /// An f64 value rounded once to float `dtype` (held in an f32 register for 16-bit
@@ -427,7 +446,7 @@ impl<'b> Translator<'_, 'b> {
                 self.b.ins().istore16(fl, bits, addr, 0);
             }
             DType::BF16 => {
-                let bits = self.call("kiln_f32_to_bf16", &[v]);
+                let bits = self.bf16_bits(v);
                 self.b.ins().istore16(fl, bits, addr, 0);
             }
             DType::I32 => {
