@@ -868,17 +868,32 @@ fn fused_attention_on_the_gpu_matches_the_cpu() {
         return;
     };
     let mut rng = Rng::new(810);
-    let q = tensor(&values(&mut rng, 2 * 9 * 4, DType::F64), &[2, 9, 4], DType::F64);
-    let k = tensor(&values(&mut rng, 2 * 11 * 4, DType::F64), &[2, 11, 4], DType::F64);
-    let run = |q: &Tensor, k: &Tensor| {
-        let (q, k) = (q.requires_grad_(true), k.requires_grad_(true));
-        let y = F::scaled_dot_product_attention(&q, &k, &k, None, true);
-        let g = kiln::grad(&[&y.square().sum()], &[&q, &k], false);
-        (y.to_vec::<f64>(), g[0].to_vec::<f64>(), g[1].to_vec::<f64>())
-    };
-    let want = run(&q, &k);
-    let got = run(&q.to(gpu).detach(), &k.to(gpu).detach());
-    assert_close_tol(&got.0, &want.0, 1e-12, "values");
-    assert_close_tol(&got.1, &want.1, 1e-12, "dq");
-    assert_close_tol(&got.2, &want.2, 1e-12, "dk");
+    for (dtype, causal, tol) in
+        [(DType::F64, true, 1e-12), (DType::F64, false, 1e-12), (DType::F32, true, 2e-5)]
+    {
+        let q = tensor(&values(&mut rng, 2 * 9 * 4, DType::F64), &[2, 9, 4], dtype);
+        let k = tensor(&values(&mut rng, 2 * 11 * 4, DType::F64), &[2, 11, 4], dtype);
+        let v = tensor(&values(&mut rng, 2 * 11 * 3, DType::F64), &[2, 11, 3], dtype);
+        let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
+            let (q, k, v) =
+                (q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true));
+            let y = F::scaled_dot_product_attention(&q, &k, &v, None, causal);
+            let g = kiln::grad(&[&y.square().sum()], &[&q, &k, &v], false);
+            [y.to_vec::<f64>(), g[0].to_vec::<f64>(), g[1].to_vec::<f64>(), g[2].to_vec::<f64>()]
+        };
+        let want = run(&q, &k, &v);
+        let (qg, kg, vg) = (q.to(gpu).detach(), k.to(gpu).detach(), v.to(gpu).detach());
+        let (got, profile) = kiln::profile(|| run(&qg, &kg, &vg));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close_tol(g, w, tol, &format!("{dtype:?} causal {causal} part {i}"));
+        }
+        // The device's own kernels, not host copies.
+        let kernels = profile.kernels();
+        let attention: Vec<_> =
+            kernels.iter().filter(|k| k.name.starts_with("attention")).collect();
+        assert_eq!(attention.len(), 2, "attention and attention_grad");
+        for k in attention {
+            assert_eq!(k.kind, kiln::StepKind::Library, "{}", k.name);
+        }
+    }
 }

@@ -4,8 +4,9 @@
 //! `is_causal` and no dropout: one attention op over tiles of queries and keys with an
 //! online softmax (flash attention), whose backward recomputes the scores tile by tile, so
 //! the `[.., L, S]` score matrix is never stored and memory grows linearly with the
-//! sequence. On the CPU it is a parallel tiled kernel; on a GPU it currently runs over host
-//! copies, which the profile shows as host work. With an `attn_mask` or dropout it is
+//! sequence. On the CPU it is a parallel tiled kernel; on a GPU, CUDA kernels of one thread
+//! per query (or key) row with an online softmax in f32 and f64 (16-bit operands run over
+//! host copies there, which the profile shows as host work). With an `attn_mask` or dropout it is
 //! composed of kiln's primitives instead (a batched product, one fused scale–mask–softmax
 //! kernel, a batched product), which stores the score matrix; the profile names the path
 //! (`attention` or `matmul`).

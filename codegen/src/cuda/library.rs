@@ -101,7 +101,7 @@ fn named(op: &str, body: &str) -> String {
 }
 
 /// Finishes a source whose entry points were written with the placeholder `ENTRY{k}`.
-fn finish(op: &str, body: String, count: usize) -> LibraryKernel {
+pub(super) fn finish(op: &str, body: String, count: usize) -> LibraryKernel {
     let base = named(op, &body);
     let entries: Vec<String> = (0..count).map(|k| format!("{base}_{k}")).collect();
     let mut body = body;

@@ -35,6 +35,7 @@ use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::walk::{Walk, coalesce};
 
+pub mod attention;
 pub mod library;
 #[cfg(test)]
 mod tests;

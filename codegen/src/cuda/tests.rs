@@ -205,6 +205,26 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
             out.push((format!("random_{dist:?}_{dtype}"), library::random(dist, dtype)));
         }
     }
+    // Attention: odd sizes, and W7's heads (32 features), causal and not, both entry sets.
+    for dtype in [DType::F32, DType::F64] {
+        for (e, ev) in [(5, 7), (32, 32)] {
+            for causal in [false, true] {
+                let d = super::attention::AttentionShape {
+                    n: 3,
+                    l: 9,
+                    e,
+                    s: 11,
+                    ev,
+                    causal,
+                    scale: 0.125,
+                };
+                for grad in [false, true] {
+                    let name = format!("attention_{e}x{ev}_{causal}_{grad}_{dtype}");
+                    out.push((name, super::attention::attention(dtype, &d, grad)));
+                }
+            }
+        }
+    }
     out
 }
 

@@ -1,9 +1,11 @@
 //! The ops that are not fused kernels, on a GPU: `gather`, `scatter`/`scatter_add`, `assign`,
 //! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin` and random fills, each
-//! a kernel from [`kiln_codegen::cuda::library`] with the reference executor's semantics. The
+//! a kernel from [`kiln_codegen::cuda::library`] with the reference executor's semantics, and
+//! fused attention and its gradients in f32/f64 (`kiln_codegen::cuda::attention`). The
 //! others (integer products, overlapping `unview`s) return `None` and run on host copies.
 
 use cudarc::driver::result;
+use kiln_codegen::cuda::attention::AttentionShape;
 use kiln_codegen::cuda::library::{self as source, LibraryKernel, Lines};
 use kiln_ir::{DType, Graph, NodeId, Op, RandomDist, ReduceOp, Shape};
 
@@ -40,6 +42,21 @@ pub(crate) fn eval(
             })
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale }
+            if matches!(node.dtype, DType::F32 | DType::F64) =>
+        {
+            let (q, k, v) = (shape_of(0).dims(), shape_of(1).dims(), shape_of(2).dims());
+            let shape = AttentionShape {
+                n: q[0],
+                l: q[1],
+                e: q[2],
+                s: k[1],
+                ev: v[2],
+                causal: *causal,
+                scale: f64::from_bits(*scale),
+            };
+            attention(gpu, args, &shape, matches!(node.op, Op::AttentionGrad { .. }))
+        }
         Op::Random { dist, key } => random(gpu, *dist, node.dtype, *key, node.shape.numel()),
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             arg_extreme(gpu, *op, args[0], shape_of(0), axes[0])
@@ -99,6 +116,45 @@ fn lines(shape: &Shape, axis: usize) -> usize {
 
 fn count(n: usize) -> Arg {
     Arg::I64(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// Fused attention or its packed gradients (`kiln_codegen::cuda::attention`).
+fn attention(
+    gpu: &'static Gpu,
+    args: &[&Buffer],
+    d: &AttentionShape,
+    grad: bool,
+) -> Result<Buffer, RuntimeError> {
+    let dtype = args[0].dtype();
+    let kernel = kiln_codegen::cuda::attention::attention(dtype, d, grad);
+    let ptr = |b: &Buffer| b.device_ptr(gpu).map(Arg::Ptr);
+    let (queries, keys) = (d.n * d.l, d.n * d.s);
+    if !grad {
+        let out = Buffer::on_gpu(gpu, dtype, queries * d.ev)?;
+        let launch_args = [ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(&out)?, count(queries)];
+        // SAFETY: `(q, k, v, out, n)`: dense q, k, v of the shape's sizes, `out` one row of
+        // `ev` per query, `n` queries.
+        unsafe { run(gpu, &kernel, 0, &launch_args, queries) }?;
+        return Ok(out);
+    }
+    let packed = Buffer::on_gpu(gpu, dtype, d.n * (d.l * d.e + d.s * d.e + d.s * d.ev))?;
+    let stats = Buffer::on_gpu(gpu, dtype, 2 * queries)?;
+    let operands = || -> Result<Vec<Arg>, RuntimeError> {
+        Ok(vec![ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(args[3])?, ptr(&stats)?])
+    };
+    let mut first = operands()?;
+    first.push(count(queries));
+    // SAFETY: `(q, k, v, dout, stats, n)`: dense operands, `stats` two values per query.
+    unsafe { run(gpu, &kernel, 0, &first, queries) }?;
+    for (entry, rows) in [(1, queries), (2, keys)] {
+        let mut launch_args = operands()?;
+        launch_args.extend([ptr(&packed)?, count(rows)]);
+        // SAFETY: as above, with `packed` the gradients' `[dq | dk | dv]` per batch entry
+        // and `n` query rows (entry 1) or key rows (entry 2); the statistics were written by
+        // the launch before on the same stream.
+        unsafe { run(gpu, &kernel, entry, &launch_args, rows) }?;
+    }
+    Ok(packed)
 }
 
 /// A device copy of `b`.
