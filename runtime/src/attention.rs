@@ -493,40 +493,13 @@ impl<T: Real> Grad<'_, T> {
     #[inline(always)]
     fn entry(&self, b: usize, packed: &mut [T]) {
         let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
-        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
         let (dq, rest) = packed.split_at_mut(l * e);
         let (dk, dv) = rest.split_at_mut(s * e);
-        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        let mut scratch = Scratch::new(e, ev);
         for c0 in (0..s).step_by(COLS) {
             let c1 = (c0 + COLS).min(s);
-            transpose_tile(kb, e, c0, c1, &mut kt);
-            transpose_tile(vb, ev, c0, c1, &mut vt);
-            let first_row = if self.d.causal { c0 } else { 0 };
-            for r in first_row..l {
-                let end = self.d.keys_of(r).min(c1);
-                if end <= c0 {
-                    continue;
-                }
-                let w = end - c0;
-                self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
-                let qrow = &self.q[(b * l + r) * e..(b * l + r + 1) * e];
-                let drow = &self.dout[(b * l + r) * ev..(b * l + r + 1) * ev];
-                let dq_row = &mut dq[r * e..(r + 1) * e];
-                for cc in 0..w {
-                    let (pp, x) = (p[cc], ds[cc] * self.scale);
-                    let key = c0 + cc;
-                    for (o, &g) in dv[key * ev..(key + 1) * ev].iter_mut().zip(drow) {
-                        *o += pp * g;
-                    }
-                    for (o, &qv) in dk[key * e..(key + 1) * e].iter_mut().zip(qrow) {
-                        *o += x * qv;
-                    }
-                    for (o, &kv) in dq_row.iter_mut().zip(&kb[key * e..(key + 1) * e]) {
-                        *o += x * kv;
-                    }
-                }
-            }
+            let (dk, dv) = (&mut dk[c0 * e..c1 * e], &mut dv[c0 * ev..c1 * ev]);
+            self.key_tile(b, c0, c1, &mut scratch, dk, dv, Some(&mut *dq));
         }
     }
 
@@ -534,14 +507,31 @@ impl<T: Real> Grad<'_, T> {
     /// `Σ_i p_ij dout_i`.
     #[inline(always)]
     fn dkv_tile(&self, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>) {
+        let (e, ev) = (self.d.e, self.d.ev);
+        let (mut dk, mut dv) = (vec![T::ZERO; (c1 - c0) * e], vec![T::ZERO; (c1 - c0) * ev]);
+        self.key_tile(b, c0, c1, &mut Scratch::new(e, ev), &mut dk, &mut dv, None);
+        (dk, dv)
+    }
+
+    /// Adds the contributions of every query row that sees keys `c0..c1` of entry `b` to
+    /// those keys' `dk` and `dv` rows and, when given, to the entry's `dq`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments, reason = "the tile, its scratch and three outputs")]
+    fn key_tile(
+        &self,
+        b: usize,
+        c0: usize,
+        c1: usize,
+        scratch: &mut Scratch<T>,
+        dk: &mut [T],
+        dv: &mut [T],
+        mut dq: Option<&mut [T]>,
+    ) {
         let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
         let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
-        let width = c1 - c0;
-        let (mut dk, mut dv) = (vec![T::ZERO; width * e], vec![T::ZERO; width * ev]);
-        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
-        transpose_tile(kb, e, c0, c1, &mut kt);
-        transpose_tile(vb, ev, c0, c1, &mut vt);
+        let Scratch { kt, vt, p, ds } = scratch;
+        transpose_tile(kb, e, c0, c1, kt);
+        transpose_tile(vb, ev, c0, c1, vt);
         // Causal: rows before c0 see none of these keys.
         let first_row = if self.d.causal { c0 } else { 0 };
         for r in first_row..l {
@@ -550,7 +540,7 @@ impl<T: Real> Grad<'_, T> {
                 continue;
             }
             let w = end - c0;
-            self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
+            self.terms(b, r, w, kt, vt, p, ds);
             let qrow = &self.q[(b * l + r) * e..(b * l + r + 1) * e];
             let drow = &self.dout[(b * l + r) * ev..(b * l + r + 1) * ev];
             for cc in 0..w {
@@ -561,9 +551,33 @@ impl<T: Real> Grad<'_, T> {
                 for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
                     *o += x * qv;
                 }
+                if let Some(dq) = dq.as_deref_mut() {
+                    let key = &kb[(c0 + cc) * e..(c0 + cc + 1) * e];
+                    for (o, &kv) in dq[r * e..(r + 1) * e].iter_mut().zip(key) {
+                        *o += x * kv;
+                    }
+                }
             }
         }
-        (dk, dv)
+    }
+}
+
+/// The per-thread rows a key tile's gradient pass works in.
+struct Scratch<T> {
+    kt: Vec<T>,
+    vt: Vec<T>,
+    p: Vec<T>,
+    ds: Vec<T>,
+}
+
+impl<T: Real> Scratch<T> {
+    fn new(e: usize, ev: usize) -> Scratch<T> {
+        Scratch {
+            kt: vec![T::ZERO; e * COLS],
+            vt: vec![T::ZERO; ev * COLS],
+            p: vec![T::ZERO; COLS],
+            ds: vec![T::ZERO; COLS],
+        }
     }
 }
 
