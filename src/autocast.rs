@@ -72,6 +72,7 @@ pub fn autocast_dtype() -> Option<DType> {
 }
 
 /// An operand of a product under autocast: f32/f64 cast to the autocast type.
+#[track_caller]
 pub(crate) fn lower(t: &Tensor) -> Tensor {
     match autocast_dtype() {
         Some(low) if matches!(t.dtype(), DType::F32 | DType::F64) => t.to_dtype(low),
@@ -80,6 +81,7 @@ pub(crate) fn lower(t: &Tensor) -> Tensor {
 }
 
 /// An input of a precision-sensitive op under autocast: 16-bit floats widened to f32.
+#[track_caller]
 pub(crate) fn widen(t: &Tensor) -> Tensor {
     match autocast_dtype() {
         Some(_) if matches!(t.dtype(), DType::BF16 | DType::F16) => t.to_dtype(DType::F32),

@@ -200,40 +200,33 @@ fn has_avx2() -> bool {
     }
 }
 
-/// `$name` compiled for AVX2 and FMA (its body, marked `#[inline(always)]`, is inlined into
-/// a function with those features) when the CPU has them, else for the baseline.
+/// Defines `$fast`, which runs `$name` compiled for AVX2 and FMA (its body, marked
+/// `#[inline(always)]`, is inlined into a function with those features) when the CPU has
+/// them, else for the baseline.
 macro_rules! dispatch {
-    ($avx2:ident, $name:path, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx2<T: Real>($($arg: $ty),*) -> $ret {
+    ($fast:ident, $name:path, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $fast<T: Real>($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2<T: Real>($($arg: $ty),*) -> $ret {
+                    $name($($arg),*)
+                }
+                if has_avx2() {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
             $name($($arg),*)
         }
     };
 }
 
-dispatch!(forward_tile_avx2, forward_tile, (q: &[T], k: &[T], v: &[T], d: &Dims, b: usize, r0: usize, r1: usize) -> (Vec<T>, Vec<T>));
-dispatch!(dq_tile_avx2, Grad::dq_tile, (g: &Grad<'_, T>, b: usize, r0: usize, r1: usize) -> Vec<T>);
-dispatch!(entry_avx2, Grad::entry, (g: &Grad<'_, T>, b: usize, packed: &mut [T]) -> ());
-dispatch!(dkv_tile_avx2, Grad::dkv_tile, (g: &Grad<'_, T>, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>));
-
-/// [`forward_tile`] in the CPU's best variant.
-fn forward_tile_fast<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    d: &Dims,
-    b: usize,
-    r0: usize,
-    r1: usize,
-) -> (Vec<T>, Vec<T>) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { forward_tile_avx2(q, k, v, d, b, r0, r1) };
-    }
-    forward_tile(q, k, v, d, b, r0, r1)
-}
+dispatch!(forward_tile_fast, forward_tile, (q: &[T], k: &[T], v: &[T], d: &Dims, b: usize, r0: usize, r1: usize) -> (Vec<T>, Vec<T>));
+dispatch!(short_entry_fast, short_entry, (q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims, b: usize, packed: &mut [T]) -> ());
+dispatch!(dq_tile_fast, Grad::dq_tile, (g: &Grad<'_, T>, b: usize, r0: usize, r1: usize) -> Vec<T>);
+dispatch!(entry_fast, Grad::entry, (g: &Grad<'_, T>, b: usize, packed: &mut [T]) -> ());
+dispatch!(dkv_tile_fast, Grad::dkv_tile, (g: &Grad<'_, T>, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>));
 
 /// Query tiles of every batch entry: `(b, r0, r1)`.
 fn query_tiles(d: &Dims) -> Vec<(usize, usize, usize)> {
@@ -264,41 +257,18 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
         // Enough batch entries to keep every thread busy: one pass per entry over its key
         // tiles computes dq, dk and dv together, without recomputing the scores for dq.
         let mut out = vec![T::ZERO; d.n * per];
-        out.par_chunks_mut(per.max(1)).enumerate().for_each(|(b, packed)| {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // SAFETY: the CPU has AVX2 and FMA.
-                return unsafe { entry_avx2(&g, b, packed) };
-            }
-            g.entry(b, packed);
-        });
+        out.par_chunks_mut(per.max(1))
+            .enumerate()
+            .for_each(|(b, packed)| entry_fast(&g, b, packed));
         return out;
     }
-    let dq_parts: Vec<Vec<T>> = tiles
-        .par_iter()
-        .map(|&(b, r0, r1)| {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // SAFETY: the CPU has AVX2 and FMA.
-                return unsafe { dq_tile_avx2(&g, b, r0, r1) };
-            }
-            g.dq_tile(b, r0, r1)
-        })
-        .collect();
+    let dq_parts: Vec<Vec<T>> =
+        tiles.par_iter().map(|&(b, r0, r1)| dq_tile_fast(&g, b, r0, r1)).collect();
     let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
         .flat_map(|b| (0..s).step_by(COLS).map(move |c0| (b, c0, (c0 + COLS).min(s))))
         .collect();
-    let dkv_parts: Vec<(Vec<T>, Vec<T>)> = key_tiles
-        .par_iter()
-        .map(|&(b, c0, c1)| {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // SAFETY: the CPU has AVX2 and FMA.
-                return unsafe { dkv_tile_avx2(&g, b, c0, c1) };
-            }
-            g.dkv_tile(b, c0, c1)
-        })
-        .collect();
+    let dkv_parts: Vec<(Vec<T>, Vec<T>)> =
+        key_tiles.par_iter().map(|&(b, c0, c1)| dkv_tile_fast(&g, b, c0, c1)).collect();
     let mut out = vec![T::ZERO; d.n * per];
     for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
         let at = b * per + r0 * e;
@@ -319,18 +289,11 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
 fn backward_short<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims) -> Vec<T> {
     let per = d.l * d.e + d.s * d.e + d.s * d.ev;
     let mut out = vec![T::ZERO; d.n * per];
-    out.par_chunks_mut(per.max(1)).enumerate().for_each(|(b, packed)| {
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU has AVX2 and FMA.
-            return unsafe { short_entry_avx2(q, k, v, dout, d, b, packed) };
-        }
-        short_entry(q, k, v, dout, d, b, packed);
-    });
+    out.par_chunks_mut(per.max(1))
+        .enumerate()
+        .for_each(|(b, packed)| short_entry_fast(q, k, v, dout, d, b, packed));
     out
 }
-
-dispatch!(short_entry_avx2, short_entry, (q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims, b: usize, packed: &mut [T]) -> ());
 
 /// The packed gradients of batch entry `b` when its keys fit one tile.
 #[inline(always)]

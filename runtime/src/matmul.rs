@@ -57,6 +57,31 @@ pub(crate) fn widen_bf16(x: &[half::bf16]) -> Vec<f32> {
     out
 }
 
+/// A bf16 or f16 buffer's values as f32 (exact).
+pub(crate) fn widen_half(x: &Buffer) -> Vec<f32> {
+    use half::slice::HalfFloatSliceExt;
+    match x.as_slice::<half::bf16>() {
+        Some(b) => widen_bf16(b),
+        None => {
+            let h: &[f16] = x.as_slice().expect("a 16-bit float buffer");
+            let mut out = vec![0.0f32; h.len()];
+            h.convert_to_f32_slice(&mut out);
+            out
+        }
+    }
+}
+
+/// f32 values rounded to `dtype` (bf16 or f16) as a buffer.
+pub(crate) fn narrow_half(x: &[f32], dtype: DType) -> Result<Buffer, RuntimeError> {
+    use half::slice::HalfFloatSliceExt;
+    if dtype == DType::BF16 {
+        return Buffer::from_slice(&narrow_bf16(x));
+    }
+    let mut out = vec![f16::ZERO; x.len()];
+    out.convert_from_f32_slice(x);
+    Buffer::from_slice(&out)
+}
+
 /// f32 values rounded to bf16 (to nearest, ties to even), in parallel chunks.
 pub(crate) fn narrow_bf16(x: &[f32]) -> Vec<half::bf16> {
     use half::slice::HalfFloatSliceExt;

@@ -349,50 +349,20 @@ fn attention(
         scale: f64::from_bits(scale),
     };
     let grad = matches!(op, Op::AttentionGrad { .. });
-    macro_rules! run {
-        ($t:ty) => {{
-            let slice =
-                |i: usize| args[i].as_slice::<$t>().expect("attention's operands share a dtype");
-            let out = if grad {
-                backward(slice(0), slice(1), slice(2), slice(3), &d)
-            } else {
-                forward(slice(0), slice(1), slice(2), &d)
-            };
-            Buffer::from_slice(&out)
-        }};
+    fn compute<T: crate::attention::Real>(x: &[&[T]], d: &Dims, grad: bool) -> Vec<T> {
+        if grad { backward(x[0], x[1], x[2], x[3], d) } else { forward(x[0], x[1], x[2], d) }
+    }
+    fn typed<'a, T: Element>(args: &[&'a Buffer]) -> Vec<&'a [T]> {
+        args.iter().map(|b| b.as_slice().expect("attention's operands share a dtype")).collect()
     }
     match args[0].dtype() {
-        DType::F32 => run!(f32),
-        DType::F64 => run!(f64),
+        DType::F32 => Buffer::from_slice(&compute::<f32>(&typed(args), &d, grad)),
+        DType::F64 => Buffer::from_slice(&compute::<f64>(&typed(args), &d, grad)),
         // The 16-bit floats, in f32.
-        DType::BF16 => {
-            let widen =
-                |b: &Buffer| crate::matmul::widen_bf16(b.as_slice().expect("bf16 operands"));
-            let args: Vec<Vec<f32>> = args.iter().map(|b| widen(b)).collect();
-            let out = if grad {
-                backward(&args[0], &args[1], &args[2], &args[3], &d)
-            } else {
-                forward(&args[0], &args[1], &args[2], &d)
-            };
-            Buffer::from_slice(&crate::matmul::narrow_bf16(&out))
-        }
-        _ => {
-            use half::slice::HalfFloatSliceExt;
-            let widen = |b: &Buffer| {
-                let x: &[half::f16] = b.as_slice().expect("f16 operands");
-                let mut out = vec![0.0f32; x.len()];
-                x.convert_to_f32_slice(&mut out);
-                out
-            };
-            let args: Vec<Vec<f32>> = args.iter().map(|b| widen(b)).collect();
-            let out = if grad {
-                backward(&args[0], &args[1], &args[2], &args[3], &d)
-            } else {
-                forward(&args[0], &args[1], &args[2], &d)
-            };
-            let mut narrow = vec![half::f16::ZERO; out.len()];
-            narrow.convert_from_f32_slice(&out);
-            Buffer::from_slice(&narrow)
+        dtype => {
+            let wide: Vec<Vec<f32>> = args.iter().map(|b| crate::matmul::widen_half(b)).collect();
+            let out = compute(&wide.iter().map(Vec::as_slice).collect::<Vec<_>>(), &d, grad);
+            crate::matmul::narrow_half(&out, dtype)
         }
     }
 }

@@ -83,9 +83,9 @@ pub fn try_batch_norm(
     bias: Option<&Tensor>,
     options: BatchNormOptions,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     normalize(input, running_mean, running_var, weight, bias, options, None)
 }
 

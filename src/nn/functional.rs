@@ -138,9 +138,9 @@ pub fn try_cross_entropy_with(
     target: &Tensor,
     options: CrossEntropyOptions,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     const OP: &str = "cross_entropy";
     let eps = options.label_smoothing;
     if !(0.0..=1.0).contains(&eps) {
@@ -199,9 +199,9 @@ pub fn try_nll_loss_with(
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     const OP: &str = "nll_loss";
     let class_dim = check_class_target(OP, input, target)?;
     let options = CrossEntropyOptions { reduction, label_smoothing: 0.0, ignore_index };
@@ -324,10 +324,10 @@ pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> T
 /// almost always a bug, so kiln asks for an explicit `expand`).
 #[track_caller]
 pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
     let target = &crate::autocast::widen(target);
-    let _at = crate::origin::enter();
     same_shape("mse_loss", input, target)?;
     reduction.apply(&input.try_sub(target)?.square())
 }
@@ -558,37 +558,16 @@ pub fn try_layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     const OP: &str = "layer_norm";
-    let (n, k) = (input.ndim(), normalized_shape.len());
-    if k == 0 || k > n || &input.dims()[n - k..] != normalized_shape {
-        return Err(Error::shape(
-            OP,
-            format!(
-                "the input of shape {} must end in the normalized shape {normalized_shape:?}",
-                input.shape()
-            ),
-        ));
-    }
-    if !input.dtype().is_float() {
-        return Err(Error::dtype(
-            OP,
-            format!("the input must be floating point, got {}", input.dtype()),
-        ));
-    }
-    for (what, t) in [("weight", weight), ("bias", bias)] {
-        if let Some(t) = t
-            && t.dims() != normalized_shape
-        {
-            return Err(Error::shape(
-                OP,
-                format!("the {what} must have shape {normalized_shape:?}, got {}", t.shape()),
-            ));
-        }
-    }
-    let dims: Vec<i64> = (n - k..n).map(|d| d as i64).collect();
+    let dims = super::norm::normalized_dims(
+        OP,
+        input,
+        normalized_shape,
+        &[("weight", weight), ("bias", bias)],
+    )?;
     let mean = input.try_mean_dim(dims.clone(), true)?;
     let centered = input - &mean;
     let var = centered.square().try_mean_dim(dims, true)?;

@@ -137,9 +137,9 @@ pub fn try_group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     const OP: &str = "group_norm";
     if input.ndim() < 2 {
         return Err(Error::shape(
@@ -316,14 +316,39 @@ pub fn try_rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
+    let _at = crate::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
     let input = &crate::autocast::widen(input);
-    let _at = crate::origin::enter();
     const OP: &str = "rms_norm";
+    let dims = normalized_dims(OP, input, normalized_shape, &[("weight", weight)])?;
+    let eps = match eps {
+        Some(e) if e.is_nan() || e < 0.0 => {
+            return Err(Error::value(OP, format!("eps must be >= 0, got {e}")));
+        }
+        Some(e) => e,
+        None => machine_epsilon(input.dtype()),
+    };
+    let mean_square = input.try_mul(input)?.try_mean_dim(dims, true)?;
+    let y = input.try_mul((mean_square + eps).sqrt().reciprocal())?;
+    match weight {
+        Some(w) => y.try_mul(w),
+        None => Ok(y),
+    }
+}
+
+/// The trailing dimensions `normalized_shape` names, after checking that `input` is a float
+/// tensor ending in that shape and that each given affine tensor has it (layer and RMS
+/// norm's shared checks).
+pub(super) fn normalized_dims(
+    op: &'static str,
+    input: &Tensor,
+    normalized_shape: &[usize],
+    affine: &[(&str, Option<&Tensor>)],
+) -> Result<Vec<i64>> {
     let (n, k) = (input.ndim(), normalized_shape.len());
     if k == 0 || k > n || &input.dims()[n - k..] != normalized_shape {
         return Err(Error::shape(
-            OP,
+            op,
             format!(
                 "the input of shape {} must end in the normalized shape {normalized_shape:?}",
                 input.shape()
@@ -332,32 +357,21 @@ pub fn try_rms_norm(
     }
     if !input.dtype().is_float() {
         return Err(Error::dtype(
-            OP,
+            op,
             format!("the input must be floating point, got {}", input.dtype()),
         ));
     }
-    if let Some(w) = weight
-        && w.dims() != normalized_shape
-    {
-        return Err(Error::shape(
-            OP,
-            format!("the weight must have shape {normalized_shape:?}, got {}", w.shape()),
-        ));
-    }
-    let eps = match eps {
-        Some(e) if e.is_nan() || e < 0.0 => {
-            return Err(Error::value(OP, format!("eps must be >= 0, got {e}")));
+    for (what, t) in affine {
+        if let Some(t) = t
+            && t.dims() != normalized_shape
+        {
+            return Err(Error::shape(
+                op,
+                format!("the {what} must have shape {normalized_shape:?}, got {}", t.shape()),
+            ));
         }
-        Some(e) => e,
-        None => machine_epsilon(input.dtype()),
-    };
-    let dims: Vec<i64> = (n - k..n).map(|d| d as i64).collect();
-    let mean_square = input.try_mul(input)?.try_mean_dim(dims, true)?;
-    let y = input.try_mul((mean_square + eps).sqrt().reciprocal())?;
-    match weight {
-        Some(w) => y.try_mul(w),
-        None => Ok(y),
     }
+    Ok((n - k..n).map(|d| d as i64).collect())
 }
 
 /// PyTorch's `torch.finfo(dtype).eps`.
