@@ -56,7 +56,7 @@ fn matrices_of_odd_sizes_in_every_layout() {
 fn vectors_batches_and_broadcasting_follow_pytorch() {
     let mut rng = Rng::new(32);
     // (a shape, b shape, result shape)
-    let cases: [(&[usize], &[usize], &[usize]); 8] = [
+    let cases: [(&[usize], &[usize], &[usize]); 10] = [
         (&[4], &[4], &[]),
         (&[4], &[4, 3], &[3]),
         (&[2, 4], &[4], &[2]),
@@ -65,6 +65,8 @@ fn vectors_batches_and_broadcasting_follow_pytorch() {
         (&[5, 2, 4], &[4, 3], &[5, 2, 3]),
         (&[2, 1, 2, 4], &[3, 4, 3], &[2, 3, 2, 3]),
         (&[1, 2, 4], &[6, 4, 3], &[6, 2, 3]),
+        (&[3, 2, 5, 4], &[4, 3], &[3, 2, 5, 3]),
+        (&[3, 2, 5, 4], &[4], &[3, 2, 5]),
     ];
     for (sa, sb, so) in cases {
         let da = values(&mut rng, sa.iter().product(), DType::F64);
@@ -196,4 +198,21 @@ fn products_split_across_threads_match_the_loop() {
             assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
         }
     }
+}
+
+/// A batch of matrices times one matrix is one product over all rows: the matrix is not
+/// copied per batch entry, and its gradient is one product, not a sum of per-entry ones.
+#[test]
+fn a_batch_times_a_matrix_is_one_product() {
+    let x = Tensor::randn([4, 6, 8]).requires_grad_(true);
+    let w = Tensor::randn([5, 8]).requires_grad_(true);
+    let y = x.matmul(&w.t());
+    assert_eq!(y.dims(), &[4, 6, 5]);
+    let dot = kiln::debug::graph_dot(&[&y]);
+    assert_eq!(dot.matches("matmul").count(), 1, "{dot}");
+    assert!(dot.contains("[24, 8]"), "the batch folds into 24 rows:\n{dot}");
+    y.sum().backward();
+    let g = w.grad().unwrap();
+    let dot = kiln::debug::graph_dot(&[&g]);
+    assert!(!dot.contains("sum"), "no sum over per-entry products:\n{dot}");
 }

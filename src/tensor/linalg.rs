@@ -66,6 +66,9 @@ impl Tensor {
                 ),
             ));
         }
+        if ar >= 3 && br == 2 {
+            return fold_batch(&a, &b, rb == 1);
+        }
         let batch_a = Shape::from(&a.dims()[..ar - 2]);
         let batch_b = Shape::from(&b.dims()[..br - 2]);
         let batch = batch_a.broadcast(&batch_b, "matmul").map_err(|_| {
@@ -174,7 +177,28 @@ impl Tensor {
         self.expect_ranks("dot", rhs, 1)?;
         self.try_matmul(rhs).map_err(|e| e.reported_as("dot"))
     }
+}
 
+/// A batch of matrices times one matrix, as one product with the batch folded into the rows
+/// (PyTorch's rule too): `[.., m, k] @ [k, n]` is `[(..)·m, k] @ [k, n]` reshaped back. The
+/// batched form would broadcast the matrix to every batch entry, run many small products,
+/// and its gradient would be a product per entry summed over the batch; folded, the
+/// weight's gradient is one product over all rows. The reshape is a view whenever the
+/// batch's layout allows.
+#[track_caller]
+fn fold_batch(a: &Tensor, b: &Tensor, drop_col: bool) -> Result<Tensor> {
+    let dims = a.dims();
+    let (rows, k) = (dims[..dims.len() - 1].iter().product::<usize>(), dims[dims.len() - 1]);
+    let flat = a.try_reshape(&[rows as i64, k as i64])?;
+    let out = Tensor::from_op(Op::MatMul, &[&flat, b])?;
+    let mut shape: Vec<i64> = dims[..dims.len() - 1].iter().map(|&d| d as i64).collect();
+    if !drop_col {
+        shape.push(b.dims()[1] as i64);
+    }
+    out.try_reshape(&shape)
+}
+
+impl Tensor {
     fn expect_ranks(&self, op: &'static str, rhs: &Tensor, rank: usize) -> Result<()> {
         if self.ndim() == rank && rhs.ndim() == rank {
             return Ok(());
