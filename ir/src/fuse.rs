@@ -280,7 +280,13 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
         if matches!(op, Op::Input) || merged.contains_key(&n) || reduced_by.contains_key(&n) {
             continue;
         }
-        if let Some(&cut) = stored.get(&n) {
+        if stored.contains_key(&n)
+            && !written_by.contains_key(&n)
+            && shares_buffer(graph, n, stored)
+        {
+            // The executor hands the argument's buffer on under the new shape.
+            steps.push(Step::Node(n));
+        } else if let Some(&cut) = stored.get(&n) {
             steps.push(kernel(match written_by.get(&n) {
                 Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
                 None => build_kernel(graph, n, cut, stored, &[]),
@@ -313,6 +319,14 @@ fn matmul_step(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> Step 
 }
 
 /// Whether `n`'s value is a buffer when a kernel reads it.
+/// Whether `n` is a view that reads all of its argument's buffer in order (a reshape of a
+/// stored value), so that it needs no kernel: its consumers can read that buffer.
+pub fn shares_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
+    let Op::View(view) = &graph.node(n).op else { return false };
+    let arg = graph.arg_slice(n)[0];
+    is_buffer(graph, arg, stored) && view.is_dense_over(graph.node(arg).shape.numel())
+}
+
 fn is_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
     let op = &graph.node(n).op;
     stored.contains_key(&n) || (!op.is_elementwise() && !op.is_free())

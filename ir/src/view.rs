@@ -97,6 +97,12 @@ impl View {
         self.offset == 0 && &self.shape == shape && self.is_contiguous()
     }
 
+    /// Whether this view reads all of a dense buffer of `numel` elements in order, under any
+    /// shape: a reshape that can share the buffer instead of copying it.
+    pub fn is_dense_over(&self, numel: usize) -> bool {
+        self.offset == 0 && self.shape.numel() == numel && self.is_contiguous()
+    }
+
     /// Reorders the dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
     /// `perm` must be a permutation of `0..rank`.
     pub fn permute(&self, perm: &[usize]) -> View {

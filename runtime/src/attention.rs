@@ -1,19 +1,25 @@
-//! Fused attention on the CPU, flash-attention style: queries in tiles of `ROWS` against
-//! keys in tiles of `COLS`, with a running maximum and sum per query (an online softmax),
-//! so that memory stays `O(tile²)` per thread instead of `O(L·S)`. The backward pass
-//! recomputes the scores tile by tile: one pass for each query's log-sum-exp and
-//! `D = dout·out`, then the gradients: per batch entry (`dq`, `dk`, `dv` together) when
-//! there are as many entries as threads, else one pass over query tiles for `dq` and one
-//! over key tiles for `dk` and `dv` (so no two threads write the same gradient row). When
-//! every query's keys fit one tile, the softmax of a row is exact in one go and a single
-//! pass does it all.
+//! Fused attention on the CPU, flash-attention style: queries in tiles of `QT` against
+//! keys in tiles of `KT`, with a running maximum and sum per query (an online softmax),
+//! so that memory stays `O(tile²)` per thread instead of `O(L·S)`. Each step of a tile is
+//! a few small matrix products (single-threaded `gemm` calls: threads split the tiles)
+//! and row-wise softmax arithmetic in between.
+//!
+//! The backward pass recomputes the scores block by block: one pass for each query's
+//! log-sum-exp and `D = dout·out`, then the gradients: per batch entry (`dq`, `dk`, `dv`
+//! together) when there are as many entries as threads, else one pass over query tiles for
+//! `dq` and one over key tiles for `dk` and `dv` (so no two threads write the same
+//! gradient row). When every query's keys fit one tile, a row's softmax is exact in one go:
+//! no statistics pass, and query tiles run in parallel with partial `dk`/`dv` summed after.
 
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
+use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
-const ROWS: usize = 32;
-const COLS: usize = 64;
+/// Query rows per tile.
+const QT: usize = 64;
+/// Keys per tile (the row stride of the score scratch).
+const KT: usize = 64;
 
 /// The float types the kernels run in.
 pub(crate) trait Real:
@@ -30,6 +36,7 @@ pub(crate) trait Real:
     + 'static
 {
     const ZERO: Self;
+    const ONE: Self;
     const NEG_INF: Self;
     fn exp(self) -> Self;
     /// `exp` as straight-line arithmetic, so loops over it vectorize (f32: Cephes' `expf`
@@ -43,6 +50,7 @@ macro_rules! real {
     ($t:ty, $fast:expr) => {
         impl Real for $t {
             const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
             const NEG_INF: $t = <$t>::NEG_INFINITY;
             fn exp(self) -> $t {
                 <$t>::exp(self)
@@ -74,7 +82,11 @@ fn exp_f32(x: f32) -> f32 {
     // Round to nearest with the 1.5·2²³ trick (no `round` call, which is a library call
     // without SSE4.1).
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    let t = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
+    // n as an integer, read from the low bits of `t` (exact for |n| < 2²²; a float-to-int
+    // cast would saturate lane by lane and keep the loop from vectorizing).
+    let ni = t.to_bits().wrapping_sub(MAGIC.to_bits());
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -83,7 +95,7 @@ fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    y * f32::from_bits(ni.wrapping_add(127) << 23)
 }
 
 /// The sizes of one attention problem: `q [n, l, e]`, `k [n, s, e]`, `v [n, s, ev]`.
@@ -105,116 +117,264 @@ impl Dims {
     }
 }
 
-/// Rows `c0..c1` of `x` (`width` columns) transposed into `out[col * COLS + row]`.
-#[inline(always)]
-fn transpose_tile<T: Real>(x: &[T], width: usize, c0: usize, c1: usize, out: &mut [T]) {
-    for (cc, row) in x[c0 * width..c1 * width].chunks_exact(width).enumerate() {
-        for (f, &v) in row.iter().enumerate() {
-            out[f * COLS + cc] = v;
-        }
-    }
-}
-
-/// `scores[cc] = scale · q_row · k[c0 + cc]` for every key of a tile whose keys are
-/// transposed in `kt` (`[e][COLS]`). The whole tile width is computed, with fixed-size
-/// rows, so the compiler keeps the row of accumulators in registers; columns past the
-/// tile's keys (or a row's causal limit) are computed from unused data and never read.
-#[inline(always)]
-fn scores<T: Real>(q_row: &[T], kt: &[T], scale: T, out: &mut [T]) {
-    let out: &mut [T; COLS] = (&mut out[..COLS]).try_into().expect("a tile row");
-    *out = [T::ZERO; COLS];
-    for (f, &qv) in q_row.iter().enumerate() {
-        let qv = qv * scale;
-        let krow: &[T; COLS] = kt[f * COLS..(f + 1) * COLS].try_into().expect("a tile row");
-        for (s, &kv) in out.iter_mut().zip(krow) {
-            *s += qv * kv;
-        }
-    }
-}
-
-#[inline(always)]
-fn forward_tile<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    d: &Dims,
+/// One block of the problem: query rows `r0..r1` against keys `c0..c1` of batch entry `b`.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
     b: usize,
     r0: usize,
     r1: usize,
-) -> (Vec<T>, Vec<T>) {
-    let (e, ev) = (d.e, d.ev);
-    let scale = T::of(d.scale);
-    let (q, k, v) = (&q[b * d.l * e..], &k[b * d.s * e..], &v[b * d.s * ev..]);
-    let rows = r1 - r0;
-    let mut m = vec![T::NEG_INF; rows];
-    let mut sum = vec![T::ZERO; rows];
-    let mut acc = vec![T::ZERO; rows * ev];
-    let mut kt = vec![T::ZERO; e * COLS];
-    let mut srow = vec![T::ZERO; COLS];
-    let key_end = d.keys_of(r1 - 1);
-    for c0 in (0..key_end).step_by(COLS) {
-        let c1 = (c0 + COLS).min(key_end);
-        transpose_tile(k, e, c0, c1, &mut kt);
-        for r in r0..r1 {
-            let end = d.keys_of(r).min(c1);
-            if end <= c0 {
-                continue;
-            }
-            let w = end - c0;
-            let i = r - r0;
-            scores(&q[r * e..(r + 1) * e], &kt, scale, &mut srow);
-            let tile_max =
-                srow[..w].iter().copied().fold(T::NEG_INF, |a, b| if b > a { b } else { a });
-            let m_new = if tile_max > m[i] { tile_max } else { m[i] };
-            let correction = (m[i] - m_new).exp();
-            sum[i] *= correction;
-            let out = &mut acc[i * ev..(i + 1) * ev];
-            out.iter_mut().for_each(|o| *o *= correction);
-            srow[..w].iter_mut().for_each(|x| *x = (*x - m_new).exp_fast());
-            for (cc, &p) in srow[..w].iter().enumerate() {
-                sum[i] += p;
-                for (o, &vv) in out.iter_mut().zip(&v[(c0 + cc) * ev..(c0 + cc + 1) * ev]) {
-                    *o += p * vv;
-                }
-            }
-            m[i] = m_new;
-        }
-    }
-    let mut lse = vec![T::ZERO; rows];
-    for i in 0..rows {
-        acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o = *o / sum[i]);
-        lse[i] = m[i] + sum[i].ln();
-    }
-    (acc, lse)
+    c0: usize,
+    c1: usize,
 }
 
-/// Whether the CPU runs the AVX2 + FMA copies of the tile functions.
-fn has_avx2() -> bool {
+impl Tile {
+    fn rows(&self) -> usize {
+        self.r1 - self.r0
+    }
+
+    fn width(&self) -> usize {
+        self.c1 - self.c0
+    }
+
+    /// How many of the tile's keys query row `r0 + i` sees (the first ones).
+    fn visible(&self, d: &Dims, i: usize) -> usize {
+        d.keys_of(self.r0 + i).saturating_sub(self.c0).min(self.width())
+    }
+}
+
+/// A matrix held in a slice with a row and a column stride.
+#[derive(Clone, Copy)]
+struct Mat<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// Rows `r0..r1` of a row-major matrix `cols` wide.
+    fn rows(data: &'a [T], r0: usize, r1: usize, cols: usize) -> Self {
+        Mat { data: &data[r0 * cols..r1 * cols], rows: r1 - r0, cols, rs: cols, cs: 1 }
+    }
+
+    /// A `rows × cols` row-major block whose rows are `stride` apart.
+    fn block(data: &'a [T], rows: usize, cols: usize, stride: usize) -> Self {
+        Mat { data, rows, cols, rs: stride, cs: 1 }
+    }
+
+    fn t(self) -> Self {
+        Mat { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
+    }
+
+    /// Whether every element lies inside the slice.
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = alpha·a·b`, or `dst += alpha·a·b` when `acc`, for a row-major `dst` whose rows
+/// are `dst_rs` apart.
+fn mm<T: Real>(dst: &mut [T], dst_rs: usize, a: Mat<'_, T>, b: Mat<'_, T>, alpha: T, acc: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        b.rows == k && a.fits() && b.fits() && (m - 1) * dst_rs + n <= dst.len(),
+        "attention block out of bounds"
+    );
+    if k == 0 {
+        if !acc {
+            dst.chunks_mut(dst_rs).take(m).for_each(|row| row[..n].fill(T::ZERO));
+        }
+        return;
+    }
+    // SAFETY: every element of the three matrices lies inside its slice (checked above),
+    // and `dst`, borrowed mutably, overlaps neither operand. `T` is f32 or f64.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            acc,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::ONE,
+            alpha,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// The largest value, in eight independent lanes so that it vectorizes.
+#[inline(always)]
+fn row_max<T: Real>(x: &[T]) -> T {
+    let max = |a: T, b: T| if b > a { b } else { a };
+    let mut lanes = [T::NEG_INF; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in lanes.iter_mut().zip(c) {
+            *a = max(*a, v);
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(lanes.iter().fold(T::NEG_INF, |a, &b| max(a, b)), |a, &b| max(a, b))
+}
+
+/// A sum in eight independent lanes, so that it vectorizes.
+#[inline(always)]
+fn total<T: Real>(x: &[T]) -> T {
+    let mut lanes = [T::ZERO; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in lanes.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    chunks.remainder().iter().fold(lanes.iter().fold(T::ZERO, |a, &b| a + b), |a, &b| a + b)
+}
+
+/// `Σ x·y` over `x`'s length, in eight independent lanes.
+#[inline(always)]
+fn dot<T: Real>(x: &[T], y: &[T]) -> T {
+    let y = &y[..x.len()];
+    let mut lanes = [T::ZERO; 8];
+    let (mut cx, mut cy) = (x.chunks_exact(8), y.chunks_exact(8));
+    for (a, b) in (&mut cx).zip(&mut cy) {
+        for ((l, &u), &v) in lanes.iter_mut().zip(a).zip(b) {
+            *l += u * v;
+        }
+    }
+    let rest = cx.remainder().iter().zip(cy.remainder()).fold(T::ZERO, |a, (&u, &v)| a + u * v);
+    lanes.iter().fold(rest, |a, &b| a + b)
+}
+
+/// The forward's online-softmax step over one tile of scores (rows `KT` apart): each row
+/// becomes `exp(s - m_new)` (0 past its visible keys), and its running sum and output row
+/// are rescaled to the new maximum.
+#[inline(always)]
+fn online_rows<T: Real>(
+    s: &mut [T],
+    t: &Tile,
+    d: &Dims,
+    m: &mut [T],
+    sum: &mut [T],
+    acc: &mut [T],
+) {
+    let (w, ev) = (t.width(), d.ev);
+    for (i, row) in s.chunks_mut(KT).take(t.rows()).enumerate() {
+        let (row, n) = (&mut row[..w], t.visible(d, i));
+        row[n..].fill(T::ZERO);
+        if n == 0 {
+            continue;
+        }
+        let tile_max = row_max(&row[..n]);
+        let m_new = if tile_max > m[i] { tile_max } else { m[i] };
+        // exp(-inf) = 0 before the first visible key.
+        let correction = (m[i] - m_new).exp();
+        row[..n].iter_mut().for_each(|x| *x = (*x - m_new).exp_fast());
+        sum[i] = sum[i] * correction + total(&row[..n]);
+        acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o *= correction);
+        m[i] = m_new;
+    }
+}
+
+/// The backward's row step over one block: scores `s` become the probabilities `p`, and
+/// `dp = dout·vᵀ` becomes `ds = p·(dp - D)` (both 0 past a row's visible keys). `stats` holds
+/// each row's log-sum-exp and `D`; without it the block holds all of a row's keys, so its
+/// softmax is computed here and `D = Σ p·dp`.
+#[inline(always)]
+fn grad_rows<T: Real>(s: &mut [T], dp: &mut [T], t: &Tile, d: &Dims, stats: Option<(&[T], &[T])>) {
+    let w = t.width();
+    for (i, (srow, dprow)) in s.chunks_mut(KT).zip(dp.chunks_mut(KT)).take(t.rows()).enumerate() {
+        let (p, g, n) = (&mut srow[..w], &mut dprow[..w], t.visible(d, i));
+        let dd = match stats {
+            Some((lse, dd)) => {
+                let lse = lse[i];
+                p[..n].iter_mut().for_each(|x| *x = (*x - lse).exp_fast());
+                dd[i]
+            }
+            None if n > 0 => {
+                let m = row_max(&p[..n]);
+                p[..n].iter_mut().for_each(|x| *x = (*x - m).exp_fast());
+                let sum = total(&p[..n]);
+                p[..n].iter_mut().for_each(|x| *x = *x / sum);
+                dot(&p[..n], &g[..n])
+            }
+            None => T::ZERO,
+        };
+        p[n..].fill(T::ZERO);
+        g[..n].iter_mut().zip(&p[..n]).for_each(|(x, &pp)| *x = pp * (*x - dd));
+        g[n..].fill(T::ZERO);
+    }
+}
+
+/// The widest vector instructions the CPU has that the row functions are compiled for.
+#[derive(Clone, Copy, PartialEq)]
+enum Simd {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+fn simd() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+                Simd::Avx512
+            } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            {
+                Simd::Avx2
+            } else {
+                Simd::Baseline
+            }
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        Simd::Baseline
     }
 }
 
-/// Defines `$fast`, which runs `$name` compiled for AVX2 and FMA (its body, marked
-/// `#[inline(always)]`, is inlined into a function with those features) when the CPU has
-/// them, else for the baseline.
+/// Defines `$fast`, which runs `$name` compiled for AVX-512 or AVX2 (with FMA) when the
+/// CPU has them, else for the baseline: its body, marked `#[inline(always)]`, is inlined
+/// into a function with those features.
 macro_rules! dispatch {
-    ($fast:ident, $name:path, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
-        fn $fast<T: Real>($($arg: $ty),*) -> $ret {
+    ($fast:ident, $name:path, ($($arg:ident: $ty:ty),*)) => {
+        fn $fast<T: Real>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2<T: Real>($($arg: $ty),*) -> $ret {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512<T: Real>($($arg: $ty),*) {
                     $name($($arg),*)
                 }
-                if has_avx2() {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2<T: Real>($($arg: $ty),*) {
+                    $name($($arg),*)
+                }
+                match simd() {
+                    // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
+                    Simd::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: the CPU has AVX2 and FMA.
-                    return unsafe { avx2($($arg),*) };
+                    Simd::Avx2 => return unsafe { avx2($($arg),*) },
+                    Simd::Baseline => {}
                 }
             }
             $name($($arg),*)
@@ -222,54 +382,108 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(forward_tile_fast, forward_tile, (q: &[T], k: &[T], v: &[T], d: &Dims, b: usize, r0: usize, r1: usize) -> (Vec<T>, Vec<T>));
-dispatch!(short_entry_fast, short_entry, (q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims, b: usize, packed: &mut [T]) -> ());
-dispatch!(dq_tile_fast, Grad::dq_tile, (g: &Grad<'_, T>, b: usize, r0: usize, r1: usize) -> Vec<T>);
-dispatch!(entry_fast, Grad::entry, (g: &Grad<'_, T>, b: usize, packed: &mut [T]) -> ());
-dispatch!(dkv_tile_fast, Grad::dkv_tile, (g: &Grad<'_, T>, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>));
+dispatch!(online_rows_fast, online_rows, (s: &mut [T], t: &Tile, d: &Dims, m: &mut [T], sum: &mut [T], acc: &mut [T]));
+dispatch!(grad_rows_fast, grad_rows, (s: &mut [T], dp: &mut [T], t: &Tile, d: &Dims, stats: Option<(&[T], &[T])>));
 
 /// Query tiles of every batch entry: `(b, r0, r1)`.
 fn query_tiles(d: &Dims) -> Vec<(usize, usize, usize)> {
-    (0..d.n)
-        .flat_map(|b| (0..d.l).step_by(ROWS).map(move |r0| (b, r0, (r0 + ROWS).min(d.l))))
-        .collect()
+    (0..d.n).flat_map(|b| (0..d.l).step_by(QT).map(move |r0| (b, r0, (r0 + QT).min(d.l)))).collect()
 }
 
-/// `softmax(q·kᵀ·scale)·v` as `[n, l, ev]`.
-pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims) -> Vec<T> {
+/// The output rows `r0..r1` of entry `b` into `acc` (zeroed), and each row's log-sum-exp.
+fn forward_tile<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d: &Dims,
+    (b, r0, r1): (usize, usize, usize),
+    acc: &mut [T],
+) -> Vec<T> {
+    let (e, ev) = (d.e, d.ev);
+    let (qb, kb, vb) = (&q[b * d.l * e..], &k[b * d.s * e..], &v[b * d.s * ev..]);
+    let rows = r1 - r0;
+    let mut m = vec![T::NEG_INF; rows];
+    let mut sum = vec![T::ZERO; rows];
+    let mut s = vec![T::ZERO; rows * KT];
+    let q_rows = Mat::rows(qb, r0, r1, e);
+    let key_end = d.keys_of(r1 - 1);
+    for c0 in (0..key_end).step_by(KT) {
+        let t = Tile { b, r0, r1, c0, c1: (c0 + KT).min(key_end) };
+        mm(&mut s, KT, q_rows, Mat::rows(kb, t.c0, t.c1, e).t(), T::of(d.scale), false);
+        online_rows_fast(&mut s, &t, d, &mut m, &mut sum, acc);
+        let p = Mat::block(&s, rows, t.width(), KT);
+        mm(acc, ev, p, Mat::rows(vb, t.c0, t.c1, ev), T::ONE, true);
+    }
+    let mut lse = vec![T::ZERO; rows];
+    for i in 0..rows {
+        acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o = *o / sum[i]);
+        lse[i] = m[i] + sum[i].ln();
+    }
+    lse
+}
+
+/// `softmax(q·kᵀ·scale)·v` into `out` (`[n, l, ev]`).
+pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T]) {
     let tiles = query_tiles(d);
-    let parts: Vec<Vec<T>> =
-        tiles.par_iter().map(|&(b, r0, r1)| forward_tile_fast(q, k, v, d, b, r0, r1).0).collect();
-    parts.concat()
+    split_rows(out, &tiles, d.ev).into_par_iter().zip(&tiles).for_each(|(rows, &t)| {
+        forward_tile(q, k, v, d, t, rows);
+    });
 }
 
-/// The gradients of [`forward`] for `dout`, packed per batch entry as `[dq | dk | dv]`.
-pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims) -> Vec<T> {
+/// The rows of each query tile in a `[n, l, width]` slice (tiles in order, covering it).
+fn split_rows<'a, T>(
+    mut x: &'a mut [T],
+    tiles: &[(usize, usize, usize)],
+    width: usize,
+) -> Vec<&'a mut [T]> {
+    let mut parts = Vec::with_capacity(tiles.len());
+    for &(_, r0, r1) in tiles {
+        let (part, rest) = std::mem::take(&mut x).split_at_mut((r1 - r0) * width);
+        parts.push(part);
+        x = rest;
+    }
+    debug_assert!(x.is_empty(), "the tiles cover every row");
+    parts
+}
+
+/// The gradients of [`forward`] for `dout` into `out` (zeroed), packed per batch entry as
+/// `[dq | dk | dv]`.
+pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims, out: &mut [T]) {
     let (e, ev, l, s) = (d.e, d.ev, d.l, d.s);
-    if s <= COLS {
-        return backward_short(q, k, v, dout, d);
-    }
-    let tiles = query_tiles(d);
-    let (lse, dd) = row_statistics(q, k, v, dout, d, &tiles);
-    let g = Grad { q, k, v, dout, d, lse, dd, scale: T::of(d.scale) };
     let per = l * e + s * e + s * ev;
-    if d.n >= rayon::current_num_threads() {
-        // Enough batch entries to keep every thread busy: one pass per entry over its key
-        // tiles computes dq, dk and dv together, without recomputing the scores for dq.
-        let mut out = vec![T::ZERO; d.n * per];
-        out.par_chunks_mut(per.max(1))
-            .enumerate()
-            .for_each(|(b, packed)| entry_fast(&g, b, packed));
-        return out;
+    let tiles = query_tiles(d);
+    let mut g = Grad { q, k, v, dout, d, lse: Vec::new(), dd: Vec::new() };
+    if s > KT {
+        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &tiles);
     }
-    let dq_parts: Vec<Vec<T>> =
-        tiles.par_iter().map(|&(b, r0, r1)| dq_tile_fast(&g, b, r0, r1)).collect();
+    if d.n >= rayon::current_num_threads() {
+        // Enough batch entries to keep every thread busy: one pass per entry computes dq,
+        // dk and dv together, without recomputing the scores for dq.
+        out.par_chunks_mut(per.max(1)).enumerate().for_each(|(b, packed)| g.entry(b, packed));
+        return;
+    }
+    if s <= KT {
+        // Every row's keys fit one tile: query tiles in parallel, each with its own `dk`
+        // and `dv` of the entry's keys, summed after.
+        let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = tiles
+            .par_iter()
+            .map(|&(b, r0, r1)| g.query_tile(Tile { b, r0, r1, c0: 0, c1: s }))
+            .collect();
+        for (&(b, r0, _), (dq, dk, dv)) in tiles.iter().zip(&parts) {
+            let at = b * per + r0 * e;
+            out[at..at + dq.len()].copy_from_slice(dq);
+            let at = b * per + l * e;
+            out[at..at + dk.len()].iter_mut().zip(dk).for_each(|(o, &x)| *o += x);
+            let at = b * per + l * e + s * e;
+            out[at..at + dv.len()].iter_mut().zip(dv).for_each(|(o, &x)| *o += x);
+        }
+        return;
+    }
+    let dq_parts: Vec<Vec<T>> = tiles.par_iter().map(|&t| g.dq_tile(t)).collect();
     let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
-        .flat_map(|b| (0..s).step_by(COLS).map(move |c0| (b, c0, (c0 + COLS).min(s))))
+        .flat_map(|b| (0..s).step_by(KT).map(move |c0| (b, c0, (c0 + KT).min(s))))
         .collect();
-    let dkv_parts: Vec<(Vec<T>, Vec<T>)> =
-        key_tiles.par_iter().map(|&(b, c0, c1)| dkv_tile_fast(&g, b, c0, c1)).collect();
-    let mut out = vec![T::ZERO; d.n * per];
+    let dkv_parts: Vec<(Vec<T>, Vec<T>)> = key_tiles.par_iter().map(|&t| g.dkv_tile(t)).collect();
     for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
         let at = b * per + r0 * e;
         out[at..at + dq.len()].copy_from_slice(dq);
@@ -279,77 +493,6 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims)
         out[at..at + dk.len()].copy_from_slice(dk);
         let at = b * per + l * e + s * e + c0 * ev;
         out[at..at + dv.len()].copy_from_slice(dv);
-    }
-    out
-}
-
-/// [`backward`] when every query's keys fit one tile: each row's softmax is then exact in
-/// one go, so one pass per batch entry computes `dq`, `dk` and `dv` without the passes that
-/// recompute the forward.
-fn backward_short<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims) -> Vec<T> {
-    let per = d.l * d.e + d.s * d.e + d.s * d.ev;
-    let mut out = vec![T::ZERO; d.n * per];
-    out.par_chunks_mut(per.max(1))
-        .enumerate()
-        .for_each(|(b, packed)| short_entry_fast(q, k, v, dout, d, b, packed));
-    out
-}
-
-/// The packed gradients of batch entry `b` when its keys fit one tile.
-#[inline(always)]
-fn short_entry<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    dout: &[T],
-    d: &Dims,
-    b: usize,
-    packed: &mut [T],
-) {
-    let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
-    let scale = T::of(d.scale);
-    let (qb, kb, vb, gb) =
-        (&q[b * l * e..], &k[b * s * e..], &v[b * s * ev..], &dout[b * l * ev..]);
-    let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-    transpose_tile(kb, e, 0, s, &mut kt);
-    transpose_tile(vb, ev, 0, s, &mut vt);
-    let (dq, rest) = packed.split_at_mut(l * e);
-    let (dk, dv) = rest.split_at_mut(s * e);
-    let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
-    for r in 0..l {
-        let w = d.keys_of(r);
-        if w == 0 {
-            continue;
-        }
-        let (qrow, grow) = (&qb[r * e..(r + 1) * e], &gb[r * ev..(r + 1) * ev]);
-        scores(qrow, &kt, scale, &mut p);
-        let m = p[..w].iter().copied().fold(T::NEG_INF, |a, x| if x > a { x } else { a });
-        p[..w].iter_mut().for_each(|x| *x = (*x - m).exp_fast());
-        let total = p[..w].iter().fold(T::ZERO, |a, &x| a + x);
-        p[..w].iter_mut().for_each(|x| *x = *x / total);
-        ds[..w].iter_mut().for_each(|x| *x = T::ZERO);
-        for (f, &g) in grow.iter().enumerate() {
-            for (x, &vv) in ds[..w].iter_mut().zip(&vt[f * COLS..f * COLS + w]) {
-                *x += g * vv;
-            }
-        }
-        let dd = p[..w].iter().zip(&ds[..w]).fold(T::ZERO, |a, (&pp, &x)| a + pp * x);
-        for (x, &pp) in ds[..w].iter_mut().zip(&p[..w]) {
-            *x = pp * (*x - dd) * scale;
-        }
-        let dq_row = &mut dq[r * e..(r + 1) * e];
-        for cc in 0..w {
-            let (pp, x) = (p[cc], ds[cc]);
-            for (o, &kv) in dq_row.iter_mut().zip(&kb[cc * e..(cc + 1) * e]) {
-                *o += x * kv;
-            }
-            for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
-                *o += x * qv;
-            }
-            for (o, &g) in dv[cc * ev..(cc + 1) * ev].iter_mut().zip(grow) {
-                *o += pp * g;
-            }
-        }
     }
 }
 
@@ -366,12 +509,10 @@ fn row_statistics<T: Real>(
     let stats: Vec<(Vec<T>, Vec<T>)> = tiles
         .par_iter()
         .map(|&(b, r0, r1)| {
-            let (out, lse) = forward_tile_fast(q, k, v, d, b, r0, r1);
+            let mut out = vec![T::ZERO; (r1 - r0) * ev];
+            let lse = forward_tile(q, k, v, d, (b, r0, r1), &mut out);
             let dd = (r0..r1)
-                .map(|r| {
-                    let row = &dout[(b * l + r) * ev..(b * l + r + 1) * ev];
-                    row.iter().zip(&out[(r - r0) * ev..]).fold(T::ZERO, |a, (&x, &y)| a + x * y)
-                })
+                .map(|r| dot(&dout[(b * l + r) * ev..(b * l + r + 1) * ev], &out[(r - r0) * ev..]))
                 .collect();
             (lse, dd)
         })
@@ -385,7 +526,8 @@ fn row_statistics<T: Real>(
     (lse, dd)
 }
 
-/// What the gradient passes share.
+/// What the gradient passes share: the inputs and, when rows span several key tiles, each
+/// row's log-sum-exp and `D` (empty otherwise).
 struct Grad<'a, T> {
     q: &'a [T],
     k: &'a [T],
@@ -394,153 +536,109 @@ struct Grad<'a, T> {
     d: &'a Dims,
     lse: Vec<T>,
     dd: Vec<T>,
-    scale: T,
+}
+
+/// Where one block's gradients go: rows of the block's queries (`dq`) and keys (`dk`,
+/// `dv`); a pass that does not want one leaves it out.
+struct Outputs<'a, T> {
+    dq: Option<&'a mut [T]>,
+    dk: Option<&'a mut [T]>,
+    dv: Option<&'a mut [T]>,
 }
 
 impl<T: Real> Grad<'_, T> {
-    /// For query row `r` of entry `b` and the first `w` keys of a tile (transposed in `kt`
-    /// and `vt`): `p = exp(s - lse)` and `ds = p·(dout·v - D)`.
-    #[allow(clippy::too_many_arguments, reason = "the row, the tile and two scratch rows")]
-    #[inline(always)]
-    fn terms(&self, b: usize, r: usize, w: usize, kt: &[T], vt: &[T], p: &mut [T], ds: &mut [T]) {
-        let (l, e, ev) = (self.d.l, self.d.e, self.d.ev);
-        scores(&self.q[(b * l + r) * e..(b * l + r + 1) * e], kt, self.scale, p);
-        let lse = self.lse[b * l + r];
-        p[..w].iter_mut().for_each(|x| *x = (*x - lse).exp_fast());
-        ds[..w].iter_mut().for_each(|x| *x = T::ZERO);
-        for (f, &g) in self.dout[(b * l + r) * ev..(b * l + r + 1) * ev].iter().enumerate() {
-            for (x, &vv) in ds[..w].iter_mut().zip(&vt[f * COLS..f * COLS + w]) {
-                *x += g * vv;
-            }
+    /// Adds one block's share of the gradients to `out`, with `s` and `dp` as scratch
+    /// (`QT × KT` each).
+    fn block(&self, t: &Tile, s: &mut [T], dp: &mut [T], out: Outputs<'_, T>) {
+        let d = self.d;
+        let (l, e, ev, sk) = (d.l, d.e, d.ev, d.s);
+        let (rows, w) = (t.rows(), t.width());
+        let b = t.b;
+        let q_rows = Mat::rows(&self.q[b * l * e..(b + 1) * l * e], t.r0, t.r1, e);
+        let g_rows = Mat::rows(&self.dout[b * l * ev..(b + 1) * l * ev], t.r0, t.r1, ev);
+        let keys = Mat::rows(&self.k[b * sk * e..(b + 1) * sk * e], t.c0, t.c1, e);
+        let values = Mat::rows(&self.v[b * sk * ev..(b + 1) * sk * ev], t.c0, t.c1, ev);
+        let scale = T::of(d.scale);
+        mm(s, KT, q_rows, keys.t(), scale, false);
+        mm(dp, KT, g_rows, values.t(), T::ONE, false);
+        let stats = (!self.lse.is_empty()).then(|| {
+            let at = b * l + t.r0;
+            (&self.lse[at..at + rows], &self.dd[at..at + rows])
+        });
+        grad_rows_fast(s, dp, t, d, stats);
+        let (p, ds) = (Mat::block(s, rows, w, KT), Mat::block(dp, rows, w, KT));
+        if let Some(dv) = out.dv {
+            mm(dv, ev, p.t(), g_rows, T::ONE, true);
         }
-        let dd = self.dd[b * l + r];
-        for (x, &pp) in ds[..w].iter_mut().zip(&p[..w]) {
-            *x = pp * (*x - dd);
+        if let Some(dk) = out.dk {
+            mm(dk, e, ds.t(), q_rows, scale, true);
+        }
+        if let Some(dq) = out.dq {
+            mm(dq, e, ds, keys, scale, true);
         }
     }
 
-    /// `dq` of query rows `r0..r1` of entry `b`: `scale · Σ_j ds_ij k_j`.
-    #[inline(always)]
-    fn dq_tile(&self, b: usize, r0: usize, r1: usize) -> Vec<T> {
+    /// A query tile whose rows see only the tile's keys (all of the entry's): its `dq`
+    /// rows and its share of the entry's `dk` and `dv`.
+    fn query_tile(&self, t: Tile) -> (Vec<T>, Vec<T>, Vec<T>) {
         let (e, ev, s) = (self.d.e, self.d.ev, self.d.s);
-        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
+        let mut dq = vec![T::ZERO; t.rows() * e];
+        let (mut dk, mut dv) = (vec![T::ZERO; s * e], vec![T::ZERO; s * ev]);
+        let (mut sc, mut dp) = (vec![T::ZERO; QT * KT], vec![T::ZERO; QT * KT]);
+        let out = Outputs { dq: Some(&mut dq), dk: Some(&mut dk), dv: Some(&mut dv) };
+        self.block(&t, &mut sc, &mut dp, out);
+        (dq, dk, dv)
+    }
+
+    /// `dq` of query rows `r0..r1` of entry `b`, over every key tile they see.
+    fn dq_tile(&self, (b, r0, r1): (usize, usize, usize)) -> Vec<T> {
+        let e = self.d.e;
         let mut dq = vec![T::ZERO; (r1 - r0) * e];
-        let (mut kt, mut vt) = (vec![T::ZERO; e * COLS], vec![T::ZERO; ev * COLS]);
-        let (mut p, mut ds) = (vec![T::ZERO; COLS], vec![T::ZERO; COLS]);
+        let (mut s, mut dp) = (vec![T::ZERO; QT * KT], vec![T::ZERO; QT * KT]);
         let key_end = self.d.keys_of(r1 - 1);
-        for c0 in (0..key_end).step_by(COLS) {
-            let c1 = (c0 + COLS).min(key_end);
-            transpose_tile(kb, e, c0, c1, &mut kt);
-            transpose_tile(vb, ev, c0, c1, &mut vt);
-            for r in r0..r1 {
-                let end = self.d.keys_of(r).min(c1);
-                if end <= c0 {
-                    continue;
-                }
-                let w = end - c0;
-                self.terms(b, r, w, &kt, &vt, &mut p, &mut ds);
-                let out = &mut dq[(r - r0) * e..(r - r0 + 1) * e];
-                for (cc, &x) in ds[..w].iter().enumerate() {
-                    let x = x * self.scale;
-                    for (o, &kv) in out.iter_mut().zip(&kb[(c0 + cc) * e..(c0 + cc + 1) * e]) {
-                        *o += x * kv;
-                    }
-                }
-            }
+        for c0 in (0..key_end).step_by(KT) {
+            let t = Tile { b, r0, r1, c0, c1: (c0 + KT).min(key_end) };
+            self.block(&t, &mut s, &mut dp, Outputs { dq: Some(&mut dq), dk: None, dv: None });
         }
         dq
     }
 
-    /// The packed `[dq | dk | dv]` of batch entry `b`, key tile by key tile: each tile's
-    /// `dk` and `dv` rows and every query's share of `dq`.
-    #[inline(always)]
+    /// `dk` and `dv` of keys `c0..c1` of entry `b`, over every query tile that sees them.
+    fn dkv_tile(&self, (b, c0, c1): (usize, usize, usize)) -> (Vec<T>, Vec<T>) {
+        let (e, ev) = (self.d.e, self.d.ev);
+        let (mut dk, mut dv) = (vec![T::ZERO; (c1 - c0) * e], vec![T::ZERO; (c1 - c0) * ev]);
+        let (mut s, mut dp) = (vec![T::ZERO; QT * KT], vec![T::ZERO; QT * KT]);
+        for r0 in (self.first_row(c0)..self.d.l).step_by(QT) {
+            let t = Tile { b, r0, r1: (r0 + QT).min(self.d.l), c0, c1 };
+            let out = Outputs { dq: None, dk: Some(&mut dk), dv: Some(&mut dv) };
+            self.block(&t, &mut s, &mut dp, out);
+        }
+        (dk, dv)
+    }
+
+    /// The packed `[dq | dk | dv]` of batch entry `b`, key tile by key tile.
     fn entry(&self, b: usize, packed: &mut [T]) {
         let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
         let (dq, rest) = packed.split_at_mut(l * e);
         let (dk, dv) = rest.split_at_mut(s * e);
-        let mut scratch = Scratch::new(e, ev);
-        for c0 in (0..s).step_by(COLS) {
-            let c1 = (c0 + COLS).min(s);
-            let (dk, dv) = (&mut dk[c0 * e..c1 * e], &mut dv[c0 * ev..c1 * ev]);
-            self.key_tile(b, c0, c1, &mut scratch, dk, dv, Some(&mut *dq));
-        }
-    }
-
-    /// `dk` and `dv` of keys `c0..c1` of entry `b`: `scale · Σ_i ds_ij q_i` and
-    /// `Σ_i p_ij dout_i`.
-    #[inline(always)]
-    fn dkv_tile(&self, b: usize, c0: usize, c1: usize) -> (Vec<T>, Vec<T>) {
-        let (e, ev) = (self.d.e, self.d.ev);
-        let (mut dk, mut dv) = (vec![T::ZERO; (c1 - c0) * e], vec![T::ZERO; (c1 - c0) * ev]);
-        self.key_tile(b, c0, c1, &mut Scratch::new(e, ev), &mut dk, &mut dv, None);
-        (dk, dv)
-    }
-
-    /// Adds the contributions of every query row that sees keys `c0..c1` of entry `b` to
-    /// those keys' `dk` and `dv` rows and, when given, to the entry's `dq`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments, reason = "the tile, its scratch and three outputs")]
-    fn key_tile(
-        &self,
-        b: usize,
-        c0: usize,
-        c1: usize,
-        scratch: &mut Scratch<T>,
-        dk: &mut [T],
-        dv: &mut [T],
-        mut dq: Option<&mut [T]>,
-    ) {
-        let (l, e, ev, s) = (self.d.l, self.d.e, self.d.ev, self.d.s);
-        let (kb, vb) = (&self.k[b * s * e..], &self.v[b * s * ev..]);
-        let Scratch { kt, vt, p, ds } = scratch;
-        transpose_tile(kb, e, c0, c1, kt);
-        transpose_tile(vb, ev, c0, c1, vt);
-        // Causal: rows before c0 see none of these keys.
-        let first_row = if self.d.causal { c0 } else { 0 };
-        for r in first_row..l {
-            let end = self.d.keys_of(r).min(c1);
-            if end <= c0 {
-                continue;
-            }
-            let w = end - c0;
-            self.terms(b, r, w, kt, vt, p, ds);
-            let qrow = &self.q[(b * l + r) * e..(b * l + r + 1) * e];
-            let drow = &self.dout[(b * l + r) * ev..(b * l + r + 1) * ev];
-            for cc in 0..w {
-                let (pp, x) = (p[cc], ds[cc] * self.scale);
-                for (o, &g) in dv[cc * ev..(cc + 1) * ev].iter_mut().zip(drow) {
-                    *o += pp * g;
-                }
-                for (o, &qv) in dk[cc * e..(cc + 1) * e].iter_mut().zip(qrow) {
-                    *o += x * qv;
-                }
-                if let Some(dq) = dq.as_deref_mut() {
-                    let key = &kb[(c0 + cc) * e..(c0 + cc + 1) * e];
-                    for (o, &kv) in dq[r * e..(r + 1) * e].iter_mut().zip(key) {
-                        *o += x * kv;
-                    }
-                }
+        let (mut sc, mut dp) = (vec![T::ZERO; QT * KT], vec![T::ZERO; QT * KT]);
+        for c0 in (0..s).step_by(KT) {
+            let c1 = (c0 + KT).min(s);
+            for r0 in (self.first_row(c0)..l).step_by(QT) {
+                let r1 = (r0 + QT).min(l);
+                let out = Outputs {
+                    dq: Some(&mut dq[r0 * e..r1 * e]),
+                    dk: Some(&mut dk[c0 * e..c1 * e]),
+                    dv: Some(&mut dv[c0 * ev..c1 * ev]),
+                };
+                self.block(&Tile { b, r0, r1, c0, c1 }, &mut sc, &mut dp, out);
             }
         }
     }
-}
 
-/// The per-thread rows a key tile's gradient pass works in.
-struct Scratch<T> {
-    kt: Vec<T>,
-    vt: Vec<T>,
-    p: Vec<T>,
-    ds: Vec<T>,
-}
-
-impl<T: Real> Scratch<T> {
-    fn new(e: usize, ev: usize) -> Scratch<T> {
-        Scratch {
-            kt: vec![T::ZERO; e * COLS],
-            vt: vec![T::ZERO; ev * COLS],
-            p: vec![T::ZERO; COLS],
-            ds: vec![T::ZERO; COLS],
-        }
+    /// The first query row that sees key `c0` (causal rows before it see none).
+    fn first_row(&self, c0: usize) -> usize {
+        if self.d.causal { c0.min(self.d.l) } else { 0 }
     }
 }
 

@@ -196,7 +196,37 @@ impl Buffer {
     /// # Errors
     /// [`RuntimeError::OutOfMemory`] when the allocation fails.
     pub fn from_slice<T: Element>(data: &[T]) -> Result<Buffer, RuntimeError> {
-        Buffer::from_iter(data.len(), data.iter().copied())
+        let block = Block::new(T::DTYPE, data.len())?;
+        // SAFETY: the block holds `data.len()` elements of `T` and is not shared yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                block.host_ptr().cast::<T>().as_ptr(),
+                data.len(),
+            );
+        }
+        Ok(Buffer(Arc::new(block)))
+    }
+
+    /// A buffer of `len` elements of type `T`, zeroed and then written by `fill` (host code
+    /// that writes its result in place instead of building a vector to copy).
+    ///
+    /// # Errors
+    /// [`RuntimeError::OutOfMemory`] when the allocation fails.
+    pub fn zeroed_with<T: Element>(
+        len: usize,
+        fill: impl FnOnce(&mut [T]),
+    ) -> Result<Buffer, RuntimeError> {
+        let block = Block::new(T::DTYPE, len)?;
+        let typed = block.host_ptr().cast::<T>().as_ptr();
+        // SAFETY: the block holds `len` elements of `T`, aligned, not shared yet; the
+        // all-zero bit pattern is a valid value of every element type.
+        let data = unsafe {
+            typed.write_bytes(0, len);
+            std::slice::from_raw_parts_mut(typed, len)
+        };
+        fill(data);
+        Ok(Buffer(Arc::new(block)))
     }
 
     /// The element type.

@@ -349,19 +349,25 @@ fn attention(
         scale: f64::from_bits(scale),
     };
     let grad = matches!(op, Op::AttentionGrad { .. });
-    fn compute<T: crate::attention::Real>(x: &[&[T]], d: &Dims, grad: bool) -> Vec<T> {
-        if grad { backward(x[0], x[1], x[2], x[3], d) } else { forward(x[0], x[1], x[2], d) }
+    let len = if grad { d.n * (d.l * d.e + d.s * d.e + d.s * d.ev) } else { d.n * d.l * d.ev };
+    fn compute<T: crate::attention::Real>(x: &[&[T]], d: &Dims, grad: bool, out: &mut [T]) {
+        if grad {
+            backward(x[0], x[1], x[2], x[3], d, out);
+        } else {
+            forward(x[0], x[1], x[2], d, out);
+        }
     }
     fn typed<'a, T: Element>(args: &[&'a Buffer]) -> Vec<&'a [T]> {
         args.iter().map(|b| b.as_slice().expect("attention's operands share a dtype")).collect()
     }
     match args[0].dtype() {
-        DType::F32 => Buffer::from_slice(&compute::<f32>(&typed(args), &d, grad)),
-        DType::F64 => Buffer::from_slice(&compute::<f64>(&typed(args), &d, grad)),
+        DType::F32 => Buffer::zeroed_with(len, |out| compute::<f32>(&typed(args), &d, grad, out)),
+        DType::F64 => Buffer::zeroed_with(len, |out| compute::<f64>(&typed(args), &d, grad, out)),
         // The 16-bit floats, in f32.
         dtype => {
             let wide: Vec<Vec<f32>> = args.iter().map(|b| crate::matmul::widen_half(b)).collect();
-            let out = compute(&wide.iter().map(Vec::as_slice).collect::<Vec<_>>(), &d, grad);
+            let mut out = vec![0.0f32; len];
+            compute(&wide.iter().map(Vec::as_slice).collect::<Vec<_>>(), &d, grad, &mut out);
             crate::matmul::narrow_half(&out, dtype)
         }
     }
