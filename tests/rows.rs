@@ -181,3 +181,50 @@ fn reads_across_rows_keep_kernels_apart() {
         }
     }
 }
+
+/// Elementwise kernels kept apart by fusion (a GELU's gate, read by its product and kept for
+/// the backward; the product, read by a matrix product) run whole: a group gains only by
+/// keeping a row in cache from a reduction to its use.
+#[test]
+fn elementwise_chains_without_a_reduction_do_not_group() {
+    let x = Tensor::randn(SHAPE);
+    let w = Tensor::randn([SHAPE[1], 3]);
+    Tensor::try_realize_all(&[&x, &w]).unwrap();
+    let ((gate, y), profile) = kiln::profile(|| {
+        let gate = ((&x * &x * &x * 0.044715 + &x) * 1.6).sigmoid();
+        let y = (&x * &gate).matmul(&w);
+        // A transposed read keeps the gate a kernel of its own.
+        let t = gate.t().contiguous();
+        Tensor::try_realize_all(&[&y, &t]).unwrap();
+        (gate, y)
+    });
+    assert!(
+        profile.kernels().iter().filter(|k| k.name.starts_with("k_")).count() >= 2,
+        "{profile}"
+    );
+    assert_eq!(grouped(&profile), 0, "{profile}");
+    let (xs, ws, gs, ys) =
+        (x.to_vec::<f32>(), w.to_vec::<f32>(), gate.to_vec::<f32>(), y.to_vec::<f32>());
+    let cols = SHAPE[1];
+    for r in (0..SHAPE[0]).step_by(97) {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let g: Vec<f64> = row
+            .iter()
+            .map(|&v| {
+                let v = f64::from(v);
+                1.0 / (1.0 + (-(v * v * v * 0.044715 + v) * 1.6).exp())
+            })
+            .collect();
+        for (c, &want) in g.iter().enumerate() {
+            assert!((f64::from(gs[r * cols + c]) - want).abs() < 1e-6, "gate {r},{c}");
+        }
+        for j in 0..3 {
+            let want: f64 =
+                (0..cols).map(|c| f64::from(row[c]) * g[c] * f64::from(ws[c * 3 + j])).sum();
+            assert!(
+                (f64::from(ys[r * 3 + j]) - want).abs() < 1e-3 * (1.0 + want.abs()),
+                "y {r},{j}"
+            );
+        }
+    }
+}

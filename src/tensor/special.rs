@@ -130,7 +130,8 @@ impl Tensor {
     }
 
     /// GELU with PyTorch's tanh approximation (`approximate="tanh"`):
-    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    /// `0.5·x·(1 + tanh(u))` with `u = √(2/π)·(x + 0.044715·x³)`, computed as the equal
+    /// `x·sigmoid(2u)` (one exponential and one division per element instead of a `tanh`).
     ///
     /// ```
     /// # use kiln::prelude::*;
@@ -143,8 +144,8 @@ impl Tensor {
     pub fn gelu_tanh(&self) -> Tensor {
         let x = self.floating();
         let k = (2.0 / std::f64::consts::PI).sqrt();
-        let inner = (&x + x.square() * &x * 0.044715) * k;
-        &x * 0.5 * (inner.tanh() + 1.0)
+        let inner = (&x + x.square() * &x * 0.044715) * (2.0 * k);
+        &x * inner.sigmoid()
     }
 
     /// `ln(1 + e^(β·x)) / β`, and `x` itself where `β·x > threshold` (PyTorch's `softplus`,
