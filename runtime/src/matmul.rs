@@ -227,9 +227,9 @@ fn batched<T: Element>(
 }
 
 /// Products with fewer multiply-adds than this are split across threads by kiln (see the
-/// module docs); larger ones use `gemm`'s own parallelism. At 2²⁶ rather than 2²⁸, the
-/// convolutions of W8 (2,304 x 288 by 288 x 64 per sample batch, and their gradients) run on
-/// `gemm`'s threads: the step measured 18.3-18.8 ms against 19.5-22.7 ms, alternating builds.
+/// module docs); larger ones use `gemm`'s own parallelism. At 2²⁶ rather than 2²⁸, more of
+/// W8's convolution products run on `gemm`'s threads: the step measured 18.3-18.8 ms against
+/// 19.5-22.7 ms, alternating builds.
 const SPLIT_BELOW: usize = 1 << 26;
 
 /// An output pointer shared by the threads that write disjoint bands of it.
