@@ -219,34 +219,28 @@ fn mm<T: Real>(dst: &mut [T], dst_rs: usize, a: Mat<'_, T>, b: Mat<'_, T>, alpha
     }
 }
 
-/// The largest value, in eight independent lanes so that it vectorizes.
+/// `x` folded with `f` in eight independent lanes (so that the loop vectorizes), then the
+/// lanes and the remainder folded in turn.
 #[inline(always)]
-fn row_max<T: Real>(x: &[T]) -> T {
-    let max = |a: T, b: T| if b > a { b } else { a };
-    let mut lanes = [T::NEG_INF; 8];
+fn fold_lanes<T: Real>(x: &[T], init: T, f: impl Fn(T, T) -> T + Copy) -> T {
+    let mut lanes = [init; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
         for (a, &v) in lanes.iter_mut().zip(c) {
-            *a = max(*a, v);
+            *a = f(*a, v);
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .fold(lanes.iter().fold(T::NEG_INF, |a, &b| max(a, b)), |a, &b| max(a, b))
+    chunks.remainder().iter().fold(lanes.iter().fold(init, |a, &b| f(a, b)), |a, &b| f(a, b))
 }
 
-/// A sum in eight independent lanes, so that it vectorizes.
+#[inline(always)]
+fn row_max<T: Real>(x: &[T]) -> T {
+    fold_lanes(x, T::NEG_INF, |a, b| if b > a { b } else { a })
+}
+
 #[inline(always)]
 fn total<T: Real>(x: &[T]) -> T {
-    let mut lanes = [T::ZERO; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &v) in lanes.iter_mut().zip(c) {
-            *a += v;
-        }
-    }
-    chunks.remainder().iter().fold(lanes.iter().fold(T::ZERO, |a, &b| a + b), |a, &b| a + b)
+    fold_lanes(x, T::ZERO, |a, b| a + b)
 }
 
 /// `Σ x·y` over `x`'s length, in eight independent lanes.
