@@ -11,6 +11,8 @@ use std::time::Instant;
 mod report;
 
 use kiln::Execution;
+use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential, functional as F};
+use kiln::optim::{Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 use rayon::prelude::*;
 use report::Row;
@@ -255,6 +257,8 @@ fn main() {
         gflops: Some(flops / (ms * 1e-3) / 1e9),
     });
 
+    training_steps(&mut rows);
+
     // The reference executor, three runs each.
     let reference_ms = |f: &dyn Fn()| {
         let mut t: Vec<f64> = (0..3)
@@ -308,4 +312,69 @@ fn main() {
     });
 
     report::print(&rows, json, "");
+}
+
+/// W4: one SGD step (lr 0.1) of a 784-256-10 ReLU MLP on batches of 128 with cross-entropy,
+/// cycling 8 fixed batches as `anchors/bench.py w4` does, eager-lazy and `compile()`d, in
+/// blocks of 50 steps (the loss is read at the end of a block); W4s: the scalar example
+/// `y = x² + 3x + 1`, its gradient at 2 read with `item()`, per iteration.
+fn training_steps(rows: &mut Vec<Row>) {
+    const BLOCK: usize = 50;
+    kiln::manual_seed(11);
+    let xs: Vec<Tensor> = (0..8).map(|_| Tensor::randn([128, 784])).collect();
+    let ys: Vec<Tensor> = (0..8).map(|_| Tensor::randint(0, 10, [128])).collect();
+    Tensor::try_realize_all(&xs.iter().chain(&ys).collect::<Vec<_>>()).expect("inputs");
+    let flops = 3.0 * 2.0 * 128.0 * (784.0 * 256.0 + 256.0 * 10.0);
+    for variant in ["eager", "compiled"] {
+        let model =
+            Sequential::new().with(Linear::new(784, 256)).with(ReLU).with(Linear::new(256, 10));
+        let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.1, ..Default::default() });
+        let mut step = |(x, y): (&Tensor, &Tensor)| {
+            opt.zero_grad();
+            let loss = F::cross_entropy(&model.forward(x), y);
+            loss.backward();
+            opt.step();
+            loss
+        };
+        let block = |call: &mut dyn FnMut(usize) -> Tensor| {
+            let loss = (0..BLOCK).map(|i| call(i % 8)).last().expect("a step");
+            black_box(loss.item::<f32>());
+        };
+        let ms = if variant == "compiled" {
+            let mut compiled = kiln::compile(&mut step);
+            median_ms(|| block(&mut |i| compiled.call((&xs[i], &ys[i]))))
+        } else {
+            median_ms(|| block(&mut |i| step((&xs[i], &ys[i]))))
+        } / BLOCK as f64;
+        rows.push(Row {
+            workload: format!("W4 MLP step ({:.0} steps/s)", 1e3 / ms),
+            variant,
+            ms,
+            gbps: None,
+            gflops: Some(flops / (ms * 1e-3) / 1e9),
+        });
+    }
+    const ITER: usize = 2000;
+    let x = Tensor::scalar(2.0f32).requires_grad_(true);
+    let scalar = |x: &Tensor| {
+        let y = x.square() + x * 3.0 + 1.0;
+        kiln::grad(&[&y], &[x], false).remove(0)
+    };
+    assert_eq!(scalar(&x).item::<f32>(), 7.0);
+    let mut compiled = kiln::compile(|x: &Tensor| scalar(x));
+    for variant in ["eager", "compiled"] {
+        let ms = median_ms(|| {
+            for _ in 0..ITER {
+                let g = if variant == "compiled" { compiled.call(&x) } else { scalar(&x) };
+                black_box(g.item::<f32>());
+            }
+        }) / ITER as f64;
+        rows.push(Row {
+            workload: format!("W4s x²+3x+1, grad, item ({:.1} us/iter)", ms * 1e3),
+            variant,
+            ms,
+            gbps: None,
+            gflops: None,
+        });
+    }
 }
