@@ -318,7 +318,6 @@ fn matmul_step(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> Step 
     Step::MatMul { node: n, operands: [operand(args[0]), operand(args[1])] }
 }
 
-/// Whether `n`'s value is a buffer when a kernel reads it.
 /// Whether `n` is a view that reads all of its argument's buffer in order (a reshape of a
 /// stored value), so that it needs no kernel: its consumers can read that buffer.
 pub fn shares_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
@@ -327,6 +326,7 @@ pub fn shares_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) ->
     is_buffer(graph, arg, stored) && view.is_dense_over(graph.node(arg).shape.numel())
 }
 
+/// Whether `n`'s value is a buffer when a kernel reads it.
 fn is_buffer(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> bool {
     let op = &graph.node(n).op;
     stored.contains_key(&n) || (!op.is_elementwise() && !op.is_free())
