@@ -4,24 +4,18 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential, functional as F};
-use kiln::optim::{Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
+
+#[path = "../examples/common/mlp_step.rs"]
+mod mlp_step;
 
 fn mlp_step(c: &mut Criterion) {
     kiln::manual_seed(0);
     let x = Tensor::randn([128, 784]);
     let y = Tensor::randint(0, 10, [128]);
     Tensor::try_realize_all(&[&x, &y]).expect("inputs");
-    let model = Sequential::new().with(Linear::new(784, 256)).with(ReLU).with(Linear::new(256, 10));
-    let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, ..Default::default() });
-    let mut step = |(x, y): (&Tensor, &Tensor)| {
-        opt.zero_grad();
-        let loss = F::cross_entropy(&model.forward(x), y);
-        loss.backward();
-        opt.step();
-        loss
-    };
+    let (model, mut opt) = mlp_step::model();
+    let mut step = |(x, y): (&Tensor, &Tensor)| mlp_step::step(&model, &mut opt, x, y);
     let mut g = c.benchmark_group("mlp_784_256_10_sgd_step");
     g.sample_size(30);
     g.bench_function("eager", |b| b.iter(|| black_box(step((&x, &y)))));

@@ -7,12 +7,12 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+#[path = "common/mlp_step.rs"]
+mod mlp_step;
 #[path = "common/report.rs"]
 mod report;
 
 use kiln::Execution;
-use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential, functional as F};
-use kiln::optim::{Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 use rayon::prelude::*;
 use report::Row;
@@ -314,8 +314,7 @@ fn main() {
     report::print(&rows, json, "");
 }
 
-/// W4: one SGD step (lr 0.1) of a 784-256-10 ReLU MLP on batches of 128 with cross-entropy,
-/// cycling 8 fixed batches as `anchors/bench.py w4` does, eager-lazy and `compile()`d, in
+/// W4: one SGD step of the MLP of `common/mlp_step.rs`, cycling 8 fixed batches as `anchors/bench.py w4` does, eager-lazy and `compile()`d, in
 /// blocks of 50 steps (the loss is read at the end of a block); W4s: the scalar example
 /// `y = x² + 3x + 1`, its gradient at 2 read with `item()`, per iteration.
 fn training_steps(rows: &mut Vec<Row>) {
@@ -326,16 +325,8 @@ fn training_steps(rows: &mut Vec<Row>) {
     Tensor::try_realize_all(&xs.iter().chain(&ys).collect::<Vec<_>>()).expect("inputs");
     let flops = 3.0 * 2.0 * 128.0 * (784.0 * 256.0 + 256.0 * 10.0);
     for variant in ["eager", "compiled"] {
-        let model =
-            Sequential::new().with(Linear::new(784, 256)).with(ReLU).with(Linear::new(256, 10));
-        let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.1, ..Default::default() });
-        let mut step = |(x, y): (&Tensor, &Tensor)| {
-            opt.zero_grad();
-            let loss = F::cross_entropy(&model.forward(x), y);
-            loss.backward();
-            opt.step();
-            loss
-        };
+        let (model, mut opt) = mlp_step::model();
+        let mut step = |(x, y): (&Tensor, &Tensor)| mlp_step::step(&model, &mut opt, x, y);
         let block = |call: &mut dyn FnMut(usize) -> Tensor| {
             let loss = (0..BLOCK).map(|i| call(i % 8)).last().expect("a step");
             black_box(loss.item::<f32>());
