@@ -84,7 +84,7 @@ fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
     let programs = std::env::var("KILN_GPU_PROGRAMS").ok().and_then(|v| v.parse().ok());
     for seed in 0..programs.unwrap_or(2000) {
         let (want, dtype, precision) = kiln::with_execution(Execution::Reference, || {
-            let (y, precision) = crate::fusion::program_on(seed, Device::Cpu);
+            let (y, precision) = crate::programs::program_on(seed, Device::Cpu);
             (y.to_vec::<f64>(), y.dtype(), precision)
         });
         // CUDA's libm is within a few ULP of f64 math, like kiln's CPU polynomials, but not
@@ -92,7 +92,7 @@ fn random_programs_on_the_gpu_agree_with_the_cpu_reference() {
         let (_, tolerance) = crate::fusion::tolerances(dtype, precision);
         for mode in [Execution::Fused, Execution::Unfused] {
             let (got, d, device) = kiln::with_execution(mode, || {
-                let (y, _) = crate::fusion::program_on(seed, gpu);
+                let (y, _) = crate::programs::program_on(seed, gpu);
                 (y.to_vec::<f64>(), y.dtype(), y.device())
             });
             assert_eq!((d, device, got.len()), (dtype, gpu, want.len()), "seed {seed} {mode:?}");

@@ -32,6 +32,7 @@ mod norm;
 mod optim;
 mod ordering;
 mod profile;
+mod programs;
 mod reductions;
 mod rows;
 mod serialize;
