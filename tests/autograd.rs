@@ -504,6 +504,30 @@ fn in_place_autograd_rules() {
     y.add_(1.0);
     z.sum().backward();
     assert_eq!(x.grad().unwrap().to_vec::<f32>(), vec![2.0, 2.0]);
+    // A result recorded before a write differentiates the values it read: its gradient
+    // flows into the history the tensor had then, not into the write's. d/dx of sum(2x + 1)
+    // is 2 whatever y.mul_(3) did to y afterwards; y's own sum adds 6.
+    let x = Tensor::ones([2]).requires_grad_(true);
+    let y = &x * 2.0;
+    let z = &y + 1.0;
+    y.mul_(3.0);
+    (z.sum() + y.sum()).backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>(), vec![8.0, 8.0]);
+    // A view taken before a write through another handle of its storage reads the new
+    // values but holds the old history: backward refuses it, naming the view's line and
+    // the write's. A view taken after the write differentiates the new values.
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], [2]).requires_grad_(true);
+    let y = &x * 1.0;
+    let (view_line, v) = (line!(), y.narrow(0, 0, 1));
+    let write_line = line!() + 1;
+    y.mul_(3.0);
+    assert_eq!(v.to_vec::<f64>(), vec![3.0]);
+    let err = v.sum().try_backward().unwrap_err().to_string();
+    assert!(err.starts_with("backward: a tensor of shape [1] made by `view`"), "{err}");
+    assert!(err.contains(&format!("autograd.rs:{view_line}:")), "{err}");
+    assert!(err.contains(&format!("autograd.rs:{write_line}:")), "{err}");
+    y.narrow(0, 0, 1).sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![3.0, 0.0]);
     // Writing into part of a tensor that requires grad is not differentiable yet: a clear error.
     let h = &Tensor::ones([3]).requires_grad_(true) * 2.0;
     let err = h.narrow(0, 0, 1).try_fill_(0.0).unwrap_err().to_string();

@@ -80,6 +80,49 @@ struct Exercised {
     gradient: bool,
     second: bool,
     replays: usize,
+    /// Whether its gradient was checked against finite differences.
+    differenced: bool,
+}
+
+/// The gradient of a program's sum with respect to its first input by central differences
+/// on the reference executor, compared with the gradient autograd gives there. The program
+/// runs with its `.float()` calls keeping f64 values f64 ([`with_f64_floats`]), so that from
+/// a small f64 input it can stay f64 throughout, where differences are a fair oracle. Each
+/// input value moves by ±h through the program's choices (its data), and the program is
+/// built again. Says whether the program qualified.
+fn check_finite_differences(source: &Source) -> bool {
+    let reference = with_f64_floats(|| run(source, Execution::Reference));
+    let Some(gradient) = &reference.gradient else { return false };
+    if reference.coarsest != DType::F64 {
+        return false;
+    }
+    let choices = with_f64_floats(|| choices_of(source));
+    // The first input's values are the first data the program chose.
+    let Some(at) = choices.iter().position(|c| matches!(c, Choice::Data(_))) else { return false };
+    let Choice::Data(data) = &choices[at] else { return false };
+    if data.is_empty() || data.len() > 16 {
+        return false;
+    }
+    let sum_at = |d: Vec<f64>| {
+        let mut c = choices.clone();
+        c[at] = Choice::Data(d);
+        kiln::with_execution(Execution::Reference, || {
+            with_f64_floats(|| program_full(&Source::Replay(c), Device::Cpu, true).y.sum())
+                .double()
+                .item::<f64>()
+        })
+    };
+    let h = 1e-6;
+    let differences: Vec<f64> = (0..data.len())
+        .map(|i| {
+            let (mut up, mut down) = (data.clone(), data.clone());
+            up[i] += h;
+            down[i] -= h;
+            (sum_at(up) - sum_at(down)) / (2.0 * h)
+        })
+        .collect();
+    assert_close_tol(&gradient[..data.len()], &differences, 1e-5, "gradient vs finite differences");
+    true
 }
 
 /// Runs a program fused, unfused, in row groups, on the reference executor and as a
@@ -152,6 +195,7 @@ fn check_program(source: &Source) -> Exercised {
         gradient: reference.gradient.is_some(),
         second: reference.orders == 2,
         replays: stats.replays as usize,
+        differenced: check_finite_differences(source),
     }
 }
 
@@ -190,6 +234,7 @@ fn random_programs_agree_fused_unfused_and_reference() {
             .map(|(found, c)| (format!("the regression {found:?}"), Source::Replay(c))),
     );
     let (mut count, mut with_gradients, mut with_second, mut replays) = (0, 0, 0, 0);
+    let mut differenced = 0;
     for (name, source) in programs {
         let checked =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_program(&source)));
@@ -205,11 +250,14 @@ fn random_programs_agree_fused_unfused_and_reference() {
         with_gradients += usize::from(exercised.gradient);
         with_second += usize::from(exercised.second);
         replays += exercised.replays;
+        differenced += usize::from(exercised.differenced);
     }
     // Backward is really exercised: a good share of the programs have a gradient.
     assert!(with_gradients * 4 >= count, "{with_gradients} of {count} with gradients");
     // Double backward too, on the programs whose gradient depends on the input.
     assert!(with_second * 10 >= count, "{with_second} of {count} with second derivatives");
+    // Autograd itself is checked, on the programs where finite differences are exact enough.
+    assert!(differenced * 20 >= count, "{differenced} of {count} checked by finite differences");
     // And so are compiled replays: two per program that computes anything.
     assert!(replays >= count, "{replays} replays for {count} programs");
 }

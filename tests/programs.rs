@@ -143,7 +143,7 @@ const DTYPES: [DType; 8] = [
 ];
 
 /// How many ops [`program_full`] chooses from.
-const OPS: i64 = 28;
+const OPS: i64 = 29;
 
 /// A random program: inputs of random shapes, dtypes and layouts, then random elementwise
 /// ops, broadcasts, movement ops, casts, reductions, products, gathers, in-place writes
@@ -199,7 +199,7 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
     // The fallback when an op does not apply (a binary op's shapes do not broadcast).
     let cos = |x: &Tensor| {
         approximated.set(true);
-        ("x.float().cos()".to_string(), x.float().cos())
+        ("x.float().cos()".to_string(), fl(x).cos())
     };
     for step in 0..12 {
         if step >= 2 && c.int(0, 6) == 0 {
@@ -217,13 +217,13 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
         let numeric = x.dtype() != DType::Bool && other.dtype() != DType::Bool;
         let named = |call: &str, t: Tensor| (call.replace("{o}", &format!("t{o}")), t);
         let (call, y) = match op {
-            0 => named("x.float().tanh()", x.float().tanh()),
-            1 => named("x.float().sigmoid()", x.float().sigmoid()),
-            2 => named("x.float().exp().clamp(-10, 10)", x.float().exp().clamp(-10.0, 10.0)),
-            3 => named("(x.float().abs() + 1).log()", (x.float().abs() + 1.0).log()),
-            4 => named("x.float().sin()", x.float().sin()),
-            5 => named("x.float().gelu()", x.float().gelu()),
-            6 => named("x.float().abs().sqrt()", x.float().abs().sqrt()),
+            0 => named("x.float().tanh()", fl(&x).tanh()),
+            1 => named("x.float().sigmoid()", fl(&x).sigmoid()),
+            2 => named("x.float().exp().clamp(-10, 10)", fl(&x).exp().clamp(-10.0, 10.0)),
+            3 => named("(x.float().abs() + 1).log()", (fl(&x).abs() + 1.0).log()),
+            4 => named("x.float().sin()", fl(&x).sin()),
+            5 => named("x.float().gelu()", fl(&x).gelu()),
+            6 => named("x.float().abs().sqrt()", fl(&x).abs().sqrt()),
             7 if x.dtype() != DType::Bool => named("x.relu()", x.relu()),
             8 if x.dtype() != DType::Bool => named("-x", -&x),
             9 if numeric => match x.try_add(&other) {
@@ -238,7 +238,7 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
                 Ok(y) => named("x.maximum({o})", y),
                 Err(_) => cos(&x),
             },
-            12 => match x.float().try_div(other.float().abs() + 1.0) {
+            12 => match fl(&x).try_div(fl(&other).abs() + 1.0) {
                 Ok(y) => named("x.float() / ({o}.float().abs() + 1)", y),
                 Err(_) => cos(&x),
             },
@@ -259,24 +259,24 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
             }
             17 if x.ndim() >= 1 => {
                 let keep = c.int(0, 2) == 0;
-                named(&format!("x.float().sum_dim(-1, {keep})"), x.float().sum_dim(-1, keep))
+                named(&format!("x.float().sum_dim(-1, {keep})"), fl(&x).sum_dim(-1, keep))
             }
             18 if x.ndim() >= 1 && x.numel() > 0 => {
-                named("x.float().softmax(0)", x.float().softmax(0))
+                named("x.float().softmax(0)", fl(&x).softmax(0))
             }
-            19 => named("x.float() * 0.5 + 0.25", x.float() * 0.5 + 0.25),
+            19 => named("x.float() * 0.5 + 0.25", fl(&x) * 0.5 + 0.25),
             20 if x.ndim() >= 1 => {
-                named("x.float().mean_dim(0, true) - x", x.float().mean_dim(0, true) - &x.float())
+                named("x.float().mean_dim(0, true) - x", fl(&x).mean_dim(0, true) - fl(&x))
             }
-            21 => named("x.float().square().tanh()", x.float().square().tanh()),
+            21 => named("x.float().square().tanh()", fl(&x).square().tanh()),
             // Products of bounded values (|tanh| < 1), so f32 accumulation stays within
             // tolerance whatever the cancellation.
             22 if x.ndim() >= 2 => {
-                let t = x.float().tanh();
+                let t = fl(&x).tanh();
                 named("tanh(x) @ tanh(x)^T", t.matmul(&t.transpose(-2, -1)))
             }
             23 if x.ndim() == 1 => {
-                let t = x.float().tanh();
+                let t = fl(&x).tanh();
                 named("tanh(x) . tanh(x)", t.matmul(&t))
             }
             // Selection: a gather along the last dimension.
@@ -289,14 +289,20 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
             // An in-place write through a view of a computed tensor (not differentiable yet:
             // only where nothing requires grad).
             25 if x.ndim() >= 1 && x.dims()[0] > 1 && !x.requires_grad() => {
-                let y = x.float() + 0.0;
+                let y = fl(&x) + 0.0;
                 y.narrow(0, 0, 1).fill_(2.5);
                 named("y = x.float() + 0; y.narrow(0, 0, 1).fill_(2.5)", y)
             }
-            26 if x.ndim() >= 1 => {
-                named("x.float().tanh().cumsum(-1)", x.float().tanh().cumsum(-1))
-            }
+            26 if x.ndim() >= 1 => named("x.float().tanh().cumsum(-1)", fl(&x).tanh().cumsum(-1)),
             27 if x.ndim() >= 1 && x.numel() > 0 => named("x.flip([0])", x.flip(&[0])),
+            // A whole tensor written in place after a result read it (under autograd too):
+            // the result keeps the values, and the gradient, of before the write.
+            28 => {
+                let y = fl(&x) * 1.0;
+                let before = &y + 1.0;
+                y.mul_(1.5);
+                named("y = x.float() * 1; b = y + 1; y.mul_(1.5); b + y", &before + &y)
+            }
             _ => cos(&x),
         };
         x = y;
@@ -323,6 +329,25 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
         choices: c.drawn,
         text,
     }
+}
+
+thread_local! {
+    /// Whether [`fl`] keeps f64 values f64 (see [`with_f64_floats`]).
+    static KEEP_F64: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `x.float()` as the programs call it: f32, except an f64 value under [`with_f64_floats`].
+fn fl(x: &Tensor) -> Tensor {
+    if KEEP_F64.with(Cell::get) && x.dtype() == DType::F64 { x.clone() } else { x.float() }
+}
+
+/// Runs `f` with the programs' `.float()` calls keeping f64 values f64, so that a program
+/// from an f64 input can stay f64 throughout (a finite-difference oracle needs it).
+pub(crate) fn with_f64_floats<R>(f: impl FnOnce() -> R) -> R {
+    let before = KEEP_F64.with(|k| k.replace(true));
+    let out = f();
+    KEEP_F64.with(|k| k.set(before));
+    out
 }
 
 /// `choices` as JSON: an integer is a number, data an array of numbers.

@@ -34,6 +34,9 @@ pub(crate) struct AutogradMeta {
     requires_grad: bool,
     /// The op that produced a non-leaf tensor.
     grad_fn: Option<Arc<GradNode>>,
+    /// How many history-changing in-place writes the storage had seen when `grad_fn` was
+    /// set: a later one (through another view) leaves `grad_fn` describing old values.
+    writes_seen: u64,
     /// The accumulated gradient (leaves, and non-leaves that `retain_grad`).
     grad: Option<Tensor>,
     retain_grad: bool,
@@ -45,12 +48,19 @@ pub(crate) struct GradNode {
     op: Option<Op>,
     /// The op's inputs; `None` once a backward pass without `retain_graph` freed them.
     inputs: Mutex<Option<Vec<Tensor>>>,
+    /// Each input's history when the op was recorded: where its gradient goes. (An
+    /// in-place write later gives the input's handle a new history, which the gradient of
+    /// this op must not flow into.)
+    edges: Vec<Option<Arc<GradNode>>>,
     /// The storage version of each input when the op was recorded.
     versions: Vec<u64>,
     /// The tensor this node produced, for `retain_grad`.
     output: Weak<TensorInner>,
     /// Where the op was recorded.
     origin: &'static Location<'static>,
+    /// Why no gradient may flow through this node (a view whose values an in-place write
+    /// through another view changed); backward fails with it if a gradient reaches it.
+    refused: Option<String>,
 }
 
 impl GradNode {
@@ -69,14 +79,23 @@ impl Drop for GradNode {
     fn drop(&mut self) {
         let mut stack: Vec<Tensor> =
             self.inputs.get_mut().map(Option::take).ok().flatten().unwrap_or_default();
-        while let Some(t) = stack.pop() {
-            let Some(inner) = Arc::into_inner(t.0) else { continue };
-            let meta = inner.autograd.into_inner().unwrap_or_else(PoisonError::into_inner);
-            stack.extend(meta.grad);
-            if let Some(mut node) = meta.grad_fn.and_then(Arc::into_inner) {
-                stack.extend(
-                    node.inputs.get_mut().map(Option::take).ok().flatten().unwrap_or_default(),
-                );
+        let mut nodes: Vec<Arc<GradNode>> =
+            std::mem::take(&mut self.edges).into_iter().flatten().collect();
+        loop {
+            if let Some(t) = stack.pop() {
+                let Some(inner) = Arc::into_inner(t.0) else { continue };
+                let meta = inner.autograd.into_inner().unwrap_or_else(PoisonError::into_inner);
+                stack.extend(meta.grad);
+                nodes.extend(meta.grad_fn);
+            } else if let Some(node) = nodes.pop() {
+                if let Some(mut node) = Arc::into_inner(node) {
+                    stack.extend(
+                        node.inputs.get_mut().map(Option::take).ok().flatten().unwrap_or_default(),
+                    );
+                    nodes.extend(std::mem::take(&mut node.edges).into_iter().flatten());
+                }
+            } else {
+                break;
             }
         }
     }
@@ -100,11 +119,21 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
     let node = GradNode {
         op: Some(op),
         inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
+        edges: inputs.iter().map(|t| t.grad_fn()).collect(),
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
         output: Arc::downgrade(&out.0),
         origin: crate::origin::caller(),
+        refused: None,
     };
-    meta(out).grad_fn = Some(Arc::new(node));
+    set_history(out, Some(Arc::new(node)));
+}
+
+/// Makes `f` the history of `t`, as of the storage's current in-place writes.
+fn set_history(t: &Tensor, f: Option<Arc<GradNode>>) {
+    let writes = t.storage().history_writes();
+    let mut m = meta(t);
+    m.grad_fn = f;
+    m.writes_seen = writes;
 }
 
 /// Attaches the grad node of a copy of `input` to another device to `out`, if `input` needs
@@ -115,11 +144,13 @@ pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
         let node = GradNode {
             op: None,
             inputs: Mutex::new(Some(vec![input.clone()])),
+            edges: vec![input.grad_fn()],
             versions: vec![input.storage().version()],
             output: Arc::downgrade(&out.0),
             origin: crate::origin::caller(),
+            refused: None,
         };
-        meta(out).grad_fn = Some(Arc::new(node));
+        set_history(out, Some(Arc::new(node)));
     }
 }
 
@@ -129,17 +160,22 @@ pub(crate) fn snapshot_meta(t: &Tensor) -> AutogradMeta {
     AutogradMeta {
         requires_grad: m.requires_grad,
         grad_fn: m.grad_fn.clone(),
+        writes_seen: m.writes_seen,
         grad: None,
         retain_grad: false,
     }
 }
 
 /// Makes `target`'s history that of `value` (after an in-place write put `value` into it).
+///
+/// Every other handle of `target`'s storage whose history is older now reads new values
+/// through an old history: a gradient reaching it is refused (see [`Tensor::grad_fn`]).
+#[track_caller]
 pub(crate) fn adopt_history(target: &Tensor, value: &Tensor) {
-    let grad_fn = meta(value).grad_fn.clone();
-    let mut m = meta(target);
+    let grad_fn = value.grad_fn();
     if grad_fn.is_some() {
-        m.grad_fn = grad_fn;
+        target.storage().note_history_write(crate::origin::caller());
+        set_history(target, grad_fn);
     }
 }
 
@@ -212,10 +248,16 @@ struct Pass {
 }
 
 impl Pass {
+    /// Adds `g` to the gradient of `t`'s current history.
     fn route(&mut self, t: &Tensor, g: Tensor) -> Result<()> {
-        match t.grad_fn() {
+        self.route_to(t, t.grad_fn().as_ref(), g)
+    }
+
+    /// Adds `g` to the gradient of the history `f` of `t` (a leaf's own when `None`).
+    fn route_to(&mut self, t: &Tensor, f: Option<&Arc<GradNode>>, g: Tensor) -> Result<()> {
+        match f {
             Some(f) => {
-                let k = Arc::as_ptr(&f);
+                let k = Arc::as_ptr(f);
                 let acc = self.nodes.remove(&k);
                 self.nodes.insert(k, add_grad(acc, g)?);
             }
@@ -259,12 +301,13 @@ fn run_backward(
         if seen.insert(k, ()).is_some() {
             continue;
         }
-        let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, &node))?;
+        if node.inputs().is_none() {
+            return Err(freed_error(op, &node));
+        }
+        let edges: Vec<Arc<GradNode>> = node.edges.iter().rev().flatten().cloned().collect();
         stack.push((node, true));
-        for t in inputs.iter().rev() {
-            if let Some(f) = t.grad_fn()
-                && !seen.contains_key(&Arc::as_ptr(&f))
-            {
+        for f in edges {
+            if !seen.contains_key(&Arc::as_ptr(&f)) {
                 stack.push((f, false));
             }
         }
@@ -299,6 +342,9 @@ fn run_backward(
                 out.autograd.lock().unwrap_or_else(PoisonError::into_inner).grad = Some(total);
             }
         }
+        if let Some(why) = &node.refused {
+            return Err(Error::Autograd { op, detail: why.clone() });
+        }
         let inputs = node.inputs().clone().ok_or_else(|| freed_error(op, node))?;
         check_versions(op, node, &inputs)?;
         // The gradient ops are recorded as coming from the forward op's line, so profiles and
@@ -307,11 +353,11 @@ fn run_backward(
             Some(op) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
             None => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
         })?;
-        for (input, gi) in inputs.iter().zip(grads) {
+        for ((input, edge), gi) in inputs.iter().zip(&node.edges).zip(grads) {
             if let Some(gi) = gi
-                && input.requires_grad()
+                && (edge.is_some() || input.requires_grad())
             {
-                pass.route(input, gi)?;
+                pass.route_to(input, edge.as_ref(), gi)?;
             }
         }
     }
@@ -515,8 +561,29 @@ impl Tensor {
         meta(self).grad_fn.is_none()
     }
 
+    /// This tensor's history: a refusal when an in-place write through another view of its
+    /// storage changed its values after the history was recorded (PyTorch replays the view
+    /// on the written base; kiln does not yet, and must not differentiate old values).
     pub(crate) fn grad_fn(&self) -> Option<Arc<GradNode>> {
-        meta(self).grad_fn.clone()
+        let (f, seen) = {
+            let m = meta(self);
+            (m.grad_fn.clone()?, m.writes_seen)
+        };
+        let Some(write) = self.storage().history_write_after(seen) else { return Some(f) };
+        Some(Arc::new(GradNode {
+            op: f.op.clone(),
+            inputs: Mutex::new(Some(Vec::new())),
+            edges: Vec::new(),
+            versions: Vec::new(),
+            output: Arc::downgrade(&self.0),
+            origin: f.origin,
+            refused: Some(format!(
+                "a tensor of shape {} made by `{}` at {} is a view whose values an in-place write through another view of its storage (at {write}) changed; kiln cannot differentiate through such a view yet: take the view again after the write, or write out of place (Tensor::where_, Tensor::cat)",
+                self.shape(),
+                f.name(),
+                f.origin
+            )),
+        }))
     }
 
     /// The name of the op that made this tensor, for display (`None` for leaves).

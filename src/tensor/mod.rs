@@ -67,6 +67,9 @@ pub(crate) struct TensorInner {
 pub(crate) struct Storage {
     node: Mutex<Arc<LazyNode>>,
     version: AtomicU64,
+    /// The in-place writes under autograd that gave a handle of this storage a new
+    /// history: how many, and where the last one was made.
+    history_writes: Mutex<(u64, Option<&'static std::panic::Location<'static>>)>,
     dtype: DType,
     device: Device,
 }
@@ -78,6 +81,7 @@ impl Storage {
             device: node.device,
             node: Mutex::new(node),
             version: AtomicU64::new(0),
+            history_writes: Mutex::new((0, None)),
         })
     }
 
@@ -91,6 +95,26 @@ impl Storage {
             std::mem::replace(&mut *self.node.lock().unwrap_or_else(PoisonError::into_inner), node);
         self.version.fetch_add(1, Ordering::SeqCst);
         drop(old);
+    }
+
+    /// How many in-place writes gave a handle of this storage a new history.
+    pub(crate) fn history_writes(&self) -> u64 {
+        self.history_writes.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    /// Where the last history-changing write was made, if it came after `seen` of them.
+    pub(crate) fn history_write_after(
+        &self,
+        seen: u64,
+    ) -> Option<&'static std::panic::Location<'static>> {
+        let w = self.history_writes.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.0 > seen { w.1 } else { None }
+    }
+
+    /// Counts a history-changing write made at `origin`.
+    pub(crate) fn note_history_write(&self, origin: &'static std::panic::Location<'static>) {
+        let mut w = self.history_writes.lock().unwrap_or_else(PoisonError::into_inner);
+        *w = (w.0 + 1, Some(origin));
     }
 
     /// How many in-place writes the storage has seen.
