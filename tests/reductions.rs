@@ -342,3 +342,64 @@ fn cumsum_all_any() {
     assert!(!Tensor::zeros([0]).any().item::<bool>());
     assert!(Tensor::from_vec(vec![0.5f32, -1.0], [2]).all().item::<bool>());
 }
+
+/// Reductions over leading dimensions run as column reductions: vectorized across the
+/// outputs, in groups of 16 f32 (8 f64) columns whose accumulators stay in registers over
+/// the whole reduced walk, then the remainder one vector and one element at a time. Every
+/// remainder of a group, one and two reduced dimensions, a prologue reading an input that
+/// varies along the outputs and one that is constant across them: against f64 loops.
+#[test]
+fn column_reductions_agree_with_loops_at_every_group_remainder() {
+    let mut rng = Rng::new(404);
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        for &(rows, cols) in &[(1, 1), (3, 15), (5, 16), (7, 17), (300, 33), (64, 70), (2, 1029)] {
+            let xs = values(&mut rng, rows * 2 * cols, dtype);
+            let bs = values(&mut rng, cols, dtype);
+            let cs = values(&mut rng, rows * 2, dtype);
+            let x = tensor(&xs, &[rows, 2, cols], dtype);
+            let b = tensor(&bs, &[cols], dtype);
+            let c = tensor(&cs, &[rows, 2, 1], dtype);
+            Tensor::try_realize_all(&[&x, &b, &c]).expect("inputs");
+            // v[r, s, j] = x * c + b, and p = 1 + v / 1024 for a product that stays finite.
+            let v =
+                |r: usize, s: usize, j: usize| xs[(r * 2 + s) * cols + j] * cs[r * 2 + s] + bs[j];
+            let pre = &x * &c + &b;
+            let got = [
+                pre.sum_dim(&[0, 1][..], false),
+                pre.amax(&[0, 1][..], false),
+                pre.amin(0, false).amin(0, false),
+                (&pre / 1024.0 + 1.0).prod_dim(&[0, 1][..], false),
+                x.sum_dim(0, false).sum_dim(0, false),
+            ];
+            let fold =
+                |init: f64, f: &dyn Fn(f64, f64) -> f64, g: &dyn Fn(usize, usize, usize) -> f64| {
+                    (0..cols)
+                        .map(|j| {
+                            let mut acc = init;
+                            for r in 0..rows {
+                                for s in 0..2 {
+                                    acc = f(acc, g(r, s, j));
+                                }
+                            }
+                            acc
+                        })
+                        .collect::<Vec<f64>>()
+                };
+            let want = [
+                fold(0.0, &|a, b| a + b, &v),
+                fold(f64::NEG_INFINITY, &f64::max, &v),
+                fold(f64::INFINITY, &f64::min, &v),
+                fold(1.0, &|a, b| a * b, &|r, s, j| 1.0 + v(r, s, j) / 1024.0),
+                fold(0.0, &|a, b| a + b, &|r, s, j| xs[(r * 2 + s) * cols + j]),
+            ];
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let what = format!("reduction {i} of {dtype} [{rows}, 2, {cols}]");
+                kiln::with_check(|| g.realize().clone());
+                // Sums and products of many rounded terms: the tolerance grows with the count.
+                let tol =
+                    tolerance(dtype) * if matches!(i, 0 | 3 | 4) { 4.0 * rows as f64 } else { 4.0 };
+                assert_close_tol(&g.to_vec::<f64>(), w, tol, &what);
+            }
+        }
+    }
+}

@@ -15,11 +15,14 @@ use super::strategy::COLUMN_BLOCK;
 use super::translate::{Prologue, Translator, VecSrc};
 use crate::walk::Walk;
 
-/// One reduced position's view of a column block.
+/// How many reduced positions a column reduction folds into its accumulators at once.
+const POSITIONS: usize = 4;
+
+/// Consecutive reduced positions' view of a column block.
 #[derive(Clone, Copy)]
 struct Segment<'a> {
-    /// The inputs' addresses at this reduced position.
-    ptrs: &'a [Value],
+    /// The inputs' addresses at each reduced position, in order.
+    ptrs: &'a [Vec<Value>],
     /// Per input: its stride across outputs (0 or 1).
     across: &'a [i64],
     /// Per input: its element size in bytes.
@@ -101,24 +104,12 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(more, rbody, &[], store, &[]);
         self.b.switch_to_block(rbody);
         let rbases = self.advance(&bases, ir, &inner_dims[..inner_dims.len() - 1], &row_strides);
-        // The innermost reduced dimension, with the inputs' addresses carried.
-        let lhead = self.b.create_block();
-        let jl = self.b.append_block_param(lhead, types::I64);
-        let ptrs = self.carried(lhead, n_in);
-        let lbody = self.b.create_block();
-        let rdone = self.b.create_block();
-        let mut args = vec![BlockArg::Value(zero)];
-        args.extend(ptr_args(&rbases));
-        self.b.ins().jump(lhead, &args);
-        self.b.switch_to_block(lhead);
-        let len_v = self.iconst(len);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, jl, len_v);
-        self.b.ins().brif(more, lbody, &[], rdone, &[]);
-
-        // One reduced position: the block's segment, by vectors then one by one.
-        self.b.switch_to_block(lbody);
-        let segment = Segment {
-            ptrs: &ptrs,
+        // The innermost reduced dimension, with the inputs' addresses carried: first
+        // POSITIONS reduced positions at a time (each accumulator loaded and stored once for
+        // all of them, in their order, so the sums are the same), then one at a time.
+        let steps: Vec<i64> = (0..n_in).map(|idx| along[idx] * sizes[idx]).collect();
+        let seg = |ptrs| Segment {
+            ptrs,
             across: &across,
             sizes: &sizes,
             count,
@@ -127,12 +118,47 @@ impl<'b> Translator<'_, 'b> {
             red,
             dtype,
         };
-        let lnext = self.fold_segment(&segment, &param_scalar, &param_vector, lanes);
+        let len_v = self.iconst(len);
+        let mhead = self.b.create_block();
+        let jm = self.b.append_block_param(mhead, types::I64);
+        let mptrs = self.carried(mhead, n_in);
+        let mbody = self.b.create_block();
+        let lhead = self.b.create_block();
+        let jl = self.b.append_block_param(lhead, types::I64);
+        let ptrs = self.carried(lhead, n_in);
+        let lbody = self.b.create_block();
+        let rdone = self.b.create_block();
+        let mut args = vec![BlockArg::Value(zero)];
+        args.extend(ptr_args(&rbases));
+        self.b.ins().jump(mhead, &args);
+        self.b.switch_to_block(mhead);
+        let after = self.b.ins().iadd_imm_s(jm, POSITIONS as i64);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, after, len_v);
+        let mut rest = vec![BlockArg::Value(jm)];
+        rest.extend(ptr_args(&mptrs));
+        self.b.ins().brif(fits, mbody, &[], lhead, &rest);
 
+        self.b.switch_to_block(mbody);
+        let mut positions = vec![mptrs.clone()];
+        for _ in 1..POSITIONS {
+            let next = self.advance_ptrs(positions.last().expect("a position"), &steps);
+            positions.push(next);
+        }
+        let mnext = self.fold_segment(&seg(&positions), &param_scalar, &param_vector, lanes);
+        self.b.switch_to_block(mnext);
+        let stepped = self.advance_ptrs(positions.last().expect("a position"), &steps);
+        let mut args = vec![BlockArg::Value(after)];
+        args.extend(ptr_args(&stepped));
+        self.b.ins().jump(mhead, &args);
+
+        self.b.switch_to_block(lhead);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, jl, len_v);
+        self.b.ins().brif(more, lbody, &[], rdone, &[]);
+        self.b.switch_to_block(lbody);
+        let single = [ptrs.clone()];
+        let lnext = self.fold_segment(&seg(&single), &param_scalar, &param_vector, lanes);
         self.b.switch_to_block(lnext);
-        let stepped: Vec<Value> = (0..n_in)
-            .map(|idx| self.b.ins().iadd_imm_s(ptrs[idx], along[idx] * sizes[idx]))
-            .collect();
+        let stepped = self.advance_ptrs(&ptrs, &steps);
         let jl_next = self.b.ins().iadd_imm_s(jl, 1);
         let mut args = vec![BlockArg::Value(jl_next)];
         args.extend(ptr_args(&stepped));
@@ -175,8 +201,10 @@ impl<'b> Translator<'_, 'b> {
         (rows_start, zero)
     }
 
-    /// Folds one reduced position's segment of the block into the accumulator slot, by
-    /// vectors then one by one; returns the block it ends by jumping to, for the caller to fill.
+    /// Folds consecutive reduced positions' segments of the block into the accumulator slot,
+    /// by vectors then one by one, each accumulator loaded once, folded with every position
+    /// in order, and stored once; returns the block it ends by jumping to, for the caller to
+    /// fill.
     fn fold_segment(
         &mut self,
         seg: &Segment<'_>,
@@ -184,8 +212,8 @@ impl<'b> Translator<'_, 'b> {
         param_vector: &HashMap<usize, Value>,
         lanes: Type,
     ) -> Block {
-        let Segment { ptrs, across, sizes, count, slot_addr, zero, red, dtype } = *seg;
-        let n_in = ptrs.len();
+        let Segment { ptrs: positions, across, sizes, count, slot_addr, zero, red, dtype } = *seg;
+        let n_in = across.len();
         let width = i64::from(lanes.lane_count());
         let out_expr = self.kernel.outputs[0];
         let chead = self.b.create_block();
@@ -195,47 +223,69 @@ impl<'b> Translator<'_, 'b> {
         let tj = self.b.append_block_param(thead, types::I64);
         let tbody = self.b.create_block();
         let lnext = self.b.create_block();
+        // Inputs constant across the outputs: one value per position, splatted.
+        let splats: Vec<Vec<Option<VecSrc>>> = positions
+            .iter()
+            .map(|ptrs| {
+                (0..n_in)
+                    .map(|idx| {
+                        (across[idx] == 0).then(|| {
+                            let v = self.b.ins().load(
+                                lanes.lane_type(),
+                                MemFlagsData::new().with_notrap(),
+                                ptrs[idx],
+                                0,
+                            );
+                            VecSrc::Splat(self.b.ins().splat(lanes, v))
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         self.b.ins().jump(chead, &[BlockArg::Value(zero)]);
         self.b.switch_to_block(chead);
         let next = self.b.ins().iadd_imm_s(j, width);
         let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, count);
         self.b.ins().brif(fits, cbody, &[], thead, &[BlockArg::Value(j)]);
         self.b.switch_to_block(cbody);
-        let mut srcs = Vec::with_capacity(n_in);
-        for idx in 0..n_in {
-            if across[idx] == 0 {
-                let v = self.b.ins().load(
-                    lanes.lane_type(),
-                    MemFlagsData::new().with_notrap(),
-                    ptrs[idx],
-                    0,
-                );
-                srcs.push(VecSrc::Splat(self.b.ins().splat(lanes, v)));
-            } else {
-                let off = self.b.ins().imul_imm_s(j, sizes[idx]);
-                srcs.push(VecSrc::At(self.b.ins().iadd(ptrs[idx], off)));
-            }
-        }
-        let values = self.compute_vector(&srcs, param_vector, lanes);
-        let v = values[out_expr];
-        let wide = if lanes == types::F32X4 {
-            let (lo, hi) = math::widen(&mut self.math(), v);
-            vec![lo, hi]
-        } else {
-            vec![v]
-        };
         let acc_at = self.b.ins().imul_imm_s(j, 8);
         let acc_at = self.b.ins().iadd(slot_addr, acc_at);
-        for (h, w) in wide.into_iter().enumerate() {
-            let offset = (h * 16) as i32;
-            let acc = self.b.ins().load(types::F64X2, MemFlagsData::trusted(), acc_at, offset);
-            let folded = match red.op {
-                ReduceOp::Sum => self.b.ins().fadd(acc, w),
-                ReduceOp::Prod => self.b.ins().fmul(acc, w),
-                ReduceOp::Max => self.b.ins().fmax(acc, w),
-                _ => self.b.ins().fmin(acc, w),
+        let halves = if lanes == types::F32X4 { 2 } else { 1 };
+        let mut accs: Vec<Value> = (0..halves)
+            .map(|h| {
+                let offset = (h * 16) as i32;
+                self.b.ins().load(types::F64X2, MemFlagsData::trusted(), acc_at, offset)
+            })
+            .collect();
+        for (ptrs, splat) in positions.iter().zip(&splats) {
+            let srcs: Vec<VecSrc> = (0..n_in)
+                .map(|idx| match splat[idx] {
+                    Some(s) => s,
+                    None => {
+                        let off = self.b.ins().imul_imm_s(j, sizes[idx]);
+                        VecSrc::At(self.b.ins().iadd(ptrs[idx], off))
+                    }
+                })
+                .collect();
+            let values = self.compute_vector(&srcs, param_vector, lanes);
+            let v = values[out_expr];
+            let wide = if halves == 2 {
+                let (lo, hi) = math::widen(&mut self.math(), v);
+                vec![lo, hi]
+            } else {
+                vec![v]
             };
-            self.b.ins().store(MemFlagsData::trusted(), folded, acc_at, offset);
+            for (acc, w) in accs.iter_mut().zip(wide) {
+                *acc = match red.op {
+                    ReduceOp::Sum => self.b.ins().fadd(*acc, w),
+                    ReduceOp::Prod => self.b.ins().fmul(*acc, w),
+                    ReduceOp::Max => self.b.ins().fmax(*acc, w),
+                    _ => self.b.ins().fmin(*acc, w),
+                };
+            }
+        }
+        for (h, acc) in accs.into_iter().enumerate() {
+            self.b.ins().store(MemFlagsData::trusted(), acc, acc_at, (h * 16) as i32);
         }
         self.b.ins().jump(chead, &[BlockArg::Value(next)]);
 
@@ -243,18 +293,20 @@ impl<'b> Translator<'_, 'b> {
         let go = self.b.ins().icmp(IntCC::UnsignedLessThan, tj, count);
         self.b.ins().brif(go, tbody, &[], lnext, &[]);
         self.b.switch_to_block(tbody);
-        let addrs: Vec<Value> = (0..n_in)
-            .map(|idx| {
-                let off = self.b.ins().imul_imm_s(tj, across[idx] * sizes[idx]);
-                self.b.ins().iadd(ptrs[idx], off)
-            })
-            .collect();
-        let values = self.compute_scalar(zero, &addrs, param_scalar);
         let acc_at = self.b.ins().imul_imm_s(tj, 8);
         let acc_at = self.b.ins().iadd(slot_addr, acc_at);
-        let acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
-        let folded = self.combine(red.op, acc, values[out_expr], dtype);
-        self.b.ins().store(MemFlagsData::trusted(), folded, acc_at, 0);
+        let mut acc = self.b.ins().load(types::F64, MemFlagsData::trusted(), acc_at, 0);
+        for ptrs in positions {
+            let addrs: Vec<Value> = (0..n_in)
+                .map(|idx| {
+                    let off = self.b.ins().imul_imm_s(tj, across[idx] * sizes[idx]);
+                    self.b.ins().iadd(ptrs[idx], off)
+                })
+                .collect();
+            let values = self.compute_scalar(zero, &addrs, param_scalar);
+            acc = self.combine(red.op, acc, values[out_expr], dtype);
+        }
+        self.b.ins().store(MemFlagsData::trusted(), acc, acc_at, 0);
         let tj_next = self.b.ins().iadd_imm_s(tj, 1);
         self.b.ins().jump(thead, &[BlockArg::Value(tj_next)]);
         lnext
