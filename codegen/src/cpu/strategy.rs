@@ -42,13 +42,6 @@ pub(super) fn column_type(kernel: &Kernel, walk: &Walk, outer: &Walk) -> Option<
 /// (4 KiB of f32, a page) at a time.
 pub const COLUMN_BLOCK: usize = 1024;
 
-/// The fewest outputs a parallel task of a column reduction takes: whole cache lines of
-/// every row it reads (four of f32), and enough vectors to amortize the walk over the
-/// reduced positions. A column sum of a few hundred outputs over many rows (a bias's
-/// gradient) is then still split between threads, where a task per block would run it on
-/// one.
-pub(super) const COLUMN_TASK: usize = 64;
-
 /// Rows a task of a strip-walking kernel should cover: a cache line of an input read across
 /// rows serves this many of them.
 pub const STRIP_ROWS: usize = 16;
