@@ -250,7 +250,7 @@ impl<'b> Translator<'_, 'b> {
         self.b.switch_to_block(cbody);
         let acc_at = self.b.ins().imul_imm_s(j, 8);
         let acc_at = self.b.ins().iadd(slot_addr, acc_at);
-        let halves = if lanes == types::F32X4 { 2 } else { 1 };
+        let halves: usize = if lanes == types::F32X4 { 2 } else { 1 };
         let mut accs: Vec<Value> = (0..halves)
             .map(|h| {
                 let offset = (h * 16) as i32;
