@@ -276,18 +276,9 @@ impl Pass {
     }
 }
 
-/// Runs a backward pass from `roots` (each with its seed gradient). Returns the gradients of
-/// `wanted` if given (without touching `.grad`), else accumulates into the leaves' `.grad`.
-fn run_backward(
-    roots: &[(Tensor, Tensor)],
-    opts: BackwardOptions,
-    wanted: Option<&[&Tensor]>,
-    op: &'static str,
-) -> Result<Vec<Tensor>> {
-    let retain_graph = opts.retain_graph || opts.create_graph;
-    let _mode = GradModeGuard::new(opts.create_graph);
-
-    // Reverse topological order of the nodes reachable from the roots (iterative DFS).
+/// The nodes reachable from the roots, inputs before the nodes that read them (an
+/// iterative depth-first walk along the recorded edges).
+fn topological_order(roots: &[(Tensor, Tensor)], op: &'static str) -> Result<Vec<Arc<GradNode>>> {
     let mut order: Vec<Arc<GradNode>> = Vec::new();
     let mut seen: HashMap<*const GradNode, ()> = HashMap::default();
     let mut stack: Vec<(Arc<GradNode>, bool)> =
@@ -312,6 +303,22 @@ fn run_backward(
             }
         }
     }
+
+    Ok(order)
+}
+
+/// Runs a backward pass from `roots` (each with its seed gradient). Returns the gradients of
+/// `wanted` if given (without touching `.grad`), else accumulates into the leaves' `.grad`.
+fn run_backward(
+    roots: &[(Tensor, Tensor)],
+    opts: BackwardOptions,
+    wanted: Option<&[&Tensor]>,
+    op: &'static str,
+) -> Result<Vec<Tensor>> {
+    let retain_graph = opts.retain_graph || opts.create_graph;
+    let _mode = GradModeGuard::new(opts.create_graph);
+
+    let order = topological_order(roots, op)?;
 
     let mut pass = Pass {
         nodes: HashMap::default(),

@@ -66,7 +66,6 @@ impl<'b> Translator<'_, 'b> {
             4,
         ));
         let slot_addr = self.b.ins().stack_addr(types::I64, slot, 0);
-        let ptr_args = |v: &[Value]| v.iter().map(|&x| BlockArg::Value(x)).collect::<Vec<_>>();
 
         let head = self.b.create_block();
         let o = self.b.append_block_param(head, types::I64);
@@ -104,12 +103,8 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(more, rbody, &[], store, &[]);
         self.b.switch_to_block(rbody);
         let rbases = self.advance(&bases, ir, &inner_dims[..inner_dims.len() - 1], &row_strides);
-        // The innermost reduced dimension, with the inputs' addresses carried: first
-        // POSITIONS reduced positions at a time (each accumulator loaded and stored once for
-        // all of them, in their order, so the sums are the same), then one at a time.
-        let steps: Vec<i64> = (0..n_in).map(|idx| along[idx] * sizes[idx]).collect();
-        let seg = |ptrs| Segment {
-            ptrs,
+        let template = Segment {
+            ptrs: &[],
             across: &across,
             sizes: &sizes,
             count,
@@ -118,51 +113,9 @@ impl<'b> Translator<'_, 'b> {
             red,
             dtype,
         };
-        let len_v = self.iconst(len);
-        let mhead = self.b.create_block();
-        let jm = self.b.append_block_param(mhead, types::I64);
-        let mptrs = self.carried(mhead, n_in);
-        let mbody = self.b.create_block();
-        let lhead = self.b.create_block();
-        let jl = self.b.append_block_param(lhead, types::I64);
-        let ptrs = self.carried(lhead, n_in);
-        let lbody = self.b.create_block();
-        let rdone = self.b.create_block();
-        let mut args = vec![BlockArg::Value(zero)];
-        args.extend(ptr_args(&rbases));
-        self.b.ins().jump(mhead, &args);
-        self.b.switch_to_block(mhead);
-        let after = self.b.ins().iadd_imm_s(jm, POSITIONS as i64);
-        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, after, len_v);
-        let mut rest = vec![BlockArg::Value(jm)];
-        rest.extend(ptr_args(&mptrs));
-        self.b.ins().brif(fits, mbody, &[], lhead, &rest);
-
-        self.b.switch_to_block(mbody);
-        let mut positions = vec![mptrs.clone()];
-        for _ in 1..POSITIONS {
-            let next = self.advance_ptrs(positions.last().expect("a position"), &steps);
-            positions.push(next);
-        }
-        let mnext = self.fold_segment(&seg(&positions), &param_scalar, &param_vector, lanes);
-        self.b.switch_to_block(mnext);
-        let stepped = self.advance_ptrs(positions.last().expect("a position"), &steps);
-        let mut args = vec![BlockArg::Value(after)];
-        args.extend(ptr_args(&stepped));
-        self.b.ins().jump(mhead, &args);
-
-        self.b.switch_to_block(lhead);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, jl, len_v);
-        self.b.ins().brif(more, lbody, &[], rdone, &[]);
-        self.b.switch_to_block(lbody);
-        let single = [ptrs.clone()];
-        let lnext = self.fold_segment(&seg(&single), &param_scalar, &param_vector, lanes);
-        self.b.switch_to_block(lnext);
-        let stepped = self.advance_ptrs(&ptrs, &steps);
-        let jl_next = self.b.ins().iadd_imm_s(jl, 1);
-        let mut args = vec![BlockArg::Value(jl_next)];
-        args.extend(ptr_args(&stepped));
-        self.b.ins().jump(lhead, &args);
+        let steps: Vec<i64> = (0..n_in).map(|idx| along[idx] * sizes[idx]).collect();
+        let params = (param_scalar, param_vector);
+        let rdone = self.fold_reduced_run(&template, &rbases, &steps, len, &params, lanes);
 
         self.b.switch_to_block(rdone);
         let ir_next = self.b.ins().iadd_imm_s(ir, 1);
@@ -176,6 +129,75 @@ impl<'b> Translator<'_, 'b> {
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+    }
+
+    /// The innermost reduced dimension of one row of the reduced walk, from the inputs'
+    /// addresses `rbases` (stepping `steps` bytes per position), folded into the slot's
+    /// accumulators; returns the block it ends in, for the caller to fill.
+    fn fold_reduced_run(
+        &mut self,
+        template: &Segment<'_>,
+        rbases: &[Value],
+        steps: &[i64],
+        len: i64,
+        params: &(HashMap<usize, Value>, HashMap<usize, Value>),
+        lanes: Type,
+    ) -> Block {
+        // The innermost reduced dimension, with the inputs' addresses carried: first
+        // POSITIONS reduced positions at a time (each accumulator loaded and stored once for
+        // all of them, in their order, so the sums are the same), then one at a time.
+        let seg = |ptrs| Segment { ptrs, ..*template };
+        let (param_scalar, param_vector) = params;
+        let n_in = rbases.len();
+        let zero = template.zero;
+        let ptr_args = |v: &[Value]| v.iter().map(|&x| BlockArg::Value(x)).collect::<Vec<_>>();
+        let len_v = self.iconst(len);
+        let mhead = self.b.create_block();
+        let jm = self.b.append_block_param(mhead, types::I64);
+        let mptrs = self.carried(mhead, n_in);
+        let mbody = self.b.create_block();
+        let lhead = self.b.create_block();
+        let jl = self.b.append_block_param(lhead, types::I64);
+        let ptrs = self.carried(lhead, n_in);
+        let lbody = self.b.create_block();
+        let rdone = self.b.create_block();
+        let mut args = vec![BlockArg::Value(zero)];
+        args.extend(ptr_args(rbases));
+        self.b.ins().jump(mhead, &args);
+        self.b.switch_to_block(mhead);
+        let after = self.b.ins().iadd_imm_s(jm, POSITIONS as i64);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, after, len_v);
+        let mut rest = vec![BlockArg::Value(jm)];
+        rest.extend(ptr_args(&mptrs));
+        self.b.ins().brif(fits, mbody, &[], lhead, &rest);
+
+        self.b.switch_to_block(mbody);
+        let mut positions = vec![mptrs.clone()];
+        for _ in 1..POSITIONS {
+            let next = self.advance_ptrs(positions.last().expect("a position"), steps);
+            positions.push(next);
+        }
+        let mnext = self.fold_segment(&seg(&positions), param_scalar, param_vector, lanes);
+        self.b.switch_to_block(mnext);
+        let stepped = self.advance_ptrs(positions.last().expect("a position"), steps);
+        let mut args = vec![BlockArg::Value(after)];
+        args.extend(ptr_args(&stepped));
+        self.b.ins().jump(mhead, &args);
+
+        self.b.switch_to_block(lhead);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, jl, len_v);
+        self.b.ins().brif(more, lbody, &[], rdone, &[]);
+        self.b.switch_to_block(lbody);
+        let single = [ptrs.clone()];
+        let lnext = self.fold_segment(&seg(&single), param_scalar, param_vector, lanes);
+        self.b.switch_to_block(lnext);
+        let stepped = self.advance_ptrs(&ptrs, steps);
+        let jl_next = self.b.ins().iadd_imm_s(jl, 1);
+        let mut args = vec![BlockArg::Value(jl_next)];
+        args.extend(ptr_args(&stepped));
+        self.b.ins().jump(lhead, &args);
+
+        rdone
     }
 
     /// Sets every f64 of the accumulator slot to `identities` (an f64x2 splat); returns the
