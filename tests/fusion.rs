@@ -252,11 +252,7 @@ fn random_programs_agree_fused_unfused_and_reference() {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_program(&source)));
         let exercised = match checked {
             Ok(e) => e,
-            Err(e) => {
-                let failure =
-                    e.downcast_ref::<String>().cloned().unwrap_or_else(|| "a panic".to_string());
-                report_failure(&name, &source, &failure)
-            }
+            Err(e) => report_failure(&name, &source, &panic_message(e.as_ref())),
         };
         count += 1;
         with_gradients += usize::from(exercised.gradient);

@@ -519,10 +519,13 @@ pub(crate) fn failure_of(check: impl FnOnce()) -> Option<String> {
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
     std::panic::set_hook(hook);
-    result.err().map(|e| {
-        e.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
-            .unwrap_or_else(|| "a panic without a message".into())
-    })
+    result.err().map(|e| panic_message(e.as_ref()))
+}
+
+/// The message a panic carried (a formatted `String` or a literal `&str`).
+pub(crate) fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
 }

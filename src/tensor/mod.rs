@@ -69,7 +69,9 @@ pub(crate) struct Storage {
     version: AtomicU64,
     /// The in-place writes under autograd that gave a handle of this storage a new
     /// history: how many, and where the last one was made.
-    history_writes: Mutex<(u64, Option<&'static std::panic::Location<'static>>)>,
+    /// (Read on every op recorded under autograd: an atomic; the line only when stale.)
+    history_writes: AtomicU64,
+    last_history_write: Mutex<Option<&'static std::panic::Location<'static>>>,
     dtype: DType,
     device: Device,
 }
@@ -81,7 +83,8 @@ impl Storage {
             device: node.device,
             node: Mutex::new(node),
             version: AtomicU64::new(0),
-            history_writes: Mutex::new((0, None)),
+            history_writes: AtomicU64::new(0),
+            last_history_write: Mutex::new(None),
         })
     }
 
@@ -99,7 +102,7 @@ impl Storage {
 
     /// How many in-place writes gave a handle of this storage a new history.
     pub(crate) fn history_writes(&self) -> u64 {
-        self.history_writes.lock().unwrap_or_else(PoisonError::into_inner).0
+        self.history_writes.load(Ordering::SeqCst)
     }
 
     /// Where the last history-changing write was made, if it came after `seen` of them.
@@ -107,14 +110,17 @@ impl Storage {
         &self,
         seen: u64,
     ) -> Option<&'static std::panic::Location<'static>> {
-        let w = self.history_writes.lock().unwrap_or_else(PoisonError::into_inner);
-        if w.0 > seen { w.1 } else { None }
+        if self.history_writes() <= seen {
+            return None;
+        }
+        *self.last_history_write.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Counts a history-changing write made at `origin`.
     pub(crate) fn note_history_write(&self, origin: &'static std::panic::Location<'static>) {
-        let mut w = self.history_writes.lock().unwrap_or_else(PoisonError::into_inner);
-        *w = (w.0 + 1, Some(origin));
+        let mut last = self.last_history_write.lock().unwrap_or_else(PoisonError::into_inner);
+        *last = Some(origin);
+        self.history_writes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// How many in-place writes the storage has seen.
