@@ -21,6 +21,7 @@
 
 use std::cell::Cell;
 
+use crate::distributed::DistributedSampler;
 use crate::{Error, Result, Tensor};
 
 /// Something indexable that yields training examples.
@@ -189,6 +190,7 @@ pub struct DataLoader<'a, D: Dataset> {
     seed: Option<u64>,
     drop_last: bool,
     epoch: Cell<u64>,
+    sampler: Option<DistributedSampler>,
 }
 
 impl<'a, D: Dataset> DataLoader<'a, D> {
@@ -202,6 +204,7 @@ impl<'a, D: Dataset> DataLoader<'a, D> {
             seed: None,
             drop_last: false,
             epoch: Cell::new(0),
+            sampler: None,
         }
     }
 
@@ -219,9 +222,24 @@ impl<'a, D: Dataset> DataLoader<'a, D> {
         self
     }
 
+    /// Visits only this rank's share of the dataset ([`DistributedSampler`]): the sampler
+    /// decides the order and the shuffling (the loader's own [`DataLoader::shuffle`] is then
+    /// unused), and the loader's epoch counter reshuffles it every epoch.
+    #[must_use]
+    pub fn sampler(mut self, sampler: DistributedSampler) -> DataLoader<'a, D> {
+        self.sampler = Some(sampler);
+        self
+    }
+
+    /// Sets the epoch number the next [`DataLoader::iter`] uses (it counts up by itself):
+    /// for resuming a run, as PyTorch's `sampler.set_epoch`.
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.set(epoch);
+    }
+
     /// The number of batches per epoch.
     pub fn len(&self) -> usize {
-        let n = self.dataset.len();
+        let n = self.sampler.map_or(self.dataset.len(), |s| s.len(self.dataset.len()));
         if self.drop_last { n / self.batch_size } else { n.div_ceil(self.batch_size) }
     }
 
@@ -232,6 +250,9 @@ impl<'a, D: Dataset> DataLoader<'a, D> {
 
     /// The example order of the next epoch, without starting it.
     pub fn next_order(&self) -> Vec<usize> {
+        if let Some(sampler) = self.sampler {
+            return sampler.indices(self.dataset.len(), self.epoch.get());
+        }
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if let Some(seed) = self.seed {
             shuffle(&mut order, seed, self.epoch.get());
@@ -295,7 +316,7 @@ impl<D: Dataset> ExactSizeIterator for Batches<'_, D> {}
 
 /// Fisher–Yates over the counter-based generator, keyed by `(seed, epoch)`: the same order
 /// on every machine.
-fn shuffle(order: &mut [usize], seed: u64, epoch: u64) {
+pub(crate) fn shuffle(order: &mut [usize], seed: u64, epoch: u64) {
     let key = kiln_ir::random::mix64(seed ^ kiln_ir::random::mix64(epoch));
     for i in (1..order.len()).rev() {
         let j = kiln_ir::random::int(key, i as u64, 0, i as i64 + 1) as usize;

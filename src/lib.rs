@@ -99,6 +99,7 @@ pub mod compile;
 pub mod cuda;
 pub mod data;
 pub mod debug;
+pub mod distributed;
 mod error;
 mod execution;
 mod lazy;

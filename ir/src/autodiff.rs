@@ -11,7 +11,10 @@
 //! exponent, and none through the exponent where the base is 0 and the exponent is
 //! non-negative.
 
-use crate::{BinaryOp, DType, IrError, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
+use crate::{
+    BinaryOp, Collective, CollectiveKind, CollectiveReduce, DType, IrError, Op, ReduceOp, Scalar,
+    Shape, UnaryOp, View,
+};
 
 /// Records ops for gradient rules. Implemented by the tensor layer over lazy tensors.
 pub trait GradBuilder {
@@ -48,6 +51,7 @@ pub fn vjp<B: GradBuilder>(
         Op::Input | Op::Full(_) | Op::Random { .. } => Vec::new(),
         // Positions are integers: no gradient (the sorted values get theirs through gather).
         Op::ArgSort { .. } => vec![None],
+        Op::Collective(c) => vec![Some(r.collective(c, g)?)],
         Op::Attention { causal, scale } => r.attention(*causal, *scale, inputs, g)?,
         Op::AttentionGrad { .. } => {
             return Err(IrError::InvalidGraph(
@@ -155,7 +159,7 @@ pub fn vjp<B: GradBuilder>(
 pub fn is_differentiable(op: &Op) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
-        Op::Attention { .. } | Op::AttentionGrad { .. } => true,
+        Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Collective(_) => true,
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
@@ -178,6 +182,7 @@ pub fn is_differentiable(op: &Op) -> bool {
 pub fn reads_input(op: &Op, i: usize) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
+        Op::Collective(_) => false,
         Op::Attention { .. } | Op::AttentionGrad { .. } => true,
         Op::Unary(u) => !matches!(
             u,
@@ -227,6 +232,41 @@ impl<B: GradBuilder> Rules<'_, B> {
 }
 
 impl<B: GradBuilder> Rules<'_, B> {
+    /// The gradient of a collective's input, taking the loss to be the sum of every rank's
+    /// loss (as `torch.distributed.nn` does): the adjoint collective of `g`.
+    fn collective(&mut self, c: &Collective, g: B::Node) -> Result<B::Node, B::Error> {
+        let adjoint = |kind| Op::Collective(Collective { kind, ..*c });
+        match c.kind {
+            CollectiveKind::AllReduce(CollectiveReduce::Sum | CollectiveReduce::Mean) => {
+                self.b.op(Op::Collective(*c), &[g])
+            }
+            CollectiveKind::AllGather => {
+                self.b.op(adjoint(CollectiveKind::ReduceScatter(CollectiveReduce::Sum)), &[g])
+            }
+            CollectiveKind::ReduceScatter(r @ (CollectiveReduce::Sum | CollectiveReduce::Mean)) => {
+                let gathered = self.b.op(adjoint(CollectiveKind::AllGather), &[g])?;
+                if r == CollectiveReduce::Sum {
+                    return Ok(gathered);
+                }
+                self.scale(&gathered, 1.0 / f64::from(c.world))
+            }
+            CollectiveKind::AllReduce(r) | CollectiveKind::ReduceScatter(r) => {
+                Err(IrError::InvalidGraph(format!(
+                    "{} with {} has no gradient; only sum and mean reductions are differentiable",
+                    c.name(),
+                    r.name()
+                ))
+                .into())
+            }
+            CollectiveKind::Broadcast { .. } => Err(IrError::InvalidGraph(
+                "broadcast has no gradient (its input's gradient would live on the root rank \
+                 only); broadcast detached values, as parameters are at start-up"
+                    .into(),
+            )
+            .into()),
+        }
+    }
+
     fn un(&mut self, op: UnaryOp, x: &B::Node) -> Result<B::Node, B::Error> {
         self.b.op(Op::Unary(op), std::slice::from_ref(x))
     }

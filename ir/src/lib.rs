@@ -6,6 +6,7 @@
 //! - [`Shape`] and [`View`]: dimensions, NumPy broadcasting, and strided layouts that movement
 //!   ops compose without copying.
 //! - [`Op`]: the closed set of primitive ops, with shape and dtype inference ([`Op::infer`]).
+//! - [`Collective`]: ops over the ranks of a process group, planned like any other op.
 //! - [`Graph`]: a petgraph dataflow graph of ops, with a deterministic topological order,
 //!   verification and Graphviz export.
 //! - [`fuse`] and [`kernel`]: the partition of a graph into fused elementwise kernels, and
@@ -21,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod autodiff;
+mod collective;
 mod dtype;
 mod error;
 pub mod fuse;
@@ -35,6 +37,7 @@ mod shape;
 pub mod target;
 mod view;
 
+pub use collective::{Collective, CollectiveKind, CollectiveReduce};
 pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::{DType, IrError, Scalar, Shape, View};
+use crate::{Collective, DType, IrError, Scalar, Shape, View};
 
 /// Elementwise functions of one argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -214,6 +214,8 @@ pub enum Op {
         /// Largest first.
         descending: bool,
     },
+    /// A collective over the ranks of a process group ([`Collective`]): a step of its own.
+    Collective(Collective),
 }
 
 impl Op {
@@ -237,6 +239,7 @@ impl Op {
             Op::CumSum { .. } => "cumsum",
             Op::MatMul => "matmul",
             Op::ArgSort { .. } => "argsort",
+            Op::Collective(c) => c.name(),
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
         }
@@ -285,7 +288,8 @@ impl Op {
             | Op::View(_)
             | Op::Unview { .. }
             | Op::CumSum { .. }
-            | Op::ArgSort { .. } => 1,
+            | Op::ArgSort { .. }
+            | Op::Collective(_) => 1,
             Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } => 2,
             Op::Where | Op::Scatter { .. } | Op::Attention { .. } => 3,
             Op::AttentionGrad { .. } => 4,
@@ -431,6 +435,7 @@ impl Op {
                 check_axis("argsort", *axis, shape)?;
                 Ok((shape.clone(), DType::I64))
             }
+            Op::Collective(c) => c.infer(inputs[0].0, inputs[0].1),
         }
     }
 }
@@ -441,6 +446,7 @@ impl fmt::Display for Op {
             Op::Full(v) => write!(f, "full({v})"),
             Op::Random { dist, key } => write!(f, "random({dist:?}, key={key:#x})"),
             Op::Cast(d) => write!(f, "cast({d})"),
+            Op::Collective(c) => write!(f, "{c}"),
             Op::Reduce { op, axes } => write!(f, "{}{axes:?}", op.name()),
             Op::View(v) => write!(f, "view(strides {:?}, offset {})", v.strides(), v.offset()),
             Op::Unview { view, .. } => {

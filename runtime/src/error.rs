@@ -52,6 +52,15 @@ pub enum RuntimeError {
         /// The dimension's size.
         size: usize,
     },
+    /// A collective failed: the group is unknown, its engine reported an error, or the
+    /// tensor is not where the engine works.
+    #[error("{op}: {detail}")]
+    Collective {
+        /// The collective.
+        op: &'static str,
+        /// What went wrong, with the engine's message.
+        detail: String,
+    },
     /// The correctness check (`KILN_CHECK=1`) found a fused kernel whose result differs from
     /// the reference executor's. This is a bug in kiln's code generation: the report holds
     /// what is needed to reproduce it.

@@ -55,6 +55,10 @@ pub(crate) fn eval(
             attention(args, &node.op, shape_of(0), shape_of(1), shape_of(2), *causal, *scale)
                 .map_err(at),
         ),
+        Op::Collective(c) => {
+            let len = crate::collective::result_len(c, args[0].len());
+            Some(crate::collective::eval(c, args[0], len).map_err(at))
+        }
         Op::ArgSort { axis, descending } => {
             Some(argsort(args[0], &node.shape, *axis, *descending).map_err(at))
         }

@@ -311,6 +311,8 @@ fn eval(
             Values::F(attention(args, shapes, *causal, f64::from_bits(*scale), grad))
         }
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
+        // Communication, not arithmetic: the engine's result, whichever executor asks.
+        Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
     })
 }
 

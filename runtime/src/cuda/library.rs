@@ -57,6 +57,11 @@ pub(crate) fn eval(
             };
             attention(gpu, args, &shape, matches!(node.op, Op::AttentionGrad { .. }))
         }
+        Op::Collective(c) => match crate::collective::engine(c.group) {
+            Ok(crate::collective::Engine::Nccl(nccl)) => nccl.run(c, args[0]),
+            // A host engine (MPI) moves host copies, as the executor makes them.
+            _ => return None,
+        },
         Op::Random { dist, key } => random(gpu, *dist, node.dtype, *key, node.shape.numel()),
         Op::Reduce { op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin), axes } if axes.len() == 1 => {
             arg_extreme(gpu, *op, args[0], shape_of(0), axes[0])

@@ -6,6 +6,7 @@
 //!   it is ordered on, a caching allocator ([`memory_allocated`], [`memory_reserved`],
 //!   [`empty_cache`]), a cache of compiled kernels keyed by the kernel's structure (the
 //!   architecture is the device's own), and a cuBLAS handle for matrix products.
+//! - NCCL groups ([`nccl_group`]) run collectives on device memory, on the same stream.
 //! - Because everything on a device runs on its one stream, a buffer returned to the
 //!   allocator's cache can be handed out again at once: the next kernel that writes it is
 //!   ordered after every kernel that read it.
@@ -14,6 +15,7 @@ mod blas;
 mod kernels;
 mod library;
 mod memory;
+mod nccl;
 mod nvrtc;
 mod probe;
 
@@ -28,6 +30,8 @@ pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;
+pub(crate) use nccl::Nccl;
+pub use nccl::{nccl_group, nccl_unique_id, nccl_version};
 pub use probe::{device_count, unavailable_reason};
 
 /// One device's state, created on first use and kept for the life of the process.
