@@ -15,6 +15,7 @@ mod cuda;
 mod data;
 mod digits;
 mod display;
+mod distributed;
 mod einsum;
 mod elementwise;
 mod errors;

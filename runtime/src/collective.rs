@@ -8,7 +8,8 @@
 //! PyTorch does), and a mean is a sum divided by the number of ranks. NCCL groups work on
 //! device memory instead ([`crate::cuda`]).
 
-use std::sync::{Arc, Barrier, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use kiln_ir::{Collective, CollectiveKind, CollectiveReduce, DType, Element, Shape, View};
 
@@ -177,7 +178,7 @@ pub(crate) fn eval(c: &Collective, input: &Buffer, out_len: usize) -> Result<Buf
         ))
     })?;
     let mean = c.reduce() == Some(CollectiveReduce::Mean);
-    let scale = 1.0 / f64::from(c.world);
+    let world = f64::from(c.world);
     macro_rules! back {
         ($wire:ty) => {{
             let values = from_bytes::<$wire>(&recv);
@@ -185,7 +186,7 @@ pub(crate) fn eval(c: &Collective, input: &Buffer, out_len: usize) -> Result<Buf
                 out_len,
                 values.into_iter().map(|v| {
                     let s = v.to_scalar();
-                    T::from_scalar(if mean { kiln_ir::Scalar::F64(s.to_f64() * scale) } else { s })
+                    T::from_scalar(if mean { kiln_ir::Scalar::F64(s.to_f64() / world) } else { s })
                 }),
             ))
         }};
@@ -210,7 +211,9 @@ pub(crate) fn result_len(c: &Collective, len: usize) -> usize {
 
 /// Ranks that are threads of this process: every collective meets at a barrier, where each
 /// rank reads the others' contributions from shared memory. For tests, and for trying a
-/// distributed program on one machine without an MPI installation.
+/// distributed program on one machine without an MPI installation. A rank that waits
+/// longer than [`LocalGroup::TIMEOUT`] for the others fails its collective (a rank whose
+/// thread panicked never arrives), and the group is unusable afterwards.
 pub struct LocalGroup {
     rank: usize,
     shared: Arc<Shared>,
@@ -218,31 +221,68 @@ pub struct LocalGroup {
 
 struct Shared {
     world: usize,
-    barrier: Barrier,
+    barrier: Meeting,
     slots: Mutex<Vec<Vec<u8>>>,
 }
 
+/// A reusable barrier whose wait gives up after a while.
+struct Meeting {
+    state: Mutex<(usize, u64)>,
+    all_here: Condvar,
+    world: usize,
+}
+
+impl Meeting {
+    fn wait(&self) -> Result<(), String> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = state.1;
+        state.0 += 1;
+        if state.0 == self.world {
+            *state = (0, generation + 1);
+            self.all_here.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + LocalGroup::TIMEOUT;
+        while state.1 == generation {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "waited {} s for the other ranks of the group; a rank stopped or is running \
+                     different collectives",
+                    LocalGroup::TIMEOUT.as_secs()
+                ));
+            }
+            state =
+                self.all_here.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        Ok(())
+    }
+}
+
 impl LocalGroup {
+    /// How long a rank waits for the others at a collective.
+    pub const TIMEOUT: Duration = Duration::from_secs(120);
+
     /// The `world` ranks of a new group, rank `r` at index `r`: hand each to its own thread.
     pub fn new(world: usize) -> Vec<LocalGroup> {
         let world = world.max(1);
         let shared = Arc::new(Shared {
             world,
-            barrier: Barrier::new(world),
+            barrier: Meeting { state: Mutex::new((0, 0)), all_here: Condvar::new(), world },
             slots: Mutex::new(vec![Vec::new(); world]),
         });
         (0..world).map(|rank| LocalGroup { rank, shared: shared.clone() }).collect()
     }
 
     /// Every rank's contribution, once all have arrived.
-    fn exchange(&self, input: &[u8]) -> Vec<Vec<u8>> {
+    fn exchange(&self, input: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner)[self.rank] =
             input.to_vec();
-        self.shared.barrier.wait();
+        self.shared.barrier.wait()?;
         let all = self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // No rank may write the next collective's slot before every rank has read this one.
-        self.shared.barrier.wait();
-        all
+        self.shared.barrier.wait()?;
+        Ok(all)
     }
 }
 
@@ -266,7 +306,7 @@ impl Communicator for LocalGroup {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<(), String> {
-        let all = self.exchange(input);
+        let all = self.exchange(input)?;
         let world = self.shared.world;
         let part = input.len() / world.max(1);
         let bytes: Vec<u8> = match kind {
@@ -292,8 +332,7 @@ impl Communicator for LocalGroup {
     }
 
     fn barrier(&self) -> Result<(), String> {
-        self.shared.barrier.wait();
-        Ok(())
+        self.shared.barrier.wait()
     }
 }
 

@@ -8,6 +8,7 @@
 //! history themselves, which is all that higher-order derivatives need.
 
 mod check;
+mod hooks;
 mod mode;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -18,6 +19,8 @@ use kiln_ir::autodiff::{self, GradBuilder};
 use kiln_ir::{DType, Op, Shape};
 
 pub use check::gradcheck;
+pub use hooks::HookHandle;
+pub(crate) use hooks::reachable_leaves;
 pub use mode::{
     GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, inference_mode, is_grad_enabled,
     no_grad,
@@ -40,6 +43,8 @@ pub(crate) struct AutogradMeta {
     /// The accumulated gradient (leaves, and non-leaves that `retain_grad`).
     grad: Option<Tensor>,
     retain_grad: bool,
+    /// Post-accumulate-grad hooks, with the ids their handles remove them by.
+    hooks: Vec<(u64, hooks::GradHook)>,
 }
 
 /// One differentiable op in the autograd graph.
@@ -163,6 +168,7 @@ pub(crate) fn snapshot_meta(t: &Tensor) -> AutogradMeta {
         writes_seen: m.writes_seen,
         grad: None,
         retain_grad: false,
+        hooks: Vec::new(),
     }
 }
 
@@ -401,9 +407,14 @@ fn run_backward(
         }
         let previous = meta(&leaf).grad.take();
         let total = add_grad(previous, g)?;
-        meta(&leaf).grad = Some(total.clone());
-        updated.push(total);
+        meta(&leaf).grad = Some(total);
+        updated.push(leaf);
     }
+    for leaf in &updated {
+        hooks::run(leaf)?;
+    }
+    // What the hooks left in `.grad()` is what is computed.
+    let updated: Vec<Tensor> = updated.iter().filter_map(|leaf| meta(leaf).grad.clone()).collect();
     let refs: Vec<&Tensor> = updated.iter().collect();
     Tensor::try_realize_all(&refs)?;
     Ok(Vec::new())

@@ -38,6 +38,7 @@ mod activation;
 mod attention;
 mod batchnorm;
 mod conv;
+mod ddp;
 mod dropout;
 mod embedding;
 mod fold;
@@ -53,6 +54,7 @@ pub use activation::{ELU, GELU, GELUTanh, LeakyReLU, ReLU, SiLU, Sigmoid, Softpl
 pub use attention::MultiheadAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{Conv1d, Conv2d};
+pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use fold::ConvTranspose2d;
