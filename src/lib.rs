@@ -34,6 +34,8 @@
 //!   [`parameters!`] macro for your own models, and [`nn::functional`] losses.
 //! - [`optim`]: [`optim::Sgd`], [`optim::Adam`], [`optim::AdamW`], schedules, gradient
 //!   clipping. [`data`]: [`data::DataLoader`] over a [`data::Dataset`].
+//! - [`distributed`]: process groups and collectives (MPI, NCCL, threads) as graph ops, for
+//!   [`nn::DistributedDataParallel`].
 //! - [`serialize`]: named tensors to and from safetensors files.
 //! - [`debug`]: the recorded graph as Graphviz DOT, before and after fusion, and the
 //!   generated kernels. [`profile()`]: what ran and how fast. [`compile()`]: one fused plan

@@ -167,7 +167,8 @@ pub fn collective_gradients_are_the_adjoint_collectives(group: &ProcessGroup) {
     let weights = |r: usize, len: usize| rank_values(r, len, DType::F64, 40 + r as u64);
     let x = tensor_of(&rank_values(rank, world * n, DType::F64, 11), &[world * n], DType::F64)
         .requires_grad_(true);
-    let cases: [(&str, Box<dyn Fn(&Tensor) -> Tensor>, usize); 5] = [
+    type Case<'a> = (&'static str, Box<dyn Fn(&Tensor) -> Tensor + 'a>, usize);
+    let cases: [Case<'_>; 5] = [
         ("all_reduce sum", Box::new(|x| group.all_reduce(x, ReduceOp::Sum)), world * n),
         ("all_reduce mean", Box::new(|x| group.all_reduce(x, ReduceOp::Mean)), world * n),
         ("all_gather", Box::new(|x| group.all_gather(x)), world * world * n),

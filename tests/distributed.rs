@@ -238,3 +238,22 @@ fn post_accumulate_grad_hooks_see_the_gradient_and_can_be_removed() {
     failing.remove();
     let _ = DType::F32;
 }
+
+#[test]
+fn the_nccl_library_loads_and_answers_without_a_gpu() {
+    // CI installs NCCL from the nvidia-nccl-cu13 wheel and sets KILN_REQUIRE_NCCL=1.
+    let required = std::env::var("KILN_REQUIRE_NCCL").is_ok_and(|v| v == "1");
+    match distributed::nccl_version() {
+        Ok((major, minor, _)) => {
+            assert!(
+                major == 2 && minor >= 18,
+                "NCCL {major}.{minor} is older than kiln's bindings"
+            );
+            let id = distributed::nccl_unique_id().expect("an id without a GPU");
+            assert!(id.iter().any(|&b| b != 0), "the id holds the bootstrap address");
+            assert_ne!(id, distributed::nccl_unique_id().expect("another id"), "ids are fresh");
+        }
+        Err(e) if !required => eprintln!("skipped: {e}"),
+        Err(e) => panic!("KILN_REQUIRE_NCCL=1 but {e}"),
+    }
+}

@@ -31,6 +31,7 @@ pub mod kernel;
 mod op;
 pub mod passes;
 pub mod pipeline;
+mod products;
 pub mod random;
 pub mod semantics;
 mod shape;

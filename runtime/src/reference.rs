@@ -194,6 +194,8 @@ fn round(values: Values, dtype: DType) -> Values {
     }
 }
 
+/// One op over f64 values. A collective is communication, not arithmetic: it runs on the
+/// group's engine, whichever executor asks.
 fn eval(
     op: &Op,
     shape: &Shape,
@@ -311,7 +313,6 @@ fn eval(
             Values::F(attention(args, shapes, *causal, f64::from_bits(*scale), grad))
         }
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
-        // Communication, not arithmetic: the engine's result, whichever executor asks.
         Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
     })
 }

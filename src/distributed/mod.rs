@@ -210,6 +210,24 @@ fn nccl_id(launch: LaunchInfo) -> Result<[u8; 128]> {
     })
 }
 
+/// The version of the NCCL library found at run time, `(major, minor, patch)`: a check that
+/// [`Backend::Nccl`] can load it (it needs no GPU).
+///
+/// # Errors
+/// [`Error::Device`] naming the library when it cannot be loaded.
+pub fn nccl_version() -> Result<(u32, u32, u32)> {
+    kiln_runtime::cuda::nccl_version().map_err(device_error)
+}
+
+/// A new NCCL group id (what rank 0 draws and sends to the others), without a GPU: a check
+/// that the library works on this machine.
+///
+/// # Errors
+/// [`Error::Device`] when the library cannot be loaded or fails.
+pub fn nccl_unique_id() -> Result<[u8; 128]> {
+    kiln_runtime::cuda::nccl_unique_id().map_err(device_error)
+}
+
 impl ProcessGroup {
     /// A world of one rank: every collective is the identity. Code written for many ranks
     /// runs unchanged on one.

@@ -100,7 +100,7 @@ impl<M: Module> DistributedDataParallel<M> {
         group: &ProcessGroup,
         options: DdpOptions,
     ) -> Result<DistributedDataParallel<M>> {
-        if !(options.bucket_cap_mb > 0.0) {
+        if options.bucket_cap_mb.is_nan() || options.bucket_cap_mb <= 0.0 {
             return Err(Error::value(
                 "DistributedDataParallel",
                 format!("bucket_cap_mb must be positive, got {}", options.bucket_cap_mb),

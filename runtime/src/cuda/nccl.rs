@@ -45,8 +45,10 @@ fn library() -> Result<(), RuntimeError> {
         Ok(())
     } else {
         Err(unavailable(
-            "the NCCL library (libnccl.so.2) could not be loaded; install it, for example \
-             with `pip install nvidia-nccl-cu13`, and put its lib folder on LD_LIBRARY_PATH",
+            "the NCCL library could not be loaded (kiln looks for libnccl.so on the loader's \
+             path); install it (Debian: libnccl-dev; pip: nvidia-nccl-cu13, whose lib folder \
+             holds only libnccl.so.2: add a libnccl.so link to it there) and put its folder on \
+             LD_LIBRARY_PATH",
         ))
     }
 }
