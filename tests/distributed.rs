@@ -257,3 +257,20 @@ fn the_nccl_library_loads_and_answers_without_a_gpu() {
         Err(e) => panic!("KILN_REQUIRE_NCCL=1 but {e}"),
     }
 }
+
+#[test]
+fn an_nccl_world_of_one_runs_the_collective_checks() {
+    if !kiln::cuda::is_available() || distributed::nccl_version().is_err() {
+        eprintln!("skipped: the NCCL checks need a CUDA device and the NCCL library");
+        return;
+    }
+    let g = distributed::init(Backend::Nccl);
+    assert_eq!((g.world_size(), g.device()), (1, kiln::Device::Cuda(0)));
+    collectives::collectives_agree_with_the_reference(&g);
+    collectives::collectives_fuse_with_their_neighbours(&g);
+    collectives::collective_gradients_are_the_adjoint_collectives(&g);
+    collectives::compiled_steps_replay_collectives(&g);
+    collectives::ddp_matches_one_process_on_the_global_batch(&g, DdpOptions::default());
+    collectives::no_sync_accumulates_then_reduces(&g);
+    g.barrier().expect("a barrier through NCCL");
+}
