@@ -71,22 +71,11 @@ fn assert_close(what: &str, got: &[f64], want: &[f64], dtype: DType) {
     }
 }
 
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I64,
-    DType::I32,
-    DType::U8,
-    DType::Bool,
-];
-
 /// Every collective, every dtype and reduction, odd sizes, a non-contiguous input, against
 /// the f64 reference.
 pub fn collectives_agree_with_the_reference(group: &ProcessGroup) {
     let (rank, world) = (group.rank(), group.world_size());
-    for (salt, dtype) in DTYPES.into_iter().enumerate() {
+    for (salt, dtype) in DType::ALL.into_iter().enumerate() {
         for dims in [vec![1usize], vec![7], vec![3, 5]] {
             let n: usize = dims.iter().product();
             let all: Vec<Vec<f64>> =
