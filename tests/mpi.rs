@@ -20,7 +20,7 @@ fn group() -> &'static ProcessGroup {
 }
 
 #[test]
-fn a_the_group_is_mpis_world() {
+fn the_group_is_mpis_world() {
     let g = group();
     assert_eq!(g.backend(), Backend::Mpi);
     if let Some(launch) = distributed::LaunchInfo::from_env() {
