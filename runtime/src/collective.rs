@@ -307,17 +307,14 @@ impl Communicator for LocalGroup {
         output: &mut [u8],
     ) -> Result<(), String> {
         let all = self.exchange(input)?;
-        let world = self.shared.world;
-        let part = input.len() / world.max(1);
         let bytes: Vec<u8> = match kind {
             CollectiveKind::Broadcast { root } => all[root as usize].clone(),
             CollectiveKind::AllGather => all.concat(),
             CollectiveKind::AllReduce(r) => reduce_bytes(dtype, r, &all)?,
             CollectiveKind::ReduceScatter(r) => {
-                let size = dtype.size_in_bytes();
-                let whole = reduce_bytes(dtype, r, &all)?;
-                let start = (part / size) * size * self.rank;
-                whole[start..start + output.len()].to_vec()
+                // Rank r's part of the reduction: the r-th run of `output.len()` bytes.
+                let start = output.len() * self.rank;
+                reduce_bytes(dtype, r, &all)?[start..start + output.len()].to_vec()
             }
         };
         if bytes.len() != output.len() {

@@ -107,7 +107,8 @@ impl<M: Module> DistributedDataParallel<M> {
             ));
         }
         if group.world_size() > 1 {
-            broadcast_from_root(group, &module.state_dict())?;
+            let state: Vec<Tensor> = module.state_dict().into_iter().map(|(_, t)| t).collect();
+            broadcast_from_root(group, &state)?;
         }
         let buckets = buckets(module.named_parameters(), options.bucket_cap_mb);
         let ready = buckets.iter().map(|b| vec![false; b.len()]).collect();
@@ -203,11 +204,11 @@ impl std::fmt::Debug for Reducer {
 }
 
 /// Copies rank 0's tensors into every rank's, in one graph.
-fn broadcast_from_root(group: &ProcessGroup, state: &[(String, Tensor)]) -> Result<()> {
+fn broadcast_from_root(group: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
     crate::no_grad(|| {
-        let written: Vec<Tensor> = state
+        let written: Vec<Tensor> = tensors
             .iter()
-            .map(|(_, t)| t.try_copy_(&group.try_broadcast(&t.detach(), 0)?))
+            .map(|t| t.try_copy_(&group.try_broadcast(&t.detach(), 0)?))
             .collect::<Result<_>>()?;
         Tensor::try_realize_all(&written.iter().collect::<Vec<_>>())
     })
@@ -357,9 +358,7 @@ impl<M: Module> Module for DistributedDataParallel<M> {
             && self.reducer.group.world_size() > 1
             && !buffers.is_empty()
         {
-            let named: Vec<(String, Tensor)> =
-                buffers.into_iter().map(|b| (String::new(), b)).collect();
-            broadcast_from_root(&self.reducer.group, &named)?;
+            broadcast_from_root(&self.reducer.group, &buffers)?;
         }
         let output = self.module.try_forward(input)?;
         if self.options.find_unused_parameters {
