@@ -280,6 +280,7 @@ fn kind_name(k: StepKind) -> &'static str {
         StepKind::Reference => "reference",
         StepKind::Host => "host",
         StepKind::Plan => "plan",
+        StepKind::Collective => "collective",
     }
 }
 

@@ -274,3 +274,97 @@ fn an_nccl_world_of_one_runs_the_collective_checks() {
     collectives::no_sync_accumulates_then_reduces(&g);
     g.barrier().expect("a barrier through NCCL");
 }
+
+/// A world of one whose collectives wait (up to a deadline) until `opens` has been set by
+/// another group's collective, then set `sets`.
+struct Gate {
+    waits_for: Option<std::sync::Arc<Flag>>,
+    sets: Option<std::sync::Arc<Flag>>,
+    fail: bool,
+}
+
+#[derive(Default)]
+struct Flag(std::sync::Mutex<bool>, std::sync::Condvar);
+
+impl distributed::Communicator for Gate {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn engine(&self) -> &'static str {
+        "gate"
+    }
+    fn run(
+        &self,
+        _: distributed::CollectiveKind,
+        _: DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), String> {
+        if let Some(flag) = &self.sets {
+            *flag.0.lock().unwrap() = true;
+            flag.1.notify_all();
+        }
+        if let Some(flag) = &self.waits_for {
+            let open = flag.0.lock().unwrap();
+            let (open, _) = flag
+                .1
+                .wait_timeout_while(open, std::time::Duration::from_secs(20), |o| !*o)
+                .unwrap();
+            if !*open {
+                return Err(
+                    "the later collective never started: the plan waited for this one".into()
+                );
+            }
+        }
+        if self.fail {
+            return Err("the link went down".into());
+        }
+        output.copy_from_slice(input);
+        Ok(())
+    }
+    fn barrier(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_collective_communicates_while_the_steps_after_it_run() {
+    use std::sync::Arc;
+    // The first collective can only finish once the second has started: a plan that waited
+    // for each collective before going on would never get there.
+    let flag = Arc::new(Flag::default());
+    let first = ProcessGroup::from_communicator(Arc::new(Gate {
+        waits_for: Some(flag.clone()),
+        sets: None,
+        fail: false,
+    }));
+    let second = ProcessGroup::from_communicator(Arc::new(Gate {
+        waits_for: None,
+        sets: Some(flag),
+        fail: false,
+    }));
+    assert_eq!(first.backend(), Backend::Custom);
+    let x = Tensor::randn([7, 5]);
+    let a = first.all_reduce(&x, ReduceOp::Sum);
+    let b = second.all_reduce(&(&x * 2.0), ReduceOp::Sum);
+    let (out, profile) = kiln::profile(|| (&a + &b).to_vec::<f32>());
+    for (o, x) in out.iter().zip(x.to_vec::<f32>()) {
+        assert!((o - 3.0 * x).abs() < 1e-5, "{o} vs {}", 3.0 * x);
+    }
+    let collectives =
+        profile.events().iter().filter(|e| e.kind == kiln::StepKind::Collective).count();
+    assert_eq!(collectives, 2, "{profile}");
+
+    // An engine's failure in flight is the realization's error, and the plan still waits
+    // for the rest (the group's order stays intact).
+    let broken =
+        ProcessGroup::from_communicator(Arc::new(Gate { waits_for: None, sets: None, fail: true }));
+    let err = broken.try_all_reduce(&x, ReduceOp::Mean).unwrap().try_to_vec::<f32>().unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("all_reduce") && text.contains("the link went down"), "{text}");
+    assert!(text.contains("tests/distributed.rs"), "the user's line: {text}");
+    assert!(distributed::try_init(Backend::Custom).is_err());
+}

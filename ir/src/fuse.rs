@@ -254,7 +254,8 @@ fn cut_of(
 }
 
 /// The lowering stage: every kernel of `partition` written as Kernel IR, and the other
-/// steps, in dependency order.
+/// steps, in dependency order; collectives as early as their inputs allow, so that
+/// communication overlaps the steps after them.
 pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec<Step> {
     let Partition { stored, merged, reduced_by } = partition;
     // Kernels that write merged results build with those values computed inline.
@@ -305,7 +306,7 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             steps.push(Step::Node(n));
         }
     }
-    steps
+    schedule::collectives_early(graph, steps)
 }
 
 /// A matrix product reading its operands' views of stored buffers as strides.
@@ -632,5 +633,6 @@ impl Builder<'_> {
     }
 }
 
+mod schedule;
 #[cfg(test)]
 mod tests;

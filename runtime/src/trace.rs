@@ -24,6 +24,10 @@ pub enum StepKind {
     Host,
     /// Planning a realization: graph passes and fusion.
     Plan,
+    /// A collective on a host group's engine (MPI, local ranks). It runs on the group's
+    /// communication thread while the steps after it run; its duration is the time the
+    /// plan then waited for it, and [`Event::overlapped`] the time it was hidden.
+    Collective,
 }
 
 /// One executed step.
@@ -57,6 +61,9 @@ pub struct Event {
     pub clif: Option<String>,
     /// The CUDA C the kernel compiles to on a GPU, when sources were asked for.
     pub cuda: Option<String>,
+    /// For a collective: how long it was in flight while other steps ran, before the plan
+    /// waited for it (communication hidden behind computation). Zero for other steps.
+    pub overlapped: Duration,
 }
 
 /// Memory of one realization: the peak of live buffers and the largest ones at that point.
@@ -245,6 +252,7 @@ pub(crate) fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) 
         text: None,
         clif: None,
         cuda: None,
+        overlapped: Duration::ZERO,
     }
 }
 

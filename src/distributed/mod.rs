@@ -47,10 +47,12 @@ mod sampler;
 
 use std::sync::Arc;
 
-use kiln_ir::{Collective, CollectiveKind, Op};
+use kiln_ir::{Collective, Op};
 use kiln_runtime::collective::{self as engine, LocalGroup};
 
+pub use kiln_ir::CollectiveKind;
 pub use kiln_ir::CollectiveReduce as ReduceOp;
+pub use kiln_runtime::collective::Communicator;
 pub use sampler::DistributedSampler;
 
 use crate::error::ok;
@@ -65,6 +67,8 @@ pub enum Backend {
     Nccl,
     /// Threads of this process sharing memory.
     Local,
+    /// An engine of the program's own ([`ProcessGroup::from_communicator`]).
+    Custom,
 }
 
 /// A group of ranks and the engine that connects them. Cheap to clone; collectives of
@@ -126,7 +130,8 @@ pub fn init(backend: Backend) -> ProcessGroup {
 /// (`MPI_COMM_WORLD`; a process started without `mpirun` is a world of one). With
 /// [`Backend::Nccl`] each rank takes CUDA device `local_rank` and the ranks exchange NCCL's
 /// id over MPI. [`Backend::Local`] here is a world of one ([`ProcessGroup::local`] makes
-/// more).
+/// more). [`Backend::Custom`] is an error: make such a group with
+/// [`ProcessGroup::from_communicator`].
 ///
 /// # Errors
 /// [`Error::Device`] when the engine is not built in (the `mpi` feature), its library is
@@ -136,6 +141,12 @@ pub fn try_init(backend: Backend) -> Result<ProcessGroup> {
         Backend::Local => Ok(ProcessGroup::single()),
         Backend::Mpi => mpi_world(),
         Backend::Nccl => nccl_world(),
+        Backend::Custom => Err(Error::Device {
+            op: "distributed::init",
+            detail: "kiln cannot start an engine of your own; make its group with \
+                     `ProcessGroup::from_communicator`"
+                .into(),
+        }),
     }
 }
 
@@ -252,6 +263,47 @@ impl ProcessGroup {
             .collect()
     }
 
+    /// A group on an engine of your own: anything that moves host memory between ranks (a
+    /// cluster's own transport, a test double). kiln converts dtypes to the communicator's
+    /// five wire types and runs every collective on the group's communication thread, in
+    /// order, as it does for MPI.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kiln::distributed::{CollectiveKind, Communicator, ProcessGroup, ReduceOp};
+    /// use kiln::{DType, Tensor};
+    ///
+    /// /// A world of one that counts the bytes it is handed.
+    /// struct Counting(std::sync::atomic::AtomicUsize);
+    /// impl Communicator for Counting {
+    ///     fn rank(&self) -> usize { 0 }
+    ///     fn world(&self) -> usize { 1 }
+    ///     fn engine(&self) -> &'static str { "counting" }
+    ///     fn run(&self, _: CollectiveKind, _: DType, input: &[u8], output: &mut [u8])
+    ///         -> Result<(), String> {
+    ///         self.0.fetch_add(input.len(), std::sync::atomic::Ordering::Relaxed);
+    ///         output.copy_from_slice(input);
+    ///         Ok(())
+    ///     }
+    ///     fn barrier(&self) -> Result<(), String> { Ok(()) }
+    /// }
+    /// let counting = Arc::new(Counting(Default::default()));
+    /// let group = ProcessGroup::from_communicator(counting.clone());
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]);
+    /// assert_eq!(group.all_reduce(&x, ReduceOp::Sum).to_vec::<f32>(), [1.0, 2.0, 3.0]);
+    /// assert_eq!(counting.0.load(std::sync::atomic::Ordering::Relaxed), 12);
+    /// ```
+    pub fn from_communicator(communicator: Arc<dyn Communicator>) -> ProcessGroup {
+        let (rank, world) = (communicator.rank(), communicator.world());
+        ProcessGroup {
+            id: engine::register(communicator),
+            rank,
+            world,
+            local_rank: 0,
+            backend: Backend::Custom,
+        }
+    }
+
     /// This process's rank, `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.rank
@@ -281,6 +333,7 @@ impl ProcessGroup {
         }
     }
 
+    #[track_caller]
     fn collective(&self, kind: CollectiveKind, t: &Tensor) -> Result<Tensor> {
         let c = Collective { kind, group: self.id, world: self.world_u32() };
         let differentiable = match kind {
@@ -324,6 +377,7 @@ impl ProcessGroup {
     /// # Errors
     /// [`Error::DType`] for a mean of integers, [`Error::Autograd`] for a max, min or
     /// product of a tensor that requires grad.
+    #[track_caller]
     pub fn try_all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.collective(CollectiveKind::AllReduce(op), t)
     }
@@ -343,6 +397,7 @@ impl ProcessGroup {
     /// # Errors
     /// [`Error::Shape`] for a root outside the group, [`Error::Autograd`] for a tensor that
     /// requires grad.
+    #[track_caller]
     pub fn try_broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         let root = u32::try_from(root).unwrap_or(u32::MAX);
         self.collective(CollectiveKind::Broadcast { root }, t)
@@ -362,6 +417,7 @@ impl ProcessGroup {
     ///
     /// # Errors
     /// [`Error::Shape`] for a 0-dimensional tensor.
+    #[track_caller]
     pub fn try_all_gather(&self, t: &Tensor) -> Result<Tensor> {
         self.collective(CollectiveKind::AllGather, t)
     }
@@ -382,6 +438,7 @@ impl ProcessGroup {
     /// # Errors
     /// [`Error::Shape`] when dimension 0 does not split evenly, as for
     /// [`ProcessGroup::try_all_reduce`] otherwise.
+    #[track_caller]
     pub fn try_reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.collective(CollectiveKind::ReduceScatter(op), t)
     }

@@ -277,3 +277,40 @@ fn kept_results_read_by_reductions_views_or_several_kernels_stay_stored() {
         assert_eq!(k.outputs.len(), 1);
     }
 }
+
+#[test]
+fn a_collective_runs_as_soon_as_its_input_is_ready() {
+    use crate::{Collective, CollectiveKind, CollectiveReduce};
+    // A backward-like graph: `g` is ready early, its all-reduce is recorded last (as a
+    // gradient hook records it), and a chain of products runs in between.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([8, 8]), DType::F32);
+    let grad = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+    let scaled = g.push(Op::Binary(BinaryOp::Mul), &[grad, grad]).unwrap();
+    let mut h = x;
+    for _ in 0..3 {
+        h = g.push(Op::MatMul, &[h, x]).unwrap();
+    }
+    let c =
+        Collective { kind: CollectiveKind::AllReduce(CollectiveReduce::Mean), group: 0, world: 2 };
+    let reduced = g.push(Op::Collective(c), &[scaled]).unwrap();
+    let out = g.push(Op::Binary(BinaryOp::Add), &[reduced, h]).unwrap();
+    g.mark_output(out);
+    for fusion in [Fusion::Fused, Fusion::Unfused] {
+        let plan = steps(&g, fusion);
+        let at = |n: NodeId| {
+            plan.steps
+                .iter()
+                .position(|s| match s {
+                    Step::Node(m) => *m == n,
+                    Step::MatMul { node, .. } => *node == n,
+                    Step::Kernel(k) => k.outputs.contains(&n),
+                })
+                .unwrap_or_else(|| panic!("{n:?} has no step in {plan:?}"))
+        };
+        let first_product = plan.steps.iter().position(|s| matches!(s, Step::MatMul { .. }));
+        // Before every product: the executor hands it to the engine and runs them meanwhile.
+        assert!(at(reduced) < first_product.unwrap(), "{fusion:?}: {plan:?}");
+        assert!(at(scaled) < at(reduced) && at(reduced) < at(out), "{fusion:?}: {plan:?}");
+    }
+}

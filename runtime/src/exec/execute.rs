@@ -5,14 +5,15 @@ use std::time::Instant;
 
 use kiln_codegen::cpu::CpuKernel;
 use kiln_ir::fuse::KernelStep;
-use kiln_ir::{Graph, Node, NodeId, Op, Scalar};
+use kiln_ir::{Collective, Graph, Node, NodeId, Op, Scalar};
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::prepare::{PreparedStep, fill_value};
 use super::{Prepared, check, cpu, dispatch, on_device};
 use crate::trace::{self, KernelRun, MemoryPeak, StepKind};
-use crate::{Buffer, Device, RunError, cuda, native, rows};
+use crate::{Buffer, Device, RunError, collective, cuda, native, rows};
 
 impl Prepared {
     /// Runs the plan with `inputs` bound to the graph's `Input` nodes, in order; returns the
@@ -43,35 +44,17 @@ impl Prepared {
             memory: tracing.then(MemoryPeak::default),
             bufs: Bufs(vec![None; readers.len()]),
             readers: readers.clone(),
+            in_flight: Vec::new(),
         };
         for (&n, b) in graph.inputs().iter().zip(inputs) {
             run.bufs.insert(n, b.clone());
         }
-        let mut index = 0;
-        while index < steps.len() {
-            if let Some(group) = groups.iter().find(|g| g.start == index) {
-                run.row_group(&mut steps[group.start..group.end], group)?;
-                index = group.end;
-                continue;
-            }
-            if fills.values().any(|&k| k == index) {
-                // A constant base: the scatter that reads it fills its own output.
-                index += 1;
-                continue;
-            }
-            let fill = match &steps[index] {
-                PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
-                _ => None,
-            };
-            match &mut steps[index] {
-                PreparedStep::Node(n) => run.node(*n, fill)?,
-                PreparedStep::MatMul(node, operands) => run.matmul(*node, operands)?,
-                PreparedStep::Kernel { step, kernel, compile } => {
-                    run.kernel(step, kernel.as_ref(), compile.take())?;
-                }
-            }
-            index += 1;
-        }
+        // Whatever failed, no collective is left in flight: the group's next one must find
+        // this rank's sequence where the other ranks' is.
+        let ran = run.steps(steps, groups, fills);
+        let landed = run.land_all();
+        ran?;
+        landed?;
         if let Some(memory) = run.memory {
             trace::record_memory(memory);
         }
@@ -89,6 +72,16 @@ struct Run<'a> {
     bufs: Bufs,
     /// Readers still to come, per node.
     readers: Vec<u32>,
+    /// Collectives issued to their groups' threads, in issue order, not yet waited for.
+    in_flight: Vec<InFlight>,
+}
+
+/// A collective running on its group's communication thread.
+struct InFlight {
+    node: NodeId,
+    pending: collective::Pending<Buffer>,
+    issued: Instant,
+    bytes_read: u64,
 }
 
 impl Run<'_> {
@@ -119,12 +112,132 @@ impl Run<'_> {
         trace::track_memory(self.memory.as_mut(), self.graph, self.bufs.iter(), new);
     }
 
+    /// The plan's steps in order; a step that reads a collective's result first waits for it.
+    fn steps(
+        &mut self,
+        steps: &mut [PreparedStep],
+        groups: &[rows::RowGroup],
+        fills: &FxHashMap<NodeId, usize>,
+    ) -> Result<(), RunError> {
+        let graph = self.graph;
+        let mut index = 0;
+        while index < steps.len() {
+            if let Some(group) = groups.iter().find(|g| g.start == index) {
+                for s in &steps[group.start..group.end] {
+                    if let PreparedStep::Kernel { step, .. } = s {
+                        self.land(&step.inputs)?;
+                    }
+                }
+                self.row_group(&mut steps[group.start..group.end], group)?;
+                index = group.end;
+                continue;
+            }
+            if fills.values().any(|&k| k == index) {
+                // A constant base: the scatter that reads it fills its own output.
+                index += 1;
+                continue;
+            }
+            let fill = match &steps[index] {
+                PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
+                _ => None,
+            };
+            match &mut steps[index] {
+                PreparedStep::Node(n) => {
+                    self.land(graph.arg_slice(*n))?;
+                    self.node(*n, fill)?;
+                }
+                PreparedStep::MatMul(node, operands) => {
+                    self.land(&[operands[0].0, operands[1].0])?;
+                    self.matmul(*node, operands)?;
+                }
+                PreparedStep::Kernel { step, kernel, compile } => {
+                    self.land(&step.inputs)?;
+                    self.kernel(step, kernel.as_ref(), compile.take())?;
+                }
+            }
+            index += 1;
+        }
+        Ok(())
+    }
+
+    /// Issues a collective on a host group to the group's thread; the steps after it run
+    /// while it communicates, until one reads its result.
+    fn issue(&mut self, n: NodeId, c: &Collective) -> Result<(), RunError> {
+        let node = self.graph.node(n);
+        let arg = self.graph.arg_slice(n)[0];
+        let input = self.bufs[&arg].clone();
+        let bytes_read = trace::bytes(&input);
+        let len = collective::result_len(c, input.len());
+        let pending = collective::start(c, input, len).map_err(|error| RunError {
+            error,
+            op: Some(node.op.name()),
+            origin: node.origin,
+        })?;
+        self.in_flight.push(InFlight { node: n, pending, issued: Instant::now(), bytes_read });
+        self.done_reading(arg);
+        Ok(())
+    }
+
+    /// Waits for the collectives whose results `reads` names.
+    fn land(&mut self, reads: &[NodeId]) -> Result<(), RunError> {
+        if self.in_flight.is_empty() {
+            return Ok(());
+        }
+        for n in reads {
+            if let Some(i) = self.in_flight.iter().position(|f| f.node == *n) {
+                let f = self.in_flight.remove(i);
+                self.arrive(f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every collective still in flight; the first failure is the result.
+    fn land_all(&mut self) -> Result<(), RunError> {
+        let mut first = Ok(());
+        for f in std::mem::take(&mut self.in_flight) {
+            let landed = self.arrive(f);
+            if first.is_ok() {
+                first = landed;
+            }
+        }
+        first
+    }
+
+    /// Waits for one collective and makes its result a live buffer.
+    fn arrive(&mut self, f: InFlight) -> Result<(), RunError> {
+        let waiting = Instant::now();
+        let (out, done) = f.pending.wait_timed();
+        let node = self.graph.node(f.node);
+        let out =
+            out.map_err(|error| RunError { error, op: Some(node.op.name()), origin: node.origin })?;
+        if self.tracing {
+            let name = node.op.name();
+            let mut e =
+                trace::plain_event(name, StepKind::Collective, name.to_string(), String::new());
+            e.shape = node.shape.to_string();
+            e.bytes_read = f.bytes_read;
+            e.bytes_written = trace::bytes(&out);
+            e.sources = node.origin.into_iter().collect();
+            e.duration = waiting.elapsed();
+            e.overlapped = done.min(waiting).saturating_duration_since(f.issued);
+            self.traced(waiting, e, Some((f.node, &out)));
+        }
+        self.bufs.insert(f.node, out);
+        Ok(())
+    }
+
     /// A node that is not a kernel (gather, scatter, cumsum, ...); `fill` is the value of a
     /// scatter's constant base, when its kernel was skipped.
     fn node(&mut self, n: NodeId, fill: Option<Scalar>) -> Result<(), RunError> {
         let started = Instant::now();
         let graph = self.graph;
         let args = graph.arg_slice(n);
+        if let Op::Collective(c) = &graph.node(n).op
+            && self.gpu.is_none()
+        {
+            return self.issue(n, c);
+        }
         if let Op::View(view) = &graph.node(n).op
             && view.is_dense_over(graph.node(args[0]).shape.numel())
         {

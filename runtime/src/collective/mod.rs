@@ -8,10 +8,16 @@
 //! PyTorch does), and a mean is a sum divided by the number of ranks. NCCL groups work on
 //! device memory instead ([`crate::cuda`]).
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+mod local;
+mod queue;
+
+use std::sync::{Arc, PoisonError, RwLock};
 
 use kiln_ir::{Collective, CollectiveKind, CollectiveReduce, DType, Element, Shape, View};
+
+pub use local::LocalGroup;
+use queue::HostEngine;
+pub(crate) use queue::Pending;
 
 use crate::{Buffer, RuntimeError};
 
@@ -51,8 +57,8 @@ pub trait Communicator: Send + Sync {
 /// A registered group's engine.
 #[derive(Clone)]
 pub(crate) enum Engine {
-    /// Host memory through a [`Communicator`].
-    Host(Arc<dyn Communicator>),
+    /// Host memory through a [`Communicator`], on the group's communication thread.
+    Host(Arc<HostEngine>),
     /// Device memory through NCCL.
     Nccl(Arc<crate::cuda::Nccl>),
 }
@@ -61,7 +67,7 @@ static GROUPS: RwLock<Vec<Engine>> = RwLock::new(Vec::new());
 
 /// Registers a group's engine and returns the number graphs name it by.
 pub fn register(communicator: Arc<dyn Communicator>) -> u32 {
-    register_engine(Engine::Host(communicator))
+    register_engine(Engine::Host(Arc::new(HostEngine::new(communicator))))
 }
 
 pub(crate) fn register_engine(engine: Engine) -> u32 {
@@ -86,7 +92,7 @@ pub fn barrier(group: u32) -> Result<(), RuntimeError> {
     let failed =
         |detail: String| RuntimeError::Collective { op: "barrier", detail: detail.clone() };
     match engine(group)? {
-        Engine::Host(c) => c.barrier().map_err(failed),
+        Engine::Host(h) => h.submit("barrier", move |c| c.barrier().map_err(failed))?.wait(),
         Engine::Nccl(n) => n.barrier(),
     }
 }
@@ -118,7 +124,7 @@ fn bytes_of<T: Element>(buffer: &Buffer) -> Vec<u8> {
     buffer.gather::<T>(&all).iter().flat_map(|&v| pod_bytes(v)).collect()
 }
 
-fn pod_bytes<T: Element>(v: T) -> Vec<u8> {
+pub(super) fn pod_bytes<T: Element>(v: T) -> Vec<u8> {
     let size = std::mem::size_of::<T>();
     let mut out = vec![0u8; size];
     // SAFETY: `T` is one of kiln's element types, plain numbers without padding; `out` has
@@ -128,7 +134,7 @@ fn pod_bytes<T: Element>(v: T) -> Vec<u8> {
 }
 
 /// Native bytes back to elements of `T`.
-fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
+pub(super) fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
     let size = std::mem::size_of::<T>();
     bytes
         .chunks_exact(size)
@@ -141,8 +147,24 @@ fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
 /// Runs collective `c` on `input` (a dense host buffer), giving a buffer of `out_len`
 /// elements of the input's dtype.
 pub(crate) fn eval(c: &Collective, input: &Buffer, out_len: usize) -> Result<Buffer, RuntimeError> {
+    start(c, input.clone(), out_len)?.wait()
+}
+
+/// Issues collective `c` on `input` (a dense host buffer) to its group's communication
+/// thread, behind the group's earlier collectives; the result (`out_len` elements of the
+/// input's dtype) arrives through the handle while the caller goes on.
+///
+/// # Errors
+/// [`RuntimeError::Collective`] for an unknown or NCCL group, or a group of another size
+/// than the graph's. The engine's own failure comes from [`Pending::wait`].
+pub(crate) fn start(
+    c: &Collective,
+    input: Buffer,
+    out_len: usize,
+) -> Result<Pending<Buffer>, RuntimeError> {
+    let c = *c;
     let failed = |detail: String| RuntimeError::Collective { op: c.name(), detail };
-    let communicator = match engine(c.group)? {
+    let host = match engine(c.group)? {
         Engine::Host(h) => h,
         Engine::Nccl(_) => {
             return Err(failed(format!(
@@ -152,14 +174,24 @@ pub(crate) fn eval(c: &Collective, input: &Buffer, out_len: usize) -> Result<Buf
             )));
         }
     };
-    if communicator.world() != c.world as usize {
+    let world = host.communicator.world();
+    if world != c.world as usize {
         return Err(failed(format!(
-            "the graph expects {} ranks, group {} has {}",
-            c.world,
-            c.group,
-            communicator.world()
+            "the graph expects {} ranks, group {} has {world}",
+            c.world, c.group
         )));
     }
+    host.submit(c.name(), move |communicator| run_host(&c, communicator, &input, out_len))
+}
+
+/// Runs `c` through a host engine: to its wire type, across the ranks, and back.
+fn run_host(
+    c: &Collective,
+    communicator: &dyn Communicator,
+    input: &Buffer,
+    out_len: usize,
+) -> Result<Buffer, RuntimeError> {
+    let failed = |detail: String| RuntimeError::Collective { op: c.name(), detail };
     let dtype = input.dtype();
     let (wire_dtype, kind) = wire(dtype, c.kind);
     let send = match wire_dtype {
@@ -208,196 +240,3 @@ pub(crate) fn result_len(c: &Collective, len: usize) -> usize {
         _ => len,
     }
 }
-
-/// Ranks that are threads of this process: every collective meets at a barrier, where each
-/// rank reads the others' contributions from shared memory. For tests, and for trying a
-/// distributed program on one machine without an MPI installation. A rank that waits
-/// longer than [`LocalGroup::TIMEOUT`] for the others fails its collective (a rank whose
-/// thread panicked never arrives), and the group is unusable afterwards.
-pub struct LocalGroup {
-    rank: usize,
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    world: usize,
-    barrier: Meeting,
-    slots: Mutex<Vec<Vec<u8>>>,
-}
-
-/// A reusable barrier whose wait gives up after a while.
-struct Meeting {
-    state: Mutex<(usize, u64)>,
-    all_here: Condvar,
-    world: usize,
-}
-
-impl Meeting {
-    fn wait(&self) -> Result<(), String> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let generation = state.1;
-        state.0 += 1;
-        if state.0 == self.world {
-            *state = (0, generation + 1);
-            self.all_here.notify_all();
-            return Ok(());
-        }
-        let deadline = Instant::now() + LocalGroup::TIMEOUT;
-        while state.1 == generation {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "waited {} s for the other ranks of the group; a rank stopped or is running \
-                     different collectives",
-                    LocalGroup::TIMEOUT.as_secs()
-                ));
-            }
-            state =
-                self.all_here.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        Ok(())
-    }
-}
-
-impl LocalGroup {
-    /// How long a rank waits for the others at a collective.
-    pub const TIMEOUT: Duration = Duration::from_secs(120);
-
-    /// The `world` ranks of a new group, rank `r` at index `r`: hand each to its own thread.
-    pub fn new(world: usize) -> Vec<LocalGroup> {
-        let world = world.max(1);
-        let shared = Arc::new(Shared {
-            world,
-            barrier: Meeting { state: Mutex::new((0, 0)), all_here: Condvar::new(), world },
-            slots: Mutex::new(vec![Vec::new(); world]),
-        });
-        (0..world).map(|rank| LocalGroup { rank, shared: shared.clone() }).collect()
-    }
-
-    /// Every rank's contribution, once all have arrived.
-    fn exchange(&self, input: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-        self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner)[self.rank] =
-            input.to_vec();
-        self.shared.barrier.wait()?;
-        let all = self.shared.slots.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        // No rank may write the next collective's slot before every rank has read this one.
-        self.shared.barrier.wait()?;
-        Ok(all)
-    }
-}
-
-impl Communicator for LocalGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world(&self) -> usize {
-        self.shared.world
-    }
-
-    fn engine(&self) -> &'static str {
-        "local"
-    }
-
-    fn run(
-        &self,
-        kind: CollectiveKind,
-        dtype: DType,
-        input: &[u8],
-        output: &mut [u8],
-    ) -> Result<(), String> {
-        let all = self.exchange(input)?;
-        let bytes: Vec<u8> = match kind {
-            CollectiveKind::Broadcast { root } => all[root as usize].clone(),
-            CollectiveKind::AllGather => all.concat(),
-            CollectiveKind::AllReduce(r) => reduce_bytes(dtype, r, &all)?,
-            CollectiveKind::ReduceScatter(r) => {
-                // Rank r's part of the reduction: the r-th run of `output.len()` bytes.
-                let start = output.len() * self.rank;
-                reduce_bytes(dtype, r, &all)?[start..start + output.len()].to_vec()
-            }
-        };
-        if bytes.len() != output.len() {
-            return Err(format!(
-                "ranks sent different sizes: expected {} bytes, got {}",
-                output.len(),
-                bytes.len()
-            ));
-        }
-        output.copy_from_slice(&bytes);
-        Ok(())
-    }
-
-    fn barrier(&self) -> Result<(), String> {
-        self.shared.barrier.wait()
-    }
-}
-
-/// The elementwise reduction of the ranks' byte arrays of `dtype`, rank order.
-fn reduce_bytes(dtype: DType, r: CollectiveReduce, all: &[Vec<u8>]) -> Result<Vec<u8>, String> {
-    if all.iter().any(|a| a.len() != all[0].len()) {
-        return Err("ranks sent tensors of different sizes".into());
-    }
-    fn fold<T: Wire>(r: CollectiveReduce, all: &[Vec<u8>]) -> Vec<u8> {
-        let mut acc = from_bytes::<T>(&all[0]);
-        for other in &all[1..] {
-            for (a, b) in acc.iter_mut().zip(from_bytes::<T>(other)) {
-                *a = match r {
-                    CollectiveReduce::Sum | CollectiveReduce::Mean => a.plus(b),
-                    CollectiveReduce::Product => a.times(b),
-                    CollectiveReduce::Max => {
-                        if b > *a || b.is_nan() {
-                            b
-                        } else {
-                            *a
-                        }
-                    }
-                    CollectiveReduce::Min => {
-                        if b < *a || b.is_nan() {
-                            b
-                        } else {
-                            *a
-                        }
-                    }
-                };
-            }
-        }
-        acc.into_iter().flat_map(pod_bytes).collect()
-    }
-    Ok(match dtype {
-        DType::F32 => fold::<f32>(r, all),
-        DType::F64 => fold::<f64>(r, all),
-        DType::I32 => fold::<i32>(r, all),
-        DType::I64 => fold::<i64>(r, all),
-        DType::U8 => fold::<u8>(r, all),
-        other => return Err(format!("no engine type for {other}")),
-    })
-}
-
-/// The arithmetic of the engines' element types: integers wrap, as everywhere in kiln.
-trait Wire: Element + PartialOrd {
-    fn plus(self, other: Self) -> Self;
-    fn times(self, other: Self) -> Self;
-    fn is_nan(self) -> bool;
-}
-
-macro_rules! wire_float {
-    ($($t:ty),*) => {$(
-        impl Wire for $t {
-            fn plus(self, other: $t) -> $t { self + other }
-            fn times(self, other: $t) -> $t { self * other }
-            fn is_nan(self) -> bool { <$t>::is_nan(self) }
-        }
-    )*};
-}
-macro_rules! wire_int {
-    ($($t:ty),*) => {$(
-        impl Wire for $t {
-            fn plus(self, other: $t) -> $t { self.wrapping_add(other) }
-            fn times(self, other: $t) -> $t { self.wrapping_mul(other) }
-            fn is_nan(self) -> bool { false }
-        }
-    )*};
-}
-wire_float!(f32, f64);
-wire_int!(i32, i64, u8);
