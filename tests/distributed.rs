@@ -304,15 +304,15 @@ impl distributed::Communicator for Gate {
         output: &mut [u8],
     ) -> Result<(), String> {
         if let Some(flag) = &self.sets {
-            *flag.0.lock().unwrap() = true;
+            *flag.0.lock().expect("no holder panicked") = true;
             flag.1.notify_all();
         }
         if let Some(flag) = &self.waits_for {
-            let open = flag.0.lock().unwrap();
+            let open = flag.0.lock().expect("no holder panicked");
             let (open, _) = flag
                 .1
                 .wait_timeout_while(open, std::time::Duration::from_secs(20), |o| !*o)
-                .unwrap();
+                .expect("no holder panicked");
             if !*open {
                 return Err(
                     "the later collective never started: the plan waited for this one".into()
