@@ -79,6 +79,16 @@ fn buckets_follow_reverse_parameter_order_and_the_cap() {
         ddp.bucket_names(),
         vec![vec!["1.bias", "1.weight"], vec!["0.bias"], vec!["0.weight"]]
     );
+    // A small first bucket (the one backward completes first), larger ones after it.
+    let model = kiln::nn::Sequential::new().with(Linear::new(4, 3)).with(Linear::new(3, 2));
+    let options = DdpOptions { first_bucket_cap_mb: 8.0 / (1024.0 * 1024.0), ..options };
+    let options = DdpOptions { bucket_cap_mb: 1.0, ..options };
+    let ddp = DistributedDataParallel::try_new(model, &g, options).expect("wraps");
+    assert_eq!(ddp.bucket_names(), vec![vec!["1.bias"], vec!["1.weight", "0.bias", "0.weight"]]);
+    let bad = DdpOptions { first_bucket_cap_mb: 0.0, ..options };
+    let model = kiln::nn::Sequential::new().with(Linear::new(4, 3));
+    let err = DistributedDataParallel::try_new(model, &g, bad).err().expect("a zero cap");
+    assert!(err.to_string().contains("first_bucket_cap_mb"), "{err}");
 }
 
 /// A model whose second layer is used only when asked.

@@ -254,3 +254,39 @@ fn cat_stack_split_chunk_repeat_flip_triangles() {
     );
     assert!(a.try_repeat(&[2]).is_err());
 }
+
+#[test]
+fn large_cats_and_partial_writes_match_loops_without_touching_shared_buffers() {
+    // Big enough (>= 32768 elements) for the parallel write path; odd sizes; 1-D pieces
+    // (a gradient bucket) and 2-D ones along either dim.
+    let mut rng = Rng::new(41);
+    let sizes = [33_001usize, 7, 40_013, 1];
+    let pieces: Vec<Vec<f64>> = sizes.iter().map(|&n| values(&mut rng, n, DType::F32)).collect();
+    let tensors: Vec<Tensor> = pieces.iter().map(|p| tensor(p, &[p.len()], DType::F32)).collect();
+    let joined = Tensor::cat(&tensors.iter().collect::<Vec<_>>(), 0).to_vec::<f64>();
+    assert_eq!(joined, pieces.concat());
+
+    let (rows, a_cols, b_cols) = (211, 173, 59);
+    let a = values(&mut rng, rows * a_cols, DType::F32);
+    let b = values(&mut rng, rows * b_cols, DType::F32);
+    let (ta, tb) =
+        (tensor(&a, &[rows, a_cols], DType::F32), tensor(&b, &[rows, b_cols], DType::F32));
+    let side = Tensor::cat(&[&ta, &tb], 1).to_vec::<f64>();
+    for r in 0..rows {
+        let row = &side[r * (a_cols + b_cols)..(r + 1) * (a_cols + b_cols)];
+        assert_eq!(row[..a_cols], a[r * a_cols..(r + 1) * a_cols]);
+        assert_eq!(row[a_cols..], b[r * b_cols..(r + 1) * b_cols]);
+    }
+    let stacked = Tensor::cat(&[&ta, &ta.narrow(0, 3, 100)], 0).to_vec::<f64>();
+    assert_eq!(stacked, [a.clone(), a[3 * a_cols..103 * a_cols].to_vec()].concat());
+
+    // A partial write into a copy: the copy's buffer starts as the original's, which must
+    // stay as it was.
+    let x = tensor(&pieces[0], &[sizes[0]], DType::F32).realize().clone();
+    let y = x.copy();
+    y.narrow(0, 5, 32_990).copy_(&Tensor::full([32_990], 2.5));
+    let mut want = pieces[0].clone();
+    want[5..5 + 32_990].fill(2.5);
+    assert_eq!(y.to_vec::<f64>(), want);
+    assert_eq!(x.to_vec::<f64>(), pieces[0]);
+}

@@ -318,6 +318,20 @@ impl Buffer {
         }
     }
 
+    /// The elements, writable, if no other handle shares this buffer, `T` is its element
+    /// type and it is in host memory: a step that is the last reader of its input may then
+    /// write its result there instead of into a copy.
+    pub(crate) fn unique_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        let block = Arc::get_mut(&mut self.0)?;
+        if T::DTYPE != block.dtype {
+            return None;
+        }
+        let Memory::Host { ptr, .. } = &block.memory else { return None };
+        // SAFETY: the block holds `len` initialized elements of `T`, aligned for it; the
+        // `Arc` is unique, so nothing else reads it while the slice is borrowed.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>().as_ptr(), block.len) })
+    }
+
     /// The elements, if `T` is the buffer's element type and the buffer is in host memory.
     pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
         if T::DTYPE != self.0.dtype {

@@ -299,6 +299,19 @@ fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, Runtime
     })
 }
 
+/// [`assign`] into `base` itself, when no other handle shares it; `false` (and `base`
+/// untouched) otherwise.
+pub(crate) fn assign_in_place(base: &mut Buffer, view: &View, values: &Buffer) -> bool {
+    with_element_type!(base.dtype(), T => {
+        let (Some(out), Some(values)) = (base.unique_slice_mut::<T>(), values.as_slice::<T>())
+        else {
+            return false;
+        };
+        write_through(out, values, view, Overlaps::Distinct);
+        true
+    })
+}
+
 /// Running sums along `axis`: floats accumulated in f64 and each rounded once, integers
 /// wrapping, as the reference executor computes them.
 fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError> {
@@ -554,6 +567,7 @@ fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Over
     let (dims, strides) = (view.shape().dims(), view.strides());
     if let Some((&n0, rest)) = dims.split_first()
         && n0 > 1
+        && !rest.is_empty()
         && x.len() >= 1 << 15
         && strides[1..].iter().all(|&s| s >= 0)
     {
@@ -574,7 +588,20 @@ fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Over
 }
 
 fn scatter_serial<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
+    let (dims, strides) = (view.shape().dims(), view.strides());
     match overlaps {
+        // Rows of consecutive elements (a `cat`'s pieces, a slice's rows) copy whole.
+        Overlaps::Distinct if strides.last() == Some(&1) => {
+            let (&inner, outer) = dims.split_last().expect("a view with a stride has a dim");
+            let starts = View::from_parts(
+                Shape::new(outer.to_vec()),
+                strides[..outer.len()].to_vec(),
+                view.offset(),
+            );
+            for_each_offset(&starts, |r, p| {
+                out[p..p + inner].copy_from_slice(&x[r * inner..(r + 1) * inner]);
+            });
+        }
         Overlaps::Distinct => for_each_offset(view, |i, p| out[p] = x[i]),
         Overlaps::SumFloat => {
             let mut sums = vec![0.0f64; out.len()];

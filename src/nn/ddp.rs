@@ -17,6 +17,10 @@ pub struct DdpOptions {
     /// The most bytes of gradients one all-reduce carries (PyTorch's `bucket_cap_mb`,
     /// 25 MiB). Larger buckets mean fewer, larger messages.
     pub bucket_cap_mb: f64,
+    /// The cap of the first bucket, the one backward completes first (PyTorch's 1 MiB): a
+    /// small one starts communication early, so that more of it overlaps the rest of
+    /// backward. Capped by `bucket_cap_mb`.
+    pub first_bucket_cap_mb: f64,
     /// Copies rank 0's buffers (batch norm's running statistics) to every rank before each
     /// forward pass, as PyTorch does.
     pub broadcast_buffers: bool,
@@ -29,7 +33,12 @@ pub struct DdpOptions {
 
 impl Default for DdpOptions {
     fn default() -> DdpOptions {
-        DdpOptions { bucket_cap_mb: 25.0, broadcast_buffers: true, find_unused_parameters: false }
+        DdpOptions {
+            bucket_cap_mb: 25.0,
+            first_bucket_cap_mb: 1.0,
+            broadcast_buffers: true,
+            find_unused_parameters: false,
+        }
     }
 }
 
@@ -100,17 +109,23 @@ impl<M: Module> DistributedDataParallel<M> {
         group: &ProcessGroup,
         options: DdpOptions,
     ) -> Result<DistributedDataParallel<M>> {
-        if options.bucket_cap_mb.is_nan() || options.bucket_cap_mb <= 0.0 {
-            return Err(Error::value(
-                "DistributedDataParallel",
-                format!("bucket_cap_mb must be positive, got {}", options.bucket_cap_mb),
-            ));
+        for (name, cap) in [
+            ("bucket_cap_mb", options.bucket_cap_mb),
+            ("first_bucket_cap_mb", options.first_bucket_cap_mb),
+        ] {
+            if cap.is_nan() || cap <= 0.0 {
+                return Err(Error::value(
+                    "DistributedDataParallel",
+                    format!("{name} must be positive, got {cap}"),
+                ));
+            }
         }
         if group.world_size() > 1 {
             let state: Vec<Tensor> = module.state_dict().into_iter().map(|(_, t)| t).collect();
             broadcast_from_root(group, &state)?;
         }
-        let buckets = buckets(module.named_parameters(), options.bucket_cap_mb);
+        let buckets =
+            buckets(module.named_parameters(), options.bucket_cap_mb, options.first_bucket_cap_mb);
         let ready = buckets.iter().map(|b| vec![false; b.len()]).collect();
         let reducer = Arc::new(Reducer {
             group: group.clone(),
@@ -214,16 +229,22 @@ fn broadcast_from_root(group: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
     })
 }
 
-/// Parameters in reverse order, cut into buckets of at most `cap_mb` MiB of one dtype and
-/// device each (a parameter larger than the cap gets a bucket of its own).
-fn buckets(params: Vec<(String, Tensor)>, cap_mb: f64) -> Vec<Vec<(String, Tensor)>> {
-    let cap = cap_mb * 1024.0 * 1024.0;
+/// Parameters in reverse order, cut into buckets of at most `cap_mb` MiB (the first
+/// `first_mb`) of one dtype and device each (a parameter larger than the cap gets a bucket
+/// of its own).
+fn buckets(
+    params: Vec<(String, Tensor)>,
+    cap_mb: f64,
+    first_mb: f64,
+) -> Vec<Vec<(String, Tensor)>> {
+    let mib = 1024.0 * 1024.0;
     let mut out: Vec<Vec<(String, Tensor)>> = Vec::new();
     let mut bytes = 0.0;
     for (name, p) in params.into_iter().rev().filter(|(_, p)| p.requires_grad()) {
         let size = (p.numel() * p.dtype().size_in_bytes()) as f64;
         let fits = out.last().is_some_and(|b| {
             let first = &b[0].1;
+            let cap = if out.len() == 1 { first_mb.min(cap_mb) } else { cap_mb } * mib;
             first.dtype() == p.dtype() && first.device() == p.device() && bytes + size <= cap
         });
         if !fits {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{CollectiveKind, CollectiveReduce, DType, Element};
 
-use super::{Communicator, from_bytes, pod_bytes};
+use super::{Communicator, as_bytes, from_bytes};
 
 /// Ranks that are threads of this process: every collective meets at a barrier, where each
 /// rank reads the others' contributions from shared memory. For tests, and for trying a
@@ -160,7 +160,7 @@ fn reduce_bytes(dtype: DType, r: CollectiveReduce, all: &[Vec<u8>]) -> Result<Ve
                 };
             }
         }
-        acc.into_iter().flat_map(pod_bytes).collect()
+        as_bytes(&acc).to_vec()
     }
     Ok(match dtype {
         DType::F32 => fold::<f32>(r, all),

@@ -118,19 +118,18 @@ fn wire(dtype: DType, kind: CollectiveKind) -> (DType, CollectiveKind) {
     (dtype, kind)
 }
 
-/// The elements of a dense host buffer as `T`'s native bytes.
-fn bytes_of<T: Element>(buffer: &Buffer) -> Vec<u8> {
-    let all = View::contiguous(Shape::from([buffer.len()]));
-    buffer.gather::<T>(&all).iter().flat_map(|&v| pod_bytes(v)).collect()
+/// The native bytes of `values`.
+pub(super) fn as_bytes<T: Element>(values: &[T]) -> &[u8] {
+    // SAFETY: kiln's element types are plain numbers without padding; the bytes cover
+    // exactly the slice's memory and live as long as it.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
 }
 
-pub(super) fn pod_bytes<T: Element>(v: T) -> Vec<u8> {
-    let size = std::mem::size_of::<T>();
-    let mut out = vec![0u8; size];
-    // SAFETY: `T` is one of kiln's element types, plain numbers without padding; `out` has
-    // room for exactly one of them.
-    unsafe { std::ptr::copy_nonoverlapping((&raw const v).cast::<u8>(), out.as_mut_ptr(), size) };
-    out
+/// The native bytes of `values`, writable.
+fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as `as_bytes`; every bit pattern is a valid value of the engines' wire types
+    // (f32, f64, i32, i64, u8), the only types written through this.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), size_of_val(values)) }
 }
 
 /// Native bytes back to elements of `T`.
@@ -138,10 +137,23 @@ pub(super) fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
     let size = std::mem::size_of::<T>();
     bytes
         .chunks_exact(size)
-        // SAFETY: each chunk holds the bytes of one `T`, written by `pod_bytes` or by an
-        // engine moving values of the same type; every bit pattern of these types is valid.
+        // SAFETY: each chunk holds the bytes of one `T`, written by an engine moving values
+        // of the same type; every bit pattern of the wire types is valid.
         .map(|c| unsafe { c.as_ptr().cast::<T>().read_unaligned() })
         .collect()
+}
+
+/// A dense host buffer's elements as another dtype (16-bit floats to and from `f32`, `bool`
+/// to and from `u8`).
+fn convert(buffer: &Buffer, to: DType) -> Result<Buffer, RuntimeError> {
+    let all = View::contiguous(Shape::from([buffer.len()]));
+    crate::buffer::with_element_type!(buffer.dtype(), S => {
+        let values = buffer.gather::<S>(&all);
+        crate::buffer::with_element_type!(to, W => Buffer::from_iter::<W>(
+            values.len(),
+            values.iter().map(|v| W::from_scalar(v.to_scalar())),
+        ))
+    })
 }
 
 /// Runs collective `c` on `input` (a dense host buffer), giving a buffer of `out_len`
@@ -194,42 +206,45 @@ fn run_host(
     let failed = |detail: String| RuntimeError::Collective { op: c.name(), detail };
     let dtype = input.dtype();
     let (wire_dtype, kind) = wire(dtype, c.kind);
-    let send = match wire_dtype {
-        DType::F32 => bytes_of::<f32>(input),
-        DType::F64 => bytes_of::<f64>(input),
-        DType::I32 => bytes_of::<i32>(input),
-        DType::I64 => bytes_of::<i64>(input),
-        _ => bytes_of::<u8>(input),
+    // The engines' own types travel straight from and into kiln's buffers.
+    let converted;
+    let send = if wire_dtype == dtype {
+        input
+    } else {
+        converted = convert(input, wire_dtype)?;
+        &converted
     };
-    let mut recv = vec![0u8; out_len * wire_dtype.size_in_bytes()];
-    communicator.run(kind, wire_dtype, &send, &mut recv).map_err(|e| {
+    let mean = c.reduce() == Some(CollectiveReduce::Mean);
+    let mut ran = Ok(());
+    macro_rules! through {
+        ($wire:ty) => {{
+            let values = send.as_slice::<$wire>().ok_or_else(|| {
+                failed(format!("a {} buffer that is not in host memory", send.dtype()))
+            })?;
+            Buffer::zeroed_with::<$wire>(out_len, |out| {
+                ran = communicator.run(kind, wire_dtype, as_bytes(values), as_bytes_mut(out));
+                if mean {
+                    let world = c.world as $wire;
+                    out.iter_mut().for_each(|v| *v /= world);
+                }
+            })?
+        }};
+    }
+    let out = match wire_dtype {
+        DType::F32 => through!(f32),
+        DType::F64 => through!(f64),
+        DType::I32 => through!(i32),
+        DType::I64 => through!(i64),
+        _ => through!(u8),
+    };
+    ran.map_err(|e| {
         failed(format!(
             "the {} engine failed (rank {}): {e}",
             communicator.engine(),
             communicator.rank()
         ))
     })?;
-    let mean = c.reduce() == Some(CollectiveReduce::Mean);
-    let world = f64::from(c.world);
-    macro_rules! back {
-        ($wire:ty) => {{
-            let values = from_bytes::<$wire>(&recv);
-            crate::buffer::with_element_type!(dtype, T => Buffer::from_iter::<T>(
-                out_len,
-                values.into_iter().map(|v| {
-                    let s = v.to_scalar();
-                    T::from_scalar(if mean { kiln_ir::Scalar::F64(s.to_f64() / world) } else { s })
-                }),
-            ))
-        }};
-    }
-    match wire_dtype {
-        DType::F32 => back!(f32),
-        DType::F64 => back!(f64),
-        DType::I32 => back!(i32),
-        DType::I64 => back!(i64),
-        _ => back!(u8),
-    }
+    if wire_dtype == dtype { Ok(out) } else { convert(&out, dtype) }
 }
 
 /// The number of elements a collective's result has for an input of `len` elements.

@@ -238,6 +238,13 @@ impl Run<'_> {
         {
             return self.issue(n, c);
         }
+        if let Op::Assign(view) = &graph.node(n).op
+            && self.gpu.is_none()
+            && self.readers[args[0].index()] == 1
+            && self.assign_in_place(n, view)
+        {
+            return Ok(());
+        }
         if let Op::View(view) = &graph.node(n).op
             && view.is_dense_over(graph.node(args[0]).shape.numel())
         {
@@ -279,6 +286,34 @@ impl Run<'_> {
         }
         self.bufs.insert(n, out);
         Ok(())
+    }
+
+    /// An assignment into its base's own buffer, when this step is the base's last reader
+    /// and nothing else holds it (a `cat` writes each piece into one buffer instead of
+    /// copying the whole result once per piece). `false` when the base is shared.
+    fn assign_in_place(&mut self, n: NodeId, view: &kiln_ir::View) -> bool {
+        let started = Instant::now();
+        let [base, values] = self.graph.arg_slice(n) else { return false };
+        let Some(mut out) = self.bufs.take(*base) else { return false };
+        if !native::assign_in_place(&mut out, view, &self.bufs[values]) {
+            self.bufs.insert(*base, out);
+            return false;
+        }
+        if self.tracing {
+            let node = self.graph.node(n);
+            let mut e =
+                trace::plain_event("assign", StepKind::Library, "assign".into(), String::new());
+            e.shape = node.shape.to_string();
+            e.bytes_read = trace::bytes(&self.bufs[values]);
+            e.bytes_written = e.bytes_read;
+            e.sources = node.origin.into_iter().collect();
+            e.duration = started.elapsed();
+            self.traced(started, e, Some((n, &out)));
+        }
+        self.done_reading(*base);
+        self.done_reading(*values);
+        self.bufs.insert(n, out);
+        true
     }
 
     /// A matrix product: `gemm` on the CPU, cuBLAS on a GPU.
@@ -407,6 +442,10 @@ impl Bufs {
 
     fn remove(&mut self, n: &NodeId) {
         self.0[n.index()] = None;
+    }
+
+    fn take(&mut self, n: NodeId) -> Option<Buffer> {
+        self.0[n.index()].take()
     }
 
     /// The live buffers.
