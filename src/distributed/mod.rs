@@ -4,7 +4,10 @@
 //! collectives ([`ProcessGroup::all_reduce`], [`ProcessGroup::broadcast`],
 //! [`ProcessGroup::all_gather`], [`ProcessGroup::reduce_scatter`]) are **graph ops**: like
 //! every kiln op they record a node and return at once, and the communication happens when
-//! the result is materialized, planned together with the computation around it — inside
+//! the result is materialized, planned together with the computation around it: a
+//! collective is issued as soon as its input is computed and communicates (on the group's
+//! own thread, or NCCL's own stream) while the steps that do not read its result run —
+//! inside
 //! [`crate::compile()`] too, so a compiled step holds forward, backward, the gradient
 //! all-reduce and the update. They are functional (they return a new tensor, as PyTorch's
 //! `torch.distributed._functional_collectives` do); assign the result where you want it.

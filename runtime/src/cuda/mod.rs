@@ -30,7 +30,7 @@ pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;
-pub(crate) use nccl::Nccl;
+pub(crate) use nccl::{Nccl, Queued};
 pub use nccl::{nccl_group, nccl_unique_id, nccl_version};
 pub use probe::{device_count, unavailable_reason};
 

@@ -1,11 +1,15 @@
-//! NCCL, loaded at run time like cuBLAS: collectives on device memory, queued on the
-//! device's one stream, so they are ordered with kiln's kernels without waiting on the host.
+//! NCCL, loaded at run time like cuBLAS: collectives on device memory. Each communicator
+//! queues its collectives on a stream of its own: the stream waits for the device's stream
+//! (where kiln's kernels run) to reach the collective, and the device's stream waits for the
+//! collective only where a step reads its result ([`Queued::land`]), so kernels queued in
+//! between run while it communicates. None of this waits on the host.
 //! A group spans one device per rank; the ranks agree on a 128-byte id that rank 0 draws
 //! ([`nccl_unique_id`]) and sends to the others by some other channel (kiln uses MPI).
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result, sys};
 use kiln_ir::{Collective, CollectiveKind, CollectiveReduce, DType};
 
@@ -17,8 +21,34 @@ use crate::{Buffer, Device, RuntimeError};
 pub(crate) struct Nccl {
     comm: Mutex<Comm>,
     gpu: &'static Gpu,
+    /// Where this communicator's collectives run, all of them, in the order issued.
+    stream: Arc<CudaStream>,
     rank: usize,
     world: usize,
+}
+
+/// A collective queued on its communicator's stream.
+pub(crate) struct Queued {
+    out: Buffer,
+    /// Kept until the device's stream is ordered after the collective: freed earlier, its
+    /// memory could go to a kernel while NCCL still reads it.
+    input: Buffer,
+    done: CudaEvent,
+    gpu: &'static Gpu,
+}
+
+impl Queued {
+    /// Orders the device's stream after the collective (work queued from now on sees its
+    /// result) and gives the result.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Cuda`] when the driver refuses the wait.
+    pub(crate) fn land(self) -> Result<Buffer, RuntimeError> {
+        self.gpu.bind()?;
+        self.gpu.stream.wait(&self.done).map_err(|e| self.gpu.error("waiting for NCCL", e))?;
+        drop(self.input);
+        Ok(self.out)
+    }
 }
 
 struct Comm(sys::ncclComm_t);
@@ -101,7 +131,8 @@ pub fn nccl_group(
     // `ncclGetUniqueId` on one rank of this group.
     unsafe { result::comm_init_rank(&raw mut comm, ranks, id, me) }
         .map_err(|e| failed("ncclCommInitRank", &e))?;
-    let nccl = Nccl { comm: Mutex::new(Comm(comm)), gpu, rank, world };
+    let stream = gpu.stream.fork().map_err(|e| gpu.error("creating NCCL's stream", e))?;
+    let nccl = Nccl { comm: Mutex::new(Comm(comm)), gpu, stream, rank, world };
     Ok(register_engine(Engine::Nccl(Arc::new(nccl))))
 }
 
@@ -110,8 +141,15 @@ fn to_int(n: usize) -> Result<std::ffi::c_int, RuntimeError> {
 }
 
 impl Nccl {
-    /// Runs `c` on `input`, a buffer on this communicator's device.
+    /// Runs `c` on `input`, a buffer on this communicator's device: the device's stream
+    /// continues after it.
     pub(crate) fn run(&self, c: &Collective, input: &Buffer) -> Result<Buffer, RuntimeError> {
+        self.start(c, input.clone())?.land()
+    }
+
+    /// Queues `c` on `input` (a buffer on this communicator's device) on the communicator's
+    /// stream, after the work queued so far on the device's stream.
+    pub(crate) fn start(&self, c: &Collective, input: Buffer) -> Result<Queued, RuntimeError> {
         let op = c.name();
         if input.device() != self.gpu.device() {
             return Err(RuntimeError::Collective {
@@ -138,12 +176,17 @@ impl Nccl {
         self.gpu.bind()?;
         let send = input.device_ptr(self.gpu)? as *const c_void;
         let recv = out.device_ptr(self.gpu)? as *mut c_void;
-        let stream: sys::cudaStream_t = self.gpu.stream.cu_stream().cast();
+        let failed = |e| self.gpu.error("ordering NCCL's stream", e);
+        // After everything queued so far: the input's producer, and every earlier user of
+        // the output's (cached) memory.
+        self.stream.join(&self.gpu.stream).map_err(failed)?;
+        let stream: sys::cudaStream_t = self.stream.cu_stream().cast();
         let ty = data_type(dtype);
         let comm = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: `send` holds `input.len()` elements of `dtype` and `recv` room for the
-        // result (`result_len`), both on this communicator's device; the calls are queued on
-        // the stream that orders every use of these buffers.
+        // result (`result_len`), both on this communicator's device; the stream runs after
+        // their earlier uses, and `Queued` keeps both alive until the device's stream is
+        // ordered after it.
         let queued = unsafe {
             match c.kind {
                 CollectiveKind::AllReduce(r) => result::all_reduce(
@@ -176,7 +219,8 @@ impl Nccl {
             op,
             detail: format!("NCCL failed on rank {} of {}: {:?}", self.rank, self.world, e.0),
         })?;
-        Ok(out)
+        let done = self.stream.record_event(None).map_err(failed)?;
+        Ok(Queued { out, input, done, gpu: self.gpu })
     }
 
     /// Every rank's stream has reached this point: an all-reduce of one element, awaited.

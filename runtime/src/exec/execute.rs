@@ -76,12 +76,19 @@ struct Run<'a> {
     in_flight: Vec<InFlight>,
 }
 
-/// A collective running on its group's communication thread.
+/// A collective communicating while later steps run.
 struct InFlight {
     node: NodeId,
-    pending: collective::Pending<Buffer>,
+    flight: Flight,
     issued: Instant,
     bytes_read: u64,
+}
+
+enum Flight {
+    /// On a host group's communication thread.
+    Host(collective::Pending<Buffer>),
+    /// On an NCCL communicator's stream.
+    Device(cuda::Queued),
 }
 
 impl Run<'_> {
@@ -160,22 +167,32 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Issues a collective on a host group to the group's thread; the steps after it run
-    /// while it communicates, until one reads its result.
-    fn issue(&mut self, n: NodeId, c: &Collective) -> Result<(), RunError> {
+    /// Issues a collective to its engine, to run while the steps after it do, until one
+    /// reads its result: a host group's communication thread for a CPU plan, the NCCL
+    /// communicator's stream for a GPU plan. `false` for a collective that runs in place (a
+    /// GPU plan's tensors on a host group, which go through host copies).
+    fn issue(&mut self, n: NodeId, c: &Collective) -> Result<bool, RunError> {
+        let issued = Instant::now();
         let node = self.graph.node(n);
         let arg = self.graph.arg_slice(n)[0];
         let input = self.bufs[&arg].clone();
         let bytes_read = trace::bytes(&input);
-        let len = collective::result_len(c, input.len());
-        let pending = collective::start(c, input, len).map_err(|error| RunError {
-            error,
-            op: Some(node.op.name()),
-            origin: node.origin,
-        })?;
-        self.in_flight.push(InFlight { node: n, pending, issued: Instant::now(), bytes_read });
+        let at = |error| RunError { error, op: Some(node.op.name()), origin: node.origin };
+        let flight = match self.gpu {
+            None => {
+                let len = collective::result_len(c, input.len());
+                Flight::Host(collective::start(c, input, len).map_err(at)?)
+            }
+            Some(_) => match collective::engine(c.group) {
+                Ok(collective::Engine::Nccl(nccl)) => {
+                    Flight::Device(nccl.start(c, input).map_err(at)?)
+                }
+                _ => return Ok(false),
+            },
+        };
+        self.in_flight.push(InFlight { node: n, flight, issued, bytes_read });
         self.done_reading(arg);
-        Ok(())
+        Ok(true)
     }
 
     /// Waits for the collectives whose results `reads` names.
@@ -207,10 +224,15 @@ impl Run<'_> {
     /// Waits for one collective and makes its result a live buffer.
     fn arrive(&mut self, f: InFlight) -> Result<(), RunError> {
         let waiting = Instant::now();
-        let (out, done) = f.pending.wait_timed();
         let node = self.graph.node(f.node);
+        let (out, done) = match f.flight {
+            Flight::Host(pending) => pending.wait_timed(),
+            // Queued, not waited for: when tracing, `settle` waits so the time is its own.
+            Flight::Device(queued) => (queued.land(), waiting),
+        };
         let out =
             out.map_err(|error| RunError { error, op: Some(node.op.name()), origin: node.origin })?;
+        self.settle(node)?;
         if self.tracing {
             let name = node.op.name();
             let mut e =
@@ -234,9 +256,9 @@ impl Run<'_> {
         let graph = self.graph;
         let args = graph.arg_slice(n);
         if let Op::Collective(c) = &graph.node(n).op
-            && self.gpu.is_none()
+            && self.issue(n, c)?
         {
-            return self.issue(n, c);
+            return Ok(());
         }
         if let Op::Assign(view) = &graph.node(n).op
             && self.gpu.is_none()
