@@ -540,3 +540,63 @@ fn in_place_autograd_rules() {
     (&y * &x).sum().backward();
     assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![5.0, 5.0]);
 }
+
+/// The gradient of one tensor read through several slices (q, k and v of one projection,
+/// split into heads) is the slices' gradients side by side; slices that overlap add up.
+#[test]
+fn slices_of_one_tensor_get_their_gradients_side_by_side() {
+    let mut rng = Rng::new(45);
+    let (b, t, h, dh) = (2usize, 5usize, 2usize, 3usize);
+    let d = h * dh;
+    let data = values(&mut rng, b * t * 3 * d, DType::F64);
+    let weights: Vec<Vec<f64>> = (0..3).map(|_| values(&mut rng, b * t * d, DType::F64)).collect();
+    let x = tensor(&data, &[b, t, 3 * d], DType::F64).requires_grad_(true);
+    let head = |i: usize| {
+        x.narrow(2, i * d, d).reshape(&[b as i64, t as i64, h as i64, dh as i64]).transpose(1, 2)
+    };
+    let w = |i: usize| {
+        tensor(&weights[i], &[b, t, d], DType::F64)
+            .reshape(&[b as i64, t as i64, h as i64, dh as i64])
+            .transpose(1, 2)
+    };
+    let loss = (head(0) * w(0)).sum() + (head(1) * w(1)).sum() + head(2).exp().sum();
+    let (_, profile) = kiln::profile(|| loss.backward());
+    let got = x.grad().expect("a gradient").to_vec::<f64>();
+    for (flat, g) in got.iter().enumerate() {
+        let (row, col) = (flat / (3 * d), flat % (3 * d));
+        let (which, c) = (col / d, col % d);
+        let want = match which {
+            0 | 1 => weights[which][row * d + c],
+            _ => data[flat].exp(),
+        };
+        assert!((g - want).abs() <= 1e-12 * want.abs().max(1.0), "at {flat}: {g} vs {want}");
+    }
+    // Written into one buffer, not added up from three zero-padded ones.
+    let kinds: Vec<&str> = profile.events().iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(kinds.iter().filter(|&&k| k == "assign").count(), 2, "{profile}");
+
+    // Overlapping slices add where they meet; checked against finite differences too.
+    let x = tensor(&data[..30], &[3, 10], DType::F64).requires_grad_(true);
+    let loss = (x.narrow(1, 0, 6).tanh().sum() + x.narrow(1, 4, 6).exp().sum()).realize().clone();
+    loss.backward();
+    let got = x.grad().expect("a gradient").to_vec::<f64>();
+    for (flat, g) in got.iter().enumerate() {
+        let (col, v) = (flat % 10, data[flat]);
+        let mut want = 0.0;
+        if col < 6 {
+            want += 1.0 - v.tanh().powi(2);
+        }
+        if col >= 4 {
+            want += v.exp();
+        }
+        assert!((g - want).abs() <= 1e-12 * want.abs().max(1.0), "at {flat}: {g} vs {want}");
+    }
+    let x = tensor(&data[..30], &[3, 10], DType::F64);
+    gradcheck(
+        |xs| xs[0].narrow(1, 0, 4).sin().sum() + xs[0].narrow(1, 4, 6).square().sum(),
+        &[x],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}

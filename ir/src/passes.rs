@@ -11,7 +11,11 @@
 //!   identities that hold exactly in IEEE arithmetic: `x * 1`, `1 * x`, `x / 1` and `x - 0`
 //!   are `x`, `-(-x)` is `x`, and `x^2`, `x^-1` are `x * x`, `1 / x`. (`x + 0` is not: `-0 + 0`
 //!   is `+0`; `exp(log x)` is not: it is NaN for negative `x`.) It reads constants, so it does
-//!   nothing to plans whose constants are [`Constants::Rebindable`].
+//!   nothing of this to plans whose constants are [`Constants::Rebindable`]. One rewrite is
+//!   not about constants and runs in both: a sum of gradients of slices that do not overlap
+//!   (each an `Unview`, zero outside its slice) becomes the first with the others assigned
+//!   into it, which the executor does in place; it is exact but for the sign of zero (a `-0`
+//!   element stays `-0` where `-0 + 0` would give `+0`).
 //! - [`Cse`]: common-subexpression elimination. Two nodes with the same op, dtype, shape and
 //!   (already merged) inputs compute the same values, so one of them is dropped and its
 //!   consumers read the other. This matters most for autograd: gradient rules recompute
@@ -27,6 +31,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::pipeline::{Constants, Pass, PlanOptions, Rewrite};
 use crate::{Graph, NodeId, Op, View};
+
+mod unview_sums;
 
 /// [`transpose_products`] as a pipeline pass.
 pub struct TransposeProducts;
@@ -482,6 +488,8 @@ fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
     let mut folded: HashMap<NodeId, f64> = HashMap::default();
     // Nodes computed by another op over other arguments (`x^2` as `x * x`).
     let mut rewritten: HashMap<NodeId, (Op, Vec<NodeId>)> = HashMap::default();
+    // Nodes that are zero outside some views of themselves (scattered slice gradients).
+    let mut regions = unview_sums::Regions::default();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
         let args: Vec<NodeId> = graph.args(id).iter().map(|&a| resolve(&same_as, a)).collect();
@@ -514,6 +522,15 @@ fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
         }
         if let Some(r) = view_rewrite(graph, id, &args, &same_as, &rewritten) {
             rewritten.insert(id, r);
+            continue;
+        }
+        if let Op::Unview { view, .. } = &graph.node(id).op {
+            regions.insert(id, vec![view.clone()]);
+        }
+        let unview_sum = unview_sums::rewrite(graph, id, &args, &regions, |n| resolve(&same_as, n));
+        if let Some((r, covered)) = unview_sum {
+            rewritten.insert(id, r);
+            regions.insert(id, covered);
             continue;
         }
         let replacement = match graph.node(id).op {
