@@ -488,7 +488,6 @@ fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
     let mut folded: HashMap<NodeId, f64> = HashMap::default();
     // Nodes computed by another op over other arguments (`x^2` as `x * x`).
     let mut rewritten: HashMap<NodeId, (Op, Vec<NodeId>)> = HashMap::default();
-    // Nodes that are zero outside some views of themselves (scattered slice gradients).
     let mut regions = unview_sums::Regions::default();
     let resolve = |same_as: &HashMap<NodeId, NodeId>, n: NodeId| *same_as.get(&n).unwrap_or(&n);
     for &id in &order {
@@ -520,17 +519,11 @@ fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
                 _ => {}
             }
         }
-        if let Some(r) = view_rewrite(graph, id, &args, &same_as, &rewritten) {
+        let r = view_rewrite(graph, id, &args, &same_as, &rewritten).or_else(|| {
+            unview_sums::visit(graph, id, &args, &mut regions, |n| resolve(&same_as, n))
+        });
+        if let Some(r) = r {
             rewritten.insert(id, r);
-            continue;
-        }
-        if let Op::Unview { view, .. } = &graph.node(id).op {
-            regions.insert(id, vec![view.clone()]);
-        }
-        let unview_sum = unview_sums::rewrite(graph, id, &args, &regions, |n| resolve(&same_as, n));
-        if let Some((r, covered)) = unview_sum {
-            rewritten.insert(id, r);
-            regions.insert(id, covered);
             continue;
         }
         let replacement = match graph.node(id).op {

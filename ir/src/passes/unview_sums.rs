@@ -9,18 +9,39 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::{BinaryOp, Graph, NodeId, Op, Shape, View};
 
-/// Nodes that are zero outside the listed views of their (dense) shape.
+/// Nodes that are zero outside the listed views of their (dense) shape: scattered slice
+/// gradients, and sums of them.
 pub(super) type Regions = HashMap<NodeId, Vec<View>>;
 
-/// `add(x, unview(g))` (either order) as `assign(x, g)` when `x` is zero outside regions
-/// that do not meet `g`'s view: the rewrite, and the new node's regions.
-pub(super) fn rewrite(
+/// A node rewritten: its op and arguments.
+type Rewritten = (Op, Vec<NodeId>);
+
+/// Visits `id` (with its resolved `args`) in topological order: an `Unview` is noted as zero
+/// outside its view; `add(x, unview(g))` (either order), when `x` is zero outside regions
+/// that do not meet `g`'s view, is rewritten as `assign(x, g)`, zero outside both.
+pub(super) fn visit(
+    graph: &Graph,
+    id: NodeId,
+    args: &[NodeId],
+    regions: &mut Regions,
+    resolve: impl Fn(NodeId) -> NodeId,
+) -> Option<Rewritten> {
+    if let Op::Unview { view, .. } = &graph.node(id).op {
+        regions.insert(id, vec![view.clone()]);
+        return None;
+    }
+    let (rewrite, covered) = sum(graph, id, args, regions, resolve)?;
+    regions.insert(id, covered);
+    Some(rewrite)
+}
+
+fn sum(
     graph: &Graph,
     id: NodeId,
     args: &[NodeId],
     regions: &Regions,
     resolve: impl Fn(NodeId) -> NodeId,
-) -> Option<((Op, Vec<NodeId>), Vec<View>)> {
+) -> Option<(Rewritten, Vec<View>)> {
     let node = graph.node(id);
     if !matches!(node.op, Op::Binary(BinaryOp::Add)) {
         return None;
