@@ -1,0 +1,229 @@
+//! The graph passes, on small graphs.
+use super::*;
+use crate::pipeline::{Fusion, Planner};
+use crate::{BinaryOp, DType, Scalar, Shape, UnaryOp};
+
+#[test]
+fn merges_chains_and_keeps_outputs_and_inputs() {
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([4]), DType::F32);
+    let y = g.input(Shape::from([4]), DType::F32);
+    let c1 = g.leaf(Op::Full(Scalar::F64(2.0)), Shape::from([4]), DType::F32).unwrap();
+    let c2 = g.leaf(Op::Full(Scalar::F64(2.0)), Shape::from([4]), DType::F32).unwrap();
+    let a = g.push(Op::Binary(BinaryOp::Mul), &[x, c1]).unwrap();
+    let b = g.push(Op::Binary(BinaryOp::Mul), &[x, c2]).unwrap();
+    let ta = g.push(Op::Unary(UnaryOp::Tanh), &[a]).unwrap();
+    let tb = g.push(Op::Unary(UnaryOp::Tanh), &[b]).unwrap();
+    let other = g.push(Op::Binary(BinaryOp::Mul), &[y, c1]).unwrap();
+    g.mark_output(ta);
+    g.mark_output(tb);
+    g.mark_output(other);
+    let rw = cse(&g, Constants::Fold);
+    let (m, outs) = (rw.graph, [rw.map[&ta], rw.map[&tb], rw.map[&other]]);
+    // x, y, 2.0, x*2, tanh, y*2
+    assert_eq!(m.len(), 6);
+    assert_eq!(outs[0], outs[1]);
+    assert_ne!(outs[0], outs[2]);
+    assert_eq!(m.inputs().len(), 2);
+    m.verify().unwrap();
+}
+
+#[test]
+fn reshape_adjoints_and_views_of_reshapes_become_plain_views() {
+    use crate::View;
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([2, 6]), DType::F32);
+    // The gradient of a reshape [3, 4] -> [2, 6]: an unview that reads x in order.
+    let back = g
+        .push(
+            Op::Unview { view: View::contiguous(Shape::from([2, 6])), shape: Shape::from([3, 4]) },
+            &[x],
+        )
+        .unwrap();
+    // A transpose of a reshape of x reads x's buffer directly.
+    let r = g.push(Op::View(View::contiguous(Shape::from([4, 3]))), &[x]).unwrap();
+    let t = g.push(Op::View(View::from_parts(Shape::from([3, 4]), vec![1, 3], 0)), &[r]).unwrap();
+    // A slice's adjoint is a real scatter into zeros, and stays.
+    let pad = g
+        .push(
+            Op::Unview {
+                view: View::from_parts(Shape::from([2, 6]), vec![8, 1], 1),
+                shape: Shape::from([2, 8]),
+            },
+            &[x],
+        )
+        .unwrap();
+    for o in [back, t, pad] {
+        g.mark_output(o);
+    }
+    let Rewrite { graph: s, map } = simplify(&g);
+    s.verify().unwrap();
+    assert!(matches!(s.node(map[&back]).op, Op::View(_)), "{}", s.to_dot());
+    assert_eq!(s.args(map[&t]), &[map[&x]]);
+    assert!(matches!(s.node(map[&pad]).op, Op::Unview { .. }));
+}
+
+#[test]
+fn exact_identities_simplify() {
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([4]), DType::F32);
+    let one = g.leaf(Op::Full(Scalar::F64(1.0)), Shape::from([]), DType::F32).unwrap();
+    let ones = g
+        .push(Op::View(crate::View::contiguous(Shape::from([])).expand(&Shape::from([4]))), &[one])
+        .unwrap();
+    let zero = g.leaf(Op::Full(Scalar::F64(0.0)), Shape::from([4]), DType::F32).unwrap();
+    let a = g.push(Op::Binary(BinaryOp::Mul), &[x, ones]).unwrap();
+    let b = g.push(Op::Binary(BinaryOp::Sub), &[a, zero]).unwrap();
+    let n1 = g.push(Op::Unary(UnaryOp::Neg), &[b]).unwrap();
+    let n2 = g.push(Op::Unary(UnaryOp::Neg), &[n1]).unwrap();
+    let c = g.push(Op::Binary(BinaryOp::Add), &[n2, zero]).unwrap();
+    g.mark_output(c);
+    let Rewrite { graph: s, map } = simplify(&g);
+    let outs = [map[&c]];
+    // x, 0, and x + 0 (kept: -0 + 0 is +0).
+    assert_eq!(s.len(), 3, "{}", s.to_dot());
+    assert_eq!(s.args(outs[0]).len(), 2);
+    s.verify().unwrap();
+    // An output that simplifies to an input is the input itself.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([2]), DType::F64);
+    let n1 = g.push(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    let n2 = g.push(Op::Unary(UnaryOp::Neg), &[n1]).unwrap();
+    g.mark_output(n2);
+    let Rewrite { graph: s, map } = simplify(&g);
+    assert_eq!(vec![map[&n2]], s.inputs().to_vec());
+}
+
+#[test]
+fn exact_integer_powers_become_products() {
+    let pow_of = |e: f64| {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3]), DType::F32);
+        let c = g.leaf(Op::Full(Scalar::F64(e)), Shape::from([3]), DType::F32).unwrap();
+        let p = g.push(Op::Binary(BinaryOp::Pow), &[x, c]).unwrap();
+        g.mark_output(p);
+        let Rewrite { graph: s, map } = simplify(&g);
+        s.verify().unwrap();
+        (s.node(map[&p]).op.clone(), s.len())
+    };
+    assert_eq!(pow_of(2.0), (Op::Binary(BinaryOp::Mul), 2));
+    assert_eq!(pow_of(-1.0), (Op::Unary(UnaryOp::Recip), 2));
+    assert_eq!(pow_of(1.0), (Op::Input, 1));
+    // Others are not exact as products (x^3 would round twice), so they stay.
+    assert_eq!(pow_of(3.0), (Op::Binary(BinaryOp::Pow), 3));
+    assert_eq!(pow_of(0.5), (Op::Binary(BinaryOp::Pow), 3));
+}
+
+#[test]
+fn transposed_products_swap_their_operands() {
+    // (xᵀ g)ᵀ, as autograd makes it for the weight of x @ wᵀ, becomes gᵀ x: the transpose
+    // of the view xᵀ is x itself, and the product is read in place.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([5, 3]), DType::F32);
+    let grad = g.input(Shape::from([5, 4]), DType::F32);
+    let xt =
+        g.push(Op::View(View::contiguous(Shape::from([5, 3])).permute(&[1, 0])), &[x]).unwrap();
+    let p = g.push(Op::MatMul, &[xt, grad]).unwrap();
+    let back =
+        g.push(Op::View(View::contiguous(Shape::from([3, 4])).permute(&[1, 0])), &[p]).unwrap();
+    g.mark_output(back);
+    let Rewrite { graph: out, map } = transpose_products(&g).expect("a product to rewrite");
+    let o = map[&back];
+    assert!(matches!(out.node(o).op, Op::MatMul));
+    assert_eq!(out.node(o).shape, Shape::from([4, 3]));
+    let args = out.args(o);
+    assert!(matches!(out.node(args[0]).op, Op::View(_)), "gᵀ");
+    assert_eq!(args[1], map[&x], "(xᵀ)ᵀ is x");
+    assert!(!map.contains_key(&p), "the old product is gone");
+    assert_eq!(out.inputs(), &[map[&x], map[&grad]]);
+    // A product with another consumer stays.
+    let mut g2 = g.clone();
+    let e = g2.push(Op::Unary(UnaryOp::Exp), &[p]).unwrap();
+    g2.mark_output(e);
+    assert!(transpose_products(&g2).is_none());
+}
+
+#[test]
+fn constants_fold_as_the_reference_computes_them() {
+    // exp(2 * 0.5) + x: the constant subexpression becomes one fill of e (rounded to f32).
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([3]), DType::F32);
+    let two = g.leaf(Op::Full(Scalar::F64(2.0)), Shape::from([3]), DType::F32).unwrap();
+    let half = g.leaf(Op::Full(Scalar::F64(0.5)), Shape::from([3]), DType::F32).unwrap();
+    let m = g.push(Op::Binary(BinaryOp::Mul), &[two, half]).unwrap();
+    let e = g.push(Op::Unary(UnaryOp::Exp), &[m]).unwrap();
+    let y = g.push(Op::Binary(BinaryOp::Add), &[e, x]).unwrap();
+    g.mark_output(y);
+    let Rewrite { graph: out, map } = simplify(&g);
+    assert_eq!(out.len(), 3, "x, the folded fill, the add");
+    let args = out.args(map[&y]);
+    let Op::Full(v) = out.node(args[0]).op else { panic!("a fill") };
+    assert_eq!(v.to_f64(), f64::from(1f64.exp() as f32));
+    // Integer ops are left to the executor (wrapping semantics).
+    let mut g = Graph::new();
+    let a = g.leaf(Op::Full(Scalar::I64(i64::MAX)), Shape::from([1]), DType::I64).unwrap();
+    let b = g.push(Op::Binary(BinaryOp::Add), &[a, a]).unwrap();
+    g.mark_output(b);
+    assert_eq!(simplify(&g).graph.len(), 2);
+}
+
+#[test]
+fn gathers_move_below_elementwise_ops() {
+    use crate::fuse::Step;
+    // gather((x - m) - l, i) with m, l broadcast along the gathered axis: cross-entropy.
+    let mut g = Graph::new();
+    let (full, row) = (Shape::from([4, 5]), Shape::from([4, 1]));
+    let x = g.input(full.clone(), DType::F32);
+    let m = g.input(row.clone(), DType::F32);
+    let l = g.input(row.clone(), DType::F32);
+    let i = g.input(Shape::from([4, 1]), DType::I64);
+    let mb = g.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[m]).unwrap();
+    let lb = g.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[l]).unwrap();
+    let d = g.push(Op::Binary(BinaryOp::Sub), &[x, mb]).unwrap();
+    let e = g.push(Op::Binary(BinaryOp::Sub), &[d, lb]).unwrap();
+    let picked = g.push(Op::Gather { axis: 1 }, &[e, i]).unwrap();
+    g.mark_output(picked);
+    let options = PlanOptions {
+        fusion: Fusion::Fused,
+        constants: Constants::Fold,
+        target: crate::target::testing::CPU,
+    };
+    let plan = Planner::default().plan(&g, options);
+    let opt = &plan.graph;
+    opt.verify().unwrap();
+    assert_eq!(opt.node(plan.outputs[0]).shape, Shape::from([4, 1]));
+    // One gather, of x itself; nothing of the full shape is computed any more.
+    let gathers: Vec<_> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Node(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gathers.len(), 1);
+    assert_eq!(opt.args(gathers[0])[0], opt.inputs()[0]);
+    assert!(plan.steps.iter().all(|s| match s {
+        Step::Kernel(k) => k.kernel.shape.numel() == 4,
+        _ => true,
+    }));
+    // An expression of full operands read elsewhere too keeps its gather.
+    let mut g2 = Graph::new();
+    let a = g2.input(full.clone(), DType::F32);
+    let b = g2.input(full.clone(), DType::F32);
+    let i2 = g2.input(Shape::from([4, 1]), DType::I64);
+    let s = g2.push(Op::Binary(BinaryOp::Add), &[a, b]).unwrap();
+    let p = g2.push(Op::Gather { axis: 1 }, &[s, i2]).unwrap();
+    g2.mark_output(p);
+    g2.mark_output(s);
+    assert!(gather_first(&g2).is_none());
+    // With only broadcast operands nothing would check the index: left alone.
+    let mut g3 = Graph::new();
+    let m3 = g3.input(row.clone(), DType::F32);
+    let i3 = g3.input(Shape::from([4, 1]), DType::I64);
+    let mb3 = g3.push(Op::View(View::contiguous(row.clone()).expand(&full)), &[m3]).unwrap();
+    let n3 = g3.push(Op::Unary(UnaryOp::Neg), &[mb3]).unwrap();
+    let p3 = g3.push(Op::Gather { axis: 1 }, &[n3, i3]).unwrap();
+    g3.mark_output(p3);
+    assert!(gather_first(&g3).is_none());
+}
