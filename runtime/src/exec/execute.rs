@@ -172,23 +172,25 @@ impl Run<'_> {
     /// communicator's stream for a GPU plan. `false` for a collective that runs in place (a
     /// GPU plan's tensors on a host group, which go through host copies).
     fn issue(&mut self, n: NodeId, c: &Collective) -> Result<bool, RunError> {
+        let nccl = match self.gpu {
+            None => None,
+            Some(_) => match collective::engine(c.group) {
+                Ok(collective::Engine::Nccl(nccl)) => Some(nccl),
+                _ => return Ok(false),
+            },
+        };
         let issued = Instant::now();
         let node = self.graph.node(n);
         let arg = self.graph.arg_slice(n)[0];
         let input = self.bufs[&arg].clone();
         let bytes_read = trace::bytes(&input);
         let at = |error| RunError { error, op: Some(node.op.name()), origin: node.origin };
-        let flight = match self.gpu {
+        let flight = match nccl {
+            Some(nccl) => Flight::Device(nccl.start(c, input).map_err(at)?),
             None => {
                 let len = collective::result_len(c, input.len());
                 Flight::Host(collective::start(c, input, len).map_err(at)?)
             }
-            Some(_) => match collective::engine(c.group) {
-                Ok(collective::Engine::Nccl(nccl)) => {
-                    Flight::Device(nccl.start(c, input).map_err(at)?)
-                }
-                _ => return Ok(false),
-            },
         };
         self.in_flight.push(InFlight { node: n, flight, issued, bytes_read });
         self.done_reading(arg);
