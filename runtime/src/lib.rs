@@ -34,6 +34,7 @@ pub mod mpi;
 mod native;
 pub mod reference;
 pub mod rows;
+mod team;
 pub mod trace;
 
 pub use buffer::Buffer;

@@ -2,13 +2,13 @@
 //! `f64` and `f16`. Operands are read through views: a transposed or sliced operand is
 //! passed as strides, never copied.
 //!
-//! Threads: `gemm` 0.19's own parallelism does not split a product whose right operand is
-//! column-major (`x @ w.t()`, every `Linear` forward), and gains little on the small and
-//! medium products of a training step. Below [`SPLIT_BELOW`] multiply-adds, kiln splits the
-//! product itself, into one band of output columns (or rows) per thread, each a
-//! single-threaded `gemm` call; batched products run their batches in parallel. Measured
-//! here (2 threads, a 128x784 by 784x256 product with a transposed right operand): 0.48-0.56
-//! ms with `gemm`'s parallelism, 0.28 ms split; 1024³ stays with `gemm`'s.
+//! Threads: kiln splits every product of at least [`SPLIT_FROM`] multiply-adds itself, on
+//! the team (`crate::team`), into one band of output columns (or rows) per thread, each a
+//! single-threaded `gemm` call; batched products run their batches in parallel. `gemm` 0.19's
+//! own parallelism does not split a product whose right operand is column-major (`x @ w.t()`,
+//! every `Linear` forward), and it runs on rayon's pool, whose workers wake up for each call.
+//! Measured on a 2-core machine, bands on the team against `gemm`'s parallelism: 1024³
+//! 387 against 355 GFLOP/s, 2048³ 399 against 366, 512x768 by 768x3072 414 against 366.
 
 use gemm::{Parallelism, gemm};
 use half::f16;
@@ -147,15 +147,12 @@ fn batched<T: Element>(
     let (sa, sb) = (va.strides(), vb.strides());
     let a = a.as_slice::<T>().expect("matmul operands have the node's dtype");
     let b = b.as_slice::<T>().expect("matmul operands have the node's dtype");
-    let threads = if m * n * k >= 1 << 18 { rayon::current_num_threads() } else { 1 };
-    let own_split = threads > 1 && m * n * k < SPLIT_BELOW;
-    let parallelism =
-        if threads > 1 && !own_split { Parallelism::Rayon(threads) } else { Parallelism::None };
+    let threads = if m * n * k >= SPLIT_FROM { crate::team::threads() } else { 1 };
     let (a_cs, a_rs, b_cs, b_rs) = (sa[r - 1], sa[r - 2], sb[r - 1], sb[r - 2]);
     // One band of the product for batch `p`: the `mb x nb` block of the output at `(i0, j0)`,
-    // on the calling thread (or on gemm's pool, per `par`). The caller guarantees that the
-    // band lies inside the output block at `dst` and that no other thread writes it.
-    let band = |dst: Ptr<T>, p: usize, i0: usize, j0: usize, mb: usize, nb: usize, par| {
+    // on the calling thread. The caller guarantees that the band lies inside the output block
+    // at `dst` and that no other thread writes it.
+    let band = |dst: Ptr<T>, p: usize, i0: usize, j0: usize, mb: usize, nb: usize| {
         // SAFETY: see the caller's comment below; the band's operand rows and columns are
         // in range of the views.
         unsafe {
@@ -178,7 +175,7 @@ fn batched<T: Element>(
                 false,
                 false,
                 false,
-                par,
+                Parallelism::None,
             );
         }
     };
@@ -196,28 +193,25 @@ fn batched<T: Element>(
                 }
                 return Ok::<(), RuntimeError>(());
             }
-            use rayon::prelude::*;
-            if own_split && batch >= threads {
-                (0..batch)
-                    .into_par_iter()
-                    .for_each(|p| band(out, p, 0, 0, m, n, Parallelism::None));
-            } else if own_split {
+            if threads > 1 && batch >= threads {
+                crate::team::for_each(batch, &|p| band(out, p, 0, 0, m, n));
+            } else if threads > 1 {
                 // Bands of whole output columns (or rows, when there are more of those).
                 let (along_n, len) = if n >= m { (true, n) } else { (false, m) };
                 let step = len.div_ceil(threads);
                 for p in 0..batch {
-                    (0..len.div_ceil(step)).into_par_iter().for_each(|t| {
+                    crate::team::for_each(len.div_ceil(step), &|t| {
                         let (s, e) = (t * step, ((t + 1) * step).min(len));
                         if along_n {
-                            band(out, p, 0, s, m, e - s, Parallelism::None);
+                            band(out, p, 0, s, m, e - s);
                         } else {
-                            band(out, p, s, 0, e - s, n, Parallelism::None);
+                            band(out, p, s, 0, e - s, n);
                         }
                     });
                 }
             } else {
                 for p in 0..batch {
-                    band(out, p, 0, 0, m, n, parallelism);
+                    band(out, p, 0, 0, m, n);
                 }
             }
             Ok(())
@@ -226,11 +220,11 @@ fn batched<T: Element>(
     filled?
 }
 
-/// Products with fewer multiply-adds than this are split across threads by kiln (see the
-/// module docs); larger ones use `gemm`'s own parallelism. At 2²⁶ rather than 2²⁸, more of
-/// W8's convolution products run on `gemm`'s threads: the step measured 18.3-18.8 ms against
-/// 19.5-22.7 ms, alternating builds.
-const SPLIT_BELOW: usize = 1 << 26;
+/// Products with at least this many multiply-adds are split across the team's threads;
+/// smaller ones run on the calling thread. Measured on a 2-core machine: a 128x256 by 256x10
+/// product took 10.7 µs on one thread and 16 µs split (each half too small to pay for the
+/// hand-off), and W4's step ran 0.50-0.53 ms with this at 2²⁰ against 0.54-0.56 at 2¹⁸.
+const SPLIT_FROM: usize = 1 << 20;
 
 /// An output pointer shared by the threads that write disjoint bands of it.
 #[derive(Clone, Copy)]

@@ -186,7 +186,7 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
         }
         // Tiles are the group's only parallelism: a few rows of millions of elements run
         // faster as kernels split across the threads one after another.
-        let threads = rayon::current_num_threads();
+        let threads = crate::team::threads();
         let rows = candidates.iter().max().copied().unwrap_or(0);
         // Only groups with a row reduction gain: they keep each row in cache from the
         // reduction to its use. Purely elementwise chains that the fusion pass left apart
@@ -348,18 +348,13 @@ pub(crate) unsafe fn run(
         }
         Ok(took)
     };
-    use rayon::prelude::*;
     let add = |a: Result<Vec<f64>, RuntimeError>, b: Result<Vec<f64>, RuntimeError>| {
         let (mut a, b) = (a?, b?);
         a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
         Ok(a)
     };
     let none = || Ok(vec![0.0; members.len()]);
-    if tiles == 1 || rayon::current_num_threads() == 1 {
-        (0..tiles).map(run_tile).fold(none(), add)
-    } else {
-        (0..tiles).into_par_iter().map(run_tile).reduce(none, add)
-    }
+    crate::team::map(tiles, &run_tile).into_iter().fold(none(), add)
 }
 
 /// The buffers a row group leaves for later steps, and its trace events.

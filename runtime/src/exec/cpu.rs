@@ -168,10 +168,9 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_ou
         unsafe { entry(a.0, a.1, start as u64, end as u64) };
     };
     let chunk = (CHUNK / per_output).max(kernel.min_chunk());
-    if n <= chunk || rayon::current_num_threads() == 1 {
+    if n <= chunk || crate::team::threads() == 1 {
         call(0, n);
         return;
     }
-    use rayon::prelude::*;
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| call(c * chunk, ((c + 1) * chunk).min(n)));
+    crate::team::for_each(n.div_ceil(chunk), &|c| call(c * chunk, ((c + 1) * chunk).min(n)));
 }
