@@ -14,7 +14,6 @@
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
 use gemm::{Parallelism, gemm};
-use rayon::prelude::*;
 
 /// Query rows per tile.
 const QT: usize = 64;
@@ -419,8 +418,8 @@ fn forward_tile<T: Real>(
 /// `softmax(q·kᵀ·scale)·v` into `out` (`[n, l, ev]`).
 pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T]) {
     let tiles = query_tiles(d);
-    split_rows(out, &tiles, d.ev).into_par_iter().zip(&tiles).for_each(|(rows, &t)| {
-        forward_tile(q, k, v, d, t, rows);
+    crate::team::for_each_part(split_rows(out, &tiles, d.ev), &|i, rows| {
+        forward_tile(q, k, v, d, tiles[i], rows);
     });
 }
 
@@ -450,19 +449,20 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims,
     if s > KT {
         (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &tiles);
     }
-    if d.n >= rayon::current_num_threads() {
+    if d.n >= crate::team::threads() {
         // Enough batch entries to keep every thread busy: one pass per entry computes dq,
         // dk and dv together, without recomputing the scores for dq.
-        out.par_chunks_mut(per.max(1)).enumerate().for_each(|(b, packed)| g.entry(b, packed));
+        let entries = out.chunks_mut(per.max(1)).collect();
+        crate::team::for_each_part(entries, &|b, packed| g.entry(b, packed));
         return;
     }
     if s <= KT {
         // Every row's keys fit one tile: query tiles in parallel, each with its own `dk`
         // and `dv` of the entry's keys, summed after.
-        let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = tiles
-            .par_iter()
-            .map(|&(b, r0, r1)| g.query_tile(Tile { b, r0, r1, c0: 0, c1: s }))
-            .collect();
+        let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = crate::team::map(tiles.len(), &|i| {
+            let (b, r0, r1) = tiles[i];
+            g.query_tile(Tile { b, r0, r1, c0: 0, c1: s })
+        });
         for (&(b, r0, _), (dq, dk, dv)) in tiles.iter().zip(&parts) {
             let at = b * per + r0 * e;
             out[at..at + dq.len()].copy_from_slice(dq);
@@ -473,11 +473,12 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims,
         }
         return;
     }
-    let dq_parts: Vec<Vec<T>> = tiles.par_iter().map(|&t| g.dq_tile(t)).collect();
+    let dq_parts: Vec<Vec<T>> = crate::team::map(tiles.len(), &|i| g.dq_tile(tiles[i]));
     let key_tiles: Vec<(usize, usize, usize)> = (0..d.n)
         .flat_map(|b| (0..s).step_by(KT).map(move |c0| (b, c0, (c0 + KT).min(s))))
         .collect();
-    let dkv_parts: Vec<(Vec<T>, Vec<T>)> = key_tiles.par_iter().map(|&t| g.dkv_tile(t)).collect();
+    let dkv_parts: Vec<(Vec<T>, Vec<T>)> =
+        crate::team::map(key_tiles.len(), &|i| g.dkv_tile(key_tiles[i]));
     for (&(b, r0, _), dq) in tiles.iter().zip(&dq_parts) {
         let at = b * per + r0 * e;
         out[at..at + dq.len()].copy_from_slice(dq);
@@ -500,17 +501,15 @@ fn row_statistics<T: Real>(
     tiles: &[(usize, usize, usize)],
 ) -> (Vec<T>, Vec<T>) {
     let (l, ev) = (d.l, d.ev);
-    let stats: Vec<(Vec<T>, Vec<T>)> = tiles
-        .par_iter()
-        .map(|&(b, r0, r1)| {
-            let mut out = vec![T::ZERO; (r1 - r0) * ev];
-            let lse = forward_tile(q, k, v, d, (b, r0, r1), &mut out);
-            let dd = (r0..r1)
-                .map(|r| dot(&dout[(b * l + r) * ev..(b * l + r + 1) * ev], &out[(r - r0) * ev..]))
-                .collect();
-            (lse, dd)
-        })
-        .collect();
+    let stats: Vec<(Vec<T>, Vec<T>)> = crate::team::map(tiles.len(), &|i| {
+        let (b, r0, r1) = tiles[i];
+        let mut out = vec![T::ZERO; (r1 - r0) * ev];
+        let lse = forward_tile(q, k, v, d, (b, r0, r1), &mut out);
+        let dd = (r0..r1)
+            .map(|r| dot(&dout[(b * l + r) * ev..(b * l + r + 1) * ev], &out[(r - r0) * ev..]))
+            .collect();
+        (lse, dd)
+    });
     let mut lse = vec![T::ZERO; d.n * l];
     let mut dd = vec![T::ZERO; d.n * l];
     for (&(b, r0, r1), (t_lse, t_dd)) in tiles.iter().zip(stats) {

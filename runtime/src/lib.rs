@@ -15,6 +15,8 @@
 //! - [`cuda`]: whether CUDA devices are there (the driver is loaded at run time).
 //! - [`trace`]: what the executor ran, for profiles and `KILN_DEBUG`.
 //! - [`rows`]: row groups, CPU kernels over the same rows run a tile of rows at a time.
+//! - `team`: the threads that every parallel CPU step (kernels, products, attention, native
+//!   loops) is split across, spinning between steps instead of sleeping.
 //!
 //! The runtime knows graphs and buffers, never tensors or autograd state.
 #![warn(missing_docs)]

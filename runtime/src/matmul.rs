@@ -49,11 +49,10 @@ fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buff
 /// bf16 values as f32 (exact), in parallel chunks through `half`'s slice conversions.
 pub(crate) fn widen_bf16(x: &[half::bf16]) -> Vec<f32> {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
     let mut out = vec![0.0f32; x.len()];
-    out.par_chunks_mut(1 << 16)
-        .zip(x.par_chunks(1 << 16))
-        .for_each(|(o, i)| i.convert_to_f32_slice(o));
+    crate::team::for_each_part(out.chunks_mut(1 << 16).collect(), &|c, o| {
+        x[c << 16..][..o.len()].convert_to_f32_slice(o);
+    });
     out
 }
 
@@ -85,11 +84,10 @@ pub(crate) fn narrow_half(x: &[f32], dtype: DType) -> Result<Buffer, RuntimeErro
 /// f32 values rounded to bf16 (to nearest, ties to even), in parallel chunks.
 pub(crate) fn narrow_bf16(x: &[f32]) -> Vec<half::bf16> {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
     let mut out = vec![half::bf16::ZERO; x.len()];
-    out.par_chunks_mut(1 << 16)
-        .zip(x.par_chunks(1 << 16))
-        .for_each(|(o, i)| o.convert_from_f32_slice(i));
+    crate::team::for_each_part(out.chunks_mut(1 << 16).collect(), &|c, o| {
+        o.convert_from_f32_slice(&x[c << 16..][..o.len()]);
+    });
     out
 }
 
@@ -97,7 +95,6 @@ pub(crate) fn narrow_bf16(x: &[f32]) -> Vec<half::bf16> {
 /// executor and PyTorch compute it): rows of the output in parallel, each an `i-k-j` loop
 /// over i64 accumulators that streams the right operand's rows.
 fn integer(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
-    use rayon::prelude::*;
     let dtype = a.dtype();
     let r = va.shape().rank();
     let (m, k, n) = (va.shape().dims()[r - 2], va.shape().dims()[r - 1], vb.shape().dims()[r - 1]);
@@ -105,7 +102,7 @@ fn integer(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, Runti
     let a: Vec<i64> = a.gather(va);
     let b: Vec<i64> = b.gather(vb);
     let mut out = vec![0i64; batch * m * n];
-    out.par_chunks_mut(n.max(1)).enumerate().for_each(|(row, out)| {
+    crate::team::for_each_part(out.chunks_mut(n.max(1)).collect(), &|row, out| {
         if n == 0 {
             return;
         }

@@ -263,7 +263,6 @@ fn edited<T: Element>(
     init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync,
     edit: impl FnOnce(&mut [T]),
 ) -> Result<Buffer, RuntimeError> {
-    use rayon::prelude::*;
     /// The buffer's memory shared by the threads, each initializing its own chunk.
     struct Shared<T>(*mut MaybeUninit<T>);
     // SAFETY: the threads write disjoint chunks.
@@ -273,7 +272,7 @@ fn edited<T: Element>(
     let filled = unsafe {
         Buffer::from_raw_fill(T::DTYPE, len, |ptr| {
             let out = Shared(ptr.cast::<MaybeUninit<T>>());
-            (0..len.div_ceil(CHUNK)).into_par_iter().for_each(|i| {
+            crate::team::for_each(len.div_ceil(CHUNK), &|i| {
                 let out = &out;
                 let start = i * CHUNK;
                 init(
@@ -397,7 +396,6 @@ fn argsort(
     axis: usize,
     descending: bool,
 ) -> Result<Buffer, RuntimeError> {
-    use rayon::prelude::*;
     use std::cmp::Ordering;
     let dims = shape.dims();
     let len = dims[axis];
@@ -432,7 +430,7 @@ fn argsort(
                 }
             };
             if outer * len * inner >= 1 << 14 && outer > 1 {
-                out.par_chunks_mut(len * inner).enumerate().for_each(block);
+                crate::team::for_each_part(out.chunks_mut(len * inner).collect(), &|o, c| block((o, c)));
             } else {
                 out.chunks_mut(len * inner).enumerate().for_each(block);
             }
@@ -459,7 +457,6 @@ fn arg_extreme(
     shape: &Shape,
     axis: usize,
 ) -> Result<Buffer, RuntimeError> {
-    use rayon::prelude::*;
     let dims = shape.dims();
     let len = dims[axis];
     let inner: usize = dims[axis + 1..].iter().product();
@@ -497,7 +494,7 @@ fn arg_extreme(
                 }
             };
             if outer * inner * len >= 1 << 16 && outer > 1 {
-                out.par_chunks_mut(inner).enumerate().for_each(rows);
+                crate::team::for_each_part(out.chunks_mut(inner).collect(), &|o, r| rows((o, r)));
             } else {
                 out.chunks_mut(inner).enumerate().for_each(rows);
             }
@@ -563,7 +560,6 @@ enum Overlaps {
 /// samples of a batch, the planes of a convolution's windows), those ranges run in
 /// parallel.
 fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
-    use rayon::prelude::*;
     let (dims, strides) = (view.shape().dims(), view.strides());
     if let Some((&n0, rest)) = dims.split_first()
         && n0 > 1
@@ -577,10 +573,10 @@ fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Over
         if s0 > 0 && span < s0 {
             let sub = View::from_parts(Shape::new(rest.to_vec()), strides[1..].to_vec(), 0);
             let inner = x.len() / n0;
-            out[view.offset()..]
-                .par_chunks_mut(s0 as usize)
-                .zip(x.par_chunks(inner))
-                .for_each(|(o, xs)| scatter_serial(o, xs, &sub, overlaps));
+            let outs = out[view.offset()..].chunks_mut(s0 as usize).take(n0).collect();
+            crate::team::for_each_part(outs, &|i, o| {
+                scatter_serial(o, &x[i * inner..(i + 1) * inner], &sub, overlaps);
+            });
             return;
         }
     }

@@ -84,6 +84,18 @@ pub(crate) fn map<T: Send>(tasks: usize, task: &(dyn Fn(usize) -> T + Sync)) -> 
     results.into_iter().map(|r| take(r).expect("every task ran")).collect()
 }
 
+/// `task(i, part)` for each of the disjoint `parts` (chunks of one output), as [`for_each`]
+/// runs tasks.
+pub(crate) fn for_each_part<T: Send>(
+    parts: Vec<&mut [T]>,
+    task: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let parts: Vec<Mutex<&mut [T]>> = parts.into_iter().map(Mutex::new).collect();
+    for_each(parts.len(), &|i| {
+        task(i, &mut parts[i].lock().unwrap_or_else(PoisonError::into_inner));
+    });
+}
+
 /// A job's task function with its borrow's lifetime erased: [`for_each`] does not return
 /// before every thread has stopped using it.
 type Task = *const (dyn Fn(usize) + Sync + 'static);
