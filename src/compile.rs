@@ -42,13 +42,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use kiln_ir::pipeline::{Constants, Fusion};
-use kiln_ir::{DType, NodeId, Op, Shape};
+use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
 use kiln_runtime::exec::Prepared;
 
 use crate::error::ok;
 use crate::lazy::LazyNode;
-use crate::realize::{Captured, build_graph, capture, output_slots, run_captured};
+use crate::realize::{build_graph, capture, output_slots, run_captured};
+use crate::replay::Recorded;
 use crate::session::record;
 use crate::{Result, Tensor};
 
@@ -159,78 +160,11 @@ impl Signature {
     }
 }
 
-/// One recorded node as the plan expects it.
-#[derive(Clone, Debug)]
-struct SlotKey {
-    /// `None` for a realized value (an input of the plan).
-    op: Option<Op>,
-    shape: Shape,
-    dtype: DType,
-    args: Vec<u32>,
-}
-
-/// Whether `recorded` is `planned` up to the values a plan rebinds (constants, random keys).
-fn same_op(planned: &Op, recorded: &Op) -> bool {
-    match (planned, recorded) {
-        (Op::Full(a), Op::Full(b)) => a.category() == b.category(),
-        (Op::Random { dist: a, .. }, Op::Random { dist: b, .. }) => a == b,
-        (a, b) => a == b,
-    }
-}
-
 /// A plan and what it was built from.
 struct Entry {
     signature: Signature,
-    keys: Vec<SlotKey>,
-    outputs: Vec<usize>,
-    /// Slots of the constants and random leaves, with their node in the plan's graph.
-    rebind: Vec<(usize, NodeId)>,
+    recorded: Recorded,
     prepared: Prepared,
-}
-
-impl Entry {
-    /// `None` when `captured` (with `outputs` kept) is what this plan computes; otherwise why
-    /// not.
-    fn mismatch(&self, captured: &Captured, outputs: &[usize]) -> Option<String> {
-        if captured.nodes.len() != self.keys.len() {
-            return Some(format!(
-                "the closure recorded {} ops and values this time, {} when it was planned",
-                captured.nodes.len(),
-                self.keys.len()
-            ));
-        }
-        for (slot, (node, key)) in captured.nodes.iter().zip(&self.keys).enumerate() {
-            let differs = || {
-                let planned =
-                    key.op.as_ref().map_or("a realized value".to_string(), ToString::to_string);
-                let recorded = if captured.buffers[slot].is_some() {
-                    "a realized value".to_string()
-                } else {
-                    node.op.to_string()
-                };
-                Some(format!(
-                    "the {} recorded at {} ({} {}) differs from the plan's {} ({} {}) at position {slot}",
-                    recorded, node.origin, node.shape, node.dtype, planned, key.shape, key.dtype
-                ))
-            };
-            if node.shape != key.shape || node.dtype != key.dtype {
-                return differs();
-            }
-            let same = match (&captured.buffers[slot], &key.op) {
-                (Some(_), None) => true,
-                (None, Some(op)) => {
-                    same_op(op, &node.op) && captured.args(slot) == key.args.as_slice()
-                }
-                _ => false,
-            };
-            if !same {
-                return differs();
-            }
-        }
-        (outputs != self.outputs.as_slice()).then(|| {
-            "a different set of recorded values is kept after the call (a tensor of the closure is now held elsewhere, or no longer)".to_string()
-        })
-    }
 }
 
 /// What a compiled function has done so far.
@@ -396,15 +330,13 @@ impl<F> Compiled<F> {
                     entry.prepared.device()
                 ))
             } else if entry.signature == signature {
-                entry.mismatch(&captured, &outputs)
+                entry.recorded.mismatch(&captured, &outputs)
             } else {
                 signature.difference(&entry.signature)
             };
             let Some(why) = why else {
                 let entry = &mut self.entries[i];
-                for &(slot, node) in &entry.rebind {
-                    entry.prepared.rebind(node, &captured.nodes[slot].op);
-                }
+                entry.recorded.rebind(&mut entry.prepared, &captured);
                 run_captured(&mut entry.prepared, &captured, &outputs)?;
                 self.stats.replays += 1;
                 self.stats.steps_per_call = entry.prepared.steps();
@@ -415,24 +347,8 @@ impl<F> Compiled<F> {
 
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
-        let (graph, ids) = (built.graph, built.ids);
-        let mut rebind = Vec::new();
-        for (slot, node) in captured.nodes.iter().enumerate() {
-            if node.op.is_rebindable() && captured.buffers[slot].is_none() {
-                rebind.push((slot, ids[slot]));
-            }
-        }
-        let keys = captured
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(slot, n)| SlotKey {
-                op: captured.buffers[slot].is_none().then(|| n.op.clone()),
-                shape: n.shape.clone(),
-                dtype: n.dtype,
-                args: captured.args(slot).to_vec(),
-            })
-            .collect();
+        let recorded = Recorded::new(&captured, &outputs, &built.ids);
+        let graph = built.graph;
         let mut prepared = Prepared::new(&graph, options, device);
         run_captured(&mut prepared, &captured, &outputs)?;
         self.stats.plans += 1;
@@ -452,7 +368,7 @@ impl<F> Compiled<F> {
         if self.entries.len() == MAX_PLANS {
             self.entries.remove(0);
         }
-        self.entries.push(Entry { signature, keys, outputs, rebind, prepared });
+        self.entries.push(Entry { signature, recorded, prepared });
         Ok(())
     }
 }

@@ -88,13 +88,10 @@ fn realize_now(targets: &[Arc<LazyNode>]) -> Result<()> {
     if captured.pending == 0 {
         return Ok(());
     }
-    let built = build_graph(&captured, targets)?;
     match crate::execution::plan_options(Constants::Fold, device) {
-        Some(options) => {
-            let mut prepared = Prepared::new(&built.graph, options, device);
-            run_captured(&mut prepared, &captured, &built.outputs)
-        }
+        Some(options) => crate::plans::realize(&captured, targets, options, device),
         None => {
+            let built = build_graph(&captured, targets)?;
             let check = crate::execution::check_scale();
             let results =
                 exec::run(&built.graph, &built.buffers, Execution::Reference, check, device)?;

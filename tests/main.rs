@@ -32,6 +32,7 @@ mod nn;
 mod norm;
 mod optim;
 mod ordering;
+mod plans;
 mod profile;
 mod programs;
 mod reductions;

@@ -50,6 +50,11 @@ thread_local! {
     static SIZES: std::cell::Cell<RowGroupSizes> = std::cell::Cell::new(RowGroupSizes::default());
 }
 
+/// The sizes plans prepared on this thread group rows by.
+pub fn row_group_sizes() -> RowGroupSizes {
+    SIZES.with(std::cell::Cell::get)
+}
+
 /// Runs `f` with plans prepared on this thread grouping rows by `sizes` (tests use tiny
 /// sizes to run the grouped schedule on small tensors, a row per tile).
 pub fn with_row_group_sizes<T>(sizes: RowGroupSizes, f: impl FnOnce() -> T) -> T {

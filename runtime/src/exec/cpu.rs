@@ -98,6 +98,11 @@ pub fn fail_compiles(fail: bool) -> bool {
     FAIL_COMPILES.with(|f| f.replace(fail))
 }
 
+/// Whether new CPU compiles on this thread are made to fail ([`fail_compiles`]).
+pub fn compiles_fail() -> bool {
+    FAIL_COMPILES.with(Cell::get)
+}
+
 /// The Cranelift IR of a kernel's generated code (compiling it if it is not cached yet).
 ///
 /// # Errors
