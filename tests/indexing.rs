@@ -124,6 +124,27 @@ fn gather_scatter_and_index_select_match_loops() {
 }
 
 #[test]
+fn a_few_scatter_adds_into_a_large_base_round_each_sum_once() {
+    // 12 writes (repeats included) into 3 x 4099 values: the sparse path of `scatter_add`.
+    let mut rng = Rng::new(53);
+    let (rows, cols) = (3, 4099);
+    let data = values(&mut rng, rows * cols, DType::F32);
+    let x = tensor(&data, &[rows, cols], DType::F32);
+    let idx: Vec<i64> =
+        (0..12).map(|i| if i % 3 == 0 { 7 } else { rng.int(0, cols as i64) }).collect();
+    let src = values(&mut rng, 12, DType::F32);
+    let added = x
+        .scatter_add(1, &Tensor::from_vec(idx.clone(), [3, 4]), &tensor(&src, &[3, 4], DType::F32))
+        .to_vec::<f32>();
+    let mut sums = data.clone();
+    for p in 0..12 {
+        sums[(p / 4) * cols + idx[p] as usize] += src[p];
+    }
+    let want: Vec<f32> = sums.iter().map(|&v| v as f32).collect();
+    assert_eq!(added, want);
+}
+
+#[test]
 fn out_of_range_indices_fail_when_computed_naming_the_line() {
     let x = Tensor::zeros([2, 3]);
     let line = line!() + 1;
