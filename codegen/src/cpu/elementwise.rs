@@ -5,6 +5,7 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
 use kiln_ir::DType;
 
+use super::staging::At;
 use super::translate::{Prologue, Translator, VecSrc};
 impl<'b> Translator<'_, 'b> {
     pub(super) fn body(&mut self) {
@@ -158,8 +159,11 @@ impl<'b> Translator<'_, 'b> {
             let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, jend);
             self.b.ins().brif(fits, vec_body, &[], scalar_head, &[BlockArg::Value(jv)]);
             self.b.switch_to_block(vec_body);
+            let at = At { j: jv, first: j0, end: jend, splats: &splats, ptrs: &ptrs[..n_in_ptrs] };
+            self.stage(&at, param_vector, lanes);
             let srcs = self.vector_srcs(&splats, &ptrs[..n_in_ptrs]);
             let values = self.compute_vector(&srcs, param_vector, lanes);
+            self.unstage();
             for (o, &e) in k.outputs.iter().enumerate() {
                 let addr = ptrs[n_in_ptrs + o];
                 self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);

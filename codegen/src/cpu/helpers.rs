@@ -56,7 +56,7 @@ extern "C" fn kiln_f32_to_f16(x: f32) -> u32 {
 
 /// Every helper's name and address, for `JITBuilder::symbol`.
 pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
-    vec![
+    let mut out = vec![
         ("kiln_exp", kiln_exp as *const u8),
         ("kiln_log", kiln_log as *const u8),
         ("kiln_sin", kiln_sin as *const u8),
@@ -68,7 +68,9 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("kiln_round_f16", kiln_round_f16 as *const u8),
         ("kiln_f16_to_f32", kiln_f16_to_f32 as *const u8),
         ("kiln_f32_to_f16", kiln_f32_to_f16 as *const u8),
-    ]
+    ];
+    out.extend(super::wide::for_host().into_iter().map(|(n, f)| (n, f as *const u8)));
+    out
 }
 
 /// Every helper's Cranelift signature.
@@ -89,5 +91,11 @@ pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
     out.push(("kiln_round_f16", sig(&[types::F32], types::F32)));
     out.push(("kiln_f16_to_f32", sig(&[types::I32], types::F32)));
     out.push(("kiln_f32_to_f16", sig(&[types::F32], types::I32)));
+    // The batch functions of `wide.rs`: (values, count), nothing returned.
+    for (name, _) in super::wide::for_host() {
+        let mut s = module.make_signature();
+        s.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
+        out.push((name, s));
+    }
     out
 }

@@ -3,17 +3,18 @@
 
 use std::collections::HashMap;
 
-use cranelift_codegen::ir::{AbiParam, UserFuncName, types};
-use cranelift_codegen::isa;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, UserFuncName, types};
+use cranelift_codegen::isa::{self, CallConv};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{Linkage, Module, default_libcall_names};
+use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
-use super::helpers;
+use super::{helpers, wide};
 use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, lane_type, strip_width, vector_type};
+use super::staging::{self, Staging};
 use super::translate::Translator;
 use crate::CodegenError;
 use crate::walk::coalesce;
@@ -139,11 +140,17 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
         helper_ids.push((name, hid));
     }
+    let staged = if columns.is_none() && strip.is_none() {
+        staging::staged_ops(kernel, vector, walk.dims.last().copied().unwrap_or(0), fma)
+    } else {
+        Vec::new()
+    };
+    let preserving = declare_preserving(&mut module, &staged)?;
     let target = module.target_config();
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
         let mut helper_refs = HashMap::new();
-        for (name, hid) in &helper_ids {
+        for (name, hid) in helper_ids.iter().chain(&preserving) {
             helper_refs.insert(*name, module.declare_func_in_func(*hid, b.func));
         }
         // A column reduction's lanes run across its outputs; its parameters splat the same.
@@ -156,7 +163,12 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             fma,
             helpers: helper_refs,
             b: &mut b,
+            staging: None,
+            stage_mode: Default::default(),
         };
+        if !staged.is_empty() {
+            t.staging = Some(Staging::new(kernel, staged.clone(), t.b));
+        }
         match (kernel.reduce, columns) {
             (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
             (Some(red), None) => t.body_reduce(red, &outer),
@@ -175,6 +187,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     }
     let code_bytes = ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
     module.clear_context(&mut ctx);
+    define_preserving(&mut module, &mut ctx, &staged, &preserving, &helper_ids)?;
     module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let code = module.get_finalized_function(id);
     // SAFETY: `code` is the finalized function declared above with exactly this signature.
@@ -240,4 +253,62 @@ fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
         "aarch64" => true,
         _ => false,
     }
+}
+
+/// Declares, for each batch function `staged` calls, the module's register-preserving
+/// function that calls it (`wide::Helper::preserving`).
+fn declare_preserving(
+    module: &mut JITModule,
+    staged: &[(usize, wide::Helper)],
+) -> Result<Vec<(&'static str, FuncId)>, CodegenError> {
+    let mut out: Vec<(&'static str, FuncId)> = Vec::new();
+    for &(_, h) in staged {
+        if out.iter().any(|&(n, _)| n == h.preserving) {
+            continue;
+        }
+        let mut sig = module.make_signature();
+        sig.call_conv = CallConv::PreserveAll;
+        sig.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
+        let id = module
+            .declare_function(h.preserving, Linkage::Local, &sig)
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+        out.push((h.preserving, id));
+    }
+    Ok(out)
+}
+
+/// Defines the functions [`declare_preserving`] declared: each passes its arguments on to
+/// the System V batch function and returns, saving every register the call clobbers.
+fn define_preserving(
+    module: &mut JITModule,
+    ctx: &mut cranelift_codegen::Context,
+    staged: &[(usize, wide::Helper)],
+    preserving: &[(&'static str, FuncId)],
+    helper_ids: &[(&'static str, FuncId)],
+) -> Result<(), CodegenError> {
+    for &(name, id) in preserving {
+        let helper = staged.iter().find(|(_, h)| h.preserving == name).expect("a staged helper").1;
+        let target = helper_ids.iter().find(|(n, _)| *n == helper.name).expect("declared").1;
+        let mut sig = module.make_signature();
+        sig.call_conv = CallConv::PreserveAll;
+        sig.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
+        ctx.func.signature = sig;
+        ctx.func.name = UserFuncName::testcase(name);
+        let mut fctx = FunctionBuilderContext::new();
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let f = module.declare_func_in_func(target, b.func);
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            let args = b.block_params(entry).to_vec();
+            b.ins().call(f, &args);
+            b.ins().return_(&[]);
+            b.seal_all_blocks();
+            b.finalize(module.target_config());
+        }
+        module.define_function(id, ctx).map_err(|e| CodegenError::Cranelift(format!("{e:?}")))?;
+        module.clear_context(ctx);
+    }
+    Ok(())
 }

@@ -59,10 +59,10 @@ fn isplat(m: &mut Math<'_, '_>, v: i32) -> Value {
     m.b.ins().splat(types::I32X4, s)
 }
 
-/// `min(x, hi)`, keeping a NaN `x`: one `minps`, where Cranelift's NaN-propagating `fmin`
-/// takes about nine instructions.
+/// `min(x, hi)`, keeping a NaN `x`: one `minps` (written `hi < x` so that the x86 backend
+/// matches it), where Cranelift's NaN-propagating `fmin` takes about nine instructions.
 fn clamp_above(m: &mut Math<'_, '_>, x: Value, hi: Value) -> Value {
-    let over = m.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+    let over = m.b.ins().fcmp(FloatCC::LessThan, hi, x);
     let ty = m.b.func.dfg.value_type(x);
     let mask = m.b.ins().bitcast(ty, MemFlagsData::new(), over);
     m.b.ins().bitselect(mask, hi, x)
@@ -88,7 +88,11 @@ pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     let x = clamp_below(m, x, lo);
     let log2e = splat(m, std::f32::consts::LOG2_E);
     let t = m.b.ins().fmul(x, log2e);
-    let n = m.b.ins().nearest(t);
+    // n = round(t), half to even: adding 1.5 * 2^23 rounds |t| < 2^22 to an integer and
+    // leaves it in the low mantissa bits, which build 2^n below without a conversion.
+    let magic = splat(m, 12_582_912.0);
+    let shifted = m.b.ins().fadd(t, magic);
+    let n = m.b.ins().fsub(shifted, magic);
     // r = x - n ln2, with ln2 split in two parts for precision.
     let c1 = splat(m, -0.693_359_4);
     let c2 = splat(m, 2.121_944_4e-4);
@@ -110,13 +114,9 @@ pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     // 2^n as (2 y) 2^(n-1), with 2^(n-1) built in the exponent bits: n is integral and in
     // [-127, 128]; n - 1 is a normal exponent down to n = -125 (below, the bits saturate to
     // +0.0), and 2^128 overflows only through the product.
-    let magic = splat(m, 12_582_912.0); // 1.5 * 2^23: adding it leaves n in the low bits
-    let shifted = m.b.ins().fadd(n, magic);
     let bits = m.b.ins().bitcast(types::I32X4, MemFlagsData::new(), shifted);
-    let magic_bits = isplat(m, 0x4b40_0000);
-    let ni = m.b.ins().isub(bits, magic_bits);
-    let bias = isplat(m, 126);
-    let e = m.b.ins().iadd(ni, bias);
+    let bias = isplat(m, 126 - 0x4b40_0000); // n - 1 + 127, less the magic number's bits
+    let e = m.b.ins().iadd(bits, bias);
     let none = isplat(m, 0);
     let e = m.b.ins().smax(e, none);
     let e = m.b.ins().ishl_imm_u(e, 23);

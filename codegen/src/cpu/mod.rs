@@ -31,8 +31,10 @@ mod helpers;
 mod jit;
 mod math;
 mod rows;
+mod staging;
 mod strategy;
 mod translate;
+mod wide;
 
 pub use jit::{CpuKernel, Entry, TARGET, compile, param_slots};
 pub use strategy::{COLUMN_BLOCK, STRIP_ROWS};

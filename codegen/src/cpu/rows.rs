@@ -9,6 +9,7 @@ use kiln_ir::kernel::KernelReduce;
 use kiln_ir::{DType, ReduceOp};
 
 use super::math;
+use super::staging::At;
 use super::strategy::scalar_type;
 use super::translate::{Prologue, Translator, acc_ty_dtype};
 use crate::walk::Walk;
@@ -211,21 +212,16 @@ impl<'b> Translator<'_, 'b> {
         lanes: Type,
     ) -> (Value, Value) {
         let Row { bases, side, acc: racc, len: len_v, zero, red, dtype } = *row;
-        let out_expr = self.kernel.outputs[0];
-        // Max and min are exact in any order: keep a vector accumulator in the lanes'
-        // own type and fold its lanes into the scalar one when the row's vector part ends.
-        // The loop compares and selects (two instructions where Cranelift's
-        // NaN-propagating `fmax` takes about nine) and remembers NaN lanes apart.
-        let width = lanes.lane_count();
+        // Max and min are exact in any order: keep vector accumulators in the lanes' own type
+        // and fold their lanes into the scalar one when the row's vector part ends. Each step
+        // compares and selects (one `maxps`, where Cranelift's NaN-propagating `fmax` takes
+        // about nine instructions) and remembers NaN lanes apart. Two vectors a step, into two
+        // accumulators, so that the compares do not wait on each other; one more step takes
+        // an odd vector.
+        let width = i64::from(lanes.lane_count());
         let mask_ty = if lanes == types::F32X4 { types::I32X4 } else { types::I64X2 };
         let (splats, starts) = self.vector_row(bases, zero, lanes);
-        let vhead = self.b.create_block();
-        let jv = self.b.append_block_param(vhead, types::I64);
-        let vacc = self.b.append_block_param(vhead, lanes);
-        let vnan = self.b.append_block_param(vhead, mask_ty);
-        let ptrs = self.carried(vhead, starts.len());
-        let vbody = self.b.create_block();
-        let vdone = self.b.create_block();
+        let steps = self.input_steps(&splats, lanes);
         let ident = self.float_const(
             if red.op == ReduceOp::Max { f64::NEG_INFINITY } else { f64::INFINITY },
             lanes.lane_type(),
@@ -233,40 +229,113 @@ impl<'b> Translator<'_, 'b> {
         let init = self.b.ins().splat(lanes, ident);
         let no_nan = self.b.ins().iconst(mask_ty.lane_type(), 0);
         let no_nan = self.b.ins().splat(mask_ty, no_nan);
-        let mut args = vec![BlockArg::Value(zero), BlockArg::Value(init), BlockArg::Value(no_nan)];
-        args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
-        self.b.ins().jump(vhead, &args);
-        self.b.switch_to_block(vhead);
-        let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+
+        // Pairs: (j, acc a, acc b, nan lanes, pointers).
+        let phead = self.b.create_block();
+        let jp = self.b.append_block_param(phead, types::I64);
+        let pacc = [
+            self.b.append_block_param(phead, lanes),
+            self.b.append_block_param(phead, lanes),
+        ];
+        let pnan = self.b.append_block_param(phead, mask_ty);
+        let pptrs = self.carried(phead, starts.len());
+        let pbody = self.b.create_block();
+        let pdone = self.b.create_block();
+        let mut args = vec![zero, init, init, no_nan];
+        args.extend(&starts);
+        self.jump_with(phead, &args);
+        self.b.switch_to_block(phead);
+        let next = self.b.ins().iadd_imm_s(jp, 2 * width);
         let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
-        self.b.ins().brif(fits, vbody, &[], vdone, &[]);
-        self.b.switch_to_block(vbody);
-        let srcs = self.vector_srcs(&splats, &ptrs);
-        let values = self.compute_vector(&srcs, param_vector, lanes);
-        self.store_side_vectors(side, &values, jv);
-        let v = values[out_expr];
-        let cc = if red.op == ReduceOp::Max { FloatCC::GreaterThan } else { FloatCC::LessThan };
-        let better = self.b.ins().fcmp(cc, v, vacc);
-        let better = self.b.ins().bitcast(lanes, MemFlagsData::new(), better);
-        let folded = self.b.ins().bitselect(better, v, vacc);
-        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
-        let nans = self.b.ins().bor(vnan, is_nan);
-        let mut loop_args =
-            vec![BlockArg::Value(next), BlockArg::Value(folded), BlockArg::Value(nans)];
-        let steps = self.input_steps(&splats, lanes);
-        let advanced = self.advance_ptrs(&ptrs, &steps);
-        loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
-        self.b.ins().jump(vhead, &loop_args);
+        self.b.ins().brif(fits, pbody, &[], pdone, &[]);
+        self.b.switch_to_block(pbody);
+        let mut ptrs = pptrs.clone();
+        let mut nans = pnan;
+        let mut folded = [pacc[0], pacc[1]];
+        for (k, acc) in folded.iter_mut().enumerate() {
+            let j = self.b.ins().iadd_imm_s(jp, k as i64 * width);
+            let at = At { j, first: zero, end: len_v, splats: &splats, ptrs: &ptrs };
+            let v = self.extremum_vector(side, &at, param_vector, lanes);
+            (*acc, nans) = self.fold_extremum(red.op, *acc, nans, v, lanes);
+            ptrs = self.advance_ptrs(&ptrs, &steps);
+        }
+        let mut args = vec![next, folded[0], folded[1], nans];
+        args.extend(&ptrs);
+        self.jump_with(phead, &args);
+
+        // At most one vector more.
+        self.b.switch_to_block(pdone);
+        let vacc = self.fold_extremum(red.op, pacc[0], pnan, pacc[1], lanes).0;
+        let next = self.b.ins().iadd_imm_s(jp, width);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+        let one = self.b.create_block();
+        let vdone = self.b.create_block();
+        let jv = self.b.append_block_param(vdone, types::I64);
+        let dacc = self.b.append_block_param(vdone, lanes);
+        let dnan = self.b.append_block_param(vdone, mask_ty);
+        let args = [BlockArg::Value(jp), BlockArg::Value(vacc), BlockArg::Value(pnan)];
+        self.b.ins().brif(fits, one, &[], vdone, &args);
+        self.b.switch_to_block(one);
+        let at = At { j: jp, first: zero, end: len_v, splats: &splats, ptrs: &pptrs };
+        let v = self.extremum_vector(side, &at, param_vector, lanes);
+        let (acc, nans) = self.fold_extremum(red.op, vacc, pnan, v, lanes);
+        self.jump_with(vdone, &[next, acc, nans]);
+
         self.b.switch_to_block(vdone);
         let mut acc = racc;
-        for lane in 0..width {
-            let v = self.b.ins().extractlane(vacc, lane as u8);
+        for lane in 0..lanes.lane_count() {
+            let v = self.b.ins().extractlane(dacc, lane as u8);
             acc = self.combine(red.op, acc, v, dtype);
         }
-        let any_nan = self.b.ins().vany_true(vnan);
+        let any_nan = self.b.ins().vany_true(dnan);
         let nan = self.b.ins().f64const(f64::NAN);
         let acc = self.b.ins().select(any_nan, nan, acc);
         (jv, acc)
+    }
+
+    /// The reduced expression's vector at element `j` (whose inputs `ptrs` point at), after
+    /// storing the kernel's other outputs there.
+    fn extremum_vector(
+        &mut self,
+        side: &[(usize, DType, Value)],
+        at: &At<'_>,
+        param_vector: &HashMap<usize, Value>,
+        lanes: Type,
+    ) -> Value {
+        self.stage(at, param_vector, lanes);
+        let srcs = self.vector_srcs(at.splats, at.ptrs);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
+        self.unstage();
+        self.store_side_vectors(side, &values, at.j);
+        values[self.kernel.outputs[0]]
+    }
+
+    /// `acc` and `v` folded lane by lane, and the NaN lanes seen so far.
+    fn fold_extremum(
+        &mut self,
+        op: ReduceOp,
+        acc: Value,
+        nans: Value,
+        v: Value,
+        lanes: Type,
+    ) -> (Value, Value) {
+        // Written `acc < v` (max) and `v < acc` (min) so that the x86 backend emits one
+        // `maxps`/`minps`, which keeps the accumulator where `v` is NaN.
+        let better = if op == ReduceOp::Max {
+            self.b.ins().fcmp(FloatCC::LessThan, acc, v)
+        } else {
+            self.b.ins().fcmp(FloatCC::LessThan, v, acc)
+        };
+        let better = self.b.ins().bitcast(lanes, MemFlagsData::new(), better);
+        let folded = self.b.ins().bitselect(better, v, acc);
+        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
+        (folded, self.b.ins().bor(nans, is_nan))
+    }
+
+    /// Jumps to `block` with `args`.
+    fn jump_with(&mut self, block: cranelift_codegen::ir::Block, args: &[Value]) {
+        let args: Vec<BlockArg> = args.iter().map(|&v| BlockArg::Value(v)).collect();
+        self.b.ins().jump(block, &args);
     }
 
     /// The vector part of a sum/product row: returns the position where the scalar tail
@@ -278,54 +347,71 @@ impl<'b> Translator<'_, 'b> {
         lanes: Type,
     ) -> (Value, Value) {
         let Row { bases, side, acc: racc, len: len_v, zero, red, dtype } = *row;
-        let out_expr = self.kernel.outputs[0];
-        // Every lane accumulates in f64, in f64x2 vectors (an f32x4 is widened into two),
-        // so that the lanes' additions do not wait on each other; the lanes are combined
-        // in order when the row's vector part ends.
-        let width = lanes.lane_count();
+        // Every lane accumulates in f64, in f64x2 vectors (an f32x4 is widened into two).
+        // Two vectors a step, into two sets of accumulators, so that no addition waits on
+        // the one before (an f64 add takes four cycles; a step issues in about as many); a
+        // last step takes an odd vector, and the lanes are combined in order at the end.
+        let width = i64::from(lanes.lane_count());
         let n_acc = (width / 2) as usize;
         let (splats, starts) = self.vector_row(bases, zero, lanes);
-        let vhead = self.b.create_block();
-        let jv = self.b.append_block_param(vhead, types::I64);
-        let vaccs: Vec<Value> =
-            (0..n_acc).map(|_| self.b.append_block_param(vhead, types::F64X2)).collect();
-        let ptrs = self.carried(vhead, starts.len());
-        let vbody = self.b.create_block();
-        let vdone = self.b.create_block();
+        let steps = self.input_steps(&splats, lanes);
         let identity = self.identity(red.op, dtype);
         let identities = self.b.ins().splat(types::F64X2, identity);
         let first = self.b.ins().insertlane(identities, racc, 0);
-        let mut args = vec![BlockArg::Value(zero), BlockArg::Value(first)];
-        args.extend((1..n_acc).map(|_| BlockArg::Value(identities)));
-        args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
-        self.b.ins().jump(vhead, &args);
-        self.b.switch_to_block(vhead);
-        let next = self.b.ins().iadd_imm_s(jv, i64::from(width));
+        let mut init = vec![first];
+        init.resize(2 * n_acc, identities);
+
+        let phead = self.b.create_block();
+        let jp = self.b.append_block_param(phead, types::I64);
+        let paccs: Vec<Value> =
+            (0..2 * n_acc).map(|_| self.b.append_block_param(phead, types::F64X2)).collect();
+        let pptrs = self.carried(phead, starts.len());
+        let pbody = self.b.create_block();
+        let pdone = self.b.create_block();
+        let mut args = vec![zero];
+        args.extend(&init);
+        args.extend(&starts);
+        self.jump_with(phead, &args);
+        self.b.switch_to_block(phead);
+        let next = self.b.ins().iadd_imm_s(jp, 2 * width);
         let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
-        self.b.ins().brif(fits, vbody, &[], vdone, &[]);
-        self.b.switch_to_block(vbody);
-        let srcs = self.vector_srcs(&splats, &ptrs);
-        let values = self.compute_vector(&srcs, param_vector, lanes);
-        self.store_side_vectors(side, &values, jv);
-        let v = values[out_expr];
-        let wide = if lanes == types::F32X4 {
-            let (lo, hi) = math::widen(&mut self.math(), v);
-            vec![lo, hi]
-        } else {
-            vec![v]
-        };
-        let mut next_args = vec![BlockArg::Value(next)];
-        for (&acc, &w) in vaccs.iter().zip(&wide) {
-            let folded = match red.op {
-                ReduceOp::Prod => self.b.ins().fmul(acc, w),
-                _ => self.b.ins().fadd(acc, w),
-            };
-            next_args.push(BlockArg::Value(folded));
+        self.b.ins().brif(fits, pbody, &[], pdone, &[]);
+        self.b.switch_to_block(pbody);
+        let mut ptrs = pptrs.clone();
+        let mut folded = Vec::with_capacity(2 * n_acc);
+        for (k, accs) in paccs.chunks(n_acc).enumerate() {
+            let j = self.b.ins().iadd_imm_s(jp, k as i64 * width);
+            let at = At { j, first: zero, end: len_v, splats: &splats, ptrs: &ptrs };
+            folded.extend(self.accumulate_vector(side, &at, param_vector, lanes, red.op, accs));
+            ptrs = self.advance_ptrs(&ptrs, &steps);
         }
-        let steps = self.input_steps(&splats, lanes);
-        let advanced = self.advance_ptrs(&ptrs, &steps);
-        next_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
-        self.b.ins().jump(vhead, &next_args);
+        let mut args = vec![next];
+        args.extend(&folded);
+        args.extend(&ptrs);
+        self.jump_with(phead, &args);
+
+        // At most one vector more, into the merged accumulators.
+        self.b.switch_to_block(pdone);
+        let merged: Vec<Value> = (0..n_acc)
+            .map(|i| self.fold_wide(red.op, paccs[i], paccs[n_acc + i]))
+            .collect();
+        let next = self.b.ins().iadd_imm_s(jp, width);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
+        let one = self.b.create_block();
+        let vdone = self.b.create_block();
+        let jv = self.b.append_block_param(vdone, types::I64);
+        let vaccs: Vec<Value> =
+            (0..n_acc).map(|_| self.b.append_block_param(vdone, types::F64X2)).collect();
+        let mut args = vec![BlockArg::Value(jp)];
+        args.extend(merged.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().brif(fits, one, &[], vdone, &args);
+        self.b.switch_to_block(one);
+        let at = At { j: jp, first: zero, end: len_v, splats: &splats, ptrs: &pptrs };
+        let accs = self.accumulate_vector(side, &at, param_vector, lanes, red.op, &merged);
+        let mut args = vec![next];
+        args.extend(&accs);
+        self.jump_with(vdone, &args);
+
         self.b.switch_to_block(vdone);
         let mut acc = None;
         for &vacc in &vaccs {
@@ -339,5 +425,38 @@ impl<'b> Translator<'_, 'b> {
         }
         let acc = acc.expect("at least one accumulator");
         (jv, acc)
+    }
+
+    /// Computes the vector at `at.j` (storing the kernel's other outputs) and folds the
+    /// reduced expression, widened to f64x2 vectors, into `accs`.
+    fn accumulate_vector(
+        &mut self,
+        side: &[(usize, DType, Value)],
+        at: &At<'_>,
+        param_vector: &HashMap<usize, Value>,
+        lanes: Type,
+        op: ReduceOp,
+        accs: &[Value],
+    ) -> Vec<Value> {
+        self.stage(at, param_vector, lanes);
+        let srcs = self.vector_srcs(at.splats, at.ptrs);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
+        self.unstage();
+        self.store_side_vectors(side, &values, at.j);
+        let v = values[self.kernel.outputs[0]];
+        let wide = if lanes == types::F32X4 {
+            let (lo, hi) = math::widen(&mut self.math(), v);
+            vec![lo, hi]
+        } else {
+            vec![v]
+        };
+        accs.iter().zip(&wide).map(|(&acc, &w)| self.fold_wide(op, acc, w)).collect()
+    }
+
+    fn fold_wide(&mut self, op: ReduceOp, acc: Value, w: Value) -> Value {
+        match op {
+            ReduceOp::Prod => self.b.ins().fmul(acc, w),
+            _ => self.b.ins().fadd(acc, w),
+        }
     }
 }

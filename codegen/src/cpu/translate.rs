@@ -5,11 +5,13 @@ use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::packed_option::ReservedValue;
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{ExprKind, Kernel};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 use super::math;
+use super::staging::{self, Staging};
 use super::strategy::scalar_type;
 use crate::walk::Walk;
 
@@ -49,6 +51,9 @@ pub(super) struct Translator<'a, 'b> {
     pub(super) fma: bool,
     pub(super) helpers: HashMap<&'static str, cranelift_codegen::ir::FuncRef>,
     pub(super) b: &'a mut FunctionBuilder<'b>,
+    /// Transcendentals computed a block at a time with wider vectors (`staging.rs`).
+    pub(super) staging: Option<Staging>,
+    pub(super) stage_mode: staging::Mode,
 }
 
 impl<'b> Translator<'_, 'b> {
@@ -145,6 +150,23 @@ impl<'b> Translator<'_, 'b> {
         let mask_type = if lanes == types::F32X4 { types::I32X4 } else { types::I64X2 };
         let mut vals: Vec<Value> = Vec::with_capacity(k.exprs.len());
         for (e, expr) in k.exprs.iter().enumerate() {
+            if let Some(s) = &self.staging {
+                match self.stage_mode {
+                    staging::Mode::Arguments if !s.needs(e) => {
+                        vals.push(Value::reserved_value());
+                        continue;
+                    }
+                    staging::Mode::Results(off) => {
+                        if let Some(at) = s.scratch_of(e) {
+                            let base = self.b.ins().stack_addr(types::I64, s.slot(), at);
+                            let addr = self.b.ins().iadd(base, off);
+                            vals.push(self.b.ins().load(lanes, flags(), addr, 0));
+                            continue;
+                        }
+                    }
+                    _ => {}
+                }
+            }
             let v = match expr.kind {
                 ExprKind::Load(idx) => match srcs[idx] {
                     VecSrc::Splat(v) => v,

@@ -591,3 +591,53 @@ fn division_by_a_constant_is_exact_below_2_pow_48() {
         }
     }
 }
+
+/// The same values laid out as one long row (staged: computed a block at a time by the wide
+/// batch functions on hosts that have them) and as rows of 8 (inline polynomials).
+fn staged_and_inline(op: UnaryOp, inputs: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let n = inputs.len();
+    assert_eq!(n % 8, 0);
+    let f = |g: &mut Graph, x| {
+        let y = g.push(Op::Unary(op), &[x]).unwrap();
+        g.push(Op::Binary(BinaryOp::Mul), &[y, x]).unwrap()
+    };
+    let (long, p) = kernel_of(&[n], DType::F32, f);
+    let (short, q) = kernel_of(&[n / 8, 8], DType::F32, f);
+    (run(&long, &[inputs.to_vec()], &p, 1 << 20).remove(0), run(&short, &[inputs.to_vec()], &q, 1 << 20).remove(0))
+}
+
+#[test]
+fn staged_transcendentals_equal_the_inline_polynomials_bit_for_bit() {
+    let mut v = sweep(-100.0, 100.0, 200_000);
+    v.extend([0.0, -0.0, 1e-30, -1e-30, 88.72, 88.74, -87.5, -88.5]);
+    v.extend([f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 0.625, -0.625, 10.0, -10.0, 20.0]);
+    for op in [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid] {
+        let (staged, inline) = staged_and_inline(op, &v);
+        for (i, (a, b)) in staged.iter().zip(&inline).enumerate() {
+            let same = (a.is_nan() && b.is_nan()) || (*a as f32).to_bits() == (*b as f32).to_bits();
+            assert!(same, "{}({}): staged {a}, inline {b}", op.name(), v[i]);
+        }
+        // Pieces of 1, 3 and 7 positions start blocks anywhere in the row.
+        let (k, p) = kernel_of(&[5000], DType::F32, |g, x| g.push(Op::Unary(op), &[x]).unwrap());
+        check(&k, &[values(5000, DType::F32, 5)], &p);
+    }
+}
+
+#[test]
+fn staged_row_reductions_match_the_reference() {
+    // Rows of 1,000 (a block and a part, an odd vector at the end, a scalar tail) and of
+    // 4,099: a sum and a max of exp(x - 1). (A softmax's kernel, which also stores exp(x - m),
+    // is checked in the crate's tests.)
+    for len in [1000usize, 4099] {
+        let shape = [3, len];
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let (k, p) = kernel_of(&shape, DType::F32, |g, x| {
+                let one = scalar(g, 1.0, DType::F32, &shape);
+                let d = g.push(Op::Binary(BinaryOp::Sub), &[x, one]).unwrap();
+                let e = g.push(Op::Unary(UnaryOp::Exp), &[d]).unwrap();
+                g.push(Op::Reduce { op, axes: vec![1] }, &[e]).unwrap()
+            });
+            check(&k, &[values(3 * len, DType::F32, 11)], &p);
+        }
+    }
+}
