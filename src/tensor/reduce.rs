@@ -545,7 +545,7 @@ impl Tensor {
         let e = x.try_sub(&x.stable_shift(&[axis])?)?.exp();
         // One reciprocal per row and a product per element, as PyTorch's CPU kernels do: a
         // division per element costs several times a product on every CPU.
-        e.try_mul(&e.try_sum_dim(axis, true)?.reciprocal())
+        e.try_mul(e.try_sum_dim(axis, true)?.reciprocal())
     }
 
     /// `log(softmax(x))` along `dim`, computed stably as `x - logsumexp(x)`.

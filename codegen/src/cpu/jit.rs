@@ -12,10 +12,10 @@ use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
-use super::{helpers, wide};
-use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, lane_type, strip_width, vector_type};
 use super::staging::{self, Staging};
+use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, lane_type, strip_width, vector_type};
 use super::translate::Translator;
+use super::{helpers, wide};
 use crate::CodegenError;
 use crate::walk::coalesce;
 /// The entry point of a compiled kernel.

@@ -76,6 +76,14 @@ fn clamp_below(m: &mut Math<'_, '_>, x: Value, lo: Value) -> Value {
     m.b.ins().bitselect(mask, lo, x)
 }
 
+/// Cephes' `expf` polynomial, highest degree first (shared with `wide.rs`).
+pub(super) const EXP_P: [f32; 6] =
+    [1.987_569_2e-4f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+
+/// Cephes' `tanhf` polynomial for small arguments, highest degree first.
+pub(super) const TANH_P: [f32; 5] =
+    [-5.704_988_7e-3f32, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
+
 /// `e^x` for four lanes.
 pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     // Above 88.73 the result overflows to infinity. Below about -87 it would leave the
@@ -98,15 +106,7 @@ pub(super) fn exp(m: &mut Math<'_, '_>, x: Value) -> Value {
     let c2 = splat(m, 2.121_944_4e-4);
     let r = m.mul_add(n, c1, x);
     let r = m.mul_add(n, c2, r);
-    let coeffs = [
-        1.987_569_2e-4f32,
-        1.398_2e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5.000_000_1e-1,
-    ];
-    let p = horner(m, r, &coeffs);
+    let p = horner(m, r, &EXP_P);
     let r2 = m.b.ins().fmul(r, r);
     let p = m.mul_add(p, r2, r);
     let one = splat(m, 1.0);
@@ -130,9 +130,7 @@ pub(super) fn tanh(m: &mut Math<'_, '_>, x: Value) -> Value {
     let ax = m.b.ins().fabs(x);
     // Small |x|: x + x^3 P(x^2).
     let z = m.b.ins().fmul(x, x);
-    let coeffs =
-        [-5.704_988_7e-3f32, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
-    let p = horner(m, z, &coeffs);
+    let p = horner(m, z, &TANH_P);
     let p = m.b.ins().fmul(p, z);
     let small = m.mul_add(p, x, x);
     // Large |x|: sign(x) (1 - 2 / (e^{2|x|} + 1)), with |x| capped at 10, past which tanh rounds to 1 in f32.

@@ -233,10 +233,8 @@ impl<'b> Translator<'_, 'b> {
         // Pairs: (j, acc a, acc b, nan lanes, pointers).
         let phead = self.b.create_block();
         let jp = self.b.append_block_param(phead, types::I64);
-        let pacc = [
-            self.b.append_block_param(phead, lanes),
-            self.b.append_block_param(phead, lanes),
-        ];
+        let pacc =
+            [self.b.append_block_param(phead, lanes), self.b.append_block_param(phead, lanes)];
         let pnan = self.b.append_block_param(phead, mask_ty);
         let pptrs = self.carried(phead, starts.len());
         let pbody = self.b.create_block();
@@ -392,9 +390,8 @@ impl<'b> Translator<'_, 'b> {
 
         // At most one vector more, into the merged accumulators.
         self.b.switch_to_block(pdone);
-        let merged: Vec<Value> = (0..n_acc)
-            .map(|i| self.fold_wide(red.op, paccs[i], paccs[n_acc + i]))
-            .collect();
+        let merged: Vec<Value> =
+            (0..n_acc).map(|i| self.fold_wide(red.op, paccs[i], paccs[n_acc + i])).collect();
         let next = self.b.ins().iadd_imm_s(jp, width);
         let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, len_v);
         let one = self.b.create_block();

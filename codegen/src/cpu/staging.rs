@@ -58,7 +58,10 @@ pub(super) fn staged_ops(
     row: usize,
     fma: bool,
 ) -> Vec<(usize, wide::Helper)> {
-    if vector != Some((DType::F32, types::F32X4)) || row < MIN_ROW || !fma || wide::lanes().is_none()
+    if vector != Some((DType::F32, types::F32X4))
+        || row < MIN_ROW
+        || !fma
+        || wide::lanes().is_none()
     {
         return Vec::new();
     }

@@ -9,6 +9,8 @@
 //! fused multiply-adds, so a value computed here is bit for bit the value the inline
 //! polynomial computes; the tests check that on every input they sweep.
 
+use super::math::{EXP_P, TANH_P};
+
 /// One lane of `math::exp`.
 #[inline(always)]
 fn exp1(x: f32) -> f32 {
@@ -20,7 +22,7 @@ fn exp1(x: f32) -> f32 {
     let n = shifted - 12_582_912.0;
     let r = n.mul_add(-0.693_359_4, x);
     let r = n.mul_add(2.121_944_4e-4, r);
-    let p = horner(r, &[1.987_569_2e-4, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1]);
+    let p = horner(r, &EXP_P);
     let p = p.mul_add(r * r, r);
     let y = p + 1.0;
     let e = (shifted.to_bits() as i32).wrapping_add(126 - 0x4b40_0000).max(0);
@@ -33,7 +35,7 @@ fn exp1(x: f32) -> f32 {
 fn tanh1(x: f32) -> f32 {
     let ax = x.abs();
     let z = x * x;
-    let p = horner(z, &[-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1]);
+    let p = horner(z, &TANH_P);
     let small = (p * z).mul_add(x, x);
     let capped = if 10.0 < ax { 10.0 } else { ax };
     let e = exp1(capped + capped);

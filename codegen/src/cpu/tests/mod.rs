@@ -603,7 +603,10 @@ fn staged_and_inline(op: UnaryOp, inputs: &[f64]) -> (Vec<f64>, Vec<f64>) {
     };
     let (long, p) = kernel_of(&[n], DType::F32, f);
     let (short, q) = kernel_of(&[n / 8, 8], DType::F32, f);
-    (run(&long, &[inputs.to_vec()], &p, 1 << 20).remove(0), run(&short, &[inputs.to_vec()], &q, 1 << 20).remove(0))
+    (
+        run(&long, &[inputs.to_vec()], &p, 1 << 20).remove(0),
+        run(&short, &[inputs.to_vec()], &q, 1 << 20).remove(0),
+    )
 }
 
 #[test]
