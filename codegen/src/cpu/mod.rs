@@ -18,7 +18,10 @@
 //! `tanh`, `sigmoid`, `erf`, `sin`, `cos` and `pow` are inline vector polynomials with tested
 //! error bounds (`math.rs`), and a scalar tail computes them as one lane of the same
 //! polynomials; only `sin`/`cos` beyond `2^23` and `pow`'s IEEE special cases send their lanes
-//! to the f64 functions of [`kiln_ir::semantics`] (`helpers.rs`), on a cold path.
+//! to the f64 functions of [`kiln_ir::semantics`] (`helpers.rs`), on a cold path. On hosts
+//! with AVX2 and FMA, `exp`, `tanh` and `sigmoid` of long f32 rows are staged instead: a
+//! block at a time, by the same polynomials compiled for 8 or 16 lanes (`staging.rs`,
+//! `wide.rs`), bit for bit the inline values.
 //!
 //! The modules follow the pipeline of one compile: `jit` (the driver: a JIT module per
 //! kernel, the host ISA detected once), `strategy` (which loop a kernel gets),
