@@ -160,10 +160,7 @@ impl<'b> Translator<'_, 'b> {
             self.b.ins().brif(fits, vec_body, &[], scalar_head, &[BlockArg::Value(jv)]);
             self.b.switch_to_block(vec_body);
             let at = At { j: jv, first: j0, end: jend, splats: &splats, ptrs: &ptrs[..n_in_ptrs] };
-            self.stage(&at, param_vector, lanes);
-            let srcs = self.vector_srcs(&splats, &ptrs[..n_in_ptrs]);
-            let values = self.compute_vector(&srcs, param_vector, lanes);
-            self.unstage();
+            let values = self.vector_at(&at, param_vector, lanes);
             for (o, &e) in k.outputs.iter().enumerate() {
                 let addr = ptrs[n_in_ptrs + o];
                 self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);

@@ -300,10 +300,7 @@ impl<'b> Translator<'_, 'b> {
         param_vector: &HashMap<usize, Value>,
         lanes: Type,
     ) -> Value {
-        self.stage(at, param_vector, lanes);
-        let srcs = self.vector_srcs(at.splats, at.ptrs);
-        let values = self.compute_vector(&srcs, param_vector, lanes);
-        self.unstage();
+        let values = self.vector_at(at, param_vector, lanes);
         self.store_side_vectors(side, &values, at.j);
         values[self.kernel.outputs[0]]
     }
@@ -435,10 +432,7 @@ impl<'b> Translator<'_, 'b> {
         op: ReduceOp,
         accs: &[Value],
     ) -> Vec<Value> {
-        self.stage(at, param_vector, lanes);
-        let srcs = self.vector_srcs(at.splats, at.ptrs);
-        let values = self.compute_vector(&srcs, param_vector, lanes);
-        self.unstage();
+        let values = self.vector_at(at, param_vector, lanes);
         self.store_side_vectors(side, &values, at.j);
         let v = values[self.kernel.outputs[0]];
         let wide = if lanes == types::F32X4 {

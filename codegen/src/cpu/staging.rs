@@ -144,7 +144,7 @@ impl Translator<'_, '_> {
     /// Before a vector iteration at `at.j`: when `j` starts a block, computes the staged ops
     /// over the block; then sets the mode in which `compute_vector` reads their results.
     /// Does nothing for a kernel without staging.
-    pub(super) fn stage(
+    fn stage(
         &mut self,
         at: &At<'_>,
         params: &std::collections::HashMap<usize, Value>,
@@ -211,9 +211,19 @@ impl Translator<'_, '_> {
         self.staging = Some(staging);
     }
 
-    /// Ends the iteration's reading of staged results.
-    pub(super) fn unstage(&mut self) {
+    /// Every expression's vector at `at.j`, the staged ones read from their block's results
+    /// (computed first when `j` starts a block).
+    pub(super) fn vector_at(
+        &mut self,
+        at: &At<'_>,
+        params: &std::collections::HashMap<usize, Value>,
+        lanes: Type,
+    ) -> Vec<Value> {
+        self.stage(at, params, lanes);
+        let srcs = self.vector_srcs(at.splats, at.ptrs);
+        let values = self.compute_vector(&srcs, params, lanes);
         self.stage_mode = Mode::Inline;
+        values
     }
 
     /// The address of staged expression `e`'s scratch.
