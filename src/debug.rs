@@ -125,7 +125,8 @@ pub struct KernelSource {
     /// executor).
     pub clif: Option<String>,
     /// The CUDA C the kernel compiles to on an NVIDIA GPU (NVRTC), generated from the same
-    /// kernel IR.
+    /// kernel IR (`None` for a `logsumexp` kernel: a GPU plan computes it as max, exp, sum
+    /// and log).
     pub cuda: Option<String>,
 }
 
@@ -268,9 +269,12 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 /// let y = (&x * 1.0).exp();
 /// let stages = kiln::debug::passes(&[&y]);
 /// let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
-/// assert_eq!(names, ["transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]);
-/// assert!(stages[1].1.contains("mul"));   // before simplify: x * 1
-/// assert!(!stages[2].1.contains("mul"));  // after it: gone
+/// assert_eq!(
+///     names,
+///     ["expand_logsumexp", "transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]
+/// );
+/// assert!(stages[2].1.contains("mul"));   // before simplify: x * 1
+/// assert!(!stages[3].1.contains("mul"));  // after it: gone
 /// ```
 pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();

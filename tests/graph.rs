@@ -90,10 +90,13 @@ fn training_step_kernel_snapshots() {
         "gelu_kernel",
         format!("{}\n\n{}", gelu.text, gelu.clif.as_deref().expect("compiled"))
     );
-    // The same kernels as CUDA C: the elementwise GELU and a row reduction.
+    // The same kernels as CUDA C: the elementwise GELU and a row reduction. The loss's
+    // one-pass log-sum-exp is a CPU kernel only (a GPU plan expands it).
     insta::assert_snapshot!("gelu_kernel_cuda", gelu.cuda.as_deref().expect("CUDA C"));
-    let reduction = kernels.iter().find(|k| k.ops.contains("max[1]")).expect("the row max");
-    insta::assert_snapshot!("row_max_kernel_cuda", reduction.cuda.as_deref().expect("CUDA C"));
+    let lse = kernels.iter().find(|k| k.ops.contains("logsumexp[1]")).expect("the loss");
+    assert!(lse.cuda.is_none(), "{:?}", lse.cuda);
+    let reduction = kernels.iter().find(|k| k.ops.contains("sum[1]")).expect("a row sum");
+    insta::assert_snapshot!("row_sum_kernel_cuda", reduction.cuda.as_deref().expect("CUDA C"));
 }
 
 /// The planner's stages, Cranelift-filetest style: for a program that exercises every pass
@@ -115,7 +118,15 @@ fn planner_stage_snapshots() {
     let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]
+        [
+            "expand_logsumexp",
+            "transpose_products",
+            "gather_first",
+            "simplify",
+            "cse",
+            "partition",
+            "lower"
+        ]
     );
     for (name, text) in &stages {
         insta::assert_snapshot!(format!("stage_{name}"), text);

@@ -403,3 +403,106 @@ fn column_reductions_agree_with_loops_at_every_group_remainder() {
         }
     }
 }
+
+/// `log(sum(exp(v)))` of each group of `data` (shape `shape`) over `axes`, in f64.
+fn logsumexp_reference(data: &[f64], shape: &[usize], axes: &[usize]) -> Vec<f64> {
+    let (out_shape, _) = reference(data, shape, axes, 0.0, |a, _| a);
+    let mut groups = vec![Vec::new(); out_shape.iter().product()];
+    for (flat, &v) in data.iter().enumerate() {
+        let mut idx = unravel(flat, shape);
+        for &a in axes {
+            idx[a] = 0;
+        }
+        groups[ravel(&idx, &out_shape)].push(v);
+    }
+    groups
+        .iter()
+        .map(|g| {
+            if g.iter().any(|v| v.is_nan()) {
+                return f64::NAN;
+            }
+            let m = g.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if m.is_infinite() { m } else { m + g.iter().map(|v| (v - m).exp()).sum::<f64>().ln() }
+        })
+        .collect()
+}
+
+#[test]
+fn one_pass_logsumexp_matches_the_reference() {
+    // The CPU's logsumexp kernel reads each row once, a block of 2048 at a time with the
+    // maximum kept as it grows. Rows shorter than a vector, rows of several blocks whose
+    // maximum rises block after block (the running sum is rescaled), scalar tails, every
+    // layout (a permuted input takes the scalar path), an expression fused in front (the
+    // vector path into scratch), several reduced dimensions, and a broadcast input.
+    let mut rng = Rng::new(41);
+    let shapes: [&[usize]; 5] = [&[1, 1], &[3, 7], &[4, 2049], &[2, 6000], &[3, 5, 9]];
+    for shape in shapes {
+        let n: usize = shape.iter().product();
+        let rising: Vec<f64> = (0..n)
+            .map(|i| (i % shape[shape.len() - 1]) as f64 * 0.01 + rng.uniform(-3.0, 3.0))
+            .collect();
+        let wide: Vec<f64> = (0..n).map(|_| rng.uniform(-60.0, 60.0)).collect();
+        for data in [&rising, &wide] {
+            let data: Vec<f64> = data.iter().map(|&v| round_to(DType::F32, v)).collect();
+            for layout in LAYOUTS {
+                let x = make(&data, shape, DType::F32, layout);
+                let last = shape.len() - 1;
+                let want = logsumexp_reference(&data, shape, &[last]);
+                let got = kiln::with_check(|| x.logsumexp(-1, false).to_vec::<f64>());
+                assert_close_tol(&got, &want, 2e-6, &format!("{shape:?} {layout:?}"));
+                // An expression in front of the reduction.
+                let scaled: Vec<f64> = data.iter().map(|v| v * 0.5 - 1.0).collect();
+                let want = logsumexp_reference(&scaled, shape, &[last]);
+                let got = (&x * 0.5 - 1.0).logsumexp(-1, false).to_vec::<f64>();
+                assert_close_tol(&got, &want, 2e-6, &format!("{shape:?} {layout:?} scaled"));
+            }
+        }
+    }
+    let data: Vec<f64> =
+        (0..3 * 5 * 9).map(|_| round_to(DType::F32, rng.uniform(-5.0, 5.0))).collect();
+    let x = tensor(&data, &[3, 5, 9], DType::F32);
+    for axes in subsets(3) {
+        let want = logsumexp_reference(&data, &[3, 5, 9], &axes);
+        let got = x.logsumexp(axes.iter().map(|&a| a as i64).collect::<Vec<_>>(), true);
+        assert_close_tol(&got.to_vec::<f64>(), &want, 2e-6, &format!("axes {axes:?}"));
+    }
+    // A row broadcast over 6 rows.
+    let row: Vec<f64> = (0..300).map(|_| round_to(DType::F32, rng.uniform(-5.0, 5.0))).collect();
+    let b = tensor(&row, &[1, 300], DType::F32).expand(&[6, 300]);
+    let want = logsumexp_reference(&row, &[300], &[0])[0];
+    assert_close_tol(&b.logsumexp(1, false).to_vec::<f64>(), &[want; 6], 2e-6, "broadcast");
+    let p = kiln::debug::plan_summary(&[&x.logsumexp(-1, false)]);
+    assert!(p.kernel_text.iter().any(|k| k.contains("logsumexp over")), "{p:?}");
+}
+
+#[test]
+fn one_pass_logsumexp_special_values() {
+    // NaN anywhere gives NaN; +inf gives +inf; rows of -inf (or nothing) give -inf; a -inf
+    // among finite values adds nothing; huge values neither overflow nor lose the sum.
+    let inf = f64::INFINITY;
+    let rows: Vec<Vec<f64>> = vec![
+        vec![1.0, f64::NAN, 2.0],
+        vec![-inf, f64::NAN, -inf],
+        vec![1.0, inf, 2.0],
+        vec![inf, f64::NAN, 2.0],
+        vec![-inf, -inf, -inf],
+        vec![-inf, 0.0, -inf],
+        vec![3e38, 3e38, -3e38],
+        vec![-1e30, -1e30, -1e30],
+    ];
+    for row in &rows {
+        for len in [3usize, 3000] {
+            // The row's values spread over a long row too (several blocks), the rest -inf.
+            let mut data = vec![-inf; len];
+            for (i, &v) in row.iter().enumerate() {
+                data[i * (len / 3)] = v;
+            }
+            let x = tensor(&data, &[1, len], DType::F32);
+            let want = logsumexp_reference(&data, &[1, len], &[1]);
+            let got = x.logsumexp(1, false).to_vec::<f64>();
+            assert_close_tol(&got, &want, 2e-6, &format!("{row:?} over {len}"));
+        }
+    }
+    let empty = Tensor::zeros([3, 0]);
+    assert_eq!(empty.logsumexp(1, false).to_vec::<f32>(), vec![f32::NEG_INFINITY; 3]);
+}

@@ -481,6 +481,16 @@ impl<B: GradBuilder> Rules<'_, B> {
                 let se = self.expand_to(&share, &shape)?;
                 Some(self.mul(&se, &hits)?)
             }
+            ReduceOp::LogSumExp => {
+                // d lse / dx = exp(x - lse): the softmax of x along the axes.
+                let y =
+                    self.b.op(Op::Reduce { op, axes: axes.to_vec() }, std::slice::from_ref(x))?;
+                let ye = self.expand_to(&y, &shape)?;
+                let shifted = self.bin(BinaryOp::Sub, x, &ye)?;
+                let softmax = self.un(UnaryOp::Exp, &shifted)?;
+                let ge = self.expand_to(&g, &shape)?;
+                Some(self.mul(&ge, &softmax)?)
+            }
             ReduceOp::Prod => {
                 // The product of the other elements. With no zero along the axes that is
                 // prod / x; with exactly one zero, only the zero gets a gradient (the product

@@ -72,7 +72,7 @@ pub struct Kernel {
 /// into one output element per position of the leading `kept` dimensions (row-major).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelReduce {
-    /// `Sum`, `Prod`, `Max` or `Min`.
+    /// `Sum`, `Prod`, `Max`, `Min` or `LogSumExp`.
     pub op: ReduceOp,
     /// How many leading dimensions of the domain index the output.
     pub kept: usize,
@@ -202,6 +202,7 @@ pub fn interpret(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) -> Vec
                         ReduceOp::Min if items.iter().any(|v| v.is_nan()) => f64::NAN,
                         ReduceOp::Max => items.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                         ReduceOp::Min => items.iter().copied().fold(f64::INFINITY, f64::min),
+                        ReduceOp::LogSumExp => crate::semantics::logsumexp(items.iter().copied()),
                         ReduceOp::ArgMax | ReduceOp::ArgMin => {
                             unreachable!("arg reductions are not kernels")
                         }

@@ -93,6 +93,11 @@ pub enum ReduceOp {
     Max,
     /// Minimum; NaN if any element is NaN.
     Min,
+    /// `log(sum(exp(x)))`, computed stably (-inf over no elements; NaN if any element is
+    /// NaN, +inf if any is +inf). Float inputs only. A CPU kernel computes it in one pass
+    /// (an online maximum with the sum rescaled as it grows); other targets and dtypes get
+    /// it as max, exp, sum and log ([`crate::passes::ExpandLogSumExp`]).
+    LogSumExp,
     /// Index of the maximum along one axis (`I64`); the first one on ties, a NaN counts as
     /// the maximum.
     ArgMax,
@@ -264,12 +269,19 @@ impl Op {
     }
 
     /// Whether the op is a reduction that generated kernels compute, with the elementwise
-    /// expression it reduces fused in (`sum`, `prod`, `max`, `min`; the arg-reductions run on
-    /// their own).
+    /// expression it reduces fused in (`sum`, `prod`, `max`, `min`, `logsumexp`; the
+    /// arg-reductions run on their own).
     pub fn is_kernel_reduce(&self) -> bool {
         matches!(
             self,
-            Op::Reduce { op: ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min, .. }
+            Op::Reduce {
+                op: ReduceOp::Sum
+                    | ReduceOp::Prod
+                    | ReduceOp::Max
+                    | ReduceOp::Min
+                    | ReduceOp::LogSumExp,
+                ..
+            }
         )
     }
 
@@ -518,6 +530,7 @@ impl ReduceOp {
             ReduceOp::Prod => "prod",
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
+            ReduceOp::LogSumExp => "logsumexp",
             ReduceOp::ArgMax => "argmax",
             ReduceOp::ArgMin => "argmin",
         }
@@ -569,6 +582,12 @@ fn infer_reduce(
                         "cannot reduce dimension {a} of size 0 in {shape}: the result has no identity"
                     ),
                 ));
+            }
+            Ok((Shape::new(dims), dtype))
+        }
+        ReduceOp::LogSumExp => {
+            if !dtype.is_float() {
+                return Err(IrError::dtype(op.name(), "is defined for float inputs only"));
             }
             Ok((Shape::new(dims), dtype))
         }

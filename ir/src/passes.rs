@@ -32,7 +32,22 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::pipeline::{Constants, Pass, PlanOptions, Rewrite};
 use crate::{Graph, NodeId, Op, View};
 
+mod logsumexp;
 mod unview_sums;
+
+pub use logsumexp::expand_logsumexp;
+
+/// [`expand_logsumexp`] as a pipeline pass.
+pub struct ExpandLogSumExp;
+
+impl Pass for ExpandLogSumExp {
+    fn name(&self) -> &'static str {
+        "expand_logsumexp"
+    }
+    fn run(&self, graph: &Graph, options: &PlanOptions) -> Option<Rewrite> {
+        expand_logsumexp(graph, options)
+    }
+}
 
 /// [`transpose_products`] as a pipeline pass.
 pub struct TransposeProducts;

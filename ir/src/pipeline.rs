@@ -1,7 +1,7 @@
 //! The planning pipeline: from a captured graph to a [`Plan`], through named stages.
 //!
 //! ```text
-//! Graph ──transpose_products──▶ Graph ──gather_first──▶ Graph ──simplify──▶ Graph ──cse──▶ Graph
+//! Graph ──expand_logsumexp──▶ Graph ──transpose_products──▶ Graph ──gather_first──▶ Graph ──simplify──▶ Graph ──cse──▶ Graph
 //!       ──partition──▶ Partition ──lower──▶ Plan (kernels and other steps)
 //! ```
 //!
@@ -20,7 +20,7 @@
 //! use kiln_ir::pipeline::{Constants, Fusion, PlanOptions, Planner};
 //! use kiln_ir::target::{OpCosts, Target};
 //! use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};
-//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], reductions_store_inputs: true };
+//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], reductions_store_inputs: true, fused_logsumexp: true };
 //! let mut g = Graph::new();
 //! let x = g.input(Shape::from([8]), DType::F32);
 //! let e = g.push(Op::Unary(UnaryOp::Exp), &[x])?;
@@ -30,7 +30,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]);
+//! assert_eq!(stages, ["expand_logsumexp", "transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
@@ -120,10 +120,11 @@ pub struct Pipeline {
 }
 
 impl Default for Pipeline {
-    /// The standard pipeline: [`passes::TransposeProducts`], [`passes::GatherFirst`],
-    /// [`passes::Simplify`], [`passes::Cse`].
+    /// The standard pipeline: [`passes::ExpandLogSumExp`], [`passes::TransposeProducts`],
+    /// [`passes::GatherFirst`], [`passes::Simplify`], [`passes::Cse`].
     fn default() -> Pipeline {
         Pipeline::new(vec![
+            &passes::ExpandLogSumExp,
             &passes::TransposeProducts,
             &passes::GatherFirst,
             &passes::Simplify,

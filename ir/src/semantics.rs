@@ -19,6 +19,19 @@ pub fn erf(x: f64) -> f64 {
     libm::erf(x)
 }
 
+/// `log(sum(exp(x)))` of `items` in f64, shifted by their maximum: -inf for no elements
+/// (or only -inf), NaN if any is NaN, +inf if any is +inf.
+pub fn logsumexp(items: impl Iterator<Item = f64> + Clone) -> f64 {
+    if items.clone().any(f64::is_nan) {
+        return f64::NAN;
+    }
+    let m = items.clone().fold(f64::NEG_INFINITY, f64::max);
+    if m.is_infinite() {
+        return m;
+    }
+    m + items.map(|v| (v - m).exp()).sum::<f64>().ln()
+}
+
 /// A float unary op in f64 (before rounding to the dtype).
 ///
 /// # Panics

@@ -21,6 +21,10 @@ pub struct Target {
     /// that reduction's kernel (one pass computes, reduces and stores it). Worth it where
     /// recomputing is dear (a CPU); a GPU recomputes instead.
     pub reductions_store_inputs: bool,
+    /// Whether the target's kernels compute an f32 `logsumexp` reduction in one pass; where
+    /// not, the planner writes it as max, exp, sum and log
+    /// ([`crate::passes::ExpandLogSumExp`]).
+    pub fused_logsumexp: bool,
 }
 
 /// Relative per-element costs of elementwise ops. The fuser recomputes a shared value in
@@ -84,5 +88,6 @@ pub(crate) mod testing {
         costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 },
         gemm_dtypes: &[DType::F32, DType::F64, DType::F16],
         reductions_store_inputs: true,
+        fused_logsumexp: true,
     };
 }

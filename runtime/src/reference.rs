@@ -571,6 +571,16 @@ fn reduce(op: ReduceOp, axes: &[usize], x: &Values, in_shape: &Shape, out_shape:
             }
             Values::I(out)
         }
+        ReduceOp::LogSumExp => {
+            let Values::F(v) = x else { unreachable!("logsumexp takes floats") };
+            let mut groups = vec![Vec::new(); n];
+            for (o, &val) in reduced_index(in_shape, out_shape).zip(v) {
+                groups[o].push(val);
+            }
+            Values::F(
+                groups.iter().map(|g| kiln_ir::semantics::logsumexp(g.iter().copied())).collect(),
+            )
+        }
         _ => {
             let index: Vec<usize> = reduced_index(in_shape, out_shape).collect();
             match x {

@@ -59,7 +59,8 @@ pub struct Event {
     pub text: Option<String>,
     /// The kernel's Cranelift IR, when sources were asked for.
     pub clif: Option<String>,
-    /// The CUDA C the kernel compiles to on a GPU, when sources were asked for.
+    /// The CUDA C the kernel compiles to on a GPU, when sources were asked for (`None` for a
+    /// `logsumexp` kernel, which a GPU plan does not have).
     pub cuda: Option<String>,
     /// For a collective: how long it was in flight while other steps ran, before the plan
     /// waited for it (communication hidden behind computation). Zero for other steps.
@@ -305,7 +306,9 @@ pub(crate) fn kernel_event(
     if wants_sources() {
         e.text = Some(k.kernel.to_string());
         e.clif = info.compiled.map(|c| c.clif().to_string());
-        e.cuda = Some(kiln_codegen::cuda::source(&k.kernel));
+        // A GPU plan has no logsumexp kernel: its planner writes one as max, exp, sum, log.
+        let cuda = k.kernel.reduce.is_none_or(|r| r.op != kiln_ir::ReduceOp::LogSumExp);
+        e.cuda = cuda.then(|| kiln_codegen::cuda::source(&k.kernel));
     }
     e
 }

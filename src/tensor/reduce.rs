@@ -470,10 +470,13 @@ impl Tensor {
         Ok(self.try_var_dim_correction(dims, correction, keepdim)?.sqrt())
     }
 
-    /// `log(sum(exp(x)))` over `dims`, computed stably (shifted by the maximum).
+    /// `log(sum(exp(x)))` over `dims`, computed stably: inputs of 1000 give 1000 + log 2,
+    /// not infinity. An empty dimension gives -inf, as in PyTorch. One reduction: on the CPU
+    /// a single pass over the input (the running maximum and a rescaled sum), elsewhere max,
+    /// exp, sum and log.
     ///
     /// # Panics
-    /// On a bad or empty dimension; [`Tensor::try_logsumexp`] returns the error.
+    /// On a bad dimension; [`Tensor::try_logsumexp`] returns the error.
     ///
     /// ```
     /// # use kiln::prelude::*;
@@ -489,32 +492,16 @@ impl Tensor {
     /// [`Tensor::logsumexp`], returning an error instead of panicking.
     ///
     /// # Errors
-    /// [`Error::Index`] for a bad dimension; [`Error::Shape`] for an empty one.
+    /// [`Error::Index`] for a bad dimension.
     #[track_caller]
     pub fn try_logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
         let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
         let axes = x.axes("logsumexp", &dims)?;
-        let shift = x.stable_shift(&axes)?;
-        let lse =
-            x.try_sub(&shift)?.exp().try_sum_dim(axes.clone(), true)?.log().try_add(&shift)?;
-        if keepdim {
-            Ok(lse)
-        } else {
-            Ok(lse.restrided(|v| axes.iter().rev().fold(v.clone(), |v, &a| v.squeeze(a))))
-        }
+        x.reduce(ReduceOp::LogSumExp, axes, keepdim)
     }
 
-    /// The maximum over `axes` (kept), with infinities replaced by 0 and no gradient: the
-    /// shift that keeps `exp` from overflowing.
-    #[track_caller]
-    fn stable_shift(&self, axes: &[usize]) -> Result<Tensor> {
-        let m = self.detach().reduce(ReduceOp::Max, axes.to_vec(), true)?;
-        let finite = m.abs().try_lt(f64::INFINITY)?;
-        Tensor::try_where_(&finite, &m, 0.0)
-    }
-
-    /// `exp(x) / sum(exp(x))` along `dim`, computed stably: inputs of 1000 give 0.5/0.5,
-    /// not NaN.
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably (shifted by the maximum): inputs
+    /// of 1000 give 0.5/0.5, not NaN.
     ///
     /// # Panics
     /// If `dim` is out of range; [`Tensor::try_softmax`] returns the error.
@@ -542,13 +529,27 @@ impl Tensor {
         if x.numel() == 0 {
             return Ok(x);
         }
+        // exp(x - max) once, stored and summed in one pass, then one reciprocal per row and
+        // a product per element, as PyTorch's CPU kernels do: a division per element costs
+        // several times a product on every CPU. (exp(x - logsumexp(x)) would compute the
+        // exponential twice, and logsumexp(x) rounded to f32 would cost the largest outputs
+        // ulp(max) of relative accuracy.)
         let e = x.try_sub(&x.stable_shift(&[axis])?)?.exp();
-        // One reciprocal per row and a product per element, as PyTorch's CPU kernels do: a
-        // division per element costs several times a product on every CPU.
         e.try_mul(e.try_sum_dim(axis, true)?.reciprocal())
     }
 
-    /// `log(softmax(x))` along `dim`, computed stably as `x - logsumexp(x)`.
+    /// The maximum over `axes` (kept), with infinities replaced by 0 and no gradient: the
+    /// shift that keeps `exp` from overflowing.
+    #[track_caller]
+    fn stable_shift(&self, axes: &[usize]) -> Result<Tensor> {
+        let m = self.detach().reduce(ReduceOp::Max, axes.to_vec(), true)?;
+        let finite = m.abs().try_lt(f64::INFINITY)?;
+        Tensor::try_where_(&finite, &m, 0.0)
+    }
+
+    /// `log(softmax(x))` along `dim`, computed stably as `x - logsumexp(x)` (one pass over
+    /// the rows for the log-sum-exp on the CPU; the error is within an ulp or so of the
+    /// row's largest magnitude, as for `x - max(x)`).
     ///
     /// # Panics
     /// If `dim` is out of range; [`Tensor::try_log_softmax`] returns the error.
@@ -570,8 +571,13 @@ impl Tensor {
         if x.numel() == 0 {
             return Ok(x);
         }
-        let shifted = x.try_sub(&x.stable_shift(&[axis])?)?;
-        shifted.try_sub(shifted.exp().try_sum_dim(axis, true)?.log())
+        if matches!(x.dtype(), DType::F16 | DType::BF16) {
+            // Half precision cannot hold logsumexp(x) finely enough to subtract it (at 1000
+            // its ulp is 0.5): shift by the maximum first, as PyTorch does.
+            let y = x.try_sub(&x.stable_shift(&[axis])?)?;
+            return y.try_sub(&y.reduce(ReduceOp::LogSumExp, vec![axis], true)?);
+        }
+        x.try_sub(&x.reduce(ReduceOp::LogSumExp, vec![axis], true)?)
     }
 
     /// The running sum along `dim` (integers and bools sum as `i64`).

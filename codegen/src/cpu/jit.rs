@@ -98,6 +98,13 @@ pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
 /// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
 /// module) or the host is not supported.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
+    if let Some(red) = kernel.reduce
+        && red.op == kiln_ir::ReduceOp::LogSumExp
+        && kernel.exprs[kernel.outputs[0]].dtype != DType::F32
+    {
+        // The planner expands other dtypes (`kiln_ir::passes::ExpandLogSumExp`).
+        return Err(CodegenError::Cranelift("logsumexp kernels reduce f32 values only".into()));
+    }
     let isa = host_isa()?;
     let fma = has_fma(&*isa);
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
@@ -170,6 +177,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             t.staging = Some(Staging::new(kernel, staged.clone(), t.b));
         }
         match (kernel.reduce, columns) {
+            (Some(red), _) if red.op == kiln_ir::ReduceOp::LogSumExp => t.body_logsumexp(&outer),
             (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
             (Some(red), None) => t.body_reduce(red, &outer),
             (None, _) => t.body(),
@@ -223,6 +231,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
         DType::U8,
     ],
     reductions_store_inputs: true,
+    fused_logsumexp: true,
 };
 
 /// The host's ISA, detected and configured once per process (an `Arc`: each kernel's JIT

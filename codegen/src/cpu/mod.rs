@@ -26,12 +26,14 @@
 //! The modules follow the pipeline of one compile: `jit` (the driver: a JIT module per
 //! kernel, the host ISA detected once), `strategy` (which loop a kernel gets),
 //! `translate` (the function being built and the lowering of each op), then the loops:
-//! `elementwise`, `rows` (row reductions) and `columns` (reductions across outputs).
+//! `elementwise`, `rows` (row reductions), `logsumexp` (one-pass log-sum-exp rows) and
+//! `columns` (reductions across outputs).
 
 mod columns;
 mod elementwise;
 mod helpers;
 mod jit;
+mod logsumexp;
 mod math;
 mod rows;
 mod staging;

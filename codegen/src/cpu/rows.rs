@@ -328,7 +328,7 @@ impl<'b> Translator<'_, 'b> {
     }
 
     /// Jumps to `block` with `args`.
-    fn jump_with(&mut self, block: cranelift_codegen::ir::Block, args: &[Value]) {
+    pub(super) fn jump_with(&mut self, block: cranelift_codegen::ir::Block, args: &[Value]) {
         let args: Vec<BlockArg> = args.iter().map(|&v| BlockArg::Value(v)).collect();
         self.b.ins().jump(block, &args);
     }

@@ -59,6 +59,7 @@ pub(super) fn staged_ops(
     fma: bool,
 ) -> Vec<(usize, wide::Helper)> {
     if vector != Some((DType::F32, types::F32X4))
+        || kernel.reduce.is_some_and(|r| r.op == kiln_ir::ReduceOp::LogSumExp)
         || row < MIN_ROW
         || !fma
         || wide::lanes().is_none()

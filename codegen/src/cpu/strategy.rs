@@ -3,7 +3,7 @@
 
 use cranelift_codegen::ir::{Type, types};
 use kiln_ir::kernel::{ExprKind, Kernel};
-use kiln_ir::{BinaryOp, DType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::walk::Walk;
 /// How a kernel's values are held in registers.
@@ -27,7 +27,12 @@ pub(super) fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)>
 /// is strided (a sum over rows, `x.sum_dim(0)`), but neighbouring outputs read neighbouring
 /// elements of every input.
 pub(super) fn column_type(kernel: &Kernel, walk: &Walk, outer: &Walk) -> Option<(DType, Type)> {
-    if kernel.reduce.is_none() || kernel.outputs.len() != 1 || vector_type(kernel, walk).is_some() {
+    let red = kernel.reduce?;
+    // `logsumexp` folds whole rows into one running state (`logsumexp.rs`).
+    if red.op == ReduceOp::LogSumExp
+        || kernel.outputs.len() != 1
+        || vector_type(kernel, walk).is_some()
+    {
         return None;
     }
     let (float, lanes) = lane_type(kernel)?;

@@ -119,6 +119,197 @@ batch!(exp_batch, exp1);
 batch!(tanh_batch, tanh1);
 batch!(sigmoid_batch, sigmoid1);
 
+/// The running state of a one-pass `logsumexp` over a row (`logsumexp.rs` keeps one per
+/// output in the kernel's stack frame): the largest value seen, and the sum of `exp(v - c)`
+/// over the values seen, where `c` is that largest value when it is finite and 0 otherwise.
+/// The sum is NaN once a NaN was seen.
+#[repr(C)]
+pub(super) struct LseState {
+    pub(super) max: f64,
+    pub(super) sum: f64,
+}
+
+/// Lanes of the block sums: a fixed sixteen, however many the host's vectors hold, so that
+/// every host adds the same values in the same order and gets the same bits.
+const LSE_LANES: usize = 16;
+
+/// Values per block: 8 KiB, in L1 for the second pass.
+pub(super) const LSE_BLOCK: usize = 2048;
+
+/// Vectors of block maxima: comparisons that do not wait on each other (a maximum is exact
+/// in any order).
+const MAX_VECTORS: usize = 4;
+
+/// How far ahead of the exponentials the block function asks for memory: the next block
+/// (of this row, or of the row after it, which usually follows in memory) arrives while
+/// this one computes, instead of when the next maximum asks for it.
+const LSE_AHEAD: usize = 1024;
+
+/// Asks for the cache lines of `LSE_LANES` floats at `p` (a hint: it never faults, so `p` may
+/// lie past the values).
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    for line in 0..LSE_LANES / 16 {
+        // SAFETY: a prefetch reads nothing architecturally and never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(line * 16).cast(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+fn lse_shift(max: f64) -> f64 {
+    if max.is_finite() { max } else { 0.0 }
+}
+
+/// Folds values into `state`, a block at a time; each block's maximum first (one pass over the
+/// block, in L1), the sum so far rescaled when the maximum grows, then `exp(v - c)` of each
+/// value summed in f32 lanes and added to the f64 sum.
+#[inline(always)]
+fn lse_fold(values: &[f32], state: &mut LseState) {
+    // Blocks small enough that the second pass over each reads L1.
+    for block in values.chunks(LSE_BLOCK) {
+        lse_block(block, state);
+    }
+}
+
+#[inline(always)]
+fn lse_block(values: &[f32], state: &mut LseState) {
+    let mut top = [[f32::NEG_INFINITY; LSE_LANES]; MAX_VECTORS];
+    let chunks = values.chunks_exact(LSE_LANES * MAX_VECTORS);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (k, t) in top.iter_mut().enumerate() {
+            for i in 0..LSE_LANES {
+                let v = c[k * LSE_LANES + i];
+                // `maxps`: a NaN value leaves the lane as it was; the sum below catches it.
+                t[i] = if t[i] < v { v } else { t[i] };
+            }
+        }
+    }
+    for (i, &v) in rest.iter().enumerate() {
+        let t = &mut top[0][i % LSE_LANES];
+        *t = if *t < v { v } else { *t };
+    }
+    let block_max = tree(top.as_flattened_mut(), |a, b| if a < b { b } else { a });
+    if block_max == f32::NEG_INFINITY {
+        // Only -inf and NaN: nothing to add (exp1 would give its floor, not 0).
+        if values.iter().any(|v| v.is_nan()) {
+            state.sum = f64::NAN;
+        }
+        return;
+    }
+    let max = state.max.max(f64::from(block_max));
+    if max > state.max {
+        if state.sum != 0.0 {
+            state.sum *= (lse_shift(state.max) - lse_shift(max)).exp();
+        }
+        state.max = max;
+    }
+    // exp1 of a NaN is NaN, so a NaN anywhere makes the sum NaN.
+    let c = lse_shift(max) as f32;
+    let rest = values.chunks_exact(LSE_LANES).remainder();
+    let mut acc = [0f32; LSE_LANES];
+    for (k, ch) in values.chunks_exact(LSE_LANES).enumerate() {
+        prefetch(values.as_ptr().wrapping_add(k * LSE_LANES + LSE_AHEAD));
+        for i in 0..LSE_LANES {
+            acc[i] += exp1(ch[i] - c);
+        }
+    }
+    for (i, &v) in rest.iter().enumerate() {
+        acc[i] += exp1(v - c);
+    }
+    state.sum += tree(&mut acc.map(f64::from), |a, b| a + b);
+}
+
+/// `values` (a power of two of them) folded by halves: a few dependent steps instead of one
+/// per value, in the same order on every host.
+#[inline(always)]
+fn tree<T: Copy>(values: &mut [T], f: impl Fn(T, T) -> T) -> T {
+    let mut n = values.len();
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            values[i] = f(values[i], values[i + n]);
+        }
+    }
+    values[0]
+}
+
+/// The `logsumexp` of everything folded into `state`: -inf for nothing (or only -inf), NaN
+/// after a NaN, +inf after a +inf.
+pub(super) extern "C" fn lse_end(state: *const LseState) -> f32 {
+    // SAFETY: kernels pass their own state slot, initialized before the row.
+    let s = unsafe { &*state };
+    if s.sum.is_nan() {
+        f32::NAN
+    } else if s.max.is_infinite() {
+        s.max as f32
+    } else {
+        (s.max + s.sum.ln()) as f32
+    }
+}
+
+/// A block function of a `logsumexp` kernel: folds `values[..n]` into `state`.
+pub(super) type LseBlock = extern "C" fn(values: *const f32, n: usize, state: *mut LseState);
+
+mod lse {
+    use super::{LseState, lse_fold};
+
+    /// # Safety
+    /// The host has AVX-512F and FMA; `values` points at `n` floats, `state` at a state.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn avx512(values: *const f32, n: usize, state: *mut LseState) {
+        // SAFETY: as the caller promises.
+        unsafe { lse_fold(std::slice::from_raw_parts(values, n), &mut *state) }
+    }
+
+    /// # Safety
+    /// The host has AVX2 and FMA; `values` points at `n` floats, `state` at a state.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(values: *const f32, n: usize, state: *mut LseState) {
+        // SAFETY: as the caller promises.
+        unsafe { lse_fold(std::slice::from_raw_parts(values, n), &mut *state) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) extern "C" fn on_avx512(values: *const f32, n: usize, state: *mut LseState) {
+        // SAFETY: chosen by `lse_for_host` only where the features were detected; kernels
+        // pass their scratch block, its length and their state slot.
+        unsafe { avx512(values, n, state) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) extern "C" fn on_avx2(values: *const f32, n: usize, state: *mut LseState) {
+        // SAFETY: as `on_avx512`.
+        unsafe { avx2(values, n, state) }
+    }
+
+    /// Without AVX2 and FMA: the same lanes, on whatever vectors the build targets. The
+    /// polynomial's `mul_add` is then a library call, still exact, so the bits match.
+    pub(super) extern "C" fn plain(values: *const f32, n: usize, state: *mut LseState) {
+        // SAFETY: kernels pass their scratch block, its length and their state slot.
+        unsafe { lse_fold(std::slice::from_raw_parts(values, n), &mut *state) }
+    }
+}
+
+/// The `logsumexp` block function for this host.
+pub(super) fn lse_for_host() -> LseBlock {
+    #[cfg(target_arch = "x86_64")]
+    match lanes() {
+        Some(16) => return lse::on_avx512,
+        Some(_) => return lse::on_avx2,
+        None => {}
+    }
+    lse::plain
+}
+
 /// The vector width the batch functions run at on this host (16 or 8 lanes), or `None`
 /// where the host lacks AVX2 with FMA (kernels then keep the inline polynomials).
 pub(super) fn lanes() -> Option<usize> {

@@ -48,6 +48,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     costs: kiln_ir::target::OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
     gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
     reductions_store_inputs: false,
+    fused_logsumexp: false,
 };
 
 /// The options NVRTC compiles kiln's CUDA C with, for `arch` (`sm_90` for a device NVRTC
@@ -81,6 +82,10 @@ pub fn param_types(kernel: &Kernel) -> Vec<DType> {
 }
 
 /// The CUDA C source of `kernel`.
+///
+/// # Panics
+/// For a `logsumexp` kernel: the CUDA target expands those before fusion
+/// ([`kiln_ir::passes::ExpandLogSumExp`]).
 pub fn source(kernel: &Kernel) -> String {
     let mut src = String::from(PRELUDE);
     let name = entry_name(kernel);
@@ -487,6 +492,8 @@ fn combine(op: ReduceOp, dtype: DType) -> Combine {
         ReduceOp::Max => (int_bound(dtype, false), "(a > b ? a : b)".to_string()),
         ReduceOp::Min => (int_bound(dtype, true), "(a < b ? a : b)".to_string()),
         ReduceOp::ArgMax | ReduceOp::ArgMin => unreachable!("arg reductions are not kernels"),
+        // The target has `fused_logsumexp: false`: the planner expands it.
+        ReduceOp::LogSumExp => unreachable!("logsumexp reaches CUDA as max, exp, sum and log"),
     };
     let value = if dtype == DType::Bool { "(acc != 0)".to_string() } else { "acc".to_string() };
     Combine { acc, identity, combine, stored: store(dtype, &value) }

@@ -13,6 +13,7 @@ const GPU: Target = Target {
     costs: OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
     gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
     reductions_store_inputs: false,
+    fused_logsumexp: false,
 };
 
 /// The steps of `graph` partitioned and lowered.

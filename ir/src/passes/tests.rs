@@ -227,3 +227,61 @@ fn gathers_move_below_elementwise_ops() {
     g3.mark_output(p3);
     assert!(gather_first(&g3).is_none());
 }
+
+#[test]
+fn logsumexp_expands_where_the_target_has_no_one_pass_kernel() {
+    use crate::ReduceOp;
+    use crate::kernel::interpret;
+    use crate::pipeline::PlanOptions;
+    use crate::target::testing::CPU;
+    let lse = Op::Reduce { op: ReduceOp::LogSumExp, axes: vec![1] };
+    let graph = |dtype| {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([3, 5]), dtype);
+        let y = g.push(lse.clone(), &[x]).unwrap();
+        g.mark_output(y);
+        (g, y)
+    };
+    let options = |fused_logsumexp| PlanOptions {
+        fusion: Fusion::Fused,
+        constants: Constants::Fold,
+        target: crate::target::Target { fused_logsumexp, ..CPU },
+    };
+    // Kept on a target that fuses it (in f32), expanded elsewhere or in another dtype.
+    let (g, _) = graph(DType::F32);
+    assert!(expand_logsumexp(&g, &options(true)).is_none());
+    for (dtype, fused) in [(DType::F32, false), (DType::F64, true), (DType::F16, true)] {
+        let (g, y) = graph(dtype);
+        let rw = expand_logsumexp(&g, &options(fused)).expect("expanded");
+        rw.graph.verify().unwrap();
+        let ops: Vec<String> =
+            rw.graph.topo_order().iter().map(|&n| rw.graph.node(n).op.name().to_string()).collect();
+        assert!(!ops.iter().any(|o| o == "logsumexp"), "{ops:?}");
+        assert_eq!(rw.graph.node(rw.map[&y]).shape, Shape::from([3, 1]));
+    }
+    // The expansion computes the same values (to f32 rounding): plan both and interpret the
+    // kernels.
+    let values: Vec<f64> = (0..15)
+        .map(|i| if i == 7 { f64::NEG_INFINITY } else { (i as f64 * 1.7).sin() * 40.0 })
+        .collect();
+    let run = |fused| {
+        let (g, _) = graph(DType::F32);
+        let plan = Planner::default().plan(&g, options(fused));
+        let mut bufs: std::collections::HashMap<crate::NodeId, Vec<f64>> =
+            [(plan.graph.inputs()[0], values.clone())].into();
+        for step in &plan.steps {
+            let crate::fuse::Step::Kernel(k) = step else { panic!("kernels only") };
+            let ins: Vec<Vec<f64>> = k.inputs.iter().map(|n| bufs[n].clone()).collect();
+            let outs = interpret(&k.kernel, &ins, &k.params);
+            for (n, v) in k.outputs.iter().zip(outs) {
+                bufs.insert(*n, v);
+            }
+        }
+        bufs[&plan.outputs[0]].clone()
+    };
+    let (one_pass, expanded) = (run(true), run(false));
+    assert_eq!(one_pass.len(), 3);
+    for (a, b) in one_pass.iter().zip(&expanded) {
+        assert!((a - b).abs() < 1e-5 * a.abs().max(1.0), "{one_pass:?} vs {expanded:?}");
+    }
+}

@@ -1,0 +1,62 @@
+//! `logsumexp` for targets that do not compute it in one pass: the same values from max,
+//! exp, sum and log.
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::copy_node;
+use crate::pipeline::{PlanOptions, Rewrite};
+use crate::{BinaryOp, DType, Graph, IrError, NodeId, Op, ReduceOp, Scalar, UnaryOp, View};
+
+/// Whether `node` is a `logsumexp` the plan's target cannot run as one reduction.
+fn needs_expanding(graph: &Graph, id: NodeId, options: &PlanOptions) -> bool {
+    let Op::Reduce { op: ReduceOp::LogSumExp, .. } = graph.node(id).op else { return false };
+    !options.target.fused_logsumexp || graph.node(graph.arg_slice(id)[0]).dtype != DType::F32
+}
+
+/// Every `logsumexp` the target cannot run as one reduction (on any target but the CPU, or
+/// of a dtype other than f32) written as `log(sum(exp(x - s))) + s`, with `s` the maximum
+/// over the axes (0 where that is infinite, so that rows of -inf give -inf and a +inf gives
+/// +inf).
+pub fn expand_logsumexp(graph: &Graph, options: &PlanOptions) -> Option<Rewrite> {
+    let order = graph.topo_order();
+    if !order.iter().any(|&id| needs_expanding(graph, id, options)) {
+        return None;
+    }
+    let mut out = Graph::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
+    for &id in &order {
+        let node = graph.node(id);
+        let new = match &node.op {
+            Op::Reduce { axes, .. } if needs_expanding(graph, id, options) => {
+                let x = map[&graph.arg_slice(id)[0]];
+                expand(&mut out, x, axes).expect("the parts of a valid logsumexp are valid")
+            }
+            _ => copy_node(graph, &mut out, id, &map),
+        };
+        if let Some(origin) = node.origin {
+            out.set_origin(new, origin);
+        }
+        map.insert(id, new);
+    }
+    for o in graph.outputs() {
+        out.mark_output(map[o]);
+    }
+    Some(Rewrite { graph: out, map })
+}
+
+fn expand(out: &mut Graph, x: NodeId, axes: &[usize]) -> Result<NodeId, IrError> {
+    let (shape, dtype) = (out.node(x).shape.clone(), out.node(x).dtype);
+    let m = out.push(Op::Reduce { op: ReduceOp::Max, axes: axes.to_vec() }, &[x])?;
+    let kept = out.node(m).shape.clone();
+    let abs = out.push(Op::Unary(UnaryOp::Abs), &[m])?;
+    let inf = out.leaf(Op::Full(Scalar::F64(f64::INFINITY)), kept.clone(), dtype)?;
+    let finite = out.push(Op::Binary(BinaryOp::Lt), &[abs, inf])?;
+    let zero = out.leaf(Op::Full(Scalar::F64(0.0)), kept.clone(), dtype)?;
+    let shift = out.push(Op::Where, &[finite, m, zero])?;
+    let wide = out.push(Op::View(View::contiguous(kept).expand(&shape)), &[shift])?;
+    let shifted = out.push(Op::Binary(BinaryOp::Sub), &[x, wide])?;
+    let e = out.push(Op::Unary(UnaryOp::Exp), &[shifted])?;
+    let s = out.push(Op::Reduce { op: ReduceOp::Sum, axes: axes.to_vec() }, &[e])?;
+    let log = out.push(Op::Unary(UnaryOp::Log), &[s])?;
+    out.push(Op::Binary(BinaryOp::Add), &[log, shift])
+}
