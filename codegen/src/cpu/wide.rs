@@ -392,4 +392,39 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_logsumexp_folds_agree_bit_for_bit_on_every_host_path() {
+        // The same lanes in the same order on every path: AVX-512, AVX2 and plain give the
+        // same state, and it matches the f64 reference.
+        let values: Vec<f32> =
+            (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
+        let mut paths: Vec<LseBlock> = vec![lse::plain];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::arch::is_x86_feature_detected!("fma");
+            if fma && std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(lse::on_avx2);
+            }
+            if fma && std::arch::is_x86_feature_detected!("avx512f") {
+                paths.push(lse::on_avx512);
+            }
+        }
+        for n in [1, 15, 16, 17, 64, 2048, 2049, 5000] {
+            let results: Vec<(u64, u64)> = paths
+                .iter()
+                .map(|f| {
+                    let mut state = LseState { max: f64::NEG_INFINITY, sum: 0.0 };
+                    f(values.as_ptr(), n, &mut state);
+                    (state.max.to_bits(), state.sum.to_bits())
+                })
+                .collect();
+            assert!(results.windows(2).all(|w| w[0] == w[1]), "n = {n}: {results:?}");
+            let state =
+                LseState { max: f64::from_bits(results[0].0), sum: f64::from_bits(results[0].1) };
+            let want = kiln_ir::semantics::logsumexp(values[..n].iter().map(|&v| f64::from(v)));
+            let got = f64::from(lse_end(&state));
+            assert!((got - want).abs() < 2e-6 * want.abs().max(1.0), "n = {n}: {got} vs {want}");
+        }
+    }
 }
