@@ -48,7 +48,6 @@ impl Translator<'_, '_> {
     /// empty, every row of its reduced positions is folded in block by block, and the end
     /// function gives the value stored.
     pub(super) fn body_logsumexp(&mut self, outer: &Walk) {
-        let k = self.kernel;
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
         let starts = self.input_starts(&ins);
         let slots = Slots { scratch: self.slot((LSE_BLOCK * 4) as u32), state: self.slot(16) };
@@ -89,19 +88,7 @@ impl Translator<'_, '_> {
         self.b.switch_to_block(rbody);
         let bases =
             self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
-        // Side outputs hold the reduced expression at every domain position.
-        let side: Vec<(usize, DType, Value)> = k.outputs[1..]
-            .iter()
-            .zip(&outs[1..])
-            .map(|(&e, &base)| {
-                let dtype = k.exprs[e].dtype;
-                let size = dtype.size_in_bytes() as i64;
-                let a = self.b.ins().imul_imm_s(o, rows * len * size);
-                let r = self.b.ins().imul_imm_s(ir, len * size);
-                let off = self.b.ins().iadd(a, r);
-                (e, dtype, self.b.ins().iadd(base, off))
-            })
-            .collect();
+        let side = self.side_outputs(&outs, o, ir, rows, len);
         let row = LseRow { bases: &bases, side: &side, len };
         self.lse_row(&row, slots, &param_scalar, &param_vector);
         let ir_next = self.b.ins().iadd_imm_s(ir, 1);

@@ -82,6 +82,32 @@ impl<'b> Translator<'_, 'b> {
         }
     }
 
+    /// Where this row of the kernel's outputs after the first goes: (expression, dtype,
+    /// address). Those outputs hold the reduced value itself at every domain position, and
+    /// row `ir` of output `o` starts at position `o * rows * len + ir * len`.
+    pub(super) fn side_outputs(
+        &mut self,
+        outs: &[Value],
+        o: Value,
+        ir: Value,
+        rows: i64,
+        len: i64,
+    ) -> Vec<(usize, DType, Value)> {
+        let k = self.kernel;
+        k.outputs[1..]
+            .iter()
+            .zip(&outs[1..])
+            .map(|(&e, &base)| {
+                let dtype = k.exprs[e].dtype;
+                let size = dtype.size_in_bytes() as i64;
+                let a = self.b.ins().imul_imm_s(o, rows * len * size);
+                let r = self.b.ins().imul_imm_s(ir, len * size);
+                let off = self.b.ins().iadd(a, r);
+                (e, dtype, self.b.ins().iadd(base, off))
+            })
+            .collect()
+    }
+
     /// A reduction kernel: for each output position in `start..end`, fold the body's value
     /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
     /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
@@ -143,20 +169,7 @@ impl<'b> Translator<'_, 'b> {
         let bases =
             self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
         let len_v = self.iconst(len);
-        // Outputs after the first hold the reduced value itself at every domain position:
-        // this row starts at position `o * rows * len + ir * len`.
-        let side: Vec<(usize, DType, Value)> = k.outputs[1..]
-            .iter()
-            .zip(&outs[1..])
-            .map(|(&e, &base)| {
-                let dtype = k.exprs[e].dtype;
-                let size = dtype.size_in_bytes() as i64;
-                let a = self.b.ins().imul_imm_s(o, rows * len * size);
-                let r = self.b.ins().imul_imm_s(ir, len * size);
-                let off = self.b.ins().iadd(a, r);
-                (e, dtype, self.b.ins().iadd(base, off))
-            })
-            .collect();
+        let side = self.side_outputs(&outs, o, ir, rows, len);
         let row = Row { bases: &bases, side: &side, acc: racc, len: len_v, zero, red, dtype };
         let (j0, acc0) = match self.vector {
             Some((_, lanes)) if matches!(red.op, ReduceOp::Max | ReduceOp::Min) => {
