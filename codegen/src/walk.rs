@@ -13,6 +13,32 @@ pub(crate) struct Walk {
     pub(crate) offsets: Vec<i64>,
 }
 
+/// A walk seen as rows of its last dimension.
+pub(crate) struct Rows {
+    /// Elements per row.
+    pub(crate) len: i64,
+    /// How many rows.
+    pub(crate) count: i64,
+    /// The dimensions the rows are indexed by (all but the last).
+    pub(crate) dims: Vec<usize>,
+    /// Each input's strides along those dimensions.
+    pub(crate) strides: Vec<Vec<i64>>,
+}
+
+impl Walk {
+    /// The walk as rows of its last dimension (a reduction's reduced walk: each output
+    /// folds `count` rows of `len`).
+    pub(crate) fn rows(&self) -> Rows {
+        let (&len, dims) = self.dims.split_last().expect("at least one dimension");
+        Rows {
+            len: len as i64,
+            count: dims.iter().product::<usize>() as i64,
+            dims: dims.to_vec(),
+            strides: self.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect(),
+        }
+    }
+}
+
 /// The walk of `kernel`'s dimensions `range`, coalesced.
 pub(crate) fn coalesce(kernel: &Kernel, range: std::ops::Range<usize>) -> Walk {
     let mut dims: Vec<usize> = Vec::new();

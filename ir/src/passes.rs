@@ -136,52 +136,36 @@ pub fn transpose_products(graph: &Graph) -> Option<Rewrite> {
         return None;
     }
     let folded: std::collections::HashSet<NodeId> = fold.values().copied().collect();
-    let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
-    for &id in &order {
-        if folded.contains(&id) {
-            continue;
-        }
-        let node = graph.node(id);
-        let new = if let Some(&product) = fold.get(&id) {
-            let [a, b] = [graph.args(product)[0], graph.args(product)[1]];
-            // A transpose of a view is that view with two dimensions swapped, over the same
-            // source: views never stack up (the matrix library reads one view as strides).
-            let transposed = |out: &mut Graph, n: NodeId| {
-                let shape = graph.node(n).shape.clone();
-                let r = shape.rank();
-                let mut perm: Vec<usize> = (0..r).collect();
-                perm.swap(r - 2, r - 1);
-                // An operand that is itself a folded transpose is a product now: transpose
-                // the new product, not the view's old source (which is gone).
-                let (view, src) = match &graph.node(n).op {
-                    Op::View(v) if !fold.contains_key(&n) => (v.permute(&perm), graph.args(n)[0]),
-                    _ => (View::contiguous(shape).permute(&perm), n),
-                };
-                if view.is_identity_of(&graph.node(src).shape) {
-                    return Ok(map[&src]);
-                }
-                out.push(Op::View(view), &[map[&src]])
+    let kept = order.iter().copied().filter(|id| !folded.contains(id));
+    Some(rebuild(graph, kept, |out, id, map| {
+        let &product = fold.get(&id)?;
+        let [a, b] = [graph.args(product)[0], graph.args(product)[1]];
+        // A transpose of a view is that view with two dimensions swapped, over the same
+        // source: views never stack up (the matrix library reads one view as strides).
+        let transposed = |out: &mut Graph, n: NodeId| {
+            let shape = graph.node(n).shape.clone();
+            let r = shape.rank();
+            let mut perm: Vec<usize> = (0..r).collect();
+            perm.swap(r - 2, r - 1);
+            // An operand that is itself a folded transpose is a product now: transpose
+            // the new product, not the view's old source (which is gone).
+            let (view, src) = match &graph.node(n).op {
+                Op::View(v) if !fold.contains_key(&n) => (v.permute(&perm), graph.args(n)[0]),
+                _ => (View::contiguous(shape).permute(&perm), n),
             };
-            let bt = transposed(&mut out, b);
-            let at = transposed(&mut out, a);
-            let (bt, at) = (
-                bt.expect("a transpose of a matrix operand is a valid view"),
-                at.expect("a transpose of a matrix operand is a valid view"),
-            );
-            out.push(Op::MatMul, &[bt, at]).expect("bᵀ aᵀ has the shape of (a b)ᵀ")
-        } else {
-            copy_node(graph, &mut out, id, &map)
+            if view.is_identity_of(&graph.node(src).shape) {
+                return Ok(map[&src]);
+            }
+            out.push(Op::View(view), &[map[&src]])
         };
-        if let Some(origin) = node.origin {
-            out.set_origin(new, origin);
-        }
-        map.insert(id, new);
-    }
-    for o in graph.outputs() {
-        out.mark_output(map[o]);
-    }
-    Some(Rewrite { graph: out, map })
+        let bt = transposed(out, b);
+        let at = transposed(out, a);
+        let (bt, at) = (
+            bt.expect("a transpose of a matrix operand is a valid view"),
+            at.expect("a transpose of a matrix operand is a valid view"),
+        );
+        Some(out.push(Op::MatMul, &[bt, at]).expect("bᵀ aᵀ has the shape of (a b)ᵀ"))
+    }))
 }
 
 /// Node `id` of `graph` recorded again in `out`, over the new nodes of its inputs.
@@ -197,6 +181,33 @@ fn copy_node(graph: &Graph, out: &mut Graph, id: NodeId, map: &HashMap<NodeId, N
             out.push(op.clone(), &args).expect("a node's inputs are unchanged")
         }
     }
+}
+
+/// `graph` rebuilt over `nodes` (in topological order): each node becomes what `rewrite`
+/// makes of it in the new graph (given the map of the nodes before it), or a copy where it
+/// returns `None`. Origins carry over to what replaces a node, and outputs to their new
+/// nodes.
+fn rebuild(
+    graph: &Graph,
+    nodes: impl IntoIterator<Item = NodeId>,
+    mut rewrite: impl FnMut(&mut Graph, NodeId, &HashMap<NodeId, NodeId>) -> Option<NodeId>,
+) -> Rewrite {
+    let mut out = Graph::new();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
+    for id in nodes {
+        let new = match rewrite(&mut out, id, &map) {
+            Some(new) => new,
+            None => copy_node(graph, &mut out, id, &map),
+        };
+        if let Some(origin) = graph.node(id).origin {
+            out.set_origin(new, origin);
+        }
+        map.insert(id, new);
+    }
+    for o in graph.outputs() {
+        out.mark_output(map[o]);
+    }
+    Rewrite { graph: out, map }
 }
 
 /// How an operand of an elementwise expression reaches a gather pushed below it.
@@ -276,49 +287,35 @@ pub fn gather_first(graph: &Graph) -> Option<Rewrite> {
             None => stack.extend(graph.args(n)),
         }
     }
-    let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
-    for &id in &order {
-        if !needed.contains(&id) {
-            continue;
-        }
+    let kept = order.iter().copied().filter(|id| needed.contains(id));
+    Some(rebuild(graph, kept, |out, id, map| {
         let node = graph.node(id);
-        let new = if let (Some(leaves), Op::Gather { axis }) = (chosen.get(&id), &node.op) {
-            let index = map[&graph.args(id)[1]];
-            let shape = node.shape.clone();
-            let mut pushed: HashMap<NodeId, NodeId> = HashMap::default();
-            for (m, leaf) in leaves {
-                let value = match leaf {
-                    Leaf::Broadcast => {
-                        let Op::View(v) = &graph.node(*m).op else { unreachable!("a view") };
-                        // The same elements, over the index's shape: outside the axis the
-                        // index is no larger than the tensor, along it the stride is 0.
-                        let view =
-                            View::from_parts(shape.clone(), v.strides().to_vec(), v.offset());
-                        out.push(Op::View(view), &[map[&graph.args(*m)[0]]])
-                    }
-                    Leaf::Full => out.push(Op::Gather { axis: *axis }, &[map[m], index]),
-                };
-                let value = value.expect("a gather of an operand of the gathered shape");
-                // The pushed gathers check the index: their errors name the gather's line.
-                if let Some(origin) = node.origin {
-                    out.set_origin(value, origin);
-                }
-                pushed.insert(*m, value);
-            }
-            push_elementwise(graph, &mut out, graph.args(id)[0], &mut pushed)
-        } else {
-            copy_node(graph, &mut out, id, &map)
+        let (Some(leaves), Op::Gather { axis }) = (chosen.get(&id), &node.op) else {
+            return None;
         };
-        if let Some(origin) = node.origin {
-            out.set_origin(new, origin);
+        let index = map[&graph.args(id)[1]];
+        let shape = node.shape.clone();
+        let mut pushed: HashMap<NodeId, NodeId> = HashMap::default();
+        for (m, leaf) in leaves {
+            let value = match leaf {
+                Leaf::Broadcast => {
+                    let Op::View(v) = &graph.node(*m).op else { unreachable!("a view") };
+                    // The same elements, over the index's shape: outside the axis the
+                    // index is no larger than the tensor, along it the stride is 0.
+                    let view = View::from_parts(shape.clone(), v.strides().to_vec(), v.offset());
+                    out.push(Op::View(view), &[map[&graph.args(*m)[0]]])
+                }
+                Leaf::Full => out.push(Op::Gather { axis: *axis }, &[map[m], index]),
+            };
+            let value = value.expect("a gather of an operand of the gathered shape");
+            // The pushed gathers check the index: their errors name the gather's line.
+            if let Some(origin) = node.origin {
+                out.set_origin(value, origin);
+            }
+            pushed.insert(*m, value);
         }
-        map.insert(id, new);
-    }
-    for o in graph.outputs() {
-        out.mark_output(map[o]);
-    }
-    Some(Rewrite { graph: out, map })
+        Some(push_elementwise(graph, out, graph.args(id)[0], &mut pushed))
+    }))
 }
 
 /// The elementwise expression `n` rebuilt over the gathered leaves in `pushed` (which it

@@ -13,7 +13,7 @@ use kiln_ir::{DType, ReduceOp};
 use super::math;
 use super::strategy::COLUMN_BLOCK;
 use super::translate::{Prologue, Translator, VecSrc};
-use crate::walk::Walk;
+use crate::walk::{Rows, Walk};
 
 /// How many reduced positions a column reduction folds into its accumulators at once.
 const POSITIONS: usize = 4;
@@ -54,11 +54,7 @@ impl<'b> Translator<'_, 'b> {
         // Per input: its stride across outputs (0 or 1) and along the innermost reduced dim.
         let across: Vec<i64> = outer.strides.iter().map(|s| *s.last().expect("a dim")).collect();
         let along: Vec<i64> = self.walk.strides.iter().map(|s| *s.last().expect("a dim")).collect();
-        let inner_dims = self.walk.dims.clone();
-        let len = *inner_dims.last().expect("a dimension") as i64;
-        let rows: i64 = inner_dims[..inner_dims.len() - 1].iter().product::<usize>() as i64;
-        let row_strides: Vec<Vec<i64>> =
-            self.walk.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+        let Rows { len, count: rows, dims: row_dims, strides: row_strides } = self.walk.rows();
         let kept_inner = *outer.dims.last().expect("a dimension") as i64;
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,
@@ -102,7 +98,7 @@ impl<'b> Translator<'_, 'b> {
         let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
         self.b.ins().brif(more, rbody, &[], store, &[]);
         self.b.switch_to_block(rbody);
-        let rbases = self.advance(&bases, ir, &inner_dims[..inner_dims.len() - 1], &row_strides);
+        let rbases = self.advance(&bases, ir, &row_dims, &row_strides);
         let template = Segment {
             ptrs: &[],
             across: &across,

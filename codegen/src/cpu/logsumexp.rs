@@ -24,7 +24,7 @@ use kiln_ir::kernel::ExprKind;
 
 use super::translate::{Prologue, Translator};
 use super::wide::LSE_BLOCK;
-use crate::walk::Walk;
+use crate::walk::{Rows, Walk};
 
 /// The stack slots of a `logsumexp` kernel.
 #[derive(Clone, Copy)]
@@ -51,11 +51,7 @@ impl Translator<'_, '_> {
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
         let starts = self.input_starts(&ins);
         let slots = Slots { scratch: self.slot((LSE_BLOCK * 4) as u32), state: self.slot(16) };
-        let inner_dims = self.walk.dims.clone();
-        let len = *inner_dims.last().expect("at least one dimension") as i64;
-        let rows: i64 = inner_dims[..inner_dims.len() - 1].iter().product::<usize>() as i64;
-        let inner_strides: Vec<Vec<i64>> =
-            self.walk.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+        let Rows { len, count: rows, dims: row_dims, strides: row_strides } = self.walk.rows();
 
         let head = self.b.create_block();
         let o = self.b.append_block_param(head, types::I64);
@@ -86,8 +82,7 @@ impl Translator<'_, '_> {
         self.b.ins().brif(more_rows, rbody, &[], store, &[]);
 
         self.b.switch_to_block(rbody);
-        let bases =
-            self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
+        let bases = self.advance(&outer_bases, ir, &row_dims, &row_strides);
         let side = self.side_outputs(&outs, o, ir, rows, len);
         let row = LseRow { bases: &bases, side: &side, len };
         self.lse_row(&row, slots, &param_scalar, &param_vector);

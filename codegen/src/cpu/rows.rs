@@ -12,7 +12,7 @@ use super::math;
 use super::staging::At;
 use super::strategy::scalar_type;
 use super::translate::{Prologue, Translator, acc_ty_dtype};
-use crate::walk::Walk;
+use crate::walk::{Rows, Walk};
 
 /// What the vector part of one row needs from the row loop around it.
 #[derive(Clone, Copy)]
@@ -125,11 +125,7 @@ impl<'b> Translator<'_, 'b> {
         } else {
             types::I64
         };
-        let inner_dims = self.walk.dims.clone();
-        let len = *inner_dims.last().expect("at least one dimension") as i64;
-        let rows: i64 = inner_dims[..inner_dims.len() - 1].iter().product::<usize>() as i64;
-        let inner_strides: Vec<Vec<i64>> =
-            self.walk.strides.iter().map(|s| s[..s.len() - 1].to_vec()).collect();
+        let Rows { len, count: rows, dims: row_dims, strides: row_strides } = self.walk.rows();
 
         let head = self.b.create_block();
         let o = self.b.append_block_param(head, types::I64);
@@ -166,8 +162,7 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(more_rows, rbody, &[], store, &[BlockArg::Value(racc)]);
 
         self.b.switch_to_block(rbody);
-        let bases =
-            self.advance(&outer_bases, ir, &inner_dims[..inner_dims.len() - 1], &inner_strides);
+        let bases = self.advance(&outer_bases, ir, &row_dims, &row_strides);
         let len_v = self.iconst(len);
         let side = self.side_outputs(&outs, o, ir, rows, len);
         let row = Row { bases: &bases, side: &side, acc: racc, len: len_v, zero, red, dtype };

@@ -1,9 +1,7 @@
 //! `logsumexp` for targets that do not compute it in one pass: the same values from max,
 //! exp, sum and log.
 
-use rustc_hash::FxHashMap as HashMap;
-
-use super::copy_node;
+use super::rebuild;
 use crate::pipeline::{PlanOptions, Rewrite};
 use crate::{BinaryOp, DType, Graph, IrError, NodeId, Op, ReduceOp, Scalar, UnaryOp, View};
 
@@ -22,26 +20,14 @@ pub fn expand_logsumexp(graph: &Graph, options: &PlanOptions) -> Option<Rewrite>
     if !order.iter().any(|&id| needs_expanding(graph, id, options)) {
         return None;
     }
-    let mut out = Graph::new();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::default();
-    for &id in &order {
-        let node = graph.node(id);
-        let new = match &node.op {
-            Op::Reduce { axes, .. } if needs_expanding(graph, id, options) => {
-                let x = map[&graph.arg_slice(id)[0]];
-                expand(&mut out, x, axes).expect("the parts of a valid logsumexp are valid")
-            }
-            _ => copy_node(graph, &mut out, id, &map),
-        };
-        if let Some(origin) = node.origin {
-            out.set_origin(new, origin);
+    Some(rebuild(graph, order, |out, id, map| {
+        let Op::Reduce { axes, .. } = &graph.node(id).op else { return None };
+        if !needs_expanding(graph, id, options) {
+            return None;
         }
-        map.insert(id, new);
-    }
-    for o in graph.outputs() {
-        out.mark_output(map[o]);
-    }
-    Some(Rewrite { graph: out, map })
+        let x = map[&graph.arg_slice(id)[0]];
+        Some(expand(out, x, axes).expect("the parts of a valid logsumexp are valid"))
+    }))
 }
 
 fn expand(out: &mut Graph, x: NodeId, axes: &[usize]) -> Result<NodeId, IrError> {
