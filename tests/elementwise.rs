@@ -333,6 +333,33 @@ fn long_chains_of_mixed_ops_agree_with_f64() {
     }
 }
 
+/// Rows read with a stride (every other element, as a stride-2 convolution's windows read
+/// their input) run on vectors with gathered lanes, and rows of 64 or more stage their
+/// transcendentals: odd row lengths on both sides of that, f32 and f64, against f64.
+#[test]
+fn strided_rows_gather_their_lanes() {
+    let mut rng = Rng::new(12);
+    for (rows, len) in [(3, 5), (4, 9), (3, 67), (2, 130)] {
+        for dtype in [DType::F32, DType::F64] {
+            let data = values(&mut rng, rows * len * 2, dtype);
+            let x = tensor(&data, &[rows, len, 2], dtype).select(2, 1);
+            assert_eq!(x.dims(), &[rows, len]);
+            let y = ((&x * 1.5 + 0.5).tanh() * x.sigmoid() + x.exp()) / (x.square() + 1.0);
+            let want: Vec<f64> = data
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|&v| {
+                    let chain = (v * 1.5 + 0.5).tanh() / (1.0 + (-v).exp()) + v.exp();
+                    round_to(dtype, chain / (v * v + 1.0))
+                })
+                .collect();
+            let context = format!("strided rows {dtype} {rows}x{len}");
+            assert_close_tol(&read(&y, dtype), &want, 8.0 * tolerance(dtype), &context);
+        }
+    }
+}
+
 #[test]
 fn where_broadcasts_and_promotes() {
     let mut rng = Rng::new(12);

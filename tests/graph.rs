@@ -134,15 +134,18 @@ fn planner_stage_snapshots() {
 }
 
 /// The Cranelift IR of each CPU loop strategy: vectorized rows, strips over a transposed
-/// read, a row reduction, and a reduction vectorized across its outputs (columns).
+/// read with long rows, gathered lanes for a strided read along short rows, a row
+/// reduction, and a reduction vectorized across its outputs (columns).
 #[test]
 fn loop_strategy_clif_snapshots() {
     use kiln::debug::plan_summary;
     let m = Tensor::from_vec((0..64 * 48).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [64, 48]);
-    m.realize();
+    let wide = Tensor::from_vec((0..96 * 8).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [96, 8]);
+    Tensor::try_realize_all(&[&m, &wide]).unwrap();
     let cases = [
         ("vector", (&m * 2.0 + 1.0).exp()),
-        ("strip", m.t().contiguous() * 3.0),
+        ("strip", wide.t().contiguous() * 3.0),
+        ("gather", m.t().contiguous() * 3.0),
         ("row_reduction", m.sum_dim(1, false)),
         ("column_reduction", m.sum_dim(0, false)),
     ];

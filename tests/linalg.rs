@@ -200,6 +200,31 @@ fn products_split_across_threads_match_the_loop() {
     }
 }
 
+/// Products whose right operand has its inner dimension contiguous (`x @ wᵀ`, a weight
+/// gradient) and whose output is wider than tall run column-major into scratch and are
+/// transposed into place: single products, batches, and bands of a split product (whose
+/// blocks start inside a row), in every float dtype, against the f64 loop.
+#[test]
+fn reoriented_products_match_the_loop() {
+    let mut rng = Rng::new(43);
+    for (batch, m, k, n) in [(1, 3, 300, 7), (3, 20, 300, 50), (1, 40, 1000, 90), (2, 1, 257, 2)] {
+        for dtype in [DType::F32, DType::F64, DType::F16] {
+            let da = values(&mut rng, batch * m * k, dtype);
+            let db = values(&mut rng, batch * k * n, dtype);
+            let a = make(&da, &[batch, m, k], dtype, Layout::Contiguous);
+            let b = make(&db, &[batch, k, n], dtype, Layout::Permuted);
+            let got = read(&a.matmul(&b), dtype);
+            let mut want = Vec::new();
+            for p in 0..batch {
+                let (pa, pb) = (&da[p * m * k..(p + 1) * m * k], &db[p * k * n..(p + 1) * k * n]);
+                want.extend(mm_ref(pa, pb, m, k, n).iter().map(|&v| round_to(dtype, v)));
+            }
+            let context = format!("{dtype} {batch}x{m}x{k}x{n}");
+            assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
+        }
+    }
+}
+
 /// A batch of matrices times one matrix is one product over all rows: the matrix is not
 /// copied per batch entry, and its gradient is one product, not a sum of per-entry ones.
 #[test]

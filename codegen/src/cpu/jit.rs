@@ -13,7 +13,7 @@ use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
 use super::staging::{self, Staging};
-use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, lane_type, strip_width, vector_type};
+use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, loop_lanes, strip_width};
 use super::translate::Translator;
 use super::{helpers, wide};
 use crate::CodegenError;
@@ -134,11 +134,9 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let kept = kernel.reduce.map_or(0, |r| r.kept);
     let outer = coalesce(kernel, 0..kept);
     let walk = coalesce(kernel, kept..rank);
-    let vector = vector_type(kernel, &walk);
+    let vector = loop_lanes(kernel, &walk);
     let columns = column_type(kernel, &walk, &outer);
     let strip = if kernel.reduce.is_none() { strip_width(kernel, &walk) } else { None };
-    // A strip-walking kernel vectorizes too, gathering its transposed reads.
-    let vector = vector.or_else(|| strip.and_then(|_| lane_type(kernel)));
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
     for (name, sig) in helpers::signatures(&module) {

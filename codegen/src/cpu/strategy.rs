@@ -23,6 +23,17 @@ pub(super) fn vector_type(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)>
     lane_type(kernel).filter(|_| inner_ok)
 }
 
+/// The lane type of a kernel's loop along its rows: [`vector_type`]'s, or for an
+/// elementwise kernel whose rows read an input with a stride (a transposed read, the
+/// columns of a strided convolution window) vectors whose strided lanes are gathered one
+/// by one and stored together, several times faster than a scalar loop.
+pub(super) fn loop_lanes(kernel: &Kernel, walk: &Walk) -> Option<(DType, Type)> {
+    vector_type(kernel, walk).or_else(|| {
+        let gathers = kernel.reduce.is_none() && walk.dims.last().is_some_and(|&d| d >= 4);
+        gathers.then(|| lane_type(kernel)).flatten()
+    })
+}
+
 /// The lanes of a reduction that vectorizes across its outputs instead: its reduced walk
 /// is strided (a sum over rows, `x.sum_dim(0)`), but neighbouring outputs read neighbouring
 /// elements of every input.
