@@ -237,44 +237,23 @@ unsafe fn product<T: Element>(
 ) {
     let Problem { m, n, k } = pr;
     let reorient = b_rs == 1 && b_cs != 1 && m < n && k >= REORIENT_FROM_K;
-    if !reorient {
-        // SAFETY: the caller's contract.
-        unsafe {
-            gemm(
-                m,
-                n,
-                k,
-                dst,
-                1,
-                dst_rs as isize,
-                false,
-                a,
-                a_cs,
-                a_rs,
-                b,
-                b_cs,
-                b_rs,
-                zero,
-                one,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-        }
-        return;
-    }
-    let mut scratch = vec![zero; m * n];
-    // SAFETY: the scratch holds `m x n` column-major (column stride `m`); the operands are
-    // the caller's.
+    let mut scratch = Vec::new();
+    // Where the product lands: `(pointer, column stride, row stride)`.
+    let (out, out_cs, out_rs) = if reorient {
+        scratch = vec![zero; m * n];
+        (scratch.as_mut_ptr(), m as isize, 1)
+    } else {
+        (dst, 1, dst_rs as isize)
+    };
+    // SAFETY: the caller's contract, or the scratch's `m x n` column-major elements.
     unsafe {
         gemm(
             m,
             n,
             k,
-            scratch.as_mut_ptr(),
-            m as isize,
-            1,
+            out,
+            out_cs,
+            out_rs,
             false,
             a,
             a_cs,
@@ -289,6 +268,9 @@ unsafe fn product<T: Element>(
             false,
             Parallelism::None,
         );
+    }
+    if !reorient {
+        return;
     }
     for i in 0..m {
         // SAFETY: row `i` of the block lies inside `dst` (the caller's contract).
