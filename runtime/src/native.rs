@@ -615,16 +615,7 @@ fn scatter_serial<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Ove
         Overlaps::Distinct => for_each_offset(view, |i, p| out[p] = x[i]),
         Overlaps::SumFloat => {
             let mut sums = vec![0.0f64; out.len()];
-            for_each_row(view, |i, p, len, step| {
-                let x = &x[i..i + len];
-                if step > 0 {
-                    add_row(&mut sums[p as usize..], x, step);
-                } else {
-                    for (k, v) in x.iter().enumerate() {
-                        sums[(p + k as isize * step) as usize] += v.to_scalar().to_f64();
-                    }
-                }
-            });
+            for_each_row(view, |i, p, len, step| add_row(&mut sums, p, &x[i..i + len], step));
             for (slot, s) in out.iter_mut().zip(sums) {
                 *slot = T::from_scalar(Scalar::F64(s));
             }
@@ -691,16 +682,18 @@ fn for_each_row(view: &View, mut f: impl FnMut(usize, isize, usize, isize)) {
     }
 }
 
-/// `sums[k * step] += x[k]` in f64 for each `k`: contiguous rows (the windows of a
-/// stride-1 convolution) as a plain zip the compiler vectorizes.
-fn add_row<T: Element>(sums: &mut [f64], x: &[T], step: isize) {
+/// `sums[p + k * step] += x[k]` in f64 for each `k`: rows with a positive step as a zip
+/// the compiler vectorizes (a plain one for the contiguous windows of a stride-1
+/// convolution), the others element by element.
+fn add_row<T: Element>(sums: &mut [f64], p: isize, x: &[T], step: isize) {
+    let add = |(s, v): (&mut f64, &T)| *s += v.to_scalar().to_f64();
     match step {
-        1 => sums[..x.len()].iter_mut().zip(x).for_each(|(s, v)| *s += v.to_scalar().to_f64()),
-        s if s > 1 => sums
-            .iter_mut()
-            .step_by(s as usize)
-            .zip(x)
-            .for_each(|(s, v)| *s += v.to_scalar().to_f64()),
-        _ => unreachable!("rows with a non-positive step go element by element"),
+        1 => sums[p as usize..][..x.len()].iter_mut().zip(x).for_each(add),
+        s if s > 1 => sums[p as usize..].iter_mut().step_by(s as usize).zip(x).for_each(add),
+        _ => {
+            for (k, v) in x.iter().enumerate() {
+                sums[(p + k as isize * step) as usize] += v.to_scalar().to_f64();
+            }
+        }
     }
 }
