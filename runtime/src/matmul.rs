@@ -216,12 +216,17 @@ struct Problem {
 /// `dst = lhs @ rhs` on the calling thread, `dst` row-major with row stride `dst_rs`; each
 /// operand is `(pointer, column stride, row stride)`.
 ///
-/// `gemm` 0.19 runs a product whose right operand is stored with `k` contiguous (`x @ wᵀ`,
-/// a weight gradient `g @ colsᵀ`) about three times slower when the output is written along
-/// its longer side than along its shorter one (measured on AVX-512, one thread: 64x1024 by
-/// 1024x576 at 32 GFLOP/s into a row-major output, 83 into a column-major one). Such a
-/// product is computed column-major into scratch and transposed into place, which costs
-/// `m·n` copies against `m·n·k` multiply-adds.
+/// Two layouts `gemm` 0.19 runs slowly are rearranged first (measured on AVX-512, one
+/// thread per band, 2 threads):
+/// - *Both* operands stored with `k` contiguous (`x @ wᵀ` in every `Linear`, a convolution's
+///   weight gradient `g @ colsᵀ`): 64x4096 by 4096x288 ran at 105 GFLOP/s against 198 with
+///   one operand copied to a `gemm`-friendly layout first, 128x784 by 784x256 at 149 against
+///   195, 1024³ at 186 against 216. The smaller side (`m·k` or `k·n`) is copied; below
+///   `k = 256` or with a side under 16 the copy costs more than it saves.
+/// - A right operand with `k` contiguous and an output wider than tall runs about three
+///   times slower written row-major than column-major (64x1024 by 1024x576: 32 against 83
+///   GFLOP/s), so such a product is computed column-major into scratch and transposed into
+///   place, `m·n` copies against `m·n·k` multiply-adds.
 ///
 /// # Safety
 /// `dst` has room for the `m x n` block at row stride `dst_rs`, no other thread writes it,
@@ -236,6 +241,21 @@ unsafe fn product<T: Element>(
     one: T,
 ) {
     let Problem { m, n, k } = pr;
+    let mut packed = Vec::new();
+    let ((a, a_cs, a_rs), (b, b_cs, b_rs)) =
+        if a_cs == 1 && b_rs == 1 && m.min(n) >= 16 && k >= REORIENT_FROM_K {
+            if m < n {
+                // SAFETY: the caller's contract: `a + i * a_rs + kk` is in range.
+                unsafe { transpose_into(&mut packed, a, a_rs, k, m) };
+                ((packed.as_ptr(), m as isize, 1), (b, b_cs, b_rs))
+            } else {
+                // SAFETY: the caller's contract: `b + kk + j * b_cs` is in range.
+                unsafe { transpose_into(&mut packed, b, b_cs, k, n) };
+                ((a, a_cs, a_rs), (packed.as_ptr(), 1, n as isize))
+            }
+        } else {
+            ((a, a_cs, a_rs), (b, b_cs, b_rs))
+        };
     let reorient = b_rs == 1 && b_cs != 1 && m < n && k >= REORIENT_FROM_K;
     let mut scratch = Vec::new();
     // Where the product lands: `(pointer, column stride, row stride)`.
@@ -279,6 +299,36 @@ unsafe fn product<T: Element>(
             *slot = scratch[j * m + i];
         }
     }
+}
+
+/// Fills `dst` (empty) with the `rows x cols` matrix whose element `(r, c)` is at
+/// `src + r + c * src_cs`, row-major: eight source columns at a time, so the reads run along
+/// eight contiguous streams and the writes along rows.
+///
+/// # Safety
+/// Every such element lies inside `src`'s buffer.
+unsafe fn transpose_into<T: Element>(
+    dst: &mut Vec<T>,
+    src: *const T,
+    src_cs: isize,
+    rows: usize,
+    cols: usize,
+) {
+    dst.reserve_exact(rows * cols);
+    let out = dst.as_mut_ptr();
+    for c0 in (0..cols).step_by(8) {
+        for r in 0..rows {
+            for c in c0..(c0 + 8).min(cols) {
+                // SAFETY: `r * cols + c` is inside the reserved capacity; the source element
+                // is in range (the caller's contract).
+                unsafe {
+                    out.add(r * cols + c).write(*src.offset(r as isize + c as isize * src_cs))
+                };
+            }
+        }
+    }
+    // SAFETY: all `rows * cols` elements were written above.
+    unsafe { dst.set_len(rows * cols) };
 }
 
 /// The shortest inner dimension for which [`product`] re-orients an output: below it the
