@@ -282,3 +282,30 @@ fn conv_bn_relu_block_kernel_snapshot() {
     }
     insta::assert_snapshot!(text);
 }
+
+/// The whole batch meets the weight in one product per group (the columns hold the batch
+/// beside the pixels), and the weight's gradient is one product over every image's pixels,
+/// not a product per image summed afterwards.
+#[test]
+fn a_batch_of_images_is_one_product() {
+    let x = Tensor::randn([4, 6, 7, 7]).requires_grad_(true);
+    let w = Tensor::randn([8, 3, 3, 3]).requires_grad_(true);
+    let y =
+        F::conv2d(&x, &w, None, Conv2dOptions { groups: 2, stride: [2, 2], ..Default::default() });
+    assert_eq!(y.dims(), &[4, 8, 3, 3]);
+    let dot = kiln::debug::graph_dot(&[&y]);
+    assert_eq!(dot.matches("matmul").count(), 1, "{dot}");
+    assert!(dot.contains("[2, 27, 36]"), "groups x C/G·KH·KW x N·OH·OW columns:\n{dot}");
+    let loss = (&y * &y).sum();
+    loss.realize();
+    let (_, p) = kiln::profile(|| loss.backward());
+    let ran: Vec<(&str, &str)> =
+        p.events().iter().map(|e| (e.name.as_str(), e.ops.as_str())).collect();
+    let products = ran.iter().filter(|(name, _)| *name == "matmul").count();
+    assert_eq!(products, 2, "the weight's and the columns' gradients: {ran:?}");
+    assert!(
+        ran.iter().all(|(_, ops)| !ops.contains("sum")),
+        "no sum over per-image products: {ran:?}"
+    );
+    assert!(ran.iter().any(|(name, _)| *name == "unview"), "col2im: {ran:?}");
+}

@@ -296,12 +296,16 @@ pub fn try_conv2d(
     let (oh, ow) = (cols.dims()[5], cols.dims()[6]);
     let (g, og, k, l) =
         (groups as i64, (o / groups) as i64, (cg * kh * kw) as i64, (oh * ow) as i64);
-    // Columns: [N, G, C/G·KH·KW, OH·OW], one copy (the im2col) of a view whose gradient is a
-    // single `unview` (col2im); the weight [G, O/G, C/G·KH·KW] times them is
-    // [N, G, O/G, OH·OW], already the output's layout.
-    let cols = cols.contiguous().try_reshape(&[n as i64, g, k, l])?;
+    // Columns: [G, C/G·KH·KW, N·OH·OW], one copy (the im2col) of a view whose gradient is a
+    // single `unview` (col2im). The batch sits beside the pixels so that the weight
+    // [G, O/G, C/G·KH·KW] meets the whole batch in one product per group (and the weight's
+    // gradient is one product over N·OH·OW, not a batch of small ones summed); the result
+    // [G, O/G, N, OH·OW] is the output as a permuted view.
+    let cols = cols.try_permute(&[1, 2, 3, 4, 0, 5, 6])?.contiguous();
+    let cols = cols.try_reshape(&[g, k, n as i64 * l])?;
     let out = weight.try_reshape(&[g, og, k])?.try_matmul(&cols)?;
-    let out = out.try_reshape(&[n as i64, o as i64, oh as i64, ow as i64])?;
+    let out = out.try_reshape(&[o as i64, n as i64, oh as i64, ow as i64])?;
+    let out = out.try_permute(&[1, 0, 2, 3])?;
     match bias {
         Some(b) => out.try_add(&b.try_reshape(&[1, o as i64, 1, 1])?),
         None => Ok(out),
