@@ -309,3 +309,79 @@ fn a_batch_of_images_is_one_product() {
     );
     assert!(ran.iter().any(|(name, _)| *name == "unview"), "col2im: {ran:?}");
 }
+
+/// The gradients of `sum(conv2d(x, w) · r)`: `(dx, dw)` as loops over every window.
+fn conv_grads_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    wt: &[f64],
+    ws: [usize; 4],
+    r: &[f64],
+    o: Conv2dOptions,
+) -> (Vec<f64>, Vec<f64>) {
+    let [n, c, h, w] = xs;
+    let [oc, cg, kh, kw] = ws;
+    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
+    let ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+    let (mut dx, mut dw) = (vec![0.0; x.len()], vec![0.0; wt.len()]);
+    for b in 0..n {
+        for f in 0..oc {
+            let group = f / (oc / o.groups);
+            for i in 0..oh {
+                for j in 0..ow {
+                    let g = r[((b * oc + f) * oh + i) * ow + j];
+                    for ci in 0..cg {
+                        for u in 0..kh {
+                            for v in 0..kw {
+                                let y = (i * o.stride[0] + u * o.dilation[0]) as isize
+                                    - o.padding[0] as isize;
+                                let z = (j * o.stride[1] + v * o.dilation[1]) as isize
+                                    - o.padding[1] as isize;
+                                if y < 0 || z < 0 || y >= h as isize || z >= w as isize {
+                                    continue;
+                                }
+                                let xi =
+                                    ((b * c + group * cg + ci) * h + y as usize) * w + z as usize;
+                                let wi = ((f * cg + ci) * kh + u) * kw + v;
+                                dx[xi] += g * wt[wi];
+                                dw[wi] += g * x[xi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (dx, dw)
+}
+
+/// Input and weight gradients against the loops at sizes whose columns' gradient (col2im)
+/// is scattered in parallel parts, one per image, with groups, strides and padding.
+#[test]
+fn conv2d_gradients_match_the_loop_at_size() {
+    let mut rng = Rng::new(82);
+    let cases: [([usize; 4], [usize; 4], Conv2dOptions); 2] = [
+        (
+            [4, 6, 24, 25],
+            [6, 3, 3, 3],
+            Conv2dOptions { groups: 2, stride: [2, 1], padding: [1, 1], ..Default::default() },
+        ),
+        ([3, 5, 30, 30], [4, 5, 3, 3], Conv2dOptions { dilation: [2, 2], ..Default::default() }),
+    ];
+    for (xs, ws, o) in cases {
+        for dtype in [DType::F32, DType::F64] {
+            let dx = values(&mut rng, xs.iter().product(), dtype);
+            let dw = values(&mut rng, ws.iter().product(), dtype);
+            let x = tensor(&dx, &xs, dtype).requires_grad_(true);
+            let w = tensor(&dw, &ws, dtype).requires_grad_(true);
+            let y = F::conv2d(&x, &w, None, o);
+            let r = values(&mut rng, y.numel(), dtype);
+            (&y * &tensor(&r, y.dims(), dtype)).sum().backward();
+            let (want_x, want_w) = conv_grads_ref(&dx, xs, &dw, ws, &r, o);
+            let tol = if dtype == DType::F32 { 1e-4 } else { 1e-11 };
+            let context = format!("{xs:?} {ws:?} {o:?} {dtype}");
+            assert_close_tol(&read(&x.grad().unwrap(), dtype), &want_x, tol, &context);
+            assert_close_tol(&read(&w.grad().unwrap(), dtype), &want_w, tol * 10.0, &context);
+        }
+    }
+}

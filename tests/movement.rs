@@ -133,3 +133,36 @@ fn zero_size_tensors_move_and_compute() {
     assert_eq!(x.sum().item::<f32>(), 0.0);
     assert_eq!(x.sum_dim(0, false).to_vec::<f32>(), vec![0.0, 0.0, 0.0]);
 }
+
+/// The gradient of a permutation places each element back where it came from, at a size
+/// that runs in parallel parts.
+#[test]
+fn gradients_of_large_permutations_place_every_element() {
+    let mut rng = Rng::new(17);
+    let shape = [37usize, 29, 40];
+    for dims in [[1i64, 0, 2], [2, 1, 0], [0, 2, 1]] {
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::zeros(shape).to_dtype(dtype).requires_grad_(true);
+            let y = x.permute(&dims);
+            let yd: Vec<usize> = y.dims().to_vec();
+            let r = values(&mut rng, y.numel(), dtype);
+            (&y * &tensor(&r, &yd, dtype)).sum().backward();
+            let got = read(&x.grad().unwrap(), dtype);
+            let mut want = vec![0.0; got.len()];
+            for (j, &v) in r.iter().enumerate() {
+                // The index of `y` element `j`, and the `x` element it reads.
+                let (mut rest, mut at) = (j, [0usize; 3]);
+                for a in (0..3).rev() {
+                    at[a] = rest % yd[a];
+                    rest /= yd[a];
+                }
+                let mut xi = [0usize; 3];
+                for a in 0..3 {
+                    xi[dims[a] as usize] = at[a];
+                }
+                want[(xi[0] * shape[1] + xi[1]) * shape[2] + xi[2]] = v;
+            }
+            assert_eq!(got, want, "{dims:?} {dtype}");
+        }
+    }
+}

@@ -570,34 +570,68 @@ enum Overlaps {
 }
 
 /// Writes (or adds, per `overlaps`) `x`'s elements at the positions `view` reads them from.
-/// When each index of the view's first dimension covers its own range of `out` (the
-/// samples of a batch, the planes of a convolution's windows), those ranges run in
-/// parallel.
+/// When each index of one of the view's dimensions covers its own range of `out` (the
+/// samples of a batch, wherever the view puts them: a convolution's columns hold the batch
+/// beside the pixels), those ranges run in parallel.
 fn write_through<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
     let (dims, strides) = (view.shape().dims(), view.strides());
-    if let Some((&n0, rest)) = dims.split_first()
-        && n0 > 1
-        && !rest.is_empty()
-        && x.len() >= 1 << 15
-        && strides[1..].iter().all(|&s| s >= 0)
-    {
-        let s0 = strides[0];
-        let span: isize =
-            rest.iter().zip(&strides[1..]).map(|(&d, &s)| (d as isize - 1).max(0) * s).sum();
-        if s0 > 0 && span < s0 {
-            let sub = View::from_parts(Shape::new(rest.to_vec()), strides[1..].to_vec(), 0);
-            let inner = x.len() / n0;
-            let outs = out[view.offset()..].chunks_mut(s0 as usize).take(n0).collect();
-            crate::team::for_each_part(outs, &|i, o| {
-                scatter_serial(o, &x[i * inner..(i + 1) * inner], &sub, overlaps);
-            });
-            return;
-        }
+    let whole = Rows { x, block: x.len().max(1), stride: 0, start: 0 };
+    if x.len() < 1 << 15 || strides.iter().any(|&s| s < 0) {
+        return scatter_serial(out, whole, view, overlaps);
     }
-    scatter_serial(out, x, view, overlaps);
+    // A dimension (not the innermost, whose rows the scatter walks) whose every index
+    // writes a range of `out` that no other index reaches.
+    let span: isize = dims.iter().zip(strides).map(|(&d, &s)| (d as isize - 1).max(0) * s).sum();
+    let split = (0..dims.len().saturating_sub(1)).find(|&d| {
+        let (n, s) = (dims[d] as isize, strides[d]);
+        n > 1 && s > 0 && span - (n - 1) * s < s
+    });
+    let Some(d) = split else {
+        return scatter_serial(out, whole, view, overlaps);
+    };
+    let (n, s) = (dims[d], strides[d] as usize);
+    let mut sub_dims = dims.to_vec();
+    let mut sub_strides = strides.to_vec();
+    sub_dims.remove(d);
+    sub_strides.remove(d);
+    let sub = View::from_parts(Shape::new(sub_dims), sub_strides, 0);
+    // `x` is in the view's order: the elements with index `i` along `d` are blocks of
+    // `inner` consecutive elements, `n · inner` apart.
+    let inner: usize = dims[d + 1..].iter().product();
+    let outs = out[view.offset()..].chunks_mut(s).take(n).collect();
+    crate::team::for_each_part(outs, &|i, o| {
+        let part = Rows { x, block: inner, stride: n * inner, start: i * inner };
+        scatter_serial(o, part, &sub, overlaps);
+    });
 }
 
-fn scatter_serial<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Overlaps) {
+/// Part of a row-major buffer `x`: its element `j` is at
+/// `start + (j / block) * stride + j % block`. Rows of the scattered view never cross a block.
+#[derive(Clone, Copy)]
+struct Rows<'a, T> {
+    x: &'a [T],
+    block: usize,
+    stride: usize,
+    start: usize,
+}
+
+impl<'a, T: Copy> Rows<'a, T> {
+    fn at(&self, j: usize) -> usize {
+        self.start + (j / self.block) * self.stride + j % self.block
+    }
+
+    /// Elements `j..j + len`, inside one block.
+    fn row(&self, j: usize, len: usize) -> &'a [T] {
+        let p = self.at(j);
+        &self.x[p..p + len]
+    }
+
+    fn get(&self, j: usize) -> T {
+        self.x[self.at(j)]
+    }
+}
+
+fn scatter_serial<T: Element>(out: &mut [T], x: Rows<'_, T>, view: &View, overlaps: Overlaps) {
     let (dims, strides) = (view.shape().dims(), view.strides());
     match overlaps {
         // Rows of consecutive elements (a `cat`'s pieces, a slice's rows) copy whole.
@@ -609,20 +643,22 @@ fn scatter_serial<T: Element>(out: &mut [T], x: &[T], view: &View, overlaps: Ove
                 view.offset(),
             );
             for_each_offset(&starts, |r, p| {
-                out[p..p + inner].copy_from_slice(&x[r * inner..(r + 1) * inner]);
+                out[p..p + inner].copy_from_slice(x.row(r * inner, inner));
             });
         }
-        Overlaps::Distinct => for_each_offset(view, |i, p| out[p] = x[i]),
+        Overlaps::Distinct => for_each_offset(view, |i, p| out[p] = x.get(i)),
         Overlaps::SumFloat => {
             let mut sums = vec![0.0f64; out.len()];
-            for_each_row(view, |i, p, len, step| add_row(&mut sums, p, &x[i..i + len], step));
+            for_each_row(view, |i, p, len, step| add_row(&mut sums, p, x.row(i, len), step));
             for (slot, s) in out.iter_mut().zip(sums) {
                 *slot = T::from_scalar(Scalar::F64(s));
             }
         }
         Overlaps::SumInt => {
             let mut sums = vec![0i64; out.len()];
-            for_each_offset(view, |i, p| sums[p] = sums[p].wrapping_add(x[i].to_scalar().to_i64()));
+            for_each_offset(view, |i, p| {
+                sums[p] = sums[p].wrapping_add(x.get(i).to_scalar().to_i64());
+            });
             for (slot, s) in out.iter_mut().zip(sums) {
                 *slot = T::from_scalar(Scalar::I64(s));
             }

@@ -177,10 +177,13 @@ fn normalize(
         }
         // The forward keeps `centered` so the gradient sees the batch mean's dependence.
         let inv = (var + eps).sqrt().reciprocal();
-        let mut y = centered.try_mul(&inv)?;
-        if let Some(w) = weight {
-            y = y.try_mul(&per_channel(w)?)?;
-        }
+        // One per-channel scale, so that the backward takes one sum of `g · centered` for
+        // both the weight's and the variance's gradient instead of one each over the input.
+        let scale = match weight {
+            Some(w) => inv.try_mul(&per_channel(w)?)?,
+            None => inv,
+        };
+        let mut y = centered.try_mul(&scale)?;
         if let Some(b) = bias {
             y = y.try_add(&per_channel(b)?)?;
         }

@@ -167,7 +167,7 @@ pub(super) fn windows(
 }
 
 /// The windows of `x` (`[N, C, H, W]`, padded already) in the order a convolution's
-/// columns need them: a view `[N, G, C/G, KH, KW, OH, OW]` over the same storage.
+/// columns need them: a view `[G, C/G, KH, KW, N, OH, OW]` over the same storage.
 #[track_caller]
 fn columns(
     op: &'static str,
@@ -181,17 +181,17 @@ fn columns(
     let oh = out_size(op, d[2], kernel[0], stride[0], dilation[0])?;
     let ow = out_size(op, d[3], kernel[1], stride[1], dilation[1])?;
     let cg = d[1] / groups;
-    let shape = Shape::new(vec![d[0], groups, cg, kernel[0], kernel[1], oh, ow]);
+    let shape = Shape::new(vec![groups, cg, kernel[0], kernel[1], d[0], oh, ow]);
     Ok(x.restrided(|v: &View| {
         let s = v.strides();
         View::from_parts(
             shape.clone(),
             vec![
-                s[0],
                 s[1] * cg as isize,
                 s[1],
                 s[2] * dilation[0] as isize,
                 s[3] * dilation[1] as isize,
+                s[0],
                 s[2] * stride[0] as isize,
                 s[3] * stride[1] as isize,
             ],
@@ -301,8 +301,7 @@ pub fn try_conv2d(
     // [G, O/G, C/G·KH·KW] meets the whole batch in one product per group (and the weight's
     // gradient is one product over N·OH·OW, not a batch of small ones summed); the result
     // [G, O/G, N, OH·OW] is the output as a permuted view.
-    let cols = cols.try_permute(&[1, 2, 3, 4, 0, 5, 6])?.contiguous();
-    let cols = cols.try_reshape(&[g, k, n as i64 * l])?;
+    let cols = cols.contiguous().try_reshape(&[g, k, n as i64 * l])?;
     let out = weight.try_reshape(&[g, og, k])?.try_matmul(&cols)?;
     let out = out.try_reshape(&[o as i64, n as i64, oh as i64, ow as i64])?;
     let out = out.try_permute(&[1, 0, 2, 3])?;
