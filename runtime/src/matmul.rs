@@ -322,7 +322,7 @@ unsafe fn transpose_into<T: Element>(
                 // SAFETY: `r * cols + c` is inside the reserved capacity; the source element
                 // is in range (the caller's contract).
                 unsafe {
-                    out.add(r * cols + c).write(*src.offset(r as isize + c as isize * src_cs))
+                    out.add(r * cols + c).write(*src.offset(r as isize + c as isize * src_cs));
                 };
             }
         }
