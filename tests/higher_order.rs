@@ -99,3 +99,42 @@ fn a_gradient_penalty_trains() {
     }
     assert!(losses[24] < losses[0] * 0.5, "the penalized loss should fall: {losses:?}");
 }
+
+/// Second derivatives through the normalizations: a Hessian-vector product through
+/// training-mode batch norm (whose statistics depend on the input) and through layer norm
+/// matches finite differences of the gradient, so their formulations stay exact beyond the
+/// first derivative.
+#[test]
+fn hessian_vector_products_through_normalizations() {
+    use kiln::nn::functional::{self as F, BatchNormOptions};
+    let mut rng = Rng::new(72);
+    let w = randn(&mut rng, &[3]);
+    let b = randn(&mut rng, &[3]);
+    let r = randn(&mut rng, &[4, 3, 5]);
+    let train = BatchNormOptions { training: true, ..Default::default() };
+    let cases: [(&str, Box<dyn Fn(&Tensor) -> Tensor>); 2] = [
+        (
+            "batch_norm",
+            Box::new(|x| {
+                (F::batch_norm(x, None, None, Some(&w), Some(&b), train) * &r).tanh().sum()
+            }),
+        ),
+        ("layer_norm", Box::new(|x| (F::layer_norm(x, &[5], None, None, 1e-5) * &r).tanh().sum())),
+    ];
+    for (name, f) in cases {
+        let x = randn(&mut rng, &[4, 3, 5]).requires_grad_(true);
+        let v = randn(&mut rng, &[4, 3, 5]);
+        let g = kiln::grad(&[&f(&x)], &[&x], true).remove(0);
+        let hv = kiln::grad(&[&(&g * &v).sum()], &[&x], false).remove(0).to_vec::<f64>();
+        let grad_at = |p: Tensor| {
+            let p = p.detach().requires_grad_(true);
+            kiln::grad(&[&f(&p)], &[&p], false).remove(0).to_vec::<f64>()
+        };
+        let eps = 1e-5;
+        let plus = grad_at(&x.detach() + &(&v * eps));
+        let minus = grad_at(&x.detach() - &(&v * eps));
+        let numeric: Vec<f64> =
+            plus.iter().zip(&minus).map(|(p, m)| (p - m) / (2.0 * eps)).collect();
+        assert_close_tol(&hv, &numeric, 1e-6, name);
+    }
+}
