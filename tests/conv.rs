@@ -8,30 +8,24 @@ use kiln::prelude::*;
 
 use crate::common::*;
 
-/// PyTorch's conv2d as a loop: `x` `[n, c, h, w]`, `wt` `[o, c/g, kh, kw]`.
-#[allow(clippy::too_many_arguments)]
-fn conv_ref(
-    x: &[f64],
+/// Every tap of PyTorch's conv2d (cross-correlation) over `x` `[n, c, h, w]` with a weight
+/// `[o, c/g, kh, kw]`: `tap(out, x, w)` with the flat indices of an output element, the
+/// input element it reads (padding skipped) and the weight element it multiplies.
+fn for_each_tap(
     xs: [usize; 4],
-    wt: &[f64],
     ws: [usize; 4],
-    bias: Option<&[f64]>,
     o: Conv2dOptions,
-) -> (Vec<f64>, [usize; 4]) {
+    mut tap: impl FnMut(usize, usize, usize),
+) {
     let [n, c, h, w] = xs;
     let [oc, cg, kh, kw] = ws;
-    let g = o.groups;
-    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
-    let ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
-    let mut out = vec![0.0; n * oc * oh * ow];
+    let [oh, ow] = out_hw(xs, ws, o);
     for b in 0..n {
         for f in 0..oc {
-            let group = f / (oc / g);
+            let group = f / (oc / o.groups);
             for i in 0..oh {
                 for j in 0..ow {
-                    let mut s = bias.map_or(0.0, |b| b[f]);
                     for ci in 0..cg {
-                        let ch = group * cg + ci;
                         for u in 0..kh {
                             for v in 0..kw {
                                 let y = (i * o.stride[0] + u * o.dilation[0]) as isize
@@ -41,17 +35,41 @@ fn conv_ref(
                                 if y < 0 || z < 0 || y >= h as isize || z >= w as isize {
                                     continue;
                                 }
-                                let xv = x[((b * c + ch) * h + y as usize) * w + z as usize];
-                                s += xv * wt[((f * cg + ci) * kh + u) * kw + v];
+                                let xi =
+                                    ((b * c + group * cg + ci) * h + y as usize) * w + z as usize;
+                                let wi = ((f * cg + ci) * kh + u) * kw + v;
+                                tap(((b * oc + f) * oh + i) * ow + j, xi, wi);
                             }
                         }
                     }
-                    out[((b * oc + f) * oh + i) * ow + j] = s;
                 }
             }
         }
     }
-    (out, [n, oc, oh, ow])
+}
+
+/// The output's height and width.
+fn out_hw(xs: [usize; 4], ws: [usize; 4], o: Conv2dOptions) -> [usize; 2] {
+    let oh = (xs[2] + 2 * o.padding[0] - o.dilation[0] * (ws[2] - 1) - 1) / o.stride[0] + 1;
+    let ow = (xs[3] + 2 * o.padding[1] - o.dilation[1] * (ws[3] - 1) - 1) / o.stride[1] + 1;
+    [oh, ow]
+}
+
+/// PyTorch's conv2d as a loop: `x` `[n, c, h, w]`, `wt` `[o, c/g, kh, kw]`.
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    wt: &[f64],
+    ws: [usize; 4],
+    bias: Option<&[f64]>,
+    o: Conv2dOptions,
+) -> (Vec<f64>, [usize; 4]) {
+    let [oh, ow] = out_hw(xs, ws, o);
+    let plane = oh * ow;
+    let mut out: Vec<f64> =
+        (0..xs[0] * ws[0] * plane).map(|i| bias.map_or(0.0, |b| b[(i / plane) % ws[0]])).collect();
+    for_each_tap(xs, ws, o, |oi, xi, wi| out[oi] += x[xi] * wt[wi]);
+    (out, [xs[0], ws[0], oh, ow])
 }
 
 fn pool_ref(x: &[f64], xs: [usize; 4], o: Pool2dOptions, max: bool) -> Vec<f64> {
@@ -310,7 +328,7 @@ fn a_batch_of_images_is_one_product() {
     assert!(ran.iter().any(|(name, _)| *name == "unview"), "col2im: {ran:?}");
 }
 
-/// The gradients of `sum(conv2d(x, w) · r)`: `(dx, dw)` as loops over every window.
+/// The gradients of `sum(conv2d(x, w) · r)`: `(dx, dw)`, tap by tap.
 fn conv_grads_ref(
     x: &[f64],
     xs: [usize; 4],
@@ -319,39 +337,11 @@ fn conv_grads_ref(
     r: &[f64],
     o: Conv2dOptions,
 ) -> (Vec<f64>, Vec<f64>) {
-    let [n, c, h, w] = xs;
-    let [oc, cg, kh, kw] = ws;
-    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
-    let ow = (w + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
     let (mut dx, mut dw) = (vec![0.0; x.len()], vec![0.0; wt.len()]);
-    for b in 0..n {
-        for f in 0..oc {
-            let group = f / (oc / o.groups);
-            for i in 0..oh {
-                for j in 0..ow {
-                    let g = r[((b * oc + f) * oh + i) * ow + j];
-                    for ci in 0..cg {
-                        for u in 0..kh {
-                            for v in 0..kw {
-                                let y = (i * o.stride[0] + u * o.dilation[0]) as isize
-                                    - o.padding[0] as isize;
-                                let z = (j * o.stride[1] + v * o.dilation[1]) as isize
-                                    - o.padding[1] as isize;
-                                if y < 0 || z < 0 || y >= h as isize || z >= w as isize {
-                                    continue;
-                                }
-                                let xi =
-                                    ((b * c + group * cg + ci) * h + y as usize) * w + z as usize;
-                                let wi = ((f * cg + ci) * kh + u) * kw + v;
-                                dx[xi] += g * wt[wi];
-                                dw[wi] += g * x[xi];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    for_each_tap(xs, ws, o, |oi, xi, wi| {
+        dx[xi] += r[oi] * wt[wi];
+        dw[wi] += r[oi] * x[xi];
+    });
     (dx, dw)
 }
 
