@@ -314,11 +314,7 @@ fn a_batch_of_images_is_one_product() {
     let dot = kiln::debug::graph_dot(&[&y]);
     assert_eq!(dot.matches("matmul").count(), 1, "{dot}");
     assert!(dot.contains("[2, 27, 36]"), "groups x C/G·KH·KW x N·OH·OW columns:\n{dot}");
-    let loss = (&y * &y).sum();
-    loss.realize();
-    let (_, p) = kiln::profile(|| loss.backward());
-    let ran: Vec<(&str, &str)> =
-        p.events().iter().map(|e| (e.name.as_str(), e.ops.as_str())).collect();
+    let ran = backward_ran(&(&y * &y).sum());
     let products = ran.iter().filter(|(name, _)| *name == "matmul").count();
     assert_eq!(products, 2, "the weight's and the columns' gradients: {ran:?}");
     assert!(

@@ -16,6 +16,15 @@ fn mm_ref(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     out
 }
 
+/// `a @ b` for `batch` row-major matrices each, one after another.
+fn batched_mm_ref(a: &[f64], b: &[f64], batch: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
+    (0..batch)
+        .flat_map(|p| {
+            mm_ref(&a[p * m * k..(p + 1) * m * k], &b[p * k * n..(p + 1) * k * n], m, k, n)
+        })
+        .collect()
+}
+
 #[test]
 fn matrices_of_odd_sizes_in_every_layout() {
     let mut rng = Rng::new(31);
@@ -189,11 +198,7 @@ fn products_split_across_threads_match_the_loop() {
             let a = make(&da, &[batch, m, k], dtype, la);
             let b = make(&db, &[batch, k, n], dtype, lb);
             let got = read(&a.matmul(&b), dtype);
-            let mut want = Vec::new();
-            for p in 0..batch {
-                let (pa, pb) = (&da[p * m * k..(p + 1) * m * k], &db[p * k * n..(p + 1) * k * n]);
-                want.extend(mm_ref(pa, pb, m, k, n));
-            }
+            let want = batched_mm_ref(&da, &db, batch, m, k, n);
             let context = format!("{batch}x{m}x{k}x{n} {la:?} {lb:?}");
             assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
         }
@@ -214,11 +219,10 @@ fn reoriented_products_match_the_loop() {
             let a = make(&da, &[batch, m, k], dtype, Layout::Contiguous);
             let b = make(&db, &[batch, k, n], dtype, Layout::Permuted);
             let got = read(&a.matmul(&b), dtype);
-            let mut want = Vec::new();
-            for p in 0..batch {
-                let (pa, pb) = (&da[p * m * k..(p + 1) * m * k], &db[p * k * n..(p + 1) * k * n]);
-                want.extend(mm_ref(pa, pb, m, k, n).iter().map(|&v| round_to(dtype, v)));
-            }
+            let want: Vec<f64> = batched_mm_ref(&da, &db, batch, m, k, n)
+                .into_iter()
+                .map(|v| round_to(dtype, v))
+                .collect();
             let context = format!("{dtype} {batch}x{m}x{k}x{n}");
             assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
         }
@@ -259,11 +263,7 @@ fn products_with_both_operands_along_k_match_the_loop() {
             let a = make(&da, &[batch, m, k], dtype, la);
             let b = make(&db_t, &[batch, n, k], dtype, Layout::Contiguous).transpose(1, 2);
             let got = read(&a.matmul(&b), dtype);
-            let mut want = Vec::new();
-            for p in 0..batch {
-                let (pa, pb) = (&da[p * m * k..(p + 1) * m * k], &db[p * k * n..(p + 1) * k * n]);
-                want.extend(mm_ref(pa, pb, m, k, n));
-            }
+            let want = batched_mm_ref(&da, &db, batch, m, k, n);
             let context = format!("{dtype} {la:?} {batch}x{m}x{k}x{n}");
             assert_close_tol(&got, &want, tolerance(dtype) * k as f64, &context);
         }
@@ -281,12 +281,7 @@ fn a_batch_times_a_matrix_is_one_product() {
     let dot = kiln::debug::graph_dot(&[&y]);
     assert_eq!(dot.matches("matmul").count(), 1, "{dot}");
     assert!(dot.contains("[24, 8]"), "the batch folds into 24 rows:\n{dot}");
-    let loss = (&y * &y).sum();
-    loss.realize();
-    // The gradients are realized by `backward`; what ran says how they were computed.
-    let (_, p) = kiln::profile(|| loss.backward());
-    let ran: Vec<(&str, &str)> =
-        p.events().iter().map(|e| (e.name.as_str(), e.ops.as_str())).collect();
+    let ran = backward_ran(&(&y * &y).sum());
     assert_eq!(ran.iter().filter(|(name, _)| *name == "matmul").count(), 2, "{ran:?}");
     assert!(
         ran.iter().all(|(_, ops)| !ops.contains("sum")),

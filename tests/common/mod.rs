@@ -304,3 +304,12 @@ pub fn read(t: &Tensor, dtype: DType) -> Vec<f64> {
     assert_eq!(t.dtype(), dtype, "result dtype");
     t.to_vec::<f64>()
 }
+
+/// What `loss.backward()` ran, as `(name, ops)` per step: the gradients are realized by
+/// `backward`, so the steps, not a graph, say how they were computed. The loss is realized
+/// first, so that only the backward's steps are listed.
+pub fn backward_ran(loss: &Tensor) -> Vec<(String, String)> {
+    loss.realize();
+    let (_, p) = kiln::profile(|| loss.backward());
+    p.events().iter().map(|e| (e.name.clone(), e.ops.clone())).collect()
+}
