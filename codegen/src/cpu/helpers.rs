@@ -72,6 +72,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
     out.extend(super::wide::for_host().into_iter().map(|(n, f)| (n, f as *const u8)));
     out.push(("kiln_lse_f32s", super::wide::lse_for_host() as *const u8));
     out.push(("kiln_lse_end", super::wide::lse_end as *const u8));
+    out.push(("kiln_exp_sum_f32s", super::wide::exp_sum_for_host() as *const u8));
     out
 }
 
@@ -104,5 +105,10 @@ pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
     block.params.extend([types::I64; 3].map(AbiParam::new));
     out.push(("kiln_lse_f32s", block));
     out.push(("kiln_lse_end", sig(&[types::I64], types::F32)));
+    // A row of exponentials and their sum (`rows.rs`): (x, shift, out, count) -> f64.
+    out.push((
+        "kiln_exp_sum_f32s",
+        sig(&[types::I64, types::F32, types::I64, types::I64], types::F64),
+    ));
     out
 }

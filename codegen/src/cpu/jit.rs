@@ -315,7 +315,6 @@ fn define_preserving(
             b.finalize(module.target_config());
         }
         ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
-        ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
         module.define_function(id, ctx).map_err(|e| CodegenError::Cranelift(format!("{e:?}")))?;
         if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
             eprintln!("{code}");

@@ -5,14 +5,39 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
+use kiln_ir::kernel::ExprKind;
 use kiln_ir::kernel::KernelReduce;
-use kiln_ir::{DType, ReduceOp};
+use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use super::math;
 use super::staging::At;
+use super::staging::MIN_ROW;
 use super::strategy::scalar_type;
 use super::translate::{Prologue, Translator, acc_ty_dtype};
+use super::wide;
 use crate::walk::{Rows, Walk};
+
+/// A row sum of `exp(x - s)` over a contiguous f32 input `x`, `s` fixed along the row (or
+/// absent), whose only other output is the exponentials themselves (softmax's middle pass):
+/// one call per row to `kiln_exp_sum_f32s` (`wide.rs`), which computes them in the host's
+/// widest vectors, stores them and sums them, where the vector loop would stage the
+/// arguments in scratch, call the batch `exp`, and then store and widen every value in
+/// 128-bit vectors (about four times the instructions per value).
+#[derive(Clone, Copy)]
+struct ExpSumRow {
+    x: usize,
+    shift: Shift,
+}
+
+/// What an [`ExpSumRow`] subtracts before the exponential.
+#[derive(Clone, Copy)]
+enum Shift {
+    Zero,
+    /// A parameter (its expression).
+    Param(usize),
+    /// An input that stays put along the row.
+    Input(usize),
+}
 
 /// What the vector part of one row needs from the row loop around it.
 #[derive(Clone, Copy)]
@@ -166,7 +191,9 @@ impl<'b> Translator<'_, 'b> {
         let len_v = self.iconst(len);
         let side = self.side_outputs(&outs, o, ir, rows, len);
         let row = Row { bases: &bases, side: &side, acc: racc, len: len_v, zero, red, dtype };
+        let exp_row = self.exp_sum_row(red);
         let (j0, acc0) = match self.vector {
+            _ if let Some(er) = exp_row => self.exp_sum_call(&row, er, &param_scalar),
             Some((_, lanes)) if matches!(red.op, ReduceOp::Max | ReduceOp::Min) => {
                 self.row_vector_extremum(&row, &param_vector, lanes)
             }
@@ -209,6 +236,69 @@ impl<'b> Translator<'_, 'b> {
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+    }
+
+    /// The shape of a row sum that goes to `kiln_exp_sum_f32s` whole (see [`ExpSumRow`]).
+    fn exp_sum_row(&self, red: KernelReduce) -> Option<ExpSumRow> {
+        let k = self.kernel;
+        let len = *self.walk.dims.last()?;
+        if red.op != ReduceOp::Sum
+            || self.vector != Some((DType::F32, types::F32X4))
+            || !self.fma
+            || len < MIN_ROW
+            || wide::lanes().is_none()
+        {
+            return None;
+        }
+        let out = k.outputs[0];
+        let ExprKind::Unary(UnaryOp::Exp, arg) = k.exprs[out].kind else { return None };
+        if k.exprs[out].dtype != DType::F32
+            || k.outputs.len() > 2
+            || k.outputs[1..] != [out][..k.outputs.len() - 1]
+        {
+            return None;
+        }
+        // An f32 input whose last stride is `stride`.
+        let input = |e: usize, stride: i64| match k.exprs[e].kind {
+            ExprKind::Load(i)
+                if k.inputs[i].dtype == DType::F32
+                    && self.walk.strides[i].last() == Some(&stride) =>
+            {
+                Some(i)
+            }
+            _ => None,
+        };
+        let (x, shift) = match k.exprs[arg].kind {
+            ExprKind::Load(_) => (input(arg, 1)?, Shift::Zero),
+            ExprKind::Binary(BinaryOp::Sub, a, c) => {
+                let shift = match k.exprs[c].kind {
+                    ExprKind::Param(_) if k.exprs[c].dtype == DType::F32 => Shift::Param(c),
+                    _ => Shift::Input(input(c, 0)?),
+                };
+                (input(a, 1)?, shift)
+            }
+            _ => return None,
+        };
+        Some(ExpSumRow { x, shift })
+    }
+
+    /// One row of an [`ExpSumRow`] kernel: the exponentials (and the side output) by one call;
+    /// returns the end of the row and the accumulator with the row's sum added.
+    fn exp_sum_call(
+        &mut self,
+        row: &Row<'_>,
+        er: ExpSumRow,
+        param_scalar: &HashMap<usize, Value>,
+    ) -> (Value, Value) {
+        let x = self.element_addr(er.x, row.zero, row.bases);
+        let shift = match er.shift {
+            Shift::Zero => self.b.ins().f32const(0.0),
+            Shift::Param(e) => param_scalar[&e],
+            Shift::Input(i) => self.load(DType::F32, row.bases[i]),
+        };
+        let out = row.side.first().map_or(row.zero, |&(_, _, base)| base);
+        let sum = self.call("kiln_exp_sum_f32s", &[x, shift, out, row.len]);
+        (row.len, self.b.ins().fadd(row.acc, sum))
     }
 
     /// The vector part of a max/min row: returns the position where the scalar tail starts

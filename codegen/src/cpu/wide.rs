@@ -299,6 +299,106 @@ mod lse {
     }
 }
 
+/// Lanes of an exponential row's sum: a fixed sixteen, as for `logsumexp`, so that every host
+/// adds the same values in the same order.
+const SUM_LANES: usize = 16;
+
+/// `exp(x - shift)` of each of the `n` values at `x`, stored at `out` unless it is null, and
+/// the sum of those results in f64 (lane `i` adds the values at `i mod 16`, then the lanes
+/// fold by halves). Each group of sixteen is read before it is written, so `out` may be `x`.
+///
+/// # Safety
+/// `x` points at `n` floats; `out` is null or points at `n` writable floats.
+#[inline(always)]
+unsafe fn exp_sum(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+    let mut acc = [0f64; SUM_LANES];
+    let whole = n - n % SUM_LANES;
+    let mut i = 0;
+    while i < whole {
+        // SAFETY: `i + SUM_LANES <= n`, within both rows.
+        let v: [f32; SUM_LANES] = unsafe { x.add(i).cast::<[f32; SUM_LANES]>().read_unaligned() };
+        // A loop, not `map`: a closure would not inherit the caller's target features.
+        let mut e = [0f32; SUM_LANES];
+        for l in 0..SUM_LANES {
+            e[l] = exp1(v[l] - shift);
+        }
+        if !out.is_null() {
+            // SAFETY: as above.
+            unsafe { out.add(i).cast::<[f32; SUM_LANES]>().write_unaligned(e) };
+        }
+        for l in 0..SUM_LANES {
+            acc[l] += f64::from(e[l]);
+        }
+        i += SUM_LANES;
+    }
+    for (l, i) in (whole..n).enumerate() {
+        // SAFETY: `i < n`.
+        let e = exp1(unsafe { *x.add(i) } - shift);
+        if !out.is_null() {
+            // SAFETY: `i < n`.
+            unsafe { *out.add(i) = e };
+        }
+        acc[l] += f64::from(e);
+    }
+    tree(&mut acc, |a, b| a + b)
+}
+
+/// A row function of a sum of exponentials (`rows.rs`): `exp(x[i] - shift)` for `i < n`,
+/// written to `out[i]` unless `out` is null, and their sum.
+pub(super) type ExpSumRow =
+    extern "C" fn(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64;
+
+mod exp_sum_row {
+    use super::exp_sum as run;
+
+    /// # Safety
+    /// The host has AVX-512F and FMA; otherwise as `exp_sum`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn avx512(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+        // SAFETY: as the caller promises.
+        unsafe { run(x, shift, out, n) }
+    }
+
+    /// # Safety
+    /// The host has AVX2 and FMA; otherwise as `exp_sum`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+        // SAFETY: as the caller promises.
+        unsafe { run(x, shift, out, n) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) extern "C" fn on_avx512(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+        // SAFETY: chosen by `exp_sum_for_host` only where the features were detected; kernels
+        // pass a row of an f32 input, a row of their f32 output (or null) and the row's length.
+        unsafe { avx512(x, shift, out, n) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) extern "C" fn on_avx2(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+        // SAFETY: as `on_avx512`.
+        unsafe { avx2(x, shift, out, n) }
+    }
+
+    pub(super) extern "C" fn plain(x: *const f32, shift: f32, out: *mut f32, n: usize) -> f64 {
+        // SAFETY: as `on_avx512`.
+        unsafe { run(x, shift, out, n) }
+    }
+}
+
+/// The exponential row function for this host.
+pub(super) fn exp_sum_for_host() -> ExpSumRow {
+    #[cfg(target_arch = "x86_64")]
+    match lanes() {
+        Some(16) => return exp_sum_row::on_avx512,
+        Some(_) => return exp_sum_row::on_avx2,
+        None => {}
+    }
+    exp_sum_row::plain
+}
+
 /// The `logsumexp` block function for this host.
 pub(super) fn lse_for_host() -> LseBlock {
     #[cfg(target_arch = "x86_64")]
@@ -390,6 +490,48 @@ mod tests {
                     assert!(want.to_bits() == y.to_bits(), "{name}({x}) = {y}, lane gives {want}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_exponential_row_sums_agree_bit_for_bit_on_every_host_path() {
+        let values: Vec<f32> =
+            (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
+        let mut paths: Vec<ExpSumRow> = vec![exp_sum_row::plain];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::arch::is_x86_feature_detected!("fma");
+            if fma && std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(exp_sum_row::on_avx2);
+            }
+            if fma && std::arch::is_x86_feature_detected!("avx512f") {
+                paths.push(exp_sum_row::on_avx512);
+            }
+        }
+        for n in [0, 1, 15, 16, 17, 64, 2049, 5000] {
+            let shift = 1.5f32;
+            let mut sums = Vec::new();
+            for f in &paths {
+                let mut out = vec![f32::NAN; n];
+                let s = f(values.as_ptr(), shift, out.as_mut_ptr(), n);
+                for (x, y) in values[..n].iter().zip(&out) {
+                    assert_eq!(y.to_bits(), exp1(x - shift).to_bits(), "exp({x} - {shift})");
+                }
+                // Without an output, and in place, the sum is the same.
+                assert_eq!(
+                    f(values.as_ptr(), shift, std::ptr::null_mut(), n).to_bits(),
+                    s.to_bits()
+                );
+                let mut inplace = values[..n].to_vec();
+                let p = inplace.as_mut_ptr();
+                assert_eq!(f(p, shift, p, n).to_bits(), s.to_bits());
+                assert_eq!(inplace, out);
+                sums.push(s.to_bits());
+            }
+            assert!(sums.windows(2).all(|w| w[0] == w[1]), "n = {n}: {sums:?}");
+            let want: f64 = values[..n].iter().map(|&x| f64::from(x - shift).exp()).sum();
+            let got = f64::from_bits(sums[0]);
+            assert!((got - want).abs() <= 1e-6 * want.max(1.0), "n = {n}: {got} vs {want}");
         }
     }
 

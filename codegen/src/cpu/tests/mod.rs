@@ -644,3 +644,70 @@ fn staged_row_reductions_match_the_reference() {
         }
     }
 }
+
+/// Whether a kernel's CLIF calls the function of signature `(i64, f32, i64, i64) -> f64`
+/// (`kiln_exp_sum_f32s`; the text names functions by number).
+fn calls_exp_sum_rows(clif: &str) -> bool {
+    let decl = |line: &str, suffix: &str| {
+        let (name, rest) = line.trim().split_once(" = ")?;
+        rest.ends_with(suffix).then(|| name.to_string())
+    };
+    let Some(sig) = clif.lines().find_map(|l| decl(l, "(i64, f32, i64, i64) -> f64 system_v"))
+    else {
+        return false;
+    };
+    let sig = format!(" {sig}");
+    clif.lines().filter_map(|l| decl(l, &sig)).any(|f| clif.contains(&format!("call {f}(")))
+}
+
+/// Row sums of `exp(x - s)` go to the wide row function whole (on hosts with wide vectors):
+/// no shift, a constant, a per-row input broadcast along the row, and several rows per
+/// output (a sliced input); each against the interpreter, on rows with a scalar tail.
+#[test]
+fn exponential_row_sums_run_as_one_call_per_row() {
+    let wide = super::wide::lanes().is_some();
+    let uses_row_function = |k: &Kernel| calls_exp_sum_rows(compile(k).unwrap().clif());
+    for len in [64usize, 1000, 4099] {
+        let shape = [3, len];
+        let sum = |g: &mut Graph, e| g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[e]);
+        let (plain, p) = kernel_of(&shape, DType::F32, |g, x| {
+            let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+            sum(g, e).unwrap()
+        });
+        check(&plain, &[values(3 * len, DType::F32, 21)], &p);
+        assert_eq!(uses_row_function(&plain), wide, "{plain}");
+
+        // x - m[row], m a second input.
+        let mut g = Graph::new();
+        let x = g.input(Shape::from(shape), DType::F32);
+        let m = g.input(Shape::from([3, 1]), DType::F32);
+        let mv = View::contiguous(Shape::from([3, 1])).expand(&Shape::from(shape));
+        let m = g.push(Op::View(mv), &[m]).unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Sub), &[x, m]).unwrap();
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[d]).unwrap();
+        let s = sum(&mut g, e).unwrap();
+        g.mark_output(s);
+        let steps = crate::plan_steps(&g);
+        let [Step::Kernel(k)] = steps.as_slice() else { panic!("one kernel: {steps:?}") };
+        check(&k.kernel, &[values(3 * len, DType::F32, 22), vec![0.5, -1.0, 2.0]], &k.params);
+        assert_eq!(uses_row_function(&k.kernel), wide, "{}", k.kernel);
+    }
+    // Three rows of 700 per output, out of rows of 800: the sums add row by row.
+    let (k, p) = kernel_of(&[2, 3, 800], DType::F32, |g, x| {
+        let v = View::contiguous(Shape::from([2, 3, 800])).narrow(2, 50, 700);
+        let x = g.push(Op::View(v), &[x]).unwrap();
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1, 2] }, &[e]).unwrap()
+    });
+    check(&k, &[values(2 * 3 * 800, DType::F32, 23)], &p);
+    assert_eq!(uses_row_function(&k), wide, "{k}");
+    // Strided rows keep the vector loop.
+    let (k, p) = kernel_of(&[200, 3], DType::F32, |g, x| {
+        let v = View::contiguous(Shape::from([200, 3])).permute(&[1, 0]);
+        let x = g.push(Op::View(v), &[x]).unwrap();
+        let e = g.push(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[e]).unwrap()
+    });
+    check(&k, &[values(600, DType::F32, 24)], &p);
+    assert!(!uses_row_function(&k), "{k}");
+}
