@@ -42,7 +42,9 @@ impl CpuKernel {
     /// The fewest output positions a parallel task should take: a reduction vectorized
     /// across its outputs works in blocks of [`COLUMN_BLOCK`] of them, and smaller tasks
     /// would waste its vector lanes and cache lines (measured: tasks of 64 or 256 outputs
-    /// of a column sum over 2,048 rows ran slower than blocks of 1,024).
+    /// of a column sum over 2,048 rows ran slower than blocks of 1,024). A reduction with
+    /// fewer outputs than that still splits them evenly across the threads when there is
+    /// enough work (the runtime's launch): one task would leave the other threads idle.
     pub fn min_chunk(&self) -> usize {
         self.min_chunk
     }

@@ -117,6 +117,9 @@ pub fn clif(kernel: &Kernel) -> Result<String, String> {
 /// Positions per thread task: large enough to amortize a task, small enough to balance.
 const CHUNK: usize = 1 << 15;
 
+/// The fewest outputs of a task that [`launch`] splits below the kernel's own minimum.
+const LANE_CHUNK: usize = 16;
+
 /// Runs a kernel step on the CPU: its compiled code, or (when it could not be compiled) its
 /// ops one by one on the reference executor.
 pub(super) fn run_kernel(
@@ -172,8 +175,14 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_ou
         // the code) is borrowed for the whole launch.
         unsafe { entry(a.0, a.1, start as u64, end as u64) };
     };
-    let chunk = (CHUNK / per_output).max(kernel.min_chunk());
-    if n <= chunk || crate::team::threads() == 1 {
+    let threads = crate::team::threads();
+    let mut chunk = (CHUNK / per_output).max(kernel.min_chunk());
+    if per_output > 1 && n <= chunk && n >= 2 * LANE_CHUNK && n * per_output >= 2 * CHUNK {
+        // One task would leave every other thread idle (a column sum over a few hundred
+        // outputs): split the outputs evenly instead, in whole vectors.
+        chunk = n.div_ceil(threads).next_multiple_of(LANE_CHUNK);
+    }
+    if n <= chunk || threads == 1 {
         call(0, n);
         return;
     }
