@@ -246,8 +246,12 @@ fn errors_inside_losses_and_layers_name_the_users_line() {
     let loss = F::try_nll_loss_with(&log_p, &target, Default::default(), None).unwrap();
     assert_eq!(failing_line(&loss), here(line));
 
-    // A layer, and the same layer inside a Sequential (called through `dyn Module`).
+    // The functional form, and a layer, and the same layer inside a Sequential (called
+    // through `dyn Module`).
     let indices = Tensor::from_vec(vec![1i64, 9], [2]);
+    let line = line!() + 1;
+    let out = F::embedding(&indices, &Tensor::zeros([4, 3]));
+    assert_eq!(failing_line(&out), here(line));
     let line = line!() + 1;
     let out = Embedding::new(4, 3).forward(&indices);
     assert_eq!(failing_line(&out), here(line));

@@ -85,6 +85,8 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
 /// 2-D; an index out of range fails when the rows are computed.
 #[track_caller]
 pub fn try_embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    // An index out of range surfaces when the rows are computed: name the caller's line.
+    let _at = crate::origin::enter();
     lookup("embedding", indices, weight)
 }
 
