@@ -181,15 +181,21 @@ fn transposed_and_broadcast_operands_go_to_gemm_as_strides() {
 #[test]
 fn products_split_across_threads_match_the_loop() {
     // Sizes past the threshold at which products run on several threads (kiln's own split
-    // below a size, gemm's above): bands of columns, bands of rows, parallel batches, with
-    // transposed operands, against the f64 loop.
+    // below a size, gemm's above): bands of columns, bands of rows (also a left operand
+    // stored column by column, `gᵀ x`, which splits into rows when the output is not far
+    // wider than tall), parallel batches, with transposed operands, against the f64 loop.
     let mut rng = Rng::new(41);
-    for (batch, m, k, n) in
-        [(1, 70, 300, 90), (1, 300, 64, 37), (3, 40, 100, 70), (1, 128, 784, 256)]
-    {
+    for (batch, m, k, n) in [
+        (1, 70, 300, 90),
+        (1, 300, 64, 37),
+        (3, 40, 100, 70),
+        (1, 128, 784, 256),
+        (1, 99, 200, 301),
+    ] {
         for (la, lb) in [
             (Layout::Contiguous, Layout::Contiguous),
             (Layout::Contiguous, Layout::Permuted),
+            (Layout::Permuted, Layout::Contiguous),
             (Layout::Permuted, Layout::Permuted),
         ] {
             let dtype = DType::F32;

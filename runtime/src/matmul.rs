@@ -182,7 +182,16 @@ fn batched<T: Element>(
                 crate::team::for_each(batch, &|p| band(out, p, 0, 0, m, n));
             } else if threads > 1 {
                 // Bands of whole output columns (or rows, when there are more of those).
-                let (along_n, len) = if n >= m { (true, n) } else { (false, m) };
+                // A left operand stored column by column (`gᵀ x`, a weight gradient) with a
+                // row-major right one splits into row bands unless the output is far wider
+                // than tall. Measured against column bands, alternating runs, 2 threads:
+                // 256x128 by 128x784 (W4's weight gradient) 153-163 -> 209-211 GFLOP/s,
+                // 64x256 by 256x784 169-175 -> 212-214, 128x2048 by 2048x512 160-175 ->
+                // 172-190, 1024³ 170-178 -> 182-194, 2048³ 196-204 -> 205-209; far wider
+                // outputs lost (32x144 by 144x16384: 203 -> 88-120).
+                let rows_first =
+                    a_rs == 1 && a_cs != 1 && b_cs == 1 && n <= 16 * m && m >= 32 * threads;
+                let (along_n, len) = if n >= m && !rows_first { (true, n) } else { (false, m) };
                 let step = len.div_ceil(threads);
                 for p in 0..batch {
                     crate::team::for_each(len.div_ceil(step), &|t| {
