@@ -493,21 +493,29 @@ mod tests {
         }
     }
 
+    /// A module's `plain` function, then its AVX2 and AVX-512 ones where this CPU runs them.
+    macro_rules! host_paths {
+        ($m:ident) => {{
+            let mut paths = vec![$m::plain as _];
+            #[cfg(target_arch = "x86_64")]
+            {
+                let fma = std::arch::is_x86_feature_detected!("fma");
+                if fma && std::arch::is_x86_feature_detected!("avx2") {
+                    paths.push($m::on_avx2 as _);
+                }
+                if fma && std::arch::is_x86_feature_detected!("avx512f") {
+                    paths.push($m::on_avx512 as _);
+                }
+            }
+            paths
+        }};
+    }
+
     #[test]
     fn the_exponential_row_sums_agree_bit_for_bit_on_every_host_path() {
         let values: Vec<f32> =
             (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
-        let mut paths: Vec<ExpSumRow> = vec![exp_sum_row::plain];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let fma = std::arch::is_x86_feature_detected!("fma");
-            if fma && std::arch::is_x86_feature_detected!("avx2") {
-                paths.push(exp_sum_row::on_avx2);
-            }
-            if fma && std::arch::is_x86_feature_detected!("avx512f") {
-                paths.push(exp_sum_row::on_avx512);
-            }
-        }
+        let paths: Vec<ExpSumRow> = host_paths!(exp_sum_row);
         for n in [0, 1, 15, 16, 17, 64, 2049, 5000] {
             let shift = 1.5f32;
             let mut sums = Vec::new();
@@ -541,17 +549,7 @@ mod tests {
         // same state, and it matches the f64 reference.
         let values: Vec<f32> =
             (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
-        let mut paths: Vec<LseBlock> = vec![lse::plain];
-        #[cfg(target_arch = "x86_64")]
-        {
-            let fma = std::arch::is_x86_feature_detected!("fma");
-            if fma && std::arch::is_x86_feature_detected!("avx2") {
-                paths.push(lse::on_avx2);
-            }
-            if fma && std::arch::is_x86_feature_detected!("avx512f") {
-                paths.push(lse::on_avx512);
-            }
-        }
+        let paths: Vec<LseBlock> = host_paths!(lse);
         for n in [1, 15, 16, 17, 64, 2048, 2049, 5000] {
             let results: Vec<(u64, u64)> = paths
                 .iter()
