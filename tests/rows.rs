@@ -228,3 +228,36 @@ fn elementwise_chains_without_a_reduction_do_not_group() {
         }
     }
 }
+
+/// Rows long enough for the exponentials' row call (64 and more), with the values a
+/// softmax meets in practice: masked positions (`-inf`), large logits, a NaN, a row with
+/// nothing visible; against the f64 loop (the NaN and the empty row: NaN, as PyTorch).
+#[test]
+fn softmax_rows_with_masked_and_special_values_match_a_loop() {
+    let mut rng = Rng::new(43);
+    for cols in [64usize, 100, 257] {
+        let rows = 5;
+        let mut data = values(&mut rng, rows * cols, DType::F32);
+        for j in (0..cols).step_by(3) {
+            data[j] = f64::NEG_INFINITY; // row 0: every third position masked
+        }
+        data[cols] = 1000.0; // row 1: one large logit, and a second close to it
+        data[cols + cols / 2] = 999.5;
+        data[2 * cols + 7] = f64::NAN; // row 2
+        data[3 * cols..4 * cols].fill(f64::NEG_INFINITY); // row 3: nothing visible
+        let x = tensor(&data, &[rows, cols], DType::F32);
+        let got = x.softmax(-1).to_vec::<f64>();
+        let want = softmax_rows(&data, cols, false);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (r, j) = (i / cols, i % cols);
+            if r == 2 || r == 3 {
+                assert!(g.is_nan(), "row {r} of {cols}: position {j} is {g}, not NaN");
+            } else {
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1e-30) + 1e-7,
+                    "[{r}, {j}] of {cols}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
