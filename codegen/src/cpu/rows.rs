@@ -252,9 +252,10 @@ impl<'b> Translator<'_, 'b> {
         }
         let out = k.outputs[0];
         let ExprKind::Unary(UnaryOp::Exp, arg) = k.exprs[out].kind else { return None };
+        // At most one side output, and that is the exponentials themselves.
         if k.exprs[out].dtype != DType::F32
             || k.outputs.len() > 2
-            || k.outputs[1..] != [out][..k.outputs.len() - 1]
+            || k.outputs[1..].iter().any(|&o| o != out)
         {
             return None;
         }
