@@ -511,10 +511,14 @@ mod tests {
         }};
     }
 
+    /// 5,000 values spread over [-20, 20) in a scrambled order.
+    fn spread() -> Vec<f32> {
+        (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect()
+    }
+
     #[test]
     fn the_exponential_row_sums_agree_bit_for_bit_on_every_host_path() {
-        let values: Vec<f32> =
-            (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
+        let values = spread();
         let paths: Vec<ExpSumRow> = host_paths!(exp_sum_row);
         for n in [0, 1, 15, 16, 17, 64, 2049, 5000] {
             let shift = 1.5f32;
@@ -547,8 +551,7 @@ mod tests {
     fn the_logsumexp_folds_agree_bit_for_bit_on_every_host_path() {
         // The same lanes in the same order on every path: AVX-512, AVX2 and plain give the
         // same state, and it matches the f64 reference.
-        let values: Vec<f32> =
-            (0..5000).map(|i| ((i * 7919) % 2000) as f32 * 0.02 - 20.0).collect();
+        let values = spread();
         let paths: Vec<LseBlock> = host_paths!(lse);
         for n in [1, 15, 16, 17, 64, 2048, 2049, 5000] {
             let results: Vec<(u64, u64)> = paths
