@@ -34,61 +34,44 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
 
 /// A bf16 product: `gemm` has no bf16, so the operands are widened to f32 (exactly), multiplied
 /// with f32 accumulation, and each result rounded once to bf16 (PyTorch's CPU bf16 matmul
-/// also accumulates in f32).
+/// also accumulates in f32). Every temporary comes from kiln's caching allocator: fresh
+/// pages for the widened operands cost more than the conversions.
 fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
     // Each operand's storage widened element for element, so its view still addresses it.
     let widen = |x: &Buffer, v: &View| -> Result<Buffer, RuntimeError> {
         let data = x.as_slice::<half::bf16>().expect("a bf16 operand");
-        Buffer::from_slice(&widen_bf16(&data[..v.span().min(data.len())]))
+        widen_bf16(&data[..v.span().min(data.len())])
     };
     let product = batched::<f32>(&widen(a, va)?, va, &widen(b, vb)?, vb, 0.0, 1.0)?;
-    let values = product.as_slice::<f32>().expect("an f32 product");
-    Buffer::from_slice(&narrow_bf16(values))
+    narrow_half(product.as_slice::<f32>().expect("an f32 product"), DType::BF16)
 }
 
-/// bf16 values as f32 (exact), in parallel chunks through `half`'s slice conversions.
-pub(crate) fn widen_bf16(x: &[half::bf16]) -> Vec<f32> {
+/// bf16 values as an f32 buffer (exact), converted in parallel chunks.
+fn widen_bf16(x: &[half::bf16]) -> Result<Buffer, RuntimeError> {
     use half::slice::HalfFloatSliceExt;
-    let mut out = vec![0.0f32; x.len()];
-    crate::team::for_each_part(out.chunks_mut(1 << 16).collect(), &|c, o| {
-        x[c << 16..][..o.len()].convert_to_f32_slice(o);
-    });
-    out
+    crate::native::converted(x, |src, out: &mut [f32]| src.convert_to_f32_slice(out))
 }
 
-/// A bf16 or f16 buffer's values as f32 (exact).
-pub(crate) fn widen_half(x: &Buffer) -> Vec<f32> {
+/// A bf16 or f16 buffer's values as an f32 buffer (exact).
+pub(crate) fn widen_half(x: &Buffer) -> Result<Buffer, RuntimeError> {
     use half::slice::HalfFloatSliceExt;
     match x.as_slice::<half::bf16>() {
         Some(b) => widen_bf16(b),
         None => {
             let h: &[f16] = x.as_slice().expect("a 16-bit float buffer");
-            let mut out = vec![0.0f32; h.len()];
-            h.convert_to_f32_slice(&mut out);
-            out
+            crate::native::converted(h, |src, out: &mut [f32]| src.convert_to_f32_slice(out))
         }
     }
 }
 
-/// f32 values rounded to `dtype` (bf16 or f16) as a buffer.
+/// f32 values rounded to `dtype` (bf16 or f16, to nearest with ties to even) as a buffer.
 pub(crate) fn narrow_half(x: &[f32], dtype: DType) -> Result<Buffer, RuntimeError> {
     use half::slice::HalfFloatSliceExt;
     if dtype == DType::BF16 {
-        return Buffer::from_slice(&narrow_bf16(x));
+        crate::native::converted(x, |src, out: &mut [half::bf16]| out.convert_from_f32_slice(src))
+    } else {
+        crate::native::converted(x, |src, out: &mut [f16]| out.convert_from_f32_slice(src))
     }
-    let mut out = vec![f16::ZERO; x.len()];
-    out.convert_from_f32_slice(x);
-    Buffer::from_slice(&out)
-}
-
-/// f32 values rounded to bf16 (to nearest, ties to even), in parallel chunks.
-pub(crate) fn narrow_bf16(x: &[f32]) -> Vec<half::bf16> {
-    use half::slice::HalfFloatSliceExt;
-    let mut out = vec![half::bf16::ZERO; x.len()];
-    crate::team::for_each_part(out.chunks_mut(1 << 16).collect(), &|c, o| {
-        o.convert_from_f32_slice(&x[c << 16..][..o.len()]);
-    });
-    out
 }
 
 /// An integer product, exact with wrapping arithmetic (two's complement, as the reference

@@ -303,6 +303,24 @@ fn edited<T: Element>(
     Ok(filled.unwrap_or_else(|never| match never {}))
 }
 
+/// A buffer of `x`'s values converted element for element by `convert`, which is handed
+/// matching chunks of `x` and of the buffer, on all threads.
+pub(crate) fn converted<S: Sync, T: Element>(
+    x: &[S],
+    convert: impl Fn(&[S], &mut [T]) + Sync,
+) -> Result<Buffer, RuntimeError> {
+    edited(
+        x.len(),
+        |start, chunk: &mut [MaybeUninit<T>]| {
+            chunk.fill(MaybeUninit::new(T::from_scalar(Scalar::I64(0))));
+            // SAFETY: every element was just written.
+            let chunk = unsafe { &mut *(chunk as *mut [MaybeUninit<T>] as *mut [T]) };
+            convert(&x[start..start + chunk.len()], chunk);
+        },
+        |_| {},
+    )
+}
+
 /// A copy of `base` with `values` written at the positions `view` selects.
 fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, RuntimeError> {
     with_element_type!(base.dtype(), T => {
@@ -395,10 +413,11 @@ fn attention(
         DType::F64 => Buffer::zeroed_with(len, |out| compute::<f64>(&typed(args), &d, grad, out)),
         // The 16-bit floats, in f32.
         dtype => {
-            let wide: Vec<Vec<f32>> = args.iter().map(|b| crate::matmul::widen_half(b)).collect();
-            let mut out = vec![0.0f32; len];
-            compute(&wide.iter().map(Vec::as_slice).collect::<Vec<_>>(), &d, grad, &mut out);
-            crate::matmul::narrow_half(&out, dtype)
+            let wide =
+                args.iter().map(|b| crate::matmul::widen_half(b)).collect::<Result<Vec<_>, _>>()?;
+            let wide: Vec<&Buffer> = wide.iter().collect();
+            let out = Buffer::zeroed_with(len, |out| compute::<f32>(&typed(&wide), &d, grad, out))?;
+            crate::matmul::narrow_half(out.as_slice::<f32>().expect("an f32 result"), dtype)
         }
     }
 }

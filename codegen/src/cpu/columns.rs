@@ -248,12 +248,7 @@ impl<'b> Translator<'_, 'b> {
                 (0..n_in)
                     .map(|idx| {
                         (across[idx] == 0).then(|| {
-                            let v = self.b.ins().load(
-                                lanes.lane_type(),
-                                MemFlagsData::new().with_notrap(),
-                                ptrs[idx],
-                                0,
-                            );
+                            let v = self.load(self.kernel.inputs[idx].dtype, ptrs[idx]);
                             VecSrc::Splat(self.b.ins().splat(lanes, v))
                         })
                     })

@@ -2,7 +2,7 @@
 //! addressing of inputs along them.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{BlockArg, InstBuilder, Type, Value, types};
 use kiln_ir::DType;
 
 use super::staging::At;
@@ -162,12 +162,12 @@ impl<'b> Translator<'_, 'b> {
             let at = At { j: jv, first: j0, end: jend, splats: &splats, ptrs: &ptrs[..n_in_ptrs] };
             let values = self.vector_at(&at, param_vector, lanes);
             for (o, &e) in k.outputs.iter().enumerate() {
-                let addr = ptrs[n_in_ptrs + o];
-                self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
+                self.store_vector(values[e], k.exprs[e].dtype, ptrs[n_in_ptrs + o]);
             }
             let mut loop_args = vec![BlockArg::Value(next)];
             let mut steps = self.input_steps(&splats, lanes);
-            steps.resize(ptrs.len(), i64::from(lanes.bytes()));
+            steps
+                .extend(k.outputs.iter().map(|&e| width * k.exprs[e].dtype.size_in_bytes() as i64));
             let advanced = self.advance_ptrs(&ptrs, &steps);
             loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vec_head, &loop_args);
@@ -238,7 +238,7 @@ impl<'b> Translator<'_, 'b> {
         for &(e, dtype, base) in side {
             let off = self.b.ins().imul_imm_s(j, dtype.size_in_bytes() as i64);
             let addr = self.b.ins().iadd(base, off);
-            self.b.ins().store(MemFlagsData::new().with_notrap(), values[e], addr, 0);
+            self.store_vector(values[e], dtype, addr);
         }
     }
 
@@ -263,12 +263,7 @@ impl<'b> Translator<'_, 'b> {
         let mut starts = Vec::new();
         for idx in 0..bases.len() {
             if *self.walk.strides[idx].last().expect("a row") == 0 {
-                let s = self.b.ins().load(
-                    lanes.lane_type(),
-                    MemFlagsData::new().with_notrap(),
-                    bases[idx],
-                    0,
-                );
+                let s = self.load(self.kernel.inputs[idx].dtype, bases[idx]);
                 splats.push(Some(self.b.ins().splat(lanes, s)));
             } else {
                 splats.push(None);

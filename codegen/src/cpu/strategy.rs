@@ -75,18 +75,22 @@ pub(super) fn strip_width(kernel: &Kernel, walk: &Walk) -> Option<usize> {
     (walk.dims.len() >= 2 && inner > STRIP && crosses && kernel.reduce.is_none()).then_some(STRIP)
 }
 
-/// The lane type when every value of the kernel is of one float type that vectorizes.
+/// The lane type when every value of the kernel is of one float type that vectorizes:
+/// f64 in f64x2, or f32 in f32x4 with bf16 values alongside (held in f32 lanes, as the
+/// scalar path holds them, and rounded after every op: a mixed-precision step's casts and
+/// bf16 copies then run on vectors too).
 pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
-    let float =
+    let first =
         kernel.inputs.first().map(|i| i.dtype).or_else(|| kernel.exprs.first().map(|e| e.dtype))?;
-    let lanes = match float {
-        DType::F32 => types::F32X4,
-        DType::F64 => types::F64X2,
+    let (float, lanes) = match first {
+        DType::F32 | DType::BF16 => (DType::F32, types::F32X4),
+        DType::F64 => (DType::F64, types::F64X2),
         _ => return None,
     };
-    let inputs_ok = kernel.inputs.iter().all(|i| i.dtype == float);
+    let fits = |d: DType| d == float || (float == DType::F32 && d == DType::BF16);
+    let inputs_ok = kernel.inputs.iter().all(|i| fits(i.dtype));
     let exprs_ok = kernel.exprs.iter().all(|e| match e.kind {
-        ExprKind::Load(_) | ExprKind::Param(_) => e.dtype == float,
+        ExprKind::Load(_) | ExprKind::Param(_) => fits(e.dtype),
         ExprKind::Unary(op, _) => match op {
             UnaryOp::Not => e.dtype == DType::Bool,
             UnaryOp::Neg
@@ -96,7 +100,8 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Recip
             | UnaryOp::Floor
             | UnaryOp::Ceil
-            | UnaryOp::Round => e.dtype == float,
+            | UnaryOp::Round => fits(e.dtype),
+            // bf16's transcendentals round an f64 result once (`via_f64`): scalar.
             UnaryOp::Exp
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
@@ -113,15 +118,16 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
                 | BinaryOp::Mul
                 | BinaryOp::Div
                 | BinaryOp::Maximum
-                | BinaryOp::Minimum => e.dtype == float,
+                | BinaryOp::Minimum => fits(e.dtype),
                 BinaryOp::And | BinaryOp::Or => arg == DType::Bool,
                 BinaryOp::Pow => e.dtype == DType::F32,
-                _ => arg == float,
+                _ => fits(arg),
             }
         }
-        ExprKind::Where(_, a, _) => kernel.exprs[a].dtype == float,
-        ExprKind::Cast(_) => false,
+        ExprKind::Where(_, a, _) => fits(kernel.exprs[a].dtype),
+        // Between f32 and bf16 only: a widening is exact, a narrowing one rounding.
+        ExprKind::Cast(a) => float == DType::F32 && fits(kernel.exprs[a].dtype) && fits(e.dtype),
     });
-    let outputs_ok = kernel.outputs.iter().all(|&o| kernel.exprs[o].dtype == float);
+    let outputs_ok = kernel.outputs.iter().all(|&o| fits(kernel.exprs[o].dtype));
     (inputs_ok && exprs_ok && outputs_ok).then_some((float, lanes))
 }

@@ -170,16 +170,13 @@ impl<'b> Translator<'_, 'b> {
             let v = match expr.kind {
                 ExprKind::Load(idx) => match srcs[idx] {
                     VecSrc::Splat(v) => v,
-                    VecSrc::At(addr) => {
-                        self.b.ins().load(lanes, MemFlagsData::new().with_notrap(), addr, 0)
-                    }
+                    VecSrc::At(addr) => self.load_vector(expr.dtype, lanes, addr),
                     VecSrc::Gather(addr, step) => {
-                        let flags = MemFlagsData::new().with_notrap();
-                        let first = self.b.ins().load(lanes.lane_type(), flags, addr, 0);
+                        let first = self.load(expr.dtype, addr);
                         let mut v = self.b.ins().splat(lanes, first);
                         for lane in 1..lanes.lane_count() {
                             let at = self.b.ins().iadd_imm_s(addr, step * i64::from(lane));
-                            let x = self.b.ins().load(lanes.lane_type(), flags, at, 0);
+                            let x = self.load(expr.dtype, at);
                             v = self.b.ins().insertlane(v, x, lane as u8);
                         }
                         v
@@ -240,8 +237,13 @@ impl<'b> Translator<'_, 'b> {
                     let mask = self.b.ins().bitcast(lanes, MemFlagsData::new(), vals[c]);
                     self.b.ins().bitselect(mask, vals[a], vals[d])
                 }
-                ExprKind::Cast(_) => unreachable!("casts are not vectorized"),
+                // Between f32 and bf16 (`lane_type`): the rounding below is the cast.
+                ExprKind::Cast(a) => vals[a],
             };
+            let rounds = matches!(expr.kind, ExprKind::Unary(..) | ExprKind::Binary(..))
+                || matches!(expr.kind, ExprKind::Cast(a) if k.exprs[a].dtype != expr.dtype);
+            let v =
+                if expr.dtype == DType::BF16 && rounds { self.narrow_bf16_vector(v) } else { v };
             vals.push(v);
         }
         vals
@@ -434,6 +436,63 @@ impl<'b> Translator<'_, 'b> {
         }
         let raw = self.b.ins().load(types::F64, flags(), params, at);
         self.demote(raw, dtype)
+    }
+
+    /// A vector of `lanes` consecutive elements of `dtype` at `addr`: bf16 elements are
+    /// widened (exactly) into f32 lanes.
+    pub(super) fn load_vector(&mut self, dtype: DType, lanes: Type, addr: Value) -> Value {
+        let fl = MemFlagsData::new().with_notrap();
+        if dtype != DType::BF16 {
+            return self.b.ins().load(lanes, fl, addr, 0);
+        }
+        let bits = self.b.ins().uload16x4(fl, addr, 0);
+        let wide = self.b.ins().ishl_imm_u(bits, 16);
+        self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), wide)
+    }
+
+    /// Stores vector `v` of `dtype` values at `addr`: bf16 values (exact in their f32
+    /// lanes) as their upper halves.
+    pub(super) fn store_vector(&mut self, v: Value, dtype: DType, addr: Value) {
+        let fl = MemFlagsData::new().with_notrap();
+        if dtype != DType::BF16 {
+            self.b.ins().store(fl, v, addr, 0);
+            return;
+        }
+        let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
+        let high = self.b.ins().ushr_imm_u(bits, 16);
+        // Each lane is below 2^16, so the saturating narrowing keeps it.
+        let packed = self.b.ins().unarrow(high, high);
+        let little = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let pair = self.b.ins().bitcast(types::I64X2, little, packed);
+        let low = self.b.ins().extractlane(pair, 0);
+        self.b.ins().store(fl, low, addr, 0);
+    }
+
+    /// Four f32 lanes rounded to bf16 (to nearest, ties to even, NaN kept quiet), still in
+    /// f32 lanes: [`Self::bf16_bits`] lane by lane.
+    fn narrow_bf16_vector(&mut self, v: Value) -> Value {
+        let ins = |t: &mut Self, c: i64| {
+            let c = t.b.ins().iconst(types::I32, c);
+            t.b.ins().splat(types::I32X4, c)
+        };
+        let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
+        let high = self.b.ins().ushr_imm_u(bits, 16);
+        let one = ins(self, 1);
+        let lsb = self.b.ins().band(high, one);
+        let bias = ins(self, 0x7FFF);
+        let biased = self.b.ins().iadd(bits, bias);
+        let rounded = self.b.ins().iadd(biased, lsb);
+        let rounded = self.b.ins().ushr_imm_u(rounded, 16);
+        let abs_mask = ins(self, 0x7FFF_FFFF);
+        let magnitude = self.b.ins().band(bits, abs_mask);
+        // Both sides below 2^31: the signed compare is the unsigned one.
+        let inf = ins(self, 0x7F80_0000);
+        let nan = self.b.ins().icmp(IntCC::SignedGreaterThan, magnitude, inf);
+        let quiet_bit = ins(self, 0x40);
+        let quiet = self.b.ins().bor(high, quiet_bit);
+        let chosen = self.b.ins().bitselect(nan, quiet, rounded);
+        let wide = self.b.ins().ishl_imm_u(chosen, 16);
+        self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), wide)
     }
 
     pub(super) fn load(&mut self, dtype: DType, addr: Value) -> Value {

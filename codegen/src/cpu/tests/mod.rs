@@ -351,7 +351,7 @@ fn vector_exp_tanh_sigmoid_error_bounds() {
 #[test]
 fn reduction_kernels_over_any_axes() {
     use kiln_ir::ReduceOp;
-    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32] {
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32] {
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
             for axes in [vec![0], vec![1], vec![2], vec![0, 2], vec![0, 1, 2]] {
                 let shape = [3usize, 5, 9];
@@ -376,7 +376,12 @@ fn reduction_kernels_over_any_axes() {
                 let want = interpret(&k.kernel, std::slice::from_ref(&data), &k.params);
                 let got = run(&k.kernel, &[data], &k.params, 2);
                 for (a, b) in got[0].iter().zip(&want[0]) {
-                    let tol = if dtype == DType::F16 { 2e-3 } else { 1e-6 };
+                    // Products rounded from f64 in another order may differ in the last place.
+                    let tol = match dtype {
+                        DType::F16 => 2e-3,
+                        DType::BF16 => 8e-3,
+                        _ => 1e-6,
+                    };
                     assert!(
                         (a - b).abs() <= tol * b.abs().max(1.0),
                         "{op:?} {dtype} {axes:?}: {a} vs {b}\n{}",
@@ -456,7 +461,7 @@ fn reductions_vectorized_across_outputs() {
     // Sums over rows: more outputs than a block (600 = 256 + 256 + 88), odd row runs (a
     // middle axis of [4, 7, 13]), a transposed input (the kept axis is then strided, so the
     // row path runs instead), an input broadcast across the outputs, and NaN.
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
             for (shape, axes) in [
                 (vec![3usize, 600], vec![0usize]),
@@ -710,4 +715,60 @@ fn exponential_row_sums_run_as_one_call_per_row() {
     });
     check(&k, &[values(600, DType::F32, 24)], &p);
     assert!(!uses_row_function(&k), "{k}");
+}
+
+/// Kernels mixing bf16 and f32 (an autocast step's casts, bf16 arithmetic and copies) run on
+/// f32 vectors and round every bf16 result as the reference does, bit for bit: ties to
+/// even, NaN, infinities, zeros of both signs, subnormals; contiguous, broadcast and
+/// transposed bf16 reads, both output dtypes, odd lengths.
+#[test]
+fn bf16_kernels_run_on_vectors_and_round_like_the_reference() {
+    let specials = [
+        1.0 + 2f64.powi(-8),       // a tie: stays at 1
+        1.0 + 3.0 * 2f64.powi(-8), // a tie: goes up to the even neighbour
+        -(1.0 + 3.0 * 2f64.powi(-8)),
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -0.0,
+        1e-40,
+        f64::from(f32::MAX),
+        3.3895e38, // rounds up past bf16's largest finite value
+    ];
+    for n in [1usize, 4, 5, 17, 203] {
+        let mut g = Graph::new();
+        let xt = g.input(Shape::from([n, 3]), DType::BF16);
+        let y = g.input(Shape::from([3, n]), DType::F32);
+        let row = g.input(Shape::from([n]), DType::BF16);
+        let x = g.push(Op::View(View::contiguous(Shape::from([n, 3])).permute(&[1, 0])), &[xt]);
+        let r = g.push(
+            Op::View(View::contiguous(Shape::from([n])).expand(&Shape::from([3, n]))),
+            &[row],
+        );
+        let (x, r) = (x.unwrap(), r.unwrap());
+        let a = g.push(Op::Cast(DType::BF16), &[y]).unwrap();
+        let s = g.push(Op::Binary(BinaryOp::Add), &[a, r]).unwrap();
+        let c = scalar(&mut g, 1.7, DType::BF16, &[3, n]);
+        let m = g.push(Op::Binary(BinaryOp::Mul), &[s, c]).unwrap();
+        let m = g.push(Op::Binary(BinaryOp::Sub), &[m, x]).unwrap();
+        let wide = g.push(Op::Cast(DType::F32), &[m]).unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Sub), &[wide, y]).unwrap();
+        g.mark_output(m);
+        g.mark_output(d);
+        let plan = crate::plan_steps(&g);
+        let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel: {plan:?}") };
+        assert!(compile(&k.kernel).unwrap().vectorized(), "{}", k.kernel);
+        let mut ys = values(3 * n, DType::F32, 11);
+        for (slot, v) in ys.iter_mut().zip(specials.iter().cycle()).step_by(2) {
+            *slot = *v;
+        }
+        let by_node =
+            [(xt, values(3 * n, DType::BF16, 12)), (y, ys), (row, values(n, DType::BF16, 13))];
+        let ordered: Vec<Vec<f64>> = k
+            .inputs
+            .iter()
+            .map(|id| by_node.iter().find(|(node, _)| node == id).expect("a graph input").1.clone())
+            .collect();
+        check(&k.kernel, &ordered, &k.params);
+    }
 }
