@@ -7,7 +7,8 @@
 //! second: compiled, eager fused and eager unfused (one kernel per op). Also times a 3×3
 //! convolution over 64 channels at 32×32, forward and forward + backward.
 //!
-//! `cargo run --release --example bench_models` prints a table; `-- --json` prints JSON lines.
+//! `cargo run --release --example bench_models` prints a table; `-- --json` prints JSON lines,
+//! `-- --only w7` (or `w8`) runs one model's rows.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -176,9 +177,30 @@ fn long_attention(rows: &mut Vec<(String, &'static str, f64, String)>) {
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
+    // `--only w7` or `--only w8` runs one model's rows.
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    let runs = |w: &str| only.as_deref().is_none_or(|o| o.eq_ignore_ascii_case(w));
     let mut rows: Vec<(String, &str, f64, String)> = Vec::new();
-    w7(&mut rows);
-    long_attention(&mut rows);
+    if runs("w7") {
+        w7(&mut rows);
+        long_attention(&mut rows);
+    }
+    if runs("w8") {
+        w8(&mut rows);
+    }
+    for (workload, variant, ms, rate) in &rows {
+        if json {
+            println!(
+                "{{\"workload\":\"{workload}\",\"variant\":\"{variant}\",\"median_ms\":{ms:.4},\"rate\":\"{rate}\"}}"
+            );
+        } else {
+            println!("{workload:<24} {variant:<9} {ms:>10.3} ms  {rate}");
+        }
+    }
+}
+
+/// W8's step (compiled, eager fused and unfused) and the 3×3 convolution over 64 channels.
+fn w8(rows: &mut Vec<(String, &str, f64, String)>) {
     kiln::manual_seed(0);
     let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randn([BATCH, 1, 32, 32])).collect();
     let ys: Vec<Tensor> =
@@ -260,14 +282,4 @@ fn main() {
         ms,
         format!("{:.1} GFLOP/s", 6.0 * macs / ms / 1e6),
     ));
-
-    for (workload, variant, ms, rate) in &rows {
-        if json {
-            println!(
-                "{{\"workload\":\"{workload}\",\"variant\":\"{variant}\",\"median_ms\":{ms:.4},\"rate\":\"{rate}\"}}"
-            );
-        } else {
-            println!("{workload:<24} {variant:<9} {ms:>10.3} ms  {rate}");
-        }
-    }
 }

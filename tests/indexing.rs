@@ -123,6 +123,67 @@ fn gather_scatter_and_index_select_match_loops() {
     }
 }
 
+/// An index that is one value along every dimension after the axis (an embedding's lookup
+/// and its gradient) gathers and scatters whole rows: the same values as a loop, repeated
+/// rows summed once in f64, the last write kept, out-of-range rows refused.
+#[test]
+fn whole_row_indices_gather_and_scatter_like_loops() {
+    let mut rng = Rng::new(54);
+    let (b, n, r, w) = (2usize, 5usize, 4usize, 9usize);
+    for layout in LAYOUTS {
+        let data = values(&mut rng, b * n * w, DType::F32);
+        let x = make(&data, &[b, n, w], DType::F32, layout);
+        let picks: Vec<i64> =
+            (0..b * r).map(|i| if i % 3 == 0 { 2 } else { rng.int(0, n as i64) }).collect();
+        let idx: Vec<i64> = (0..b * r * w).map(|p| picks[p / w]).collect();
+        let index = Tensor::from_vec(idx.clone(), [b, r, w]);
+        let at = |p: usize| (p / (r * w)) * n * w + picks[p / w] as usize * w + p % w;
+        let g = x.gather(1, &index).to_vec::<f64>();
+        assert_eq!(g, (0..b * r * w).map(|p| data[at(p)]).collect::<Vec<_>>(), "{layout:?}");
+        let src = values(&mut rng, b * r * w, DType::F32);
+        let s = tensor(&src, &[b, r, w], DType::F32);
+        let mut sums = data.clone();
+        let mut last = data.clone();
+        for p in 0..b * r * w {
+            sums[at(p)] += src[p];
+            last[at(p)] = src[p];
+        }
+        let want: Vec<f64> = sums.iter().map(|&v| round_to(DType::F32, v)).collect();
+        assert_eq!(x.scatter_add(1, &index, &s).to_vec::<f64>(), want, "{layout:?}");
+        assert_eq!(x.scatter(1, &index, &s).to_vec::<f64>(), last, "{layout:?}");
+    }
+    // Integers wrap.
+    let xi = Tensor::from_vec(vec![i64::MAX; n * w], [n, w]);
+    let index = Tensor::from_vec((0..2 * w).map(|_| 3i64).collect::<Vec<_>>(), [2, w]);
+    let ones = Tensor::from_vec(vec![1i64; 2 * w], [2, w]);
+    let got = xi.scatter_add(0, &index, &ones).to_vec::<i64>();
+    let want: Vec<i64> =
+        (0..n * w).map(|p| if p / w == 3 { i64::MAX.wrapping_add(2) } else { i64::MAX }).collect();
+    assert_eq!(got, want);
+    // An embedding's gradient: the rows of the incoming gradient summed per token.
+    let (vocab, dim) = (7usize, 16usize);
+    let weight = Tensor::randn([vocab, dim]).requires_grad_(true);
+    let tokens: Vec<i64> = (0..10).map(|_| rng.int(0, vocab as i64)).collect();
+    let up = values(&mut rng, 10 * dim, DType::F32);
+    let e = kiln::nn::functional::embedding(&Tensor::from_vec(tokens.clone(), [10]), &weight);
+    (e * tensor(&up, &[10, dim], DType::F32)).sum().backward();
+    let mut want = vec![0.0f64; vocab * dim];
+    for (t, &tok) in tokens.iter().enumerate() {
+        for c in 0..dim {
+            want[tok as usize * dim + c] += up[t * dim + c];
+        }
+    }
+    let want: Vec<f64> = want.iter().map(|&v| round_to(DType::F32, v)).collect();
+    assert_eq!(weight.grad().expect("a gradient").to_vec::<f64>(), want);
+    // A row out of range fails, naming the op and the size.
+    let bad = Tensor::from_vec(vec![5i64; w], [1, 1, w]);
+    let err = Tensor::zeros([1, n, w]).gather(1, &bad).try_to_vec::<f32>().unwrap_err();
+    assert!(
+        err.to_string().starts_with("gather: index 5 is out of bounds for dimension 1 with size 5"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_few_scatter_adds_into_a_large_base_round_each_sum_once() {
     // 12 writes (repeats included) into 3 x 4099 values: the sparse path of `scatter_add`.

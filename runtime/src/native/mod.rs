@@ -14,8 +14,12 @@ use kiln_ir::{
 };
 
 use crate::buffer::with_element_type;
-use crate::reference;
 use crate::{Buffer, RunError, RuntimeError};
+
+mod index;
+
+pub(crate) use index::scatter_onto_fill;
+use index::{Base, gather, scatter};
 
 /// The op's value when it has a native loop; `None` sends it to the reference executor.
 pub(crate) fn eval(
@@ -79,157 +83,6 @@ pub(crate) fn eval(
             Some(unview(args[0], view, shape.numel()).map_err(at))
         }
         _ => None,
-    }
-}
-
-fn gather(
-    x: &Buffer,
-    x_shape: &Shape,
-    index: &Buffer,
-    index_shape: &Shape,
-    axis: usize,
-) -> Result<Buffer, RuntimeError> {
-    let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
-    let targets = index_targets("gather", axis, x_shape, index_shape, &values)?;
-    with_element_type!(x.dtype(), T => {
-        let x = x.as_slice::<T>().expect("the buffer's own element type");
-        Buffer::from_iter(targets.len(), targets.iter().map(|&t| x[t]))
-    })
-}
-
-/// Scatter node `id` (a `Scatter` op) onto a base that is one value everywhere: the plan
-/// does not materialize a constant base (the gradient of a gather scatters into zeros), so
-/// the result is filled, not copied. `args` are the index and the source.
-pub(crate) fn scatter_onto_fill(
-    graph: &Graph,
-    id: NodeId,
-    fill: Scalar,
-    args: &[&Buffer],
-) -> Result<Buffer, RunError> {
-    let node = graph.node(id);
-    let at =
-        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
-    let Op::Scatter { axis, accumulate } = node.op else {
-        unreachable!("only scatters are planned onto a fill")
-    };
-    let ids = graph.args(id);
-    let shape_of = |i: usize| &graph.node(ids[i]).shape;
-    let base = Base::Fill(fill, node.dtype);
-    scatter(base, shape_of(0), args[0], shape_of(1), args[1], shape_of(2), axis, accumulate)
-        .map_err(at)
-}
-
-/// What a scatter writes into: a copy of a buffer, or one value everywhere.
-#[derive(Clone, Copy)]
-enum Base<'a> {
-    Buffer(&'a Buffer),
-    Fill(Scalar, kiln_ir::DType),
-}
-
-/// A copy of `base` with `src` written (or, with `accumulate`, added) at the positions the
-/// index selects. Sums are formed as the reference executor forms them: floats in f64 from
-/// the base value, rounded once; integers wrapping.
-#[allow(clippy::too_many_arguments, reason = "an op's three operands and their shapes")]
-fn scatter(
-    base: Base<'_>,
-    base_shape: &Shape,
-    index: &Buffer,
-    index_shape: &Shape,
-    src: &Buffer,
-    src_shape: &Shape,
-    axis: usize,
-    accumulate: bool,
-) -> Result<Buffer, RuntimeError> {
-    let name = if accumulate { "scatter_add" } else { "scatter" };
-    let values: Vec<i64> = index.gather(&View::contiguous(Shape::from([index.len()])));
-    let targets = index_targets(name, axis, base_shape, index_shape, &values)?;
-    let mut positions = Vec::with_capacity(targets.len());
-    for_each_offset(&reference::src_positions(index_shape, src_shape), |_, p| positions.push(p));
-    let dtype = match base {
-        Base::Buffer(b) => b.dtype(),
-        Base::Fill(_, dtype) => dtype,
-    };
-    with_element_type!(dtype, T => {
-        let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
-        let edit = |out: &mut [T]| {
-        let pairs = targets.iter().zip(positions.iter().copied());
-        match T::DTYPE.category() {
-            kiln_ir::Category::Float if accumulate && targets.len() >= out.len() / 4 => {
-                // Every float dtype converts to f64 and back exactly, so untouched elements
-                // keep their values and touched ones are rounded once.
-                let mut sums: Vec<f64> = out.iter().map(|v| v.to_scalar().to_f64()).collect();
-                for (&t, p) in pairs {
-                    sums[t] += src[p].to_scalar().to_f64();
-                }
-                for (slot, v) in out.iter_mut().zip(sums) {
-                    *slot = T::from_scalar(Scalar::F64(v));
-                }
-            }
-            kiln_ir::Category::Float if accumulate => {
-                // Few writes into a large base (a gather's gradient: 4,096 picks from 16M
-                // logits): the same f64 sums, kept for the touched elements only. A dense f64
-                // copy of the base made that scatter take 64 ms instead of 3.
-                let mut sums: rustc_hash::FxHashMap<usize, f64> = Default::default();
-                sums.reserve(targets.len());
-                for (&t, p) in pairs {
-                    *sums.entry(t).or_insert_with(|| out[t].to_scalar().to_f64()) +=
-                        src[p].to_scalar().to_f64();
-                }
-                for (t, v) in sums {
-                    out[t] = T::from_scalar(Scalar::F64(v));
-                }
-            }
-            kiln_ir::Category::Int if accumulate => {
-                for (&t, p) in pairs {
-                    let sum = out[t].to_scalar().to_i64().wrapping_add(src[p].to_scalar().to_i64());
-                    out[t] = T::from_scalar(Scalar::I64(sum));
-                }
-            }
-            _ => {
-                for (&t, p) in pairs {
-                    out[t] = src[p];
-                }
-            }
-        }
-        };
-        match base {
-            Base::Buffer(b) => edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit),
-            Base::Fill(v, _) => {
-                let len = base_shape.numel();
-                edited_fill(len, T::from_scalar(v), edit)
-            }
-        }
-    })
-}
-
-/// For each position of `index` (row-major), the flat offset in a dense tensor of shape `x`
-/// it selects: the position with coordinate `axis` replaced by the index value (what
-/// `reference::index_targets` computes, with an odometer instead of per-element division).
-fn index_targets(
-    op: &'static str,
-    axis: usize,
-    x: &Shape,
-    index: &Shape,
-    values: &[i64],
-) -> Result<Vec<usize>, RuntimeError> {
-    let size = x.dims()[axis];
-    let mut strides = x.contiguous_strides();
-    let axis_stride = strides[axis] as usize;
-    strides[axis] = 0;
-    let mut out = Vec::with_capacity(values.len());
-    let mut bad = None;
-    for_each_offset(&View::from_parts(index.clone(), strides, 0), |i, base| {
-        let v = values[i];
-        if v < 0 || v as usize >= size {
-            bad.get_or_insert(v);
-            out.push(0);
-        } else {
-            out.push(base + v as usize * axis_stride);
-        }
-    });
-    match bad {
-        Some(index) => Err(RuntimeError::IndexOutOfRange { op, index, axis, size }),
-        None => Ok(out),
     }
 }
 
