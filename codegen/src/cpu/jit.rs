@@ -172,6 +172,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             b: &mut b,
             staging: None,
             stage_mode: Default::default(),
+            param_splats: None,
         };
         if !staged.is_empty() {
             t.staging = Some(Staging::new(kernel, staged.clone(), t.b));

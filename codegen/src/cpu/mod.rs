@@ -13,7 +13,9 @@
 //! scalar tail (and the scalar loop alone otherwise).
 //!
 //! Values compute in registers of their dtype's width: `f32` and `f64` as such, `f16` and
-//! `bf16` as `f32` rounded back after every op (so results equal the reference executor's),
+//! `bf16` as `f32` rounded back after every op (so results equal the reference executor's;
+//! they share f32x4 vectors with `f32` values, converted and rounded by integer vector
+//! operations in `half.rs`),
 //! integers as `i64` wrapped to their width after every op, bools as `i8`. `exp`, `log`,
 //! `tanh`, `sigmoid`, `erf`, `sin`, `cos` and `pow` are inline vector polynomials with tested
 //! error bounds (`math.rs`), and a scalar tail computes them as one lane of the same
@@ -31,6 +33,7 @@
 
 mod columns;
 mod elementwise;
+mod half;
 mod helpers;
 mod jit;
 mod logsumexp;

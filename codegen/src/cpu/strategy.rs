@@ -76,18 +76,19 @@ pub(super) fn strip_width(kernel: &Kernel, walk: &Walk) -> Option<usize> {
 }
 
 /// The lane type when every value of the kernel is of one float type that vectorizes:
-/// f64 in f64x2, or f32 in f32x4 with bf16 values alongside (held in f32 lanes, as the
-/// scalar path holds them, and rounded after every op: a mixed-precision step's casts and
-/// bf16 copies then run on vectors too).
+/// f64 in f64x2, or f32 in f32x4 with bf16 and f16 values alongside (held in f32 lanes, as
+/// the scalar path holds them, and rounded after every op: a mixed-precision step's casts
+/// and 16-bit copies then run on vectors too).
 pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
     let first =
         kernel.inputs.first().map(|i| i.dtype).or_else(|| kernel.exprs.first().map(|e| e.dtype))?;
     let (float, lanes) = match first {
-        DType::F32 | DType::BF16 => (DType::F32, types::F32X4),
+        DType::F32 | DType::BF16 | DType::F16 => (DType::F32, types::F32X4),
         DType::F64 => (DType::F64, types::F64X2),
         _ => return None,
     };
-    let fits = |d: DType| d == float || (float == DType::F32 && d == DType::BF16);
+    let fits =
+        |d: DType| d == float || (float == DType::F32 && matches!(d, DType::BF16 | DType::F16));
     let inputs_ok = kernel.inputs.iter().all(|i| fits(i.dtype));
     let exprs_ok = kernel.exprs.iter().all(|e| match e.kind {
         ExprKind::Load(_) | ExprKind::Param(_) => fits(e.dtype),
@@ -101,7 +102,7 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round => fits(e.dtype),
-            // bf16's transcendentals round an f64 result once (`via_f64`): scalar.
+            // 16-bit transcendentals round an f64 result once (`via_f64`): scalar.
             UnaryOp::Exp
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
@@ -125,7 +126,7 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             }
         }
         ExprKind::Where(_, a, _) => fits(kernel.exprs[a].dtype),
-        // Between f32 and bf16 only: a widening is exact, a narrowing one rounding.
+        // Between f32 and the 16-bit floats only: a widening is exact, a narrowing rounds.
         ExprKind::Cast(a) => float == DType::F32 && fits(kernel.exprs[a].dtype) && fits(e.dtype),
     });
     let outputs_ok = kernel.outputs.iter().all(|&o| fits(kernel.exprs[o].dtype));

@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{
+    BlockArg, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Type, Value,
+    types,
+};
 use cranelift_codegen::packed_option::ReservedValue;
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::kernel::{ExprKind, Kernel};
@@ -54,6 +57,10 @@ pub(super) struct Translator<'a, 'b> {
     /// Transcendentals computed a block at a time with wider vectors (`staging.rs`).
     pub(super) staging: Option<Staging>,
     pub(super) stage_mode: staging::Mode,
+    /// Where the prologue stored each parameter's splat (expression, byte offset), so that
+    /// loops load it: Cranelift rematerializes pure values at their uses, and a splatted
+    /// bf16 parameter's conversion (about 35 instructions) ran in every iteration.
+    pub(super) param_splats: Option<(StackSlot, HashMap<usize, i32>)>,
 }
 
 impl<'b> Translator<'_, 'b> {
@@ -109,12 +116,23 @@ impl<'b> Translator<'_, 'b> {
             .collect();
         let mut scalar = HashMap::new();
         let mut vector = HashMap::new();
+        let n_params = k.exprs.iter().filter(|e| matches!(e.kind, ExprKind::Param(_))).count();
+        let slot = (self.vector.is_some() && n_params > 0).then(|| {
+            let data = StackSlotData::new(StackSlotKind::ExplicitSlot, 16 * n_params as u32, 4);
+            (self.b.create_sized_stack_slot(data), HashMap::new())
+        });
+        self.param_splats = slot;
         for (e, expr) in k.exprs.iter().enumerate() {
             if let ExprKind::Param(p) = expr.kind {
                 let v = self.param_value(params, p, expr.dtype);
                 if let Some((_, lanes)) = self.vector {
-                    let v = self.b.ins().splat(lanes, v);
-                    vector.insert(e, v);
+                    let splat = self.b.ins().splat(lanes, v);
+                    vector.insert(e, splat);
+                    if let Some((slot, offsets)) = &mut self.param_splats {
+                        let at = 16 * offsets.len() as i32;
+                        self.b.ins().stack_store(types::I64, splat, *slot, at);
+                        offsets.insert(e, at);
+                    }
                 }
                 scalar.insert(e, v);
             }
@@ -182,7 +200,12 @@ impl<'b> Translator<'_, 'b> {
                         v
                     }
                 },
-                ExprKind::Param(_) => params[&e],
+                ExprKind::Param(_) => match &self.param_splats {
+                    Some((slot, offsets)) => {
+                        self.b.ins().stack_load(types::I64, lanes, *slot, offsets[&e])
+                    }
+                    None => params[&e],
+                },
                 ExprKind::Unary(op, a) => {
                     let x = vals[a];
                     match op {
@@ -237,13 +260,12 @@ impl<'b> Translator<'_, 'b> {
                     let mask = self.b.ins().bitcast(lanes, MemFlagsData::new(), vals[c]);
                     self.b.ins().bitselect(mask, vals[a], vals[d])
                 }
-                // Between f32 and bf16 (`lane_type`): the rounding below is the cast.
+                // Between f32 and a 16-bit float (`lane_type`): the rounding below is the cast.
                 ExprKind::Cast(a) => vals[a],
             };
             let rounds = matches!(expr.kind, ExprKind::Unary(..) | ExprKind::Binary(..))
                 || matches!(expr.kind, ExprKind::Cast(a) if k.exprs[a].dtype != expr.dtype);
-            let v =
-                if expr.dtype == DType::BF16 && rounds { self.narrow_bf16_vector(v) } else { v };
+            let v = if rounds { self.narrow_vector(v, expr.dtype) } else { v };
             vals.push(v);
         }
         vals
@@ -436,63 +458,6 @@ impl<'b> Translator<'_, 'b> {
         }
         let raw = self.b.ins().load(types::F64, flags(), params, at);
         self.demote(raw, dtype)
-    }
-
-    /// A vector of `lanes` consecutive elements of `dtype` at `addr`: bf16 elements are
-    /// widened (exactly) into f32 lanes.
-    pub(super) fn load_vector(&mut self, dtype: DType, lanes: Type, addr: Value) -> Value {
-        let fl = MemFlagsData::new().with_notrap();
-        if dtype != DType::BF16 {
-            return self.b.ins().load(lanes, fl, addr, 0);
-        }
-        let bits = self.b.ins().uload16x4(fl, addr, 0);
-        let wide = self.b.ins().ishl_imm_u(bits, 16);
-        self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), wide)
-    }
-
-    /// Stores vector `v` of `dtype` values at `addr`: bf16 values (exact in their f32
-    /// lanes) as their upper halves.
-    pub(super) fn store_vector(&mut self, v: Value, dtype: DType, addr: Value) {
-        let fl = MemFlagsData::new().with_notrap();
-        if dtype != DType::BF16 {
-            self.b.ins().store(fl, v, addr, 0);
-            return;
-        }
-        let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
-        let high = self.b.ins().ushr_imm_u(bits, 16);
-        // Each lane is below 2^16, so the saturating narrowing keeps it.
-        let packed = self.b.ins().unarrow(high, high);
-        let little = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-        let pair = self.b.ins().bitcast(types::I64X2, little, packed);
-        let low = self.b.ins().extractlane(pair, 0);
-        self.b.ins().store(fl, low, addr, 0);
-    }
-
-    /// Four f32 lanes rounded to bf16 (to nearest, ties to even, NaN kept quiet), still in
-    /// f32 lanes: [`Self::bf16_bits`] lane by lane.
-    fn narrow_bf16_vector(&mut self, v: Value) -> Value {
-        let ins = |t: &mut Self, c: i64| {
-            let c = t.b.ins().iconst(types::I32, c);
-            t.b.ins().splat(types::I32X4, c)
-        };
-        let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
-        let high = self.b.ins().ushr_imm_u(bits, 16);
-        let one = ins(self, 1);
-        let lsb = self.b.ins().band(high, one);
-        let bias = ins(self, 0x7FFF);
-        let biased = self.b.ins().iadd(bits, bias);
-        let rounded = self.b.ins().iadd(biased, lsb);
-        let rounded = self.b.ins().ushr_imm_u(rounded, 16);
-        let abs_mask = ins(self, 0x7FFF_FFFF);
-        let magnitude = self.b.ins().band(bits, abs_mask);
-        // Both sides below 2^31: the signed compare is the unsigned one.
-        let inf = ins(self, 0x7F80_0000);
-        let nan = self.b.ins().icmp(IntCC::SignedGreaterThan, magnitude, inf);
-        let quiet_bit = ins(self, 0x40);
-        let quiet = self.b.ins().bor(high, quiet_bit);
-        let chosen = self.b.ins().bitselect(nan, quiet, rounded);
-        let wide = self.b.ins().ishl_imm_u(chosen, 16);
-        self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), wide)
     }
 
     pub(super) fn load(&mut self, dtype: DType, addr: Value) -> Value {

@@ -717,44 +717,60 @@ fn exponential_row_sums_run_as_one_call_per_row() {
     assert!(!uses_row_function(&k), "{k}");
 }
 
-/// Kernels mixing bf16 and f32 (an autocast step's casts, bf16 arithmetic and copies) run on
-/// f32 vectors and round every bf16 result as the reference does, bit for bit: ties to
-/// even, NaN, infinities, zeros of both signs, subnormals; contiguous, broadcast and
-/// transposed bf16 reads, both output dtypes, odd lengths.
+/// Kernels mixing a 16-bit float with f32 (an autocast step's casts, 16-bit arithmetic and
+/// copies) run on f32 vectors and round every 16-bit result as the reference does, bit for
+/// bit: ties to even, overflow to infinity, NaN, infinities, zeros of both signs,
+/// subnormals; contiguous, broadcast and transposed 16-bit reads, both output dtypes, odd
+/// lengths.
 #[test]
-fn bf16_kernels_run_on_vectors_and_round_like_the_reference() {
-    let specials = [
-        1.0 + 2f64.powi(-8),       // a tie: stays at 1
-        1.0 + 3.0 * 2f64.powi(-8), // a tie: goes up to the even neighbour
-        -(1.0 + 3.0 * 2f64.powi(-8)),
-        f64::NAN,
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        -0.0,
-        1e-40,
-        f64::from(f32::MAX),
-        3.3895e38, // rounds up past bf16's largest finite value
-    ];
+fn half_precision_kernels_run_on_vectors_and_round_like_the_reference() {
+    let ties = |bits: i32| {
+        let step = 2f64.powi(-bits);
+        [1.0 + step / 2.0, 1.0 + 1.5 * step, -(1.0 + 1.5 * step)]
+    };
+    for (dtype, mantissa) in [(DType::BF16, 7), (DType::F16, 10)] {
+        let mut specials = ties(mantissa).to_vec();
+        specials.extend([
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            1e-40,
+            f64::from(f32::MAX),
+            3.3895e38,            // rounds up past bf16's largest finite value
+            65519.0,              // f16: down to 65504
+            65520.0,              // f16: a tie between 65504 and infinity, to infinity
+            2f64.powi(-25),       // f16: a tie between zero and the smallest subnormal
+            3.0 * 2f64.powi(-25), // f16: a tie, up to the even subnormal
+            -1e-6,                // f16: subnormal
+            6.1e-5,               // f16: just below the smallest normal
+        ]);
+        half_precision_kernel(dtype, &specials);
+    }
+}
+
+fn half_precision_kernel(dtype: DType, specials: &[f64]) {
     for n in [1usize, 4, 5, 17, 203] {
         let mut g = Graph::new();
-        let xt = g.input(Shape::from([n, 3]), DType::BF16);
+        let xt = g.input(Shape::from([n, 3]), dtype);
         let y = g.input(Shape::from([3, n]), DType::F32);
-        let row = g.input(Shape::from([n]), DType::BF16);
+        let row = g.input(Shape::from([n]), dtype);
         let x = g.push(Op::View(View::contiguous(Shape::from([n, 3])).permute(&[1, 0])), &[xt]);
         let r = g.push(
             Op::View(View::contiguous(Shape::from([n])).expand(&Shape::from([3, n]))),
             &[row],
         );
         let (x, r) = (x.unwrap(), r.unwrap());
-        let a = g.push(Op::Cast(DType::BF16), &[y]).unwrap();
+        let a = g.push(Op::Cast(dtype), &[y]).unwrap();
         let s = g.push(Op::Binary(BinaryOp::Add), &[a, r]).unwrap();
-        let c = scalar(&mut g, 1.7, DType::BF16, &[3, n]);
+        let c = scalar(&mut g, 1.7, dtype, &[3, n]);
         let m = g.push(Op::Binary(BinaryOp::Mul), &[s, c]).unwrap();
         let m = g.push(Op::Binary(BinaryOp::Sub), &[m, x]).unwrap();
         let wide = g.push(Op::Cast(DType::F32), &[m]).unwrap();
         let d = g.push(Op::Binary(BinaryOp::Sub), &[wide, y]).unwrap();
         g.mark_output(m);
         g.mark_output(d);
+        g.mark_output(a);
         let plan = crate::plan_steps(&g);
         let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel: {plan:?}") };
         assert!(compile(&k.kernel).unwrap().vectorized(), "{}", k.kernel);
@@ -762,13 +778,25 @@ fn bf16_kernels_run_on_vectors_and_round_like_the_reference() {
         for (slot, v) in ys.iter_mut().zip(specials.iter().cycle()).step_by(2) {
             *slot = *v;
         }
-        let by_node =
-            [(xt, values(3 * n, DType::BF16, 12)), (y, ys), (row, values(n, DType::BF16, 13))];
+        let by_node = [(xt, values(3 * n, dtype, 12)), (y, ys), (row, values(n, dtype, 13))];
         let ordered: Vec<Vec<f64>> = k
             .inputs
             .iter()
             .map(|id| by_node.iter().find(|(node, _)| node == id).expect("a graph input").1.clone())
             .collect();
         check(&k.kernel, &ordered, &k.params);
+        // Bit for bit (`check`'s tolerance would pass a subnormal's wrong rounding).
+        let want = interpret(&k.kernel, &ordered, &k.params);
+        for chunk in [7, 1 << 20] {
+            let got = run(&k.kernel, &ordered, &k.params, chunk);
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "{dtype} output {o} element {i}: got {a:e}, want {b:e} (chunk {chunk})"
+                    );
+                }
+            }
+        }
     }
 }
