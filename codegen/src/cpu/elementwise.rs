@@ -2,7 +2,7 @@
 //! addressing of inputs along them.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{BlockArg, InstBuilder, Type, Value, types};
+use cranelift_codegen::ir::{Block, BlockArg, InstBuilder, Type, Value, types};
 use kiln_ir::DType;
 
 use super::staging::At;
@@ -138,7 +138,9 @@ impl<'b> Translator<'_, 'b> {
         let j_scalar = self.b.append_block_param(scalar_head, types::I64);
         let row_done = self.b.create_block();
 
-        if let Some((_, lanes)) = self.vector {
+        if let Some((_, lanes)) = self.vector.filter(|_| self.staging.is_some()) {
+            self.staged_vectors(&bases, &out_bases, j0, jend, scalar_head, param_vector, lanes);
+        } else if let Some((_, lanes)) = self.vector {
             let width = i64::from(lanes.lane_count());
             let (splats, mut starts) = self.vector_row(&bases, j0, lanes);
             let n_in_ptrs = starts.len();
@@ -192,6 +194,85 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().jump(scalar_head, &[BlockArg::Value(j_next)]);
 
         self.b.switch_to_block(row_done);
+    }
+
+    /// The vector part of a row whose kernel has staged ops ([`Self::piece`]'s `j0..jend`,
+    /// jumping to `tail` with the first element left): a block at a time, the staged ops
+    /// over the block and then a loop over its vectors that reads their results, so the
+    /// inner loop checks no block boundary.
+    #[allow(clippy::too_many_arguments, reason = "the row's addresses and bounds")]
+    fn staged_vectors(
+        &mut self,
+        bases: &[Value],
+        out_bases: &[Value],
+        j0: Value,
+        jend: Value,
+        tail: Block,
+        param_vector: &std::collections::HashMap<usize, Value>,
+        lanes: Type,
+    ) {
+        let k = self.kernel;
+        let width = i64::from(lanes.lane_count());
+        let (splats, mut starts) = self.vector_row(bases, j0, lanes);
+        let n_in_ptrs = starts.len();
+        for (&o, &base) in k.outputs.iter().zip(out_bases) {
+            let off = self.b.ins().imul_imm_s(j0, k.exprs[o].dtype.size_in_bytes() as i64);
+            starts.push(self.b.ins().iadd(base, off));
+        }
+        let mut steps = self.input_steps(&splats, lanes);
+        steps.extend(k.outputs.iter().map(|&e| width * k.exprs[e].dtype.size_in_bytes() as i64));
+
+        // block_head(jb, pointers): a block of whole vectors from jb, or the tail.
+        let block_head = self.b.create_block();
+        let jb = self.b.append_block_param(block_head, types::I64);
+        let ptrs = self.carried(block_head, starts.len());
+        let block_body = self.b.create_block();
+        let mut args = vec![BlockArg::Value(j0)];
+        args.extend(starts.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(block_head, &args);
+        self.b.switch_to_block(block_head);
+        let next = self.b.ins().iadd_imm_s(jb, width);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, next, jend);
+        self.b.ins().brif(fits, block_body, &[], tail, &[BlockArg::Value(jb)]);
+        self.b.switch_to_block(block_body);
+        let left = self.b.ins().isub(jend, jb);
+        let most = self.iconst(super::staging::BLOCK);
+        let n = self.b.ins().umin(left, most);
+        let n = self.b.ins().band_imm_s(n, !(width - 1));
+        self.stage_block(&splats, &ptrs[..n_in_ptrs], n, param_vector, lanes);
+
+        // vec_head(t, pointers): the block's vectors.
+        let vec_head = self.b.create_block();
+        let t = self.b.append_block_param(vec_head, types::I64);
+        let vptrs = self.carried(vec_head, starts.len());
+        let vec_body = self.b.create_block();
+        let block_done = self.b.create_block();
+        let zero = self.iconst(0);
+        let mut args = vec![BlockArg::Value(zero)];
+        args.extend(ptrs.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vec_head, &args);
+        self.b.switch_to_block(vec_head);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, t, n);
+        self.b.ins().brif(more, vec_body, &[], block_done, &[]);
+        self.b.switch_to_block(vec_body);
+        self.read_staged(t);
+        let srcs = self.vector_srcs(&splats, &vptrs[..n_in_ptrs]);
+        let values = self.compute_vector(&srcs, param_vector, lanes);
+        self.stage_mode = super::staging::Mode::Inline;
+        for (o, &e) in k.outputs.iter().enumerate() {
+            self.store_vector(values[e], k.exprs[e].dtype, vptrs[n_in_ptrs + o]);
+        }
+        let advanced = self.advance_ptrs(&vptrs, &steps);
+        let t_next = self.b.ins().iadd_imm_s(t, width);
+        let mut args = vec![BlockArg::Value(t_next)];
+        args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(vec_head, &args);
+
+        self.b.switch_to_block(block_done);
+        let jb_next = self.b.ins().iadd(jb, n);
+        let mut args = vec![BlockArg::Value(jb_next)];
+        args.extend(vptrs.iter().map(|&v| BlockArg::Value(v)));
+        self.b.ins().jump(block_head, &args);
     }
 
     /// Byte addresses of each input at coordinates `coords` of `dims` (flat index `index`)

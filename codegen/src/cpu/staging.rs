@@ -1,12 +1,13 @@
 //! Staged transcendentals: a vector loop whose kernel has `exp`, `tanh` or `sigmoid` of f32
 //! values computes them a block at a time with the host's widest vectors (`wide.rs`).
 //!
-//! When the loop reaches the start of a block of [`BLOCK`] elements, it first runs a short
-//! loop over the block that computes only the functions' arguments and stores them in stack
-//! scratch, then calls one batch function per staged op over the scratch; the main loop then
-//! loads those results instead of evaluating the polynomials in 128-bit vectors. The
-//! arguments are computed twice (cheap elementwise work next to a polynomial) so that the
-//! main loop keeps its shape. Only ops whose arguments do not depend on another staged op
+//! For each block of [`BLOCK`] elements, a short loop over the block computes only the
+//! functions' arguments and stores them in stack scratch, then one batch function per staged
+//! op runs over the scratch; the main loop then loads those results instead of evaluating
+//! the polynomials in 128-bit vectors. The arguments are computed twice (cheap elementwise
+//! work next to a polynomial) so that the main loop keeps its shape. An elementwise row runs
+//! block by block (`elementwise.rs`, `staged_vectors`: its vector loop checks no block
+//! boundary); a row reduction's loop checks for a block's start at each vector ([`At`]). Only ops whose arguments do not depend on another staged op
 //! are staged; the others stay inline, as do scalar tails, rows shorter than [`MIN_ROW`] and
 //! hosts without AVX2 and FMA.
 
@@ -151,7 +152,9 @@ impl Translator<'_, '_> {
         params: &std::collections::HashMap<usize, Value>,
         lanes: Type,
     ) {
-        let Some(staging) = self.staging.take() else { return };
+        if self.staging.is_none() {
+            return;
+        }
         let width = i64::from(lanes.lane_count());
         let into = self.b.ins().isub(at.j, at.first);
         let off = self.b.ins().band_imm_s(into, BLOCK - 1);
@@ -166,20 +169,47 @@ impl Translator<'_, '_> {
         let block = self.iconst(BLOCK);
         let n = self.b.ins().umin(left, block);
         let n = self.b.ins().band_imm_s(n, !(width - 1));
+        self.stage_block(at.splats, at.ptrs, n, params, lanes);
+        self.b.ins().jump(go_on, &[]);
+
+        self.b.switch_to_block(go_on);
+        self.read_staged(off);
+    }
+
+    /// From here, `compute_vector` reads the staged ops' results at element `off` of their
+    /// block's scratch.
+    pub(super) fn read_staged(&mut self, off: Value) {
+        let off_bytes = self.b.ins().imul_imm_s(off, 4);
+        self.stage_mode = Mode::Results(off_bytes);
+    }
+
+    /// Computes the staged ops over the `n` elements (whole vectors, at most [`BLOCK`]) whose
+    /// moving inputs start at `ptrs`: a loop that stores their arguments in the scratch,
+    /// then one batch call per op. Leaves the builder after the calls.
+    pub(super) fn stage_block(
+        &mut self,
+        splats: &[Option<Value>],
+        ptrs: &[Value],
+        n: Value,
+        params: &std::collections::HashMap<usize, Value>,
+        lanes: Type,
+    ) {
+        let staging = self.staging.take().expect("a staged kernel");
+        let width = i64::from(lanes.lane_count());
         let head = self.b.create_block();
         let t = self.b.append_block_param(head, types::I64);
-        let ptrs = self.carried(head, at.ptrs.len());
+        let carried = self.carried(head, ptrs.len());
         let body = self.b.create_block();
         let calls = self.b.create_block();
         let zero = self.iconst(0);
         let mut args = vec![BlockArg::Value(zero)];
-        args.extend(at.ptrs.iter().map(|&p| BlockArg::Value(p)));
+        args.extend(ptrs.iter().map(|&p| BlockArg::Value(p)));
         self.b.ins().jump(head, &args);
         self.b.switch_to_block(head);
         let more = self.b.ins().icmp(IntCC::UnsignedLessThan, t, n);
         self.b.ins().brif(more, body, &[], calls, &[]);
         self.b.switch_to_block(body);
-        let srcs = self.vector_srcs(at.splats, &ptrs);
+        let srcs = self.vector_srcs(splats, &carried);
         self.stage_mode = Mode::Arguments;
         self.staging = Some(staging);
         let values = self.compute_vector(&srcs, params, lanes);
@@ -193,8 +223,8 @@ impl Translator<'_, '_> {
             self.b.ins().store(MemFlagsData::trusted(), values[arg], addr, 0);
         }
         let t_next = self.b.ins().iadd_imm_s(t, width);
-        let steps = self.input_steps(at.splats, lanes);
-        let advanced = self.advance_ptrs(&ptrs, &steps);
+        let steps = self.input_steps(splats, lanes);
+        let advanced = self.advance_ptrs(&carried, &steps);
         let mut args = vec![BlockArg::Value(t_next)];
         args.extend(advanced.iter().map(|&p| BlockArg::Value(p)));
         self.b.ins().jump(head, &args);
@@ -204,11 +234,6 @@ impl Translator<'_, '_> {
             let f = self.helpers[helper.preserving];
             self.b.ins().call(f, &[base, n]);
         }
-        self.b.ins().jump(go_on, &[]);
-
-        self.b.switch_to_block(go_on);
-        let off_bytes = self.b.ins().imul_imm_s(off, 4);
-        self.stage_mode = Mode::Results(off_bytes);
         self.staging = Some(staging);
     }
 

@@ -800,3 +800,51 @@ fn half_precision_kernel(dtype: DType, specials: &[f64]) {
         }
     }
 }
+
+/// A staged kernel over rows that are not whole blocks or whole vectors, with a broadcast
+/// input, a parameter and outputs of two dtypes (one of them bf16): the values the
+/// reference gives, and the same bits however the range is cut into pieces (pieces start
+/// blocks in the middle of rows).
+#[test]
+fn staged_rows_with_tails_and_several_outputs() {
+    let (rows, cols) = (5usize, 1301usize);
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([rows, cols]), DType::F32);
+    let bias = g.input(Shape::from([cols]), DType::F32);
+    let b = g
+        .push(
+            Op::View(View::contiguous(Shape::from([cols])).expand(&Shape::from([rows, cols]))),
+            &[bias],
+        )
+        .unwrap();
+    let h = g.push(Op::Binary(BinaryOp::Add), &[x, b]).unwrap();
+    let c = scalar(&mut g, 1.5, DType::F32, &[rows, cols]);
+    let a = g.push(Op::Binary(BinaryOp::Mul), &[h, c]).unwrap();
+    let s = g.push(Op::Unary(UnaryOp::Sigmoid), &[a]).unwrap();
+    let z = g.push(Op::Cast(DType::BF16), &[h]).unwrap();
+    let zf = g.push(Op::Cast(DType::F32), &[z]).unwrap();
+    let y = g.push(Op::Binary(BinaryOp::Mul), &[zf, s]).unwrap();
+    for out in [y, z] {
+        g.mark_output(out);
+    }
+    let plan = crate::plan_steps(&g);
+    let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel: {plan:?}") };
+    assert_eq!(k.kernel.outputs.len(), 2, "{}", k.kernel);
+    let lanes = Some((DType::F32, cranelift_codegen::ir::types::F32X4));
+    assert!(!super::staging::staged_ops(&k.kernel, lanes, cols, true).is_empty());
+    let by_node = [(x, values(rows * cols, DType::F32, 21)), (bias, values(cols, DType::F32, 22))];
+    let inputs: Vec<Vec<f64>> = k
+        .inputs
+        .iter()
+        .map(|id| by_node.iter().find(|(node, _)| node == id).expect("a graph input").1.clone())
+        .collect();
+    check(&k.kernel, &inputs, &k.params);
+    let whole = run(&k.kernel, &inputs, &k.params, 1 << 20);
+    for chunk in [600, 1000, 2603] {
+        let pieces = run(&k.kernel, &inputs, &k.params, chunk);
+        for (o, (p, w)) in pieces.iter().zip(&whole).enumerate() {
+            let same = p.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "output {o} differs in pieces of {chunk}");
+        }
+    }
+}
