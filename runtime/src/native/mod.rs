@@ -487,7 +487,41 @@ struct Rows<'a, T> {
     start: usize,
 }
 
+/// Runs `f` on `len` zeroed f64 sums: a buffer the thread keeps between calls when it is
+/// at most 8 MiB (a col2im's per-image sums, fresh from the system on every call, spent more
+/// time in page faults than in the additions).
+fn with_sums(len: usize, f: impl FnOnce(&mut [f64])) {
+    const KEPT: usize = 1 << 20;
+    thread_local! {
+        static SUMS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    if len > KEPT {
+        return f(&mut vec![0.0; len]);
+    }
+    SUMS.with_borrow_mut(|sums| {
+        sums.clear();
+        sums.resize(len, 0.0);
+        f(sums);
+    });
+}
+
 impl<'a, T: Copy> Rows<'a, T> {
+    /// The rows from element 0 on, each call the next `len` elements: what [`Rows::row`]
+    /// gives for consecutive rows, without its division per row.
+    fn in_order(self) -> impl FnMut(usize) -> &'a [T] {
+        let (mut at, mut into) = (self.start, 0);
+        move |len| {
+            if into == self.block {
+                at += self.stride - self.block;
+                into = 0;
+            }
+            let row = &self.x[at..at + len];
+            at += len;
+            into += len;
+            row
+        }
+    }
+
     fn at(&self, j: usize) -> usize {
         self.start + (j / self.block) * self.stride + j % self.block
     }
@@ -519,13 +553,13 @@ fn scatter_serial<T: Element>(out: &mut [T], x: Rows<'_, T>, view: &View, overla
             });
         }
         Overlaps::Distinct => for_each_offset(view, |i, p| out[p] = x.get(i)),
-        Overlaps::SumFloat => {
-            let mut sums = vec![0.0f64; out.len()];
-            for_each_row(view, |i, p, len, step| add_row(&mut sums, p, x.row(i, len), step));
-            for (slot, s) in out.iter_mut().zip(sums) {
+        Overlaps::SumFloat => with_sums(out.len(), |sums| {
+            let mut rows = x.in_order();
+            for_each_row(view, |_, p, len, step| add_row(sums, p, rows(len), step));
+            for (slot, &s) in out.iter_mut().zip(sums.iter()) {
                 *slot = T::from_scalar(Scalar::F64(s));
             }
-        }
+        }),
         Overlaps::SumInt => {
             let mut sums = vec![0i64; out.len()];
             for_each_offset(view, |i, p| {
