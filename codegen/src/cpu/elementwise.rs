@@ -142,13 +142,8 @@ impl<'b> Translator<'_, 'b> {
             self.staged_vectors(&bases, &out_bases, j0, jend, scalar_head, param_vector, lanes);
         } else if let Some((_, lanes)) = self.vector {
             let width = i64::from(lanes.lane_count());
-            let (splats, mut starts) = self.vector_row(&bases, j0, lanes);
-            let n_in_ptrs = starts.len();
-            for (&o, &base) in k.outputs.iter().zip(&out_bases) {
-                let size = k.exprs[o].dtype.size_in_bytes() as i64;
-                let off = self.b.ins().imul_imm_s(j0, size);
-                starts.push(self.b.ins().iadd(base, off));
-            }
+            let (splats, starts, steps) = self.row_pointers(&bases, &out_bases, j0, lanes);
+            let n_in_ptrs = starts.len() - k.outputs.len();
             let vec_head = self.b.create_block();
             let jv = self.b.append_block_param(vec_head, types::I64);
             let ptrs = self.carried(vec_head, starts.len());
@@ -167,9 +162,6 @@ impl<'b> Translator<'_, 'b> {
                 self.store_vector(values[e], k.exprs[e].dtype, ptrs[n_in_ptrs + o]);
             }
             let mut loop_args = vec![BlockArg::Value(next)];
-            let mut steps = self.input_steps(&splats, lanes);
-            steps
-                .extend(k.outputs.iter().map(|&e| width * k.exprs[e].dtype.size_in_bytes() as i64));
             let advanced = self.advance_ptrs(&ptrs, &steps);
             loop_args.extend(advanced.iter().map(|&v| BlockArg::Value(v)));
             self.b.ins().jump(vec_head, &loop_args);
@@ -196,6 +188,28 @@ impl<'b> Translator<'_, 'b> {
         self.b.switch_to_block(row_done);
     }
 
+    /// A row's vector loop state from column `j0`: the splats of inputs constant along the
+    /// row, the first addresses of the moving inputs and then of the outputs, and how far
+    /// each address moves per vector.
+    fn row_pointers(
+        &mut self,
+        bases: &[Value],
+        out_bases: &[Value],
+        j0: Value,
+        lanes: Type,
+    ) -> (Vec<Option<Value>>, Vec<Value>, Vec<i64>) {
+        let k = self.kernel;
+        let width = i64::from(lanes.lane_count());
+        let (splats, mut starts) = self.vector_row(bases, j0, lanes);
+        for (&o, &base) in k.outputs.iter().zip(out_bases) {
+            let off = self.b.ins().imul_imm_s(j0, k.exprs[o].dtype.size_in_bytes() as i64);
+            starts.push(self.b.ins().iadd(base, off));
+        }
+        let mut steps = self.input_steps(&splats, lanes);
+        steps.extend(k.outputs.iter().map(|&e| width * k.exprs[e].dtype.size_in_bytes() as i64));
+        (splats, starts, steps)
+    }
+
     /// The vector part of a row whose kernel has staged ops ([`Self::piece`]'s `j0..jend`,
     /// jumping to `tail` with the first element left): a block at a time, the staged ops
     /// over the block and then a loop over its vectors that reads their results, so the
@@ -213,14 +227,8 @@ impl<'b> Translator<'_, 'b> {
     ) {
         let k = self.kernel;
         let width = i64::from(lanes.lane_count());
-        let (splats, mut starts) = self.vector_row(bases, j0, lanes);
-        let n_in_ptrs = starts.len();
-        for (&o, &base) in k.outputs.iter().zip(out_bases) {
-            let off = self.b.ins().imul_imm_s(j0, k.exprs[o].dtype.size_in_bytes() as i64);
-            starts.push(self.b.ins().iadd(base, off));
-        }
-        let mut steps = self.input_steps(&splats, lanes);
-        steps.extend(k.outputs.iter().map(|&e| width * k.exprs[e].dtype.size_in_bytes() as i64));
+        let (splats, starts, steps) = self.row_pointers(bases, out_bases, j0, lanes);
+        let n_in_ptrs = starts.len() - k.outputs.len();
 
         // block_head(jb, pointers): a block of whole vectors from jb, or the tail.
         let block_head = self.b.create_block();

@@ -105,16 +105,13 @@ impl Translator<'_, '_> {
         let normal = self.b.ins().iadd(normal, parity);
         let low_bits = self.i32_splat(!0x1FFF);
         let normal = self.b.ins().band(normal, low_bits);
-        let half_bits = self.i32_splat(0x3F00_0000);
+        let (steps, half_bits) = self.f16_subnormal_steps(abs);
         let half = self.f32s(half_bits);
-        let abs_f = self.f32s(abs);
-        let sum = self.b.ins().fadd(abs_f, half);
-        let subnormal = self.b.ins().fsub(sum, half);
+        let subnormal = self.f32s(steps);
+        let subnormal = self.b.ins().fsub(subnormal, half);
         let subnormal = self.i32s(subnormal);
         let subnormal = self.b.ins().bor(subnormal, sign);
-        let smallest_normal = self.i32_splat(113 << 23);
-        let small = self.b.ins().icmp(IntCC::SignedLessThan, abs, smallest_normal);
-        let r = self.b.ins().bitselect(small, subnormal, normal);
+        let r = self.below_f16_normal(abs, subnormal, normal);
         // 65520, halfway between f16's largest finite value and the next power of two.
         let overflow = self.i32_splat(0x477F_F000);
         let big = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, abs, overflow);
@@ -142,15 +139,9 @@ impl Translator<'_, '_> {
         let rebias = self.i32_splat(-(112 << 23));
         let normal = self.b.ins().iadd(abs, rebias);
         let normal = self.b.ins().ushr_imm_u(normal, 13);
-        let half_bits = self.i32_splat(0x3F00_0000);
-        let half = self.f32s(half_bits);
-        let abs_f = self.f32s(abs);
-        let sum = self.b.ins().fadd(abs_f, half);
-        let sum = self.i32s(sum);
-        let subnormal = self.b.ins().isub(sum, half_bits);
-        let smallest_normal = self.i32_splat(113 << 23);
-        let small = self.b.ins().icmp(IntCC::SignedLessThan, abs, smallest_normal);
-        let finite = self.b.ins().bitselect(small, subnormal, normal);
+        let (steps, half_bits) = self.f16_subnormal_steps(abs);
+        let subnormal = self.b.ins().isub(steps, half_bits);
+        let finite = self.below_f16_normal(abs, subnormal, normal);
         let f32_inf = self.i32_splat(0x7F80_0000);
         let not_finite = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, abs, f32_inf);
         let payload = self.b.ins().ushr_imm_u(abs, 13);
@@ -188,6 +179,26 @@ impl Translator<'_, '_> {
         let magnitude = self.b.ins().bitselect(not_finite, special, finite);
         let bits = self.b.ins().bor(magnitude, sign);
         self.f32s(bits)
+    }
+
+    /// The bits of `|x| + 0.5` (`abs` holds `|x|`'s bits) and of 0.5: below f16's smallest
+    /// normal value the sum's last bit is f16's smallest subnormal step, so the hardware's
+    /// rounding of the sum rounds `|x|` to it (ties to even), and the difference of the bits
+    /// counts the steps.
+    fn f16_subnormal_steps(&mut self, abs: Value) -> (Value, Value) {
+        let half_bits = self.i32_splat(0x3F00_0000);
+        let half = self.f32s(half_bits);
+        let abs_f = self.f32s(abs);
+        let sum = self.b.ins().fadd(abs_f, half);
+        (self.i32s(sum), half_bits)
+    }
+
+    /// `small` where `abs` (an f32's magnitude bits) is below f16's smallest normal value,
+    /// else `normal`.
+    fn below_f16_normal(&mut self, abs: Value, small: Value, normal: Value) -> Value {
+        let smallest_normal = self.i32_splat(113 << 23);
+        let below = self.b.ins().icmp(IntCC::SignedLessThan, abs, smallest_normal);
+        self.b.ins().bitselect(below, small, normal)
     }
 
     fn abs_bits(&mut self, bits: Value) -> Value {

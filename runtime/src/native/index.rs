@@ -74,6 +74,29 @@ pub(super) enum Base<'a> {
     Fill(Scalar, kiln_ir::DType),
 }
 
+impl Base<'_> {
+    fn dtype(&self) -> kiln_ir::DType {
+        match self {
+            Base::Buffer(b) => b.dtype(),
+            Base::Fill(_, dtype) => *dtype,
+        }
+    }
+
+    /// A buffer of the base's values (a copy, or the fill over `shape`) with `edit` applied.
+    fn edited<T: Element>(
+        self,
+        shape: &Shape,
+        edit: impl FnOnce(&mut [T]),
+    ) -> Result<Buffer, RuntimeError> {
+        match self {
+            Base::Buffer(b) => {
+                edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit)
+            }
+            Base::Fill(v, _) => edited_fill(shape.numel(), T::from_scalar(v), edit),
+        }
+    }
+}
+
 /// A copy of `base` with `src` written (or, with `accumulate`, added) at the positions the
 /// index selects. Sums are formed as the reference executor forms them: floats in f64 from
 /// the base value, rounded once; integers wrapping.
@@ -98,11 +121,7 @@ pub(super) fn scatter(
     let targets = index_targets(name, axis, base_shape, index_shape, &values)?;
     let mut positions = Vec::with_capacity(targets.len());
     for_each_offset(&reference::src_positions(index_shape, src_shape), |_, p| positions.push(p));
-    let dtype = match base {
-        Base::Buffer(b) => b.dtype(),
-        Base::Fill(_, dtype) => dtype,
-    };
-    with_element_type!(dtype, T => {
+    with_element_type!(base.dtype(), T => {
         let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
         let edit = |out: &mut [T]| {
         let pairs = targets.iter().zip(positions.iter().copied());
@@ -145,13 +164,7 @@ pub(super) fn scatter(
             }
         }
         };
-        match base {
-            Base::Buffer(b) => edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit),
-            Base::Fill(v, _) => {
-                let len = base_shape.numel();
-                edited_fill(len, T::from_scalar(v), edit)
-            }
-        }
+        base.edited(base_shape, edit)
     })
 }
 
@@ -240,11 +253,7 @@ fn scatter_rows(
 ) -> Result<Buffer, RuntimeError> {
     let Rows { starts, len } = rows;
     let len = *len;
-    let dtype = match base {
-        Base::Buffer(b) => b.dtype(),
-        Base::Fill(_, dtype) => dtype,
-    };
-    with_element_type!(dtype, T => {
+    with_element_type!(base.dtype(), T => {
         let src = src.as_slice::<T>().expect("scatter's src has the base's dtype");
         let edit = |out: &mut [T]| {
             let pairs = starts.iter().zip(src.chunks_exact(len));
@@ -275,9 +284,6 @@ fn scatter_rows(
                 }
             }
         };
-        match base {
-            Base::Buffer(b) => edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit),
-            Base::Fill(v, _) => edited_fill(base_shape.numel(), T::from_scalar(v), edit),
-        }
+        base.edited(base_shape, edit)
     })
 }
