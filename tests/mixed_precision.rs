@@ -261,3 +261,73 @@ fn generated_bf16_rounding_matches_half_on_every_kind_of_value() {
         );
     }
 }
+
+#[test]
+fn generated_f16_rounding_matches_half_on_every_kind_of_value() {
+    // Ties of f16's precision (both parities), the overflow threshold 65520 and its
+    // neighbours, f16's subnormal range and its ties, f32 subnormals, NaNs, the infinities,
+    // and random bit patterns: a cast (rounding and the store) and an op computed in f16.
+    let mut bits: Vec<u32> = vec![
+        0x3F80_1000,
+        0x3F80_3000,
+        0x3F80_1001,
+        0x3F80_0FFF,
+        0x477F_E000,
+        0x477F_EFFF,
+        0x477F_F000,
+        0x477F_F001,
+        0x4780_0000,
+        0x3300_0000,
+        0x3340_0000,
+        0x33C0_0000,
+        0x387F_F000,
+        0x3880_0000,
+        0x0000_8000,
+        0x8000_0001,
+        0x7FC0_0000,
+        0x7F80_0001,
+        0xFFA0_2001,
+        0x7F80_0000,
+        0xFF80_0000,
+        0,
+        0x8000_0000,
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    bits.extend((0..20_000).map(|i| {
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        // Half of them within f16's range, where the rounding has work to do.
+        let b = (state >> 32) as u32;
+        if i % 2 == 0 { (b & 0x8FFF_FFFF) | 0x3000_0000 } else { b }
+    }));
+    let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let x = Tensor::from_vec(values.clone(), [values.len()]);
+    let cast = x.to_dtype(DType::F16).to_vec::<half::f16>();
+    let doubled = (x.to_dtype(DType::F16) * 2.0).to_vec::<half::f16>();
+    // Rounded and widened again in one kernel: the rounded value never goes through a store.
+    let round_trip = x.to_dtype(DType::F16).to_dtype(DType::F32).to_vec::<f32>();
+    let same =
+        |a: half::f16, b: half::f16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for (i, v) in values.iter().enumerate() {
+        let want = half::f16::from_f32(*v);
+        let twice = half::f16::from_f32(want.to_f32() * 2.0);
+        assert!(
+            same(cast[i], want),
+            "{v:e} ({:#x}): {:#x} vs {:#x}",
+            bits[i],
+            cast[i].to_bits(),
+            want.to_bits()
+        );
+        assert!(
+            same(doubled[i], twice),
+            "2·{v:e}: {:#x} vs {:#x}",
+            doubled[i].to_bits(),
+            twice.to_bits()
+        );
+        let (back, exact) = (round_trip[i], want.to_f32());
+        assert!(
+            back.to_bits() == exact.to_bits() || (back.is_nan() && exact.is_nan()),
+            "{v:e} to f16 and back: {back:e} vs {exact:e}"
+        );
+    }
+}
