@@ -2,14 +2,15 @@
 //! index selects, or row by row when the index picks whole rows (an embedding's lookup and
 //! its gradient: the index is one value along every dimension after the axis).
 
-use kiln_ir::{Element, Scalar, Shape, View};
+use kiln_ir::{Element, Graph, NodeId, Op, Scalar, Shape, View};
 
 use super::{edited, edited_copy, edited_fill, for_each_offset};
 use crate::buffer::with_element_type;
 use crate::reference;
 use crate::{Buffer, RunError, RuntimeError};
-use kiln_ir::{Graph, NodeId, Op};
 
+/// `x` (dense, of shape `x_shape`) gathered along `axis` at the index's positions: whole
+/// rows copied when the index picks rows, else element by element.
 pub(super) fn gather(
     x: &Buffer,
     x_shape: &Shape,
