@@ -236,30 +236,7 @@ fn generated_bf16_rounding_matches_half_on_every_kind_of_value() {
             state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (state >> 32) as u32
     }));
-    let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
-    let x = Tensor::from_vec(values.clone(), [values.len()]);
-    // A cast (the store path) and an op computed in bf16 (the rounding after each op).
-    let cast = x.to_dtype(DType::BF16).to_vec::<half::bf16>();
-    let doubled = (x.to_dtype(DType::BF16) * 2.0).to_vec::<half::bf16>();
-    for (i, v) in values.iter().enumerate() {
-        let want = half::bf16::from_f32(*v);
-        let twice = half::bf16::from_f32(want.to_f32() * 2.0);
-        let same =
-            |a: half::bf16, b: half::bf16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        assert!(
-            same(cast[i], want),
-            "{v:e} ({:#x}): {:#x} vs {:#x}",
-            bits[i],
-            cast[i].to_bits(),
-            want.to_bits()
-        );
-        assert!(
-            same(doubled[i], twice),
-            "2·{v:e}: {:#x} vs {:#x}",
-            doubled[i].to_bits(),
-            twice.to_bits()
-        );
-    }
+    assert_generated_rounding(&bits, DType::BF16, |v| half::bf16::from_f32(v).to_f32());
 }
 
 #[test]
@@ -300,34 +277,27 @@ fn generated_f16_rounding_matches_half_on_every_kind_of_value() {
         let b = (state >> 32) as u32;
         if i % 2 == 0 { (b & 0x8FFF_FFFF) | 0x3000_0000 } else { b }
     }));
+    assert_generated_rounding(&bits, DType::F16, |v| half::f16::from_f32(v).to_f32());
+}
+
+/// Generated rounding to `dtype` of the f32 values with these `bits`, against `round`
+/// (`half`'s conversion there and back), bit for bit (any NaN for a NaN): a cast (rounded
+/// and stored in 16 bits), an op computed in `dtype` (the rounding after each op), and a
+/// cast widened again in the same kernel (the rounded value never stored). Each is built
+/// from `x` afresh, so that it fuses into one kernel.
+fn assert_generated_rounding(bits: &[u32], dtype: DType, round: fn(f32) -> f32) {
     let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
     let x = Tensor::from_vec(values.clone(), [values.len()]);
-    let cast = x.to_dtype(DType::F16).to_vec::<half::f16>();
-    let doubled = (x.to_dtype(DType::F16) * 2.0).to_vec::<half::f16>();
-    // Rounded and widened again in one kernel: the rounded value never goes through a store.
-    let round_trip = x.to_dtype(DType::F16).to_dtype(DType::F32).to_vec::<f32>();
-    let same =
-        |a: half::f16, b: half::f16| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-    for (i, v) in values.iter().enumerate() {
-        let want = half::f16::from_f32(*v);
-        let twice = half::f16::from_f32(want.to_f32() * 2.0);
-        assert!(
-            same(cast[i], want),
-            "{v:e} ({:#x}): {:#x} vs {:#x}",
-            bits[i],
-            cast[i].to_bits(),
-            want.to_bits()
-        );
-        assert!(
-            same(doubled[i], twice),
-            "2·{v:e}: {:#x} vs {:#x}",
-            doubled[i].to_bits(),
-            twice.to_bits()
-        );
-        let (back, exact) = (round_trip[i], want.to_f32());
-        assert!(
-            back.to_bits() == exact.to_bits() || (back.is_nan() && exact.is_nan()),
-            "{v:e} to f16 and back: {back:e} vs {exact:e}"
-        );
+    let cast = x.to_dtype(dtype).to_vec::<f32>();
+    let doubled = (x.to_dtype(dtype) * 2.0).to_vec::<f32>();
+    let round_trip = x.to_dtype(dtype).to_dtype(DType::F32).to_vec::<f32>();
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for (i, &v) in values.iter().enumerate() {
+        let (want, got) = (round(v), cast[i]);
+        assert!(same(got, want), "{dtype} {v:e} ({:#x}): {got:e} vs {want:e}", bits[i]);
+        let (twice, got) = (round(want * 2.0), doubled[i]);
+        assert!(same(got, twice), "{dtype} 2·{v:e}: {got:e} vs {twice:e}");
+        let back = round_trip[i];
+        assert!(same(back, want), "{dtype} {v:e} there and back: {back:e} vs {want:e}");
     }
 }
