@@ -318,6 +318,16 @@ pub fn compile_failures() -> Vec<(String, String)> {
     kiln_runtime::exec::compile_failures()
 }
 
+pub use kiln_runtime::bf16_dot_products;
+
+/// Lets this thread's bf16 products on the CPU use its bf16 dot products where it has them
+/// (`true`, the default) or makes them widen to f32 (`false`), returning the previous
+/// setting: a hook for testing both paths on one machine.
+#[doc(hidden)]
+pub fn allow_bf16_dot_products(allow: bool) -> bool {
+    kiln_runtime::allow_bf16_dot_products(allow)
+}
+
 /// Makes every new CPU compile on this thread fail (`true`) or work again (`false`),
 /// returning the previous setting: a hook for testing the reference-executor fallback.
 /// Kernels already compiled stay cached.

@@ -294,3 +294,76 @@ fn a_batch_times_a_matrix_is_one_product() {
         "no sum over per-entry products: {ran:?}"
     );
 }
+
+/// bf16 products on each path this CPU has (its bf16 dot-product instructions where it has
+/// them, f32 `gemm` over widened operands always): tile and panel edges, odd `k` (a sliced
+/// operand's padding past each row must not leak in), every layout, batches, products split
+/// across threads and blocked along rows. Against the f64 loop: exactly where every sum is an
+/// integer (f32 holds them all, so only the final rounding to bf16 remains), and otherwise
+/// within one bf16 rounding plus f32 accumulation (`k · 2⁻²³ · Σ|a·b|`). The profile names the
+/// path.
+#[test]
+fn bf16_products_match_the_loop_on_every_path() {
+    let mut rng = Rng::new(47);
+    let shapes = [
+        (1, 1, 1, 1),
+        (1, 1, 3, 1),
+        (1, 11, 7, 15),
+        (1, 12, 2, 16),
+        (1, 13, 5, 17),
+        (2, 25, 33, 33),
+        (1, 37, 128, 65),
+        (3, 24, 257, 31),
+        (1, 300, 64, 70),
+        (1, 130, 2048, 40),
+        (1, 64, 300, 512),
+    ];
+    let layouts = [
+        (Layout::Contiguous, Layout::Contiguous),
+        (Layout::Permuted, Layout::Sliced),
+        (Layout::Sliced, Layout::Permuted),
+        (Layout::Permuted, Layout::Permuted),
+    ];
+    let dtype = DType::BF16;
+    let paths = if kiln::debug::bf16_dot_products() { vec![true, false] } else { vec![false] };
+    for dot in paths {
+        let was = kiln::debug::allow_bf16_dot_products(dot);
+        let x = Tensor::ones([2, 3]).bfloat16();
+        let (_, profile) = kiln::profile(|| {
+            x.matmul(&x.t()).realize();
+        });
+        let path = if dot { "matmul bf16-dot" } else { "matmul bf16-widened-to-f32" };
+        assert!(profile.events().iter().any(|e| e.ops == path), "{path}: {:?}", profile.events());
+        for (batch, m, k, n) in shapes {
+            for (la, lb) in layouts {
+                let context = format!("dot {dot} {batch}x{m}x{k}x{n} {la:?} {lb:?}");
+                let ints = |rng: &mut Rng, len| -> Vec<f64> {
+                    (0..len).map(|_| rng.int(-4, 5) as f64).collect()
+                };
+                let (ia, ib) = (ints(&mut rng, batch * m * k), ints(&mut rng, batch * k * n));
+                let product = |a: &[f64], b: &[f64]| {
+                    let x = make(a, &[batch, m, k], dtype, la);
+                    read(&x.matmul(&make(b, &[batch, k, n], dtype, lb)), dtype)
+                };
+                let want: Vec<f64> = batched_mm_ref(&ia, &ib, batch, m, k, n)
+                    .into_iter()
+                    .map(|v| round_to(dtype, v))
+                    .collect();
+                assert_close_tol(&product(&ia, &ib), &want, 0.0, &format!("integers {context}"));
+                let (da, db) = (
+                    values(&mut rng, batch * m * k, dtype),
+                    values(&mut rng, batch * k * n, dtype),
+                );
+                let got = product(&da, &db);
+                let want = batched_mm_ref(&da, &db, batch, m, k, n);
+                let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+                let magnitude = batched_mm_ref(&abs(&da), &abs(&db), batch, m, k, n);
+                for (i, ((g, w), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
+                    let bound = w.abs() * 2f64.powi(-8) + s * k as f64 * 2f64.powi(-23);
+                    assert!((g - w).abs() <= bound, "{context}: element {i}: {g} vs {w}");
+                }
+            }
+        }
+        kiln::debug::allow_bf16_dot_products(was);
+    }
+}

@@ -42,3 +42,5 @@ pub mod trace;
 pub use buffer::Buffer;
 pub use device::Device;
 pub use error::{CheckReport, RunError, RuntimeError};
+#[doc(inline)]
+pub use matmul::{allow_bf16_dot_products, bf16_dot_products};

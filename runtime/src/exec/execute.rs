@@ -353,8 +353,11 @@ impl Run<'_> {
             .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
         self.settle(n)?;
         if self.tracing {
-            let mut e =
-                trace::plain_event("matmul", StepKind::Library, "matmul".into(), String::new());
+            let ops = match self.gpu {
+                None => crate::matmul::cpu_path(n.dtype),
+                Some(_) => "matmul",
+            };
+            let mut e = trace::plain_event("matmul", StepKind::Library, ops.into(), String::new());
             e.shape = format!("{} @ {}", va.shape(), vb.shape());
             e.bytes_read = trace::bytes(&self.bufs[a]) + trace::bytes(&self.bufs[b]);
             e.bytes_written = trace::bytes(&out);

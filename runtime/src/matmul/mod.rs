@@ -1,5 +1,6 @@
 //! Matrix products through the `gemm` crate (AVX-512 kernels picked at run time) for `f32`,
-//! `f64` and `f16`. Operands are read through views: a transposed or sliced operand is
+//! `f64` and `f16`, and for `bf16` on AVX512-BF16's dot products where the CPU has them
+//! ([`bf16_dot`]; elsewhere widened to f32 for `gemm`). Operands are read through views: a transposed or sliced operand is
 //! passed as strides, never copied.
 //!
 //! Threads: kiln splits every product of at least [`SPLIT_FROM`] multiply-adds itself, on
@@ -10,8 +11,11 @@
 //! Measured on a 2-core machine, bands on the team against `gemm`'s parallelism: 1024³
 //! 387 against 355 GFLOP/s, 2048³ 399 against 366, 512x768 by 768x3072 414 against 366.
 
+#[cfg(target_arch = "x86_64")]
+mod bf16_dot;
+
 use gemm::{Parallelism, gemm};
-use half::f16;
+use half::{bf16, f16};
 use kiln_ir::{DType, Element, View};
 
 use crate::{Buffer, RuntimeError};
@@ -23,16 +27,74 @@ use crate::{Buffer, RuntimeError};
 /// If the dtype is not `f32`, `f64` or `f16` (the planner sends only those here).
 pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
     match a.dtype() {
-        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, 1.0),
-        DType::F64 => batched::<f64>(a, va, b, vb, 0.0, 1.0),
-        DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, f16::ONE),
+        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, &with_gemm(1.0)),
+        DType::F64 => batched::<f64>(a, va, b, vb, 0.0, &with_gemm(1.0)),
+        DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, &with_gemm(f16::ONE)),
+        DType::BF16 if bf16_dot_products() => {
+            // SAFETY: the CPU has the instructions (checked just above).
+            #[cfg(target_arch = "x86_64")]
+            return batched::<bf16>(
+                a,
+                va,
+                b,
+                vb,
+                bf16::ZERO,
+                &|pr, dst, dst_rs, lhs, rhs| unsafe {
+                    bf16_dot::product(pr, dst, dst_rs, lhs, rhs);
+                },
+            );
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("bf16 dot products are x86-64 only")
+        }
         DType::BF16 => bf16_through_f32(a, va, b, vb),
         DType::I64 | DType::I32 | DType::U8 => integer(a, va, b, vb),
         other => unreachable!("matmul of {other}: the op's dtype check refuses it"),
     }
 }
 
-/// A bf16 product: `gemm` has no bf16, so the operands are widened to f32 (exactly), multiplied
+/// Whether bf16 matrix products on the CPU run on its bf16 dot-product instructions
+/// (AVX512-BF16: about twice f32's rate; sums in f32, subnormals flushed to zero as the
+/// instruction does) rather than widened to f32 for `gemm` (exact products, f32 sums, but
+/// slower than f32 itself). Profiles name the path in a bf16 product's ops column
+/// (`matmul bf16-dot` or `matmul bf16-widened-to-f32`). Setting the environment variable
+/// `KILN_NO_BF16_DOT` selects the widening path.
+///
+/// ```
+/// // Either answer is a working configuration; it depends on the CPU.
+/// let fast = kiln::debug::bf16_dot_products();
+/// println!("bf16 products on dot-product instructions: {fast}");
+/// ```
+pub fn bf16_dot_products() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return bf16_dot::available() && BF16_DOT_ON.get();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+thread_local! {
+    /// Whether this thread's bf16 products may use the dot-product instructions.
+    static BF16_DOT_ON: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Lets this thread's bf16 products use the CPU's bf16 dot products where it has them
+/// (`true`, the default) or makes them widen to f32 (`false`), returning the previous
+/// setting: a hook for testing both paths on one machine.
+#[doc(hidden)]
+pub fn allow_bf16_dot_products(allow: bool) -> bool {
+    BF16_DOT_ON.replace(allow)
+}
+
+/// What a CPU product of `dtype` runs on, as the profile's ops column shows it: bf16 names
+/// its path, since the widening one is about half as fast.
+pub(crate) fn cpu_path(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 if bf16_dot_products() => "matmul bf16-dot",
+        DType::BF16 => "matmul bf16-widened-to-f32",
+        _ => "matmul",
+    }
+}
+
+/// Where the CPU has no bf16 dot products: `gemm` has no bf16, so the operands are widened to f32 (exactly), multiplied
 /// with f32 accumulation, and each result rounded once to bf16 (PyTorch's CPU bf16 matmul
 /// also accumulates in f32). Every temporary comes from kiln's caching allocator: fresh
 /// pages for the widened operands cost more than the conversions.
@@ -42,7 +104,7 @@ fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buff
         let data = x.as_slice::<half::bf16>().expect("a bf16 operand");
         widen_bf16(&data[..v.span().min(data.len())])
     };
-    let product = batched::<f32>(&widen(a, va)?, va, &widen(b, vb)?, vb, 0.0, 1.0)?;
+    let product = batched::<f32>(&widen(a, va)?, va, &widen(b, vb)?, vb, 0.0, &with_gemm(1.0))?;
     narrow_half(product.as_slice::<f32>().expect("an f32 product"), DType::BF16)
 }
 
@@ -105,13 +167,30 @@ fn integer(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, Runti
     }
 }
 
+/// One operand of a band's product: `(pointer, column stride, row stride)`.
+type Operand<T> = (*const T, isize, isize);
+
+/// What computes one band of a product on the calling thread: `(problem, dst, dst row
+/// stride, lhs, rhs)`, with [`product`]'s contract.
+type Band<'a, T> = dyn Fn(Problem, *mut T, usize, Operand<T>, Operand<T>) + Sync + 'a;
+
+/// Bands through `gemm` ([`product`]); `one` is the product's scale.
+fn with_gemm<T: Element>(one: T) -> impl Fn(Problem, *mut T, usize, Operand<T>, Operand<T>) + Sync {
+    move |pr, dst, dst_rs, lhs, rhs| {
+        // SAFETY: `batched` calls its band kernel under `product`'s contract.
+        unsafe { product(pr, dst, dst_rs, lhs, rhs, T::from_scalar(kiln_ir::Scalar::I64(0)), one) }
+    }
+}
+
+/// The batched product, each band computed by `kernel`; `zero` fills the output when
+/// `k == 0`.
 fn batched<T: Element>(
     a: &Buffer,
     va: &View,
     b: &Buffer,
     vb: &View,
     zero: T,
-    one: T,
+    kernel: &Band<'_, T>,
 ) -> Result<Buffer, RuntimeError> {
     let r = va.shape().rank();
     let (m, k, n) = (va.shape().dims()[r - 2], va.shape().dims()[r - 1], vb.shape().dims()[r - 1]);
@@ -136,14 +215,12 @@ fn batched<T: Element>(
         // SAFETY: see the caller's comment below; the band's operand rows and columns are
         // in range of the views.
         unsafe {
-            product(
+            kernel(
                 Problem { m: mb, n: nb, k },
                 dst.0.add(p * m * n + i0 * n + j0),
                 n,
                 (a.as_ptr().add(offs_a[p]).offset(i0 as isize * a_rs), a_cs, a_rs),
                 (b.as_ptr().add(offs_b[p]).offset(j0 as isize * b_cs), b_cs, b_rs),
-                zero,
-                one,
             );
         }
     };

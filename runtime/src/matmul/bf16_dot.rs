@@ -1,0 +1,218 @@
+//! bf16 products on AVX512-BF16's dot-product instruction (`vdpbf16ps`): each 32-bit lane
+//! multiplies two pairs of bf16 values exactly and adds both products to an f32 accumulator,
+//! 32 multiply-adds per instruction against 16 for an f32 FMA, so a bf16 product runs at
+//! about twice f32's rate instead of paying to widen its operands for `gemm`.
+//!
+//! Numerics (what PyTorch's oneDNN kernels on the same instruction give): products are exact,
+//! sums are f32 rounded to nearest even, each result is rounded once to bf16; the instruction
+//! treats subnormal inputs and sums as zero. Used where the CPU has the instruction
+//! ([`available`]); elsewhere bf16 products widen to f32 for `gemm` (`super`).
+//!
+//! Layout: the right operand is packed into panels of [`NR`] columns, the left into tiles of
+//! [`MR`] rows, both as 32-bit pairs of consecutive `k` (the instruction's operand shape),
+//! zero-padded at the edges; one tile times one panel is 24 accumulator registers.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::LazyLock;
+
+use half::bf16;
+
+use super::Problem;
+
+/// Output rows per tile: 12 rows of two vectors is 24 of the 32 vector registers.
+const MR: usize = 12;
+/// Output columns per tile: two vectors of 16 f32 lanes.
+const NR: usize = 32;
+/// Bytes of packed left operand per block, so that a block stays in L2 while every panel of
+/// the right operand passes over it.
+const A_BLOCK_BYTES: usize = 256 * 1024;
+
+/// Whether bf16 products run here: the CPU has AVX512-BF16 (with AVX512-F/BW/VL for the
+/// stores) and `KILN_NO_BF16_DOT` is unset (it selects the widening path, for comparison).
+pub(crate) fn available() -> bool {
+    static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
+        std::env::var_os("KILN_NO_BF16_DOT").is_none()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bf16")
+    });
+    *AVAILABLE
+}
+
+thread_local! {
+    /// Each thread's packed operands, kept between products: fresh pages cost more than
+    /// the packing.
+    static PACKED: RefCell<(Vec<u32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `dst = lhs @ rhs` in bf16 on the calling thread, `dst` row-major with row stride `dst_rs`;
+/// each operand is `(pointer, column stride, row stride)`.
+///
+/// # Safety
+/// [`available`] is true, `k > 0`, `dst` has room for the `m x n` block at row stride
+/// `dst_rs`, no other thread writes it, and the operands address `m x k` and `k x n` elements
+/// that lie inside their buffers.
+pub(super) unsafe fn product(
+    pr: Problem,
+    dst: *mut bf16,
+    dst_rs: usize,
+    (a, a_cs, a_rs): (*const bf16, isize, isize),
+    (b, b_cs, b_rs): (*const bf16, isize, isize),
+) {
+    let Problem { m, n, k } = pr;
+    let kp = k.div_ceil(2);
+    let (a, b, dst) = (a.cast::<u16>(), b.cast::<u16>(), dst.cast::<u16>());
+    PACKED.with_borrow_mut(|(pa, pb)| {
+        // SAFETY: the caller's contract: column `j < n` of the right operand, element `kk <
+        // k`, is at `b + j * b_cs + kk * b_rs`.
+        unsafe { pack(pb, NR, b, b_cs, b_rs, n, k) };
+        let block = (A_BLOCK_BYTES / (kp * 4 * MR)).max(1) * MR;
+        for i0 in (0..m).step_by(block) {
+            let rows = block.min(m - i0);
+            // SAFETY: as above, for rows `i0..i0 + rows` of the left operand.
+            unsafe { pack(pa, MR, a.offset(i0 as isize * a_rs), a_rs, a_cs, rows, k) };
+            for (p, j0) in (0..n).step_by(NR).enumerate() {
+                for (t, r0) in (0..rows).step_by(MR).enumerate() {
+                    // SAFETY: tile `t` and panel `p` are inside the packed buffers; the
+                    // block written lies inside `dst` (the caller's contract).
+                    unsafe {
+                        tile(
+                            kp,
+                            pa.as_ptr().add(t * kp * MR),
+                            pb.as_ptr().add(p * kp * NR),
+                            dst.add((i0 + r0) * dst_rs + j0),
+                            dst_rs,
+                            (rows - r0).min(MR),
+                            (n - j0).min(NR),
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Packs `lines` lines of `k` values (line `l`'s element `kk` at `src + l * line_stride +
+/// kk * k_stride`) into groups of `width` lines: group `g`, pair `q`, line `l` is the `u32` at
+/// `(g * kp + q) * width + l` holding elements `2q` (low half) and `2q + 1` (high half).
+/// Lines past `lines` and the high half past an odd `k` are zero.
+///
+/// # Safety
+/// Every addressed element lies inside `src`'s buffer.
+unsafe fn pack(
+    dst: &mut Vec<u32>,
+    width: usize,
+    src: *const u16,
+    line_stride: isize,
+    k_stride: isize,
+    lines: usize,
+    k: usize,
+) {
+    let (kp, full) = (k.div_ceil(2), k / 2);
+    let groups = lines.div_ceil(width);
+    dst.clear();
+    dst.reserve(groups * kp * width);
+    let out = dst.as_mut_ptr();
+    let at = |l: usize, kk: usize| l as isize * line_stride + kk as isize * k_stride;
+    for g in 0..groups {
+        let (first, count) = (g * width, width.min(lines - g * width));
+        // SAFETY: the group's `kp * width` slots are inside the reserved capacity; elements
+        // `at(l, kk)` for `l < lines`, `kk < k` are in range (the caller's contract).
+        unsafe {
+            let out = out.add(g * kp * width);
+            if k_stride == 1 {
+                // Pairs adjacent in memory: one unaligned 32-bit read each, line by line.
+                for l in 0..count {
+                    let line = src.offset(at(first + l, 0));
+                    for q in 0..full {
+                        *out.add(q * width + l) = line.add(2 * q).cast::<u32>().read_unaligned();
+                    }
+                }
+            } else {
+                // Pair by pair across lines (contiguous when the lines are adjacent).
+                for q in 0..full {
+                    let (lo, hi) = (src.offset(at(first, 2 * q)), src.offset(at(first, 2 * q + 1)));
+                    for l in 0..count {
+                        let step = l as isize * line_stride;
+                        *out.add(q * width + l) =
+                            u32::from(*lo.offset(step)) | u32::from(*hi.offset(step)) << 16;
+                    }
+                }
+            }
+            if k % 2 == 1 {
+                for l in 0..count {
+                    *out.add(full * width + l) = u32::from(*src.offset(at(first + l, k - 1)));
+                }
+            }
+            for q in 0..kp {
+                for l in count..width {
+                    *out.add(q * width + l) = 0;
+                }
+            }
+        }
+    }
+    // SAFETY: all `groups * kp * width` slots were written above.
+    unsafe { dst.set_len(groups * kp * width) };
+}
+
+/// One `MR x NR` tile: `kp` pairs of the packed left tile `a` against the packed right panel
+/// `b`, the first `rows x cols` results rounded to bf16 and stored at `dst` (row stride
+/// `dst_rs`), the rest (padding) dropped.
+///
+/// # Safety
+/// The CPU has the features [`available`] checks; `a` holds `kp * MR` and `b` `kp * NR`
+/// values; the `rows x cols` block at `dst` is writable.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn tile(
+    kp: usize,
+    a: *const u32,
+    b: *const u32,
+    dst: *mut u16,
+    dst_rs: usize,
+    rows: usize,
+    cols: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for q in 0..kp {
+        // SAFETY: pair `q` of the panel and of the tile are in range (the contract).
+        let (b0, b1, a) = unsafe {
+            let b = b.add(q * NR);
+            (
+                bh(_mm512_loadu_si512(b.cast())),
+                bh(_mm512_loadu_si512(b.add(16).cast())),
+                a.add(q * MR),
+            )
+        };
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: `r < MR`.
+            let pair = bh(_mm512_set1_epi32(unsafe { *a.add(r) } as i32));
+            row[0] = _mm512_dpbf16_ps(row[0], b0, pair);
+            row[1] = _mm512_dpbf16_ps(row[1], b1, pair);
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        if r >= rows {
+            break;
+        }
+        for (h, &v) in row.iter().enumerate() {
+            let lo = h * 16;
+            if lo >= cols {
+                break;
+            }
+            let mask = if cols - lo >= 16 { u16::MAX } else { (1u16 << (cols - lo)) - 1 };
+            // SAFETY: 16 bf16 values are 256 plain bits.
+            let rounded: __m256i = unsafe { std::mem::transmute(_mm512_cvtneps_pbh(v)) };
+            // SAFETY: the masked lanes are columns `lo..cols` of row `r`, inside the block.
+            unsafe { _mm256_mask_storeu_epi16(dst.add(r * dst_rs + lo).cast(), mask, rounded) };
+        }
+    }
+}
+
+/// The same 512 bits as 32 bf16 values.
+#[inline(always)]
+fn bh(x: __m512i) -> __m512bh {
+    // SAFETY: both are 512-bit plain-data vectors.
+    unsafe { std::mem::transmute(x) }
+}
