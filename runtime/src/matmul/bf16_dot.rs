@@ -68,7 +68,9 @@ pub(super) unsafe fn product(
         // SAFETY: the caller's contract: column `j < n` of the right operand, element `kk <
         // k`, is at `b + j * b_cs + kk * b_rs`.
         unsafe { pack(pb, NR, b, b_cs, b_rs, n, k) };
-        let block = (A_BLOCK_BYTES / (kp * 4 * MR)).max(1) * MR;
+        // Blocks of equal numbers of tiles, each at most `A_BLOCK_BYTES` where a tile fits.
+        let (tiles, fit) = (m.div_ceil(MR), (A_BLOCK_BYTES / (kp * 4 * MR)).max(1));
+        let block = tiles.div_ceil(tiles.div_ceil(fit)) * MR;
         for i0 in (0..m).step_by(block) {
             let rows = block.min(m - i0);
             // SAFETY: as above, for rows `i0..i0 + rows` of the left operand.

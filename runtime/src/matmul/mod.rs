@@ -27,9 +27,9 @@ use crate::{Buffer, RuntimeError};
 /// If the dtype is not `f32`, `f64` or `f16` (the planner sends only those here).
 pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
     match a.dtype() {
-        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, &with_gemm(1.0)),
-        DType::F64 => batched::<f64>(a, va, b, vb, 0.0, &with_gemm(1.0)),
-        DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, &with_gemm(f16::ONE)),
+        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
+        DType::F64 => batched::<f64>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
+        DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, (&with_gemm(f16::ONE), Split::Gemm)),
         DType::BF16 if bf16_dot_products() => {
             // SAFETY: the CPU has the instructions (checked just above).
             #[cfg(target_arch = "x86_64")]
@@ -39,9 +39,12 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
                 b,
                 vb,
                 bf16::ZERO,
-                &|pr, dst, dst_rs, lhs, rhs| unsafe {
-                    bf16_dot::product(pr, dst, dst_rs, lhs, rhs);
-                },
+                (
+                    &|pr, dst, dst_rs, lhs, rhs| unsafe {
+                        bf16_dot::product(pr, dst, dst_rs, lhs, rhs);
+                    },
+                    Split::Longer,
+                ),
             );
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!("bf16 dot products are x86-64 only")
@@ -104,7 +107,14 @@ fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buff
         let data = x.as_slice::<half::bf16>().expect("a bf16 operand");
         widen_bf16(&data[..v.span().min(data.len())])
     };
-    let product = batched::<f32>(&widen(a, va)?, va, &widen(b, vb)?, vb, 0.0, &with_gemm(1.0))?;
+    let product = batched::<f32>(
+        &widen(a, va)?,
+        va,
+        &widen(b, vb)?,
+        vb,
+        0.0,
+        (&with_gemm(1.0), Split::Gemm),
+    )?;
     narrow_half(product.as_slice::<f32>().expect("an f32 product"), DType::BF16)
 }
 
@@ -182,15 +192,26 @@ fn with_gemm<T: Element>(one: T) -> impl Fn(Problem, *mut T, usize, Operand<T>, 
     }
 }
 
-/// The batched product, each band computed by `kernel`; `zero` fills the output when
-/// `k == 0`.
+/// How a product splits into bands across threads.
+#[derive(Clone, Copy, PartialEq)]
+enum Split {
+    /// `gemm`'s rules: the longer side, except that some layouts `gemm` packs slowly split
+    /// into rows (see `batched`).
+    Gemm,
+    /// The longer side: each band packs all of the other operand and its share of this
+    /// one, so splitting the longer side packs the least twice (the bf16 dot products).
+    Longer,
+}
+
+/// The batched product, each band computed by `kernel` and split by `split`; `zero` fills
+/// the output when `k == 0`.
 fn batched<T: Element>(
     a: &Buffer,
     va: &View,
     b: &Buffer,
     vb: &View,
     zero: T,
-    kernel: &Band<'_, T>,
+    (kernel, split): (&Band<'_, T>, Split),
 ) -> Result<Buffer, RuntimeError> {
     let r = va.shape().rank();
     let (m, k, n) = (va.shape().dims()[r - 2], va.shape().dims()[r - 1], vb.shape().dims()[r - 1]);
@@ -249,8 +270,12 @@ fn batched<T: Element>(
                 // 64x256 by 256x784 169-175 -> 212-214, 128x2048 by 2048x512 160-175 ->
                 // 172-190, 1024³ 170-178 -> 182-194, 2048³ 196-204 -> 205-209; far wider
                 // outputs lost (32x144 by 144x16384: 203 -> 88-120).
-                let rows_first =
-                    a_rs == 1 && a_cs != 1 && b_cs == 1 && n <= 16 * m && m >= 32 * threads;
+                let rows_first = split == Split::Gemm
+                    && a_rs == 1
+                    && a_cs != 1
+                    && b_cs == 1
+                    && n <= 16 * m
+                    && m >= 32 * threads;
                 let (along_n, len) = if n >= m && !rows_first { (true, n) } else { (false, m) };
                 let step = len.div_ceil(threads);
                 for p in 0..batch {
