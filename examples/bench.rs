@@ -220,6 +220,28 @@ fn main() {
         gbps: None,
         gflops: Some(flops / (ms * 1e-3) / 1e9),
     });
+    // The same product in bf16 (f32 sums, one rounding), on the CPU's bf16 dot products where
+    // it has them and widened to f32 for gemm.
+    let (pb, qb) = (p.bfloat16(), q.bfloat16());
+    Tensor::try_realize_all(&[&pb, &qb]).expect("inputs fit in memory");
+    let dot = kiln::debug::bf16_dot_products();
+    for (variant, allow) in [("bf16_dot", true), ("bf16_widened", false)] {
+        if allow && !dot {
+            continue;
+        }
+        let was = kiln::debug::allow_bf16_dot_products(allow);
+        let ms = median_ms(|| {
+            black_box(pb.matmul(&qb).realize());
+        });
+        kiln::debug::allow_bf16_dot_products(was);
+        rows.push(Row {
+            workload: "W5".into(),
+            variant,
+            ms,
+            gbps: None,
+            gflops: Some(flops / (ms * 1e-3) / 1e9),
+        });
+    }
     let (pv, qv): (Vec<f32>, Vec<f32>) = (p.to_vec(), q.to_vec());
     let mut out = vec![0.0f32; m * m];
     let ms = median_ms(|| {

@@ -156,6 +156,22 @@ fn edited<T: Element>(
     Ok(filled.unwrap_or_else(|never| match never {}))
 }
 
+/// A buffer of `x`'s values each mapped by `f`, on all threads, each element written once.
+pub(crate) fn mapped<S: Copy + Sync, T: Element>(
+    x: &[S],
+    f: impl Fn(S) -> T + Sync,
+) -> Result<Buffer, RuntimeError> {
+    edited(
+        x.len(),
+        |start, chunk: &mut [MaybeUninit<T>]| {
+            for (out, &v) in chunk.iter_mut().zip(&x[start..]) {
+                out.write(f(v));
+            }
+        },
+        |_| {},
+    )
+}
+
 /// A buffer of `x`'s values converted element for element by `convert`, which is handed
 /// matching chunks of `x` and of the buffer, on all threads.
 pub(crate) fn converted<S: Sync, T: Element>(
@@ -165,7 +181,9 @@ pub(crate) fn converted<S: Sync, T: Element>(
     edited(
         x.len(),
         |start, chunk: &mut [MaybeUninit<T>]| {
-            chunk.fill(MaybeUninit::new(T::from_scalar(Scalar::I64(0))));
+            // SAFETY: all-zero bytes are a value of every element type (a memset, where a
+            // fill with a generic zero compiled to a scalar loop).
+            unsafe { std::ptr::write_bytes(chunk.as_mut_ptr(), 0, chunk.len()) };
             // SAFETY: every element was just written.
             let chunk = unsafe { &mut *(chunk as *mut [MaybeUninit<T>] as *mut [T]) };
             convert(&x[start..start + chunk.len()], chunk);
