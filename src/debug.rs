@@ -318,7 +318,21 @@ pub fn compile_failures() -> Vec<(String, String)> {
     kiln_runtime::exec::compile_failures()
 }
 
-pub use kiln_runtime::bf16_dot_products;
+/// Whether bf16 matrix products on the CPU run on its bf16 dot-product instructions
+/// (AVX512-BF16: about twice f32's rate; sums in f32, subnormals flushed to zero as the
+/// instruction does) rather than widened to f32 for `gemm` (exact products, f32 sums, but
+/// slower than f32 itself). Profiles name the path in a bf16 product's ops column
+/// (`matmul bf16-dot` or `matmul bf16-widened-to-f32`). Setting the environment variable
+/// `KILN_NO_BF16_DOT` selects the widening path.
+///
+/// ```
+/// // Either answer is a working configuration; it depends on the CPU.
+/// let fast = kiln::debug::bf16_dot_products();
+/// println!("bf16 products on dot-product instructions: {fast}");
+/// ```
+pub fn bf16_dot_products() -> bool {
+    kiln_runtime::bf16_dot_products()
+}
 
 /// Lets this thread's bf16 products on the CPU use its bf16 dot products where it has them
 /// (`true`, the default) or makes them widen to f32 (`false`), returning the previous

@@ -423,6 +423,30 @@ pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T
     });
 }
 
+/// [`forward`] of a single batch entry (`d.n == 1`) on the calling thread.
+pub(crate) fn forward_entry<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T]) {
+    let tiles = query_tiles(d);
+    for (&tile, rows) in tiles.iter().zip(split_rows(out, &tiles, d.ev)) {
+        forward_tile(q, k, v, d, tile, rows);
+    }
+}
+
+/// [`backward`] of a single batch entry (`d.n == 1`) on the calling thread.
+pub(crate) fn backward_entry<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    dout: &[T],
+    d: &Dims,
+    out: &mut [T],
+) {
+    let mut g = Grad { q, k, v, dout, d, lse: Vec::new(), dd: Vec::new() };
+    if d.s > KT {
+        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &query_tiles(d), false);
+    }
+    g.entry(0, out);
+}
+
 /// The rows of each query tile in a `[n, l, width]` slice (tiles in order, covering it).
 fn split_rows<'a, T>(
     mut x: &'a mut [T],
@@ -447,7 +471,7 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims,
     let tiles = query_tiles(d);
     let mut g = Grad { q, k, v, dout, d, lse: Vec::new(), dd: Vec::new() };
     if s > KT {
-        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &tiles);
+        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &tiles, true);
     }
     if d.n >= crate::team::threads() {
         // Enough batch entries to keep every thread busy: one pass per entry computes dq,
@@ -491,7 +515,8 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims,
     }
 }
 
-/// Each query's log-sum-exp and `D = dout·out`, from the forward pass recomputed.
+/// Each query's log-sum-exp and `D = dout·out`, from the forward pass recomputed, tiles on
+/// the team (`parallel`) or on the calling thread.
 fn row_statistics<T: Real>(
     q: &[T],
     k: &[T],
@@ -499,9 +524,10 @@ fn row_statistics<T: Real>(
     dout: &[T],
     d: &Dims,
     tiles: &[(usize, usize, usize)],
+    parallel: bool,
 ) -> (Vec<T>, Vec<T>) {
     let (l, ev) = (d.l, d.ev);
-    let stats: Vec<(Vec<T>, Vec<T>)> = crate::team::map(tiles.len(), &|i| {
+    let tile_stats = |i: usize| {
         let (b, r0, r1) = tiles[i];
         let mut out = vec![T::ZERO; (r1 - r0) * ev];
         let lse = forward_tile(q, k, v, d, (b, r0, r1), &mut out);
@@ -509,7 +535,12 @@ fn row_statistics<T: Real>(
             .map(|r| dot(&dout[(b * l + r) * ev..(b * l + r + 1) * ev], &out[(r - r0) * ev..]))
             .collect();
         (lse, dd)
-    });
+    };
+    let stats: Vec<(Vec<T>, Vec<T>)> = if parallel {
+        crate::team::map(tiles.len(), &tile_stats)
+    } else {
+        (0..tiles.len()).map(tile_stats).collect()
+    };
     let mut lse = vec![T::ZERO; d.n * l];
     let mut dd = vec![T::ZERO; d.n * l];
     for (&(b, r0, r1), (t_lse, t_dd)) in tiles.iter().zip(stats) {

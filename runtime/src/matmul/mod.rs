@@ -55,18 +55,8 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
     }
 }
 
-/// Whether bf16 matrix products on the CPU run on its bf16 dot-product instructions
-/// (AVX512-BF16: about twice f32's rate; sums in f32, subnormals flushed to zero as the
-/// instruction does) rather than widened to f32 for `gemm` (exact products, f32 sums, but
-/// slower than f32 itself). Profiles name the path in a bf16 product's ops column
-/// (`matmul bf16-dot` or `matmul bf16-widened-to-f32`). Setting the environment variable
-/// `KILN_NO_BF16_DOT` selects the widening path.
-///
-/// ```
-/// // Either answer is a working configuration; it depends on the CPU.
-/// let fast = kiln::debug::bf16_dot_products();
-/// println!("bf16 products on dot-product instructions: {fast}");
-/// ```
+/// Whether bf16 products on the CPU run on its bf16 dot-product instructions (AVX512-BF16)
+/// rather than widened to f32 for `gemm`: `kiln::debug::bf16_dot_products` documents it.
 pub fn bf16_dot_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     return bf16_dot::available() && BF16_DOT_ON.get();
@@ -120,7 +110,7 @@ fn bf16_through_f32(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buff
 
 /// bf16 values as an f32 buffer (exact: a shift), converted in parallel chunks.
 fn widen_bf16(x: &[bf16]) -> Result<Buffer, RuntimeError> {
-    crate::native::mapped(x, |b| f32::from_bits(u32::from(b.to_bits()) << 16))
+    crate::native::mapped(x, Half::widen)
 }
 
 /// `x` rounded to bf16, to nearest with ties to even (NaN stays NaN, quieted), as `half`
@@ -133,6 +123,31 @@ fn bf16_of(x: f32) -> bf16 {
         bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16
     };
     bf16::from_bits(rounded as u16)
+}
+
+/// A 16-bit float type and its exact widening to, and rounding from, f32.
+pub(crate) trait Half: Element {
+    fn widen(self) -> f32;
+    /// To nearest, ties to even, as `half` rounds.
+    fn narrow(x: f32) -> Self;
+}
+
+impl Half for bf16 {
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+    fn narrow(x: f32) -> bf16 {
+        bf16_of(x)
+    }
+}
+
+impl Half for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> f16 {
+        f16::from_f32(x)
+    }
 }
 
 /// A bf16 or f16 buffer's values as an f32 buffer (exact).

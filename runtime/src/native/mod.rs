@@ -282,7 +282,15 @@ fn attention(
     match args[0].dtype() {
         DType::F32 => Buffer::zeroed_with(len, |out| compute::<f32>(&typed(args), &d, grad, out)),
         DType::F64 => Buffer::zeroed_with(len, |out| compute::<f64>(&typed(args), &d, grad, out)),
-        // The 16-bit floats, in f32.
+        // The 16-bit floats, in f32: entry by entry where there are enough entries to keep
+        // every thread busy, each widened on its thread into scratch that stays in cache;
+        // otherwise the operands are widened whole first.
+        DType::BF16 if d.n >= crate::team::threads() && len > 0 => {
+            attention_16::<half::bf16>(args, &d, grad, len)
+        }
+        DType::F16 if d.n >= crate::team::threads() && len > 0 => {
+            attention_16::<half::f16>(args, &d, grad, len)
+        }
         dtype => {
             let wide =
                 args.iter().map(|b| crate::matmul::widen_half(b)).collect::<Result<Vec<_>, _>>()?;
@@ -291,6 +299,42 @@ fn attention(
             crate::matmul::narrow_half(out.as_slice::<f32>().expect("an f32 result"), dtype)
         }
     }
+}
+
+/// Attention (or its packed gradients) over 16-bit operands, one batch entry per task: the
+/// entry's operands widened to f32, computed, and its results rounded once.
+fn attention_16<H: crate::matmul::Half>(
+    args: &[&Buffer],
+    d: &crate::attention::Dims,
+    grad: bool,
+    len: usize,
+) -> Result<Buffer, RuntimeError> {
+    use crate::attention::{Dims, backward_entry, forward_entry};
+    let x: Vec<&[H]> =
+        args.iter().map(|b| b.as_slice().expect("attention's operands share a dtype")).collect();
+    let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
+    let one = Dims { n: 1, ..*d };
+    // Each operand's elements per entry: q, k, v and (for the gradients) dout.
+    let spans = [l * e, s * e, s * ev, l * ev];
+    let per = len / d.n;
+    Buffer::zeroed_with(len, |out: &mut [H]| {
+        crate::team::for_each_part(out.chunks_mut(per).collect(), &|b, part| {
+            let wide: Vec<Vec<f32>> = x
+                .iter()
+                .zip(spans)
+                .map(|(x, span)| x[b * span..(b + 1) * span].iter().map(|&h| h.widen()).collect())
+                .collect();
+            let mut acc = vec![0.0f32; per];
+            if grad {
+                backward_entry(&wide[0], &wide[1], &wide[2], &wide[3], &one, &mut acc);
+            } else {
+                forward_entry(&wide[0], &wide[1], &wide[2], &one, &mut acc);
+            }
+            for (o, &a) in part.iter_mut().zip(&acc) {
+                *o = H::narrow(a);
+            }
+        });
+    })
 }
 
 /// The stable argsort of every line along `axis`: NaN above every number, -0 equal to +0.
