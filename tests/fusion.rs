@@ -381,6 +381,40 @@ fn a_row_sum_writes_the_shared_values_it_sums() {
     assert_eq!((p[1], p[3]), (0.0, 0.0), "{p:?}");
 }
 
+/// A stored value that is also needed cast (under autocast, a gradient summed in f32 for a
+/// bias and cast to bf16 for a product) is cast by the kernel that computes it: no kernel
+/// of just the cast reads the value back, and both results hold the right values.
+#[test]
+fn casts_of_stored_values_are_written_by_the_value_kernel() {
+    let (rows, cols) = (37, 70);
+    let mut rng = Rng::new(91);
+    let (xs, ys) =
+        (values(&mut rng, rows * cols, DType::F32), values(&mut rng, rows * cols, DType::F32));
+    let x = tensor(&xs, &[rows, cols], DType::F32);
+    let y = tensor(&ys, &[rows, cols], DType::F32);
+    Tensor::try_realize_all(&[&x, &y]).unwrap();
+    // `g` is shared by a sum over rows and a cast: an exponential is stored, not recomputed.
+    let g = (&x * &y / 4.0).exp();
+    let bias = g.sum_dim(0, false);
+    let low = g.bfloat16();
+    let product = low.t().matmul(&low);
+    let ((), profile) = kiln::profile(|| {
+        Tensor::try_realize_all(&[&bias, &product]).unwrap();
+    });
+    let kernels = profile.kernels();
+    assert!(kernels.iter().all(|k| k.ops != "cast(bf16)"), "{profile}");
+    assert!(
+        kernels.iter().any(|k| k.ops.contains("exp cast(bf16)") && k.cut.contains("also writes")),
+        "{profile}"
+    );
+    let want_g: Vec<f64> = (0..rows * cols).map(|i| (xs[i] * ys[i] / 4.0).exp()).collect();
+    let want_bias: Vec<f64> =
+        (0..cols).map(|j| (0..rows).map(|i| want_g[i * cols + j]).sum()).collect();
+    assert_close(&bias.to_vec::<f64>(), &want_bias, DType::F32, "the sum of the value");
+    let want_low: Vec<f64> = want_g.iter().map(|&v| round_to(DType::BF16, v)).collect();
+    assert_close(&low.to_vec::<f64>(), &want_low, DType::BF16, "its cast");
+}
+
 #[test]
 fn kept_intermediates_are_written_by_the_consuming_kernel() {
     // `t` is still held when `z` is realized (as a statement's temporaries are): one kernel

@@ -102,8 +102,8 @@ pub enum Step {
 pub struct Partition {
     /// Every stored value, with the reason.
     pub stored: HashMap<NodeId, Cut>,
-    /// Kept results written by the kernel of another value (value -> that kernel's root)
-    /// rather than by a kernel of their own.
+    /// Kept results, and casts of stored values, written by the kernel of another value
+    /// (value -> that kernel's root) rather than by a kernel of their own.
     pub merged: HashMap<NodeId, NodeId>,
     /// Stored values that the reduction over them writes (value -> the reduction).
     pub reduced_by: HashMap<NodeId, NodeId>,
@@ -141,7 +141,7 @@ pub fn partition(graph: &Graph, options: &PlanOptions) -> Partition {
     let consumers = consumers(graph, &order);
     let (stored, size) = cuts(graph, &order, &consumers, options);
     let fused = options.fusion == Fusion::Fused;
-    let merged = if fused {
+    let mut merged = if fused {
         merge_kept_results(graph, &order, &stored, &size, &consumers)
     } else {
         HashMap::default()
@@ -151,6 +151,9 @@ pub fn partition(graph: &Graph, options: &PlanOptions) -> Partition {
     } else {
         HashMap::default()
     };
+    if fused {
+        merge_casts_into_producers(graph, &order, &stored, &reduced_by, &size, &mut merged);
+    }
     Partition { stored, merged, reduced_by }
 }
 
@@ -484,6 +487,48 @@ fn merge_kept_results(
         }
     }
     merged
+}
+
+/// Stored casts of stored values, written by the kernel of the value they cast as a second
+/// output: added to `merged` (cast -> that kernel's root).
+///
+/// Under autocast a value computed in f32 is often needed in 16 bits too: the gradient
+/// entering a `Linear` is summed for the bias in f32 and cast for the weight's product. When
+/// the value is stored by its own kernel, a kernel of just the cast would read it all back;
+/// the value's kernel writes the cast beside it instead. The value must be written by an
+/// elementwise kernel of its own (not merged into another, nor written by a reduction).
+fn merge_casts_into_producers(
+    graph: &Graph,
+    order: &[NodeId],
+    stored: &HashMap<NodeId, Cut>,
+    reduced_by: &HashMap<NodeId, NodeId>,
+    size: &HashMap<NodeId, usize>,
+    merged: &mut HashMap<NodeId, NodeId>,
+) {
+    let mut ops: HashMap<NodeId, usize> = HashMap::default();
+    for &c in order {
+        if !matches!(graph.node(c).op, Op::Cast(_))
+            || !stored.contains_key(&c)
+            || merged.contains_key(&c)
+            || reduced_by.contains_key(&c)
+        {
+            continue;
+        }
+        let x = graph.arg_slice(c)[0];
+        let producer = graph.node(x);
+        if !producer.op.is_elementwise()
+            || !stored.contains_key(&x)
+            || merged.contains_key(&x)
+            || reduced_by.contains_key(&x)
+        {
+            continue;
+        }
+        let held = *ops.entry(x).or_insert_with(|| size.get(&x).copied().unwrap_or(0));
+        if held < MAX_KERNEL_OPS {
+            ops.insert(x, held + 1);
+            merged.insert(c, x);
+        }
+    }
 }
 
 /// Stored values written by the reduction that consumes them, mapped to that reduction.
