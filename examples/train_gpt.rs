@@ -10,7 +10,12 @@
 //! cargo run --release --example train_gpt -- --resume    # continue from the checkpoint
 //!                                                         # (with the same --steps)
 //! cargo run --release --example train_gpt -- --steps 300  # a shorter run
+//! cargo run --release --example train_gpt -- --bf16       # under autocast(BF16)
 //! ```
+//!
+//! `--bf16` runs the forward pass and loss under `kiln::autocast(DType::BF16, ..)`: products
+//! and attention in bf16 (on AVX512-BF16 dot products where the CPU has them), norms, softmax
+//! and the loss in f32, weights and optimizer state in f32.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -111,6 +116,7 @@ fn sample(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let resume = args.iter().any(|a| a == "--resume");
+    let bf16 = args.iter().any(|a| a == "--bf16");
     let steps: usize = match args.iter().position(|a| a == "--steps") {
         Some(i) => args.get(i + 1).ok_or("--steps takes a number")?.parse()?,
         None => 900,
@@ -139,8 +145,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &[WARMUP],
     )?;
     println!(
-        "model W7: {} parameters; AdamW lr {LR}, warmup {WARMUP} steps then cosine",
-        model.num_parameters()
+        "model W7: {} parameters; AdamW lr {LR}, warmup {WARMUP} steps then cosine{}",
+        model.num_parameters(),
+        if bf16 { "; autocast bf16" } else { "" }
     );
 
     let out_dir = root.join("target");
@@ -179,7 +186,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut train_step = kiln::compile(|(x, y): (&Tensor, &Tensor)| {
             let mut opt = opt.borrow_mut();
             opt.zero_grad();
-            let loss = model.loss(x, y);
+            let loss = if bf16 {
+                kiln::autocast(DType::BF16, || model.loss(x, y))
+            } else {
+                model.loss(x, y)
+            };
             loss.backward();
             opt.step();
             loss
