@@ -320,8 +320,8 @@ pub fn compile_failures() -> Vec<(String, String)> {
 
 /// Whether bf16 matrix products on the CPU run on its bf16 dot-product instructions
 /// (AVX512-BF16: about twice f32's rate; sums in f32, subnormals flushed to zero as the
-/// instruction does) rather than widened to f32 for `gemm` (exact products, f32 sums, but
-/// slower than f32 itself). Profiles name the path in a bf16 product's ops column
+/// instruction does) rather than widened to f32 for `gemm` (exact products, f32 sums, at
+/// f32's speed). Profiles name the path in a bf16 product's ops column
 /// (`matmul bf16-dot` or `matmul bf16-widened-to-f32`). Setting the environment variable
 /// `KILN_NO_BF16_DOT` selects the widening path.
 ///
