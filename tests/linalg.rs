@@ -364,6 +364,14 @@ fn bf16_products_match_the_loop_on_every_path() {
                 }
             }
         }
+        // A right operand whose packing is larger than a thread keeps between products.
+        let (m, k, n) = (3, 2048, 2100);
+        let mut ints = |len| -> Vec<f64> { (0..len).map(|_| rng.int(-4, 5) as f64).collect() };
+        let (ia, ib) = (ints(m * k), ints(k * n));
+        let got = read(&tensor(&ia, &[m, k], dtype).matmul(&tensor(&ib, &[k, n], dtype)), dtype);
+        let want: Vec<f64> =
+            mm_ref(&ia, &ib, m, k, n).into_iter().map(|v| round_to(dtype, v)).collect();
+        assert_close_tol(&got, &want, 0.0, &format!("dot {dot} {m}x{k}x{n}"));
         kiln::debug::allow_bf16_dot_products(was);
     }
 }

@@ -41,6 +41,10 @@ pub(crate) fn available() -> bool {
     *AVAILABLE
 }
 
+/// The most bytes of packing a thread keeps between products; a larger product's packing
+/// (about the size of its bf16 operands) is freed when it ends.
+const KEEP_BYTES: usize = 8 << 20;
+
 thread_local! {
     /// Each thread's packed operands, kept between products: fresh pages cost more than
     /// the packing.
@@ -91,6 +95,11 @@ pub(super) unsafe fn product(
                         );
                     }
                 }
+            }
+        }
+        for packed in [pa, pb] {
+            if packed.capacity() * 4 > KEEP_BYTES {
+                *packed = Vec::new();
             }
         }
     });
