@@ -372,6 +372,13 @@ fn bf16_products_match_the_loop_on_every_path() {
         let want: Vec<f64> =
             mm_ref(&ia, &ib, m, k, n).into_iter().map(|v| round_to(dtype, v)).collect();
         assert_close_tol(&got, &want, 0.0, &format!("dot {dot} {m}x{k}x{n}"));
+        // A subnormal operand: the dot-product instruction reads it as zero (as documented),
+        // the widening path multiplies it exactly.
+        let tiny = 2f64.powi(-130);
+        let a = tensor(&[tiny, 1.0], &[1, 2], dtype);
+        let b = tensor(&[2.0, 0.0], &[2, 1], dtype);
+        let got = read(&a.matmul(&b), dtype)[0];
+        assert_eq!(got, if dot { 0.0 } else { 2.0 * tiny }, "subnormal operand, dot {dot}");
         kiln::debug::allow_bf16_dot_products(was);
     }
 }
