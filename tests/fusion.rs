@@ -381,6 +381,44 @@ fn a_row_sum_writes_the_shared_values_it_sums() {
     assert_eq!((p[1], p[3]), (0.0, 0.0), "{p:?}");
 }
 
+/// A costly value read by several ops that all end in one kernel is computed once in that
+/// kernel, not stored by a kernel of its own (GELU's gradient reads such a product twice);
+/// read by two kernels, it is stored once and loaded by both.
+#[test]
+fn shared_values_inside_one_kernel_are_computed_once_there() {
+    let (rows, cols) = (19, 33);
+    let mut rng = Rng::new(92);
+    let xs = values(&mut rng, rows * cols, DType::F32);
+    let x = tensor(&xs, &[rows, cols], DType::F32);
+    x.realize();
+    // `e` is a temporary: a value the caller holds would be stored as a kept result.
+    let y = {
+        let e = (&x / 3.0).exp();
+        &e * &x - e.sqrt()
+    };
+    let ((), profile) = kiln::profile(|| {
+        y.realize();
+    });
+    let kernels = profile.kernels();
+    assert_eq!(kernels.len(), 1, "{profile}");
+    assert_eq!(kernels[0].ops.matches("exp").count(), 1, "{profile}");
+    let want: Vec<f64> = xs.iter().map(|&v| (v / 3.0).exp() * v - (v / 6.0).exp()).collect();
+    assert_close(&y.to_vec::<f64>(), &want, DType::F32, "one kernel");
+    // Read by a row sum and by an elementwise output of another kernel: stored.
+    let (s, z) = {
+        let e = (&x / 3.0).exp();
+        (e.sum_dim(1, false), &e * 2.0)
+    };
+    let ((), profile) = kiln::profile(|| {
+        Tensor::try_realize_all(&[&s, &z]).unwrap();
+    });
+    let exps: usize = profile.kernels().iter().map(|k| k.ops.matches("exp").count()).sum();
+    assert_eq!(exps, 1, "computed once, stored for both: {profile}");
+    let want: Vec<f64> =
+        (0..rows).map(|i| (0..cols).map(|j| (xs[i * cols + j] / 3.0).exp()).sum()).collect();
+    assert_close(&s.to_vec::<f64>(), &want, DType::F32, "the sum");
+}
+
 /// A stored value that is also needed cast (under autocast, a gradient summed in f32 for a
 /// bias and cast to bf16 for a product) is cast by the kernel that computes it: no kernel
 /// of just the cast reads the value back, and both results hold the right values.

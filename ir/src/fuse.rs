@@ -14,8 +14,11 @@
 //!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
 //!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
 //!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
+//! - A shared value whose consumers all end in one kernel is computed once there, not stored
+//!   (`compute_shared_values_once`).
 //! - A kept result that only elementwise ops of one kernel consume is written by that kernel
-//!   as a second output instead of being stored by its own (see `merge_kept_results`).
+//!   as a second output instead of being stored by its own (see `merge_kept_results`); so is
+//!   a stored cast of a stored value, by the value's kernel (`merge_casts_into_producers`).
 //!
 //! The partition depends only on the graph, so the same program gives the same kernels with
 //! the same names on every run.
@@ -139,8 +142,11 @@ pub const MAX_RECOMPUTE_COST: usize = 8;
 pub fn partition(graph: &Graph, options: &PlanOptions) -> Partition {
     let order = graph.topo_order();
     let consumers = consumers(graph, &order);
-    let (stored, size) = cuts(graph, &order, &consumers, options);
+    let (mut stored, mut size) = cuts(graph, &order, &consumers, options);
     let fused = options.fusion == Fusion::Fused;
+    if fused {
+        compute_shared_values_once(graph, &order, &consumers, &mut stored, &mut size);
+    }
     let mut merged = if fused {
         merge_kept_results(graph, &order, &stored, &size, &consumers)
     } else {
@@ -487,6 +493,63 @@ fn merge_kept_results(
         }
     }
     merged
+}
+
+/// Shared values ([`Cut::Shared`]) whose consumers all end in one kernel are computed once in
+/// that kernel instead of stored: the store exists to avoid recomputing a costly value in
+/// several kernels, and within one kernel a value is computed once however many ops read it.
+/// (A gradient such as GELU's reads one costly product twice; storing it cost a write and a
+/// read back of the whole tensor.) Runs from the last value back, so each value's consumers
+/// already know their kernel; respects [`MAX_KERNEL_OPS`].
+fn compute_shared_values_once(
+    graph: &Graph,
+    order: &[NodeId],
+    consumers: &HashMap<NodeId, Vec<NodeId>>,
+    stored: &mut HashMap<NodeId, Cut>,
+    size: &mut HashMap<NodeId, usize>,
+) {
+    // The root of the one kernel each unstored elementwise value is computed in, if one.
+    let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::default();
+    for &n in order.iter().rev() {
+        let op = &graph.node(n).op;
+        if !op.is_elementwise() {
+            continue;
+        }
+        let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
+        let mut root = None;
+        let mut single = !cons.is_empty();
+        for &c in cons {
+            let cop = &graph.node(c).op;
+            let r = if stored.contains_key(&c) || cop.is_kernel_reduce() {
+                Some(c)
+            } else if cop.is_elementwise() {
+                root_of.get(&c).copied().flatten()
+            } else {
+                None
+            };
+            match (r, root) {
+                (Some(r), None) => root = Some(r),
+                (Some(r), Some(s)) if r == s => {}
+                _ => single = false,
+            }
+        }
+        let root = root.filter(|_| single);
+        match (stored.get(&n), root) {
+            (None, _) => {
+                root_of.insert(n, root);
+            }
+            (Some(Cut::Shared), Some(r)) => {
+                let (own, held) =
+                    (size.get(&n).copied().unwrap_or(0), size.get(&r).copied().unwrap_or(0));
+                if own + held <= MAX_KERNEL_OPS {
+                    stored.remove(&n);
+                    size.insert(r, own + held);
+                    root_of.insert(n, Some(r));
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Stored casts of stored values, written by the kernel of the value they cast as a second

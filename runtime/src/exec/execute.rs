@@ -402,8 +402,8 @@ impl Run<'_> {
         }
         if let Some(scale) = self.check {
             let expected = check::kernel_reference(self.graph, k, &self.bufs)?;
-            for (out, want) in outs.iter().zip(&expected) {
-                check::compare(self.graph, k, out, want, scale)?;
+            for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
+                check::compare(self.graph, k, i, out, want, scale)?;
             }
         }
         for &n in &k.inputs {
@@ -445,8 +445,8 @@ impl Run<'_> {
             let PreparedStep::Kernel { step: k, .. } = s else { continue };
             if let Some(scale) = self.check {
                 let expected = check::kernel_reference(self.graph, k, &self.bufs)?;
-                for (out, want) in k.outputs.iter().zip(&expected) {
-                    check::compare(self.graph, k, &self.bufs[out], want, scale)?;
+                for (i, (out, want)) in k.outputs.iter().zip(&expected).enumerate() {
+                    check::compare(self.graph, k, i, &self.bufs[out], want, scale)?;
                 }
             }
             for &n in &k.inputs {
