@@ -468,6 +468,22 @@ impl fmt::Display for Op {
 }
 
 impl UnaryOp {
+    /// Whether the op is a transcendental function (`exp`, `log`, `sin`, `cos`, `tanh`,
+    /// `sigmoid`, `erf`): generated code approximates it with a polynomial, a few ULP from the
+    /// correctly rounded value, and it costs tens of instructions.
+    pub fn is_transcendental(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Erf
+        )
+    }
+
     /// The op's name.
     pub fn name(self) -> &'static str {
         match self {

@@ -48,16 +48,8 @@ impl Target {
             return 0;
         }
         match op {
-            Op::Unary(
-                UnaryOp::Exp
-                | UnaryOp::Log
-                | UnaryOp::Tanh
-                | UnaryOp::Sigmoid
-                | UnaryOp::Sin
-                | UnaryOp::Cos
-                | UnaryOp::Erf,
-            )
-            | Op::Binary(BinaryOp::Pow) => self.costs.transcendental,
+            Op::Unary(u) if u.is_transcendental() => self.costs.transcendental,
+            Op::Binary(BinaryOp::Pow) => self.costs.transcendental,
             Op::Unary(UnaryOp::Sqrt | UnaryOp::Recip) | Op::Binary(BinaryOp::Div) => {
                 self.costs.division
             }

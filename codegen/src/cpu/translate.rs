@@ -531,18 +531,7 @@ impl<'b> Translator<'_, 'b> {
             };
             return self.narrow(v, dtype);
         }
-        if dtype == DType::F32
-            && matches!(
-                op,
-                UnaryOp::Exp
-                    | UnaryOp::Log
-                    | UnaryOp::Sin
-                    | UnaryOp::Cos
-                    | UnaryOp::Tanh
-                    | UnaryOp::Sigmoid
-                    | UnaryOp::Erf
-            )
-        {
+        if dtype == DType::F32 && op.is_transcendental() {
             // One lane of the vector polynomial: an element gets the same bits whether its
             // kernel reaches it in a vector or in a scalar tail (which depends on the layout,
             // so it differs between plans of one program).

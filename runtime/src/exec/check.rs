@@ -101,19 +101,11 @@ pub(super) fn after_a_jump(kernel: &kiln_ir::kernel::Kernel) -> Vec<bool> {
         };
         let from_approximated = args.iter().any(|&a| approximated[a]);
         approximated[i] = from_approximated
-            || matches!(
-                e.kind,
-                ExprKind::Unary(
-                    UnaryOp::Exp
-                        | UnaryOp::Log
-                        | UnaryOp::Sin
-                        | UnaryOp::Cos
-                        | UnaryOp::Tanh
-                        | UnaryOp::Sigmoid
-                        | UnaryOp::Erf,
-                    _
-                ) | ExprKind::Binary(BinaryOp::Pow, ..)
-            );
+            || match e.kind {
+                ExprKind::Unary(op, _) => op.is_transcendental(),
+                ExprKind::Binary(op, ..) => op == BinaryOp::Pow,
+                _ => false,
+            };
         let jump = match e.kind {
             ExprKind::Cast(a) => kernel.exprs[a].dtype.is_float() && !e.dtype.is_float(),
             ExprKind::Unary(UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round, _) => true,
