@@ -458,23 +458,15 @@ fn merge_kept_results(
         if !op.is_elementwise() {
             continue;
         }
-        let mut single = None;
-        let mut ok = !consumers_of(n).is_empty();
-        for &c in consumers_of(n) {
-            let r = if !graph.node(c).op.is_elementwise() {
+        let root = single_root(consumers_of(n), |c| {
+            if !graph.node(c).op.is_elementwise() {
                 None
             } else if stored.contains_key(&c) {
                 Some(merged.get(&c).copied().unwrap_or(c))
             } else {
                 root_of.get(&c).copied().flatten()
-            };
-            match (r, single) {
-                (Some(r), None) => single = Some(r),
-                (Some(r), Some(s)) if r == s => {}
-                _ => ok = false,
             }
-        }
-        let root = single.filter(|_| ok);
+        });
         match stored.get(&n) {
             None => {
                 root_of.insert(n, root);
@@ -516,24 +508,16 @@ fn compute_shared_values_once(
             continue;
         }
         let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
-        let mut root = None;
-        let mut single = !cons.is_empty();
-        for &c in cons {
+        let root = single_root(cons, |c| {
             let cop = &graph.node(c).op;
-            let r = if stored.contains_key(&c) || cop.is_kernel_reduce() {
+            if stored.contains_key(&c) || cop.is_kernel_reduce() {
                 Some(c)
             } else if cop.is_elementwise() {
                 root_of.get(&c).copied().flatten()
             } else {
                 None
-            };
-            match (r, root) {
-                (Some(r), None) => root = Some(r),
-                (Some(r), Some(s)) if r == s => {}
-                _ => single = false,
             }
-        }
-        let root = root.filter(|_| single);
+        });
         match (stored.get(&n), root) {
             (None, _) => {
                 root_of.insert(n, root);
@@ -550,6 +534,15 @@ fn compute_shared_values_once(
             _ => {}
         }
     }
+}
+
+/// The root of the one kernel all of `consumers` end in, given the root each one ends in
+/// (`None` for a consumer outside any kernel); `None` when they end in several, or there
+/// are none.
+fn single_root(consumers: &[NodeId], root: impl Fn(NodeId) -> Option<NodeId>) -> Option<NodeId> {
+    let mut roots = consumers.iter().map(|&c| root(c));
+    let first = roots.next()??;
+    roots.all(|r| r == Some(first)).then_some(first)
 }
 
 /// Stored casts of stored values, written by the kernel of the value they cast as a second
