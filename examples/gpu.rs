@@ -1,17 +1,30 @@
 //! kiln on an NVIDIA GPU: the benchmark workloads on the device, against the device's own
 //! copy bandwidth measured in the same run, plus NVRTC compile and cached-launch latency.
 //!
-//! `cargo run --release --example gpu` prints a table; `-- --json` prints one JSON object per
-//! line (`workload`, `variant`, `median_ms`, and `gbps` or `gflops`); `-- --quick` runs every
-//! workload at a small size, to check that the whole benchmark runs (CI does so on the
-//! emulated device). Without a CUDA device it says why and exits successfully.
+//! Also cross-entropy (with and without its gradient) and two training steps on the device,
+//! eager and compiled: W4 (the MLP of `common/mlp_step.rs`) and W7 (the GPT of
+//! `common/gpt.rs`, also under `autocast(BF16)`).
+//!
+//! `cargo run --release --example gpu` prints a table (with `KILN_GPU_PROFILE=1`, also the
+//! profiles of an eager W4 and W7 step on stderr); `-- --json` prints one JSON object per
+//! line as each row is measured (`workload`, `variant`, `median_ms`, and `gbps` or
+//! `gflops`); `-- --quick` runs every workload at a small size, to check that the whole
+//! benchmark runs (CI does so on the emulated device). Without a CUDA device it says why and
+//! exits successfully.
 
 use std::time::Instant;
 
+#[path = "common/gpt.rs"]
+mod gpt;
 #[path = "common/report.rs"]
 mod report;
 
+use std::cell::RefCell;
+
 use kiln::Execution;
+use kiln::nn::functional as F;
+use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential};
+use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 use report::Row;
 
@@ -24,10 +37,28 @@ struct Sizes {
     softmax: [usize; 2],
     /// Side of the square matrix products.
     matmul: usize,
+    /// Training steps per timed block (the loss is read once per block).
+    steps: usize,
 }
 
-const FULL: Sizes = Sizes { reps: 9, n: 1 << 26, softmax: [4096, 16384], matmul: 4096 };
-const QUICK: Sizes = Sizes { reps: 1, n: 1 << 16, softmax: [64, 300], matmul: 96 };
+const FULL: Sizes = Sizes { reps: 9, n: 1 << 26, softmax: [4096, 16384], matmul: 4096, steps: 20 };
+const QUICK: Sizes = Sizes { reps: 1, n: 1 << 16, softmax: [64, 300], matmul: 96, steps: 2 };
+
+/// The rows measured so far; with `--json` each is printed as soon as it is measured, so a
+/// run cut short still reports what it got.
+struct Rows {
+    rows: Vec<Row>,
+    json: Option<String>,
+}
+
+impl Rows {
+    fn push(&mut self, row: Row) {
+        if let Some(extra) = &self.json {
+            report::print(std::slice::from_ref(&row), true, extra);
+        }
+        self.rows.push(row);
+    }
+}
 
 /// Median wall time of `f` in ms over `reps` runs, each ended by waiting for the device.
 fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -53,7 +84,7 @@ fn main() -> kiln::Result<()> {
     }
     let gpu = Device::Cuda(0);
     let name = kiln::cuda::describe(0)?;
-    let mut rows = Vec::new();
+    let mut rows = Rows { rows: Vec::new(), json: json.then(|| format!("\"device\":\"{name}\"")) };
     let gb = |bytes: f64, ms: f64| bytes / (ms * 1e-3) / 1e9;
 
     let copy_bytes = 4 * size.n;
@@ -130,7 +161,39 @@ fn main() -> kiln::Result<()> {
         }
     }
 
-    // W5: matmul through cuBLAS, f32 and f16.
+    // W3 cross-entropy (log-softmax and NLL with integer labels), then with its gradient.
+    // GB/s counts one read of the logits (and for the gradient one write).
+    for side in size.softmax {
+        let a = Tensor::randn([side, side]).to(gpu);
+        let labels = Tensor::randint(0, side as i64, [side]).to(gpu);
+        Tensor::try_realize_all(&[&a, &labels])?;
+        let logits = a.detach().requires_grad_(true);
+        let ms = median_ms(reps, || {
+            F::cross_entropy(&a, &labels).realize();
+        });
+        let bytes = 4.0 * (side * side) as f64;
+        rows.push(Row {
+            workload: format!("W3 cross-entropy {side}²"),
+            variant: "fused",
+            ms,
+            gbps: Some(gb(bytes, ms)),
+            gflops: None,
+        });
+        let ms = median_ms(reps, || {
+            F::cross_entropy(&logits, &labels).backward();
+            logits.grad().expect("a gradient").realize();
+            logits.zero_grad();
+        });
+        rows.push(Row {
+            workload: format!("W3 cross-entropy + gradient {side}²"),
+            variant: "fused",
+            ms,
+            gbps: Some(gb(2.0 * bytes, ms)),
+            gflops: None,
+        });
+    }
+
+    // W5: matmul through cuBLAS, f32, f16 and bf16.
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let side = size.matmul;
         let a = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
@@ -174,10 +237,12 @@ fn main() -> kiln::Result<()> {
         gflops: None,
     });
 
+    training_steps(&size, gpu, &mut rows)?;
+
     if json {
-        report::print(&rows, true, &format!("\"device\":\"{name}\""));
         return Ok(());
     }
+    let rows = rows.rows;
     println!("kiln on {name}\n");
     report::print(&rows, false, "");
     let w1 = rows.iter().find(|r| r.workload == "W1" && r.variant == "fused");
@@ -185,4 +250,118 @@ fn main() -> kiln::Result<()> {
         println!("\nW1 fused reaches {:.0}% of the device's copy bandwidth", 100.0 * w1 / copy);
     }
     Ok(())
+}
+
+/// Milliseconds per step of `step`, timed in blocks of `size.steps` steps that end by
+/// reading the last loss (as a training loop that logs would).
+fn per_step_ms(size: &Sizes, mut step: impl FnMut() -> Tensor) -> f64 {
+    let steps = size.steps;
+    median_ms(size.reps, || {
+        let mut loss = step();
+        for _ in 1..steps {
+            loss = step();
+        }
+        loss.item::<f32>();
+    }) / steps as f64
+}
+
+/// W4 and W7 training steps on the device: eager (lazy, fused) and `compile()`d.
+fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()> {
+    // W4: a 784-256-10 ReLU MLP, SGD, cross-entropy, batches of 128 (cycling 8).
+    kiln::manual_seed(0);
+    let mut mlp =
+        Sequential::new().with(Linear::new(784, 256)).with(ReLU).with(Linear::new(256, 10));
+    mlp.to(gpu)?;
+    let sgd = RefCell::new(Sgd::new(mlp.parameters(), SgdConfig { lr: 0.1, ..Default::default() }));
+    let xs4: Vec<Tensor> = (0..8).map(|_| Tensor::randn([128, 784]).to(gpu)).collect();
+    let ys4: Vec<Tensor> = (0..8).map(|_| Tensor::randint(0, 10, [128]).to(gpu)).collect();
+    Tensor::try_realize_all(&xs4.iter().chain(&ys4).collect::<Vec<_>>())?;
+    let w4 = |x: &Tensor, y: &Tensor| {
+        let mut opt = sgd.borrow_mut();
+        opt.zero_grad();
+        let loss = F::cross_entropy(&mlp.forward(x), y);
+        loss.backward();
+        opt.step();
+        loss
+    };
+    let mut i = 0;
+    let ms = per_step_ms(size, || {
+        i += 1;
+        w4(&xs4[i % 8], &ys4[i % 8])
+    });
+    rows.push(step_row("W4 MLP step", "eager", ms, 1e3 / ms, "steps/s"));
+    let mut compiled = kiln::compile(|(x, y): (&Tensor, &Tensor)| w4(x, y));
+    let ms = per_step_ms(size, || {
+        i += 1;
+        compiled.call((&xs4[i % 8], &ys4[i % 8]))
+    });
+    rows.push(step_row("W4 MLP step", "compiled", ms, 1e3 / ms, "steps/s"));
+    drop(compiled);
+
+    // W7: the GPT of anchors/models.py w7 (batch 32, context 64), AdamW.
+    kiln::manual_seed(0);
+    let mut model = gpt::Gpt::new(gpt::GptConfig::w7(96));
+    model.to(gpu)?;
+    let t = model.config.context;
+    let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [32, t]).to(gpu)).collect();
+    let ys: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [32, t]).to(gpu)).collect();
+    Tensor::try_realize_all(&xs.iter().chain(&ys).collect::<Vec<_>>())?;
+    let config = AdamConfig { lr: 3e-4, weight_decay: 0.1, ..AdamConfig::adamw() };
+    let adamw = RefCell::new(AdamW::new(model.parameters(), config));
+    let w7 = |x: &Tensor, y: &Tensor| {
+        let mut opt = adamw.borrow_mut();
+        opt.zero_grad();
+        let loss = model.loss(x, y);
+        loss.backward();
+        opt.step();
+        loss
+    };
+    let tokens = (32 * t) as f64;
+    let ms = per_step_ms(size, || {
+        i += 1;
+        w7(&xs[i % 4], &ys[i % 4])
+    });
+    rows.push(step_row("W7 GPT step", "eager", ms, tokens / ms * 1e3, "tokens/s"));
+    let first = Instant::now();
+    let mut compiled = kiln::compile(|(x, y): (&Tensor, &Tensor)| w7(x, y));
+    compiled.call((&xs[0], &ys[0])).item::<f32>();
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    rows.push(step_row("W7 GPT step, first compiled call", "compiled", first_ms, 0.0, ""));
+    let ms = per_step_ms(size, || {
+        i += 1;
+        compiled.call((&xs[i % 4], &ys[i % 4]))
+    });
+    rows.push(step_row("W7 GPT step", "compiled", ms, tokens / ms * 1e3, "tokens/s"));
+    drop(compiled);
+    let mut autocast =
+        kiln::compile(|(x, y): (&Tensor, &Tensor)| kiln::autocast(DType::BF16, || w7(x, y)));
+    let ms = per_step_ms(size, || {
+        i += 1;
+        autocast.call((&xs[i % 4], &ys[i % 4]))
+    });
+    rows.push(step_row("W7 GPT step", "compiled bf16", ms, tokens / ms * 1e3, "tokens/s"));
+    drop(autocast);
+    if std::env::var_os("KILN_GPU_PROFILE").is_some() {
+        // Where a step's time goes: the third of three profiled eager steps of each model.
+        let steps: [(&str, &dyn Fn() -> Tensor); 3] = [
+            ("W4", &|| w4(&xs4[0], &ys4[0])),
+            ("W7", &|| w7(&xs[0], &ys[0])),
+            ("W7 bf16 autocast", &|| kiln::autocast(DType::BF16, || w7(&xs[0], &ys[0]))),
+        ];
+        for (name, step) in steps {
+            let mut profile = None;
+            for _ in 0..3 {
+                profile = Some(kiln::profile(|| step().realize().clone()).1);
+            }
+            eprintln!("{name} step on the GPU:\n{}", profile.expect("three profiled steps"));
+        }
+    }
+    Ok(())
+}
+
+/// A training-step row; the rate goes into the workload's name.
+fn step_row(workload: &str, variant: &'static str, ms: f64, rate: f64, unit: &str) -> Row {
+    let workload =
+        if unit.is_empty() { workload.into() } else { format!("{workload} ({rate:.0} {unit})") };
+    Row { workload, variant, ms, gbps: None, gflops: None }
 }
