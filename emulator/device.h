@@ -324,6 +324,11 @@ static inline T shfl_up(T v, int delta) {
   return shfl_from(v, (long)(threadIdx.x % 32) - delta);
 }
 
+template <class T>
+static inline T shfl_xor(T v, int mask) {
+  return shfl_from(v, (long)((threadIdx.x % 32) ^ (unsigned)mask));
+}
+
 }  // namespace kemu
 
 static inline void __syncthreads() { kemu::sync_block(); }
@@ -331,3 +336,5 @@ template <class T>
 static inline T __shfl_up_sync(unsigned, T v, int delta) { return kemu::shfl_up(v, delta); }
 template <class T>
 static inline T __shfl_down_sync(unsigned, T v, int delta) { return kemu::shfl_down(v, delta); }
+template <class T>
+static inline T __shfl_xor_sync(unsigned, T v, int mask) { return kemu::shfl_xor(v, mask); }

@@ -541,7 +541,7 @@ fn long_reductions_split_across_blocks_on_the_gpu() {
             let x = make(&data, &[n], dtype, layout);
             let g = x.to(gpu);
             type Op = fn(&Tensor) -> Tensor;
-            let ops: [(&str, Op); 16] = [
+            let ops: [(&str, Op); 19] = [
                 ("sum", |x| x.sum()),
                 ("max", |x| x.max()),
                 ("min", |x| x.min()),
@@ -552,6 +552,16 @@ fn long_reductions_split_across_blocks_on_the_gpu() {
                     (f(&x.gt(2.9)) - f(&x.lt(-2.9)) * 0.5 + 1.0).prod()
                 }),
                 ("any/all", |x| Tensor::stack(&[&x.gt(2.5).any(), &x.ne(1000.0).all()], 0)),
+                // Long columns, few outputs: chunks of each column, then merged in order.
+                ("sum down long columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[250, 160]).sum_dim(0, false)
+                }),
+                ("max down long columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[250, 160]).amax(0, true)
+                }),
+                ("sum over the rows of 3-d blocks", |x| {
+                    x.narrow(0, 0, 39_936).reshape(&[13, 24, 128]).sum_dim(&[0, 1][..], false)
+                }),
                 ("sum over a short axis", |x| {
                     x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).sum_dim(1, false)
                 }),
@@ -868,12 +878,20 @@ fn fused_attention_on_the_gpu_matches_the_cpu() {
         return;
     };
     let mut rng = Rng::new(810);
-    for (dtype, causal, tol) in
-        [(DType::F64, true, 1e-12), (DType::F64, false, 1e-12), (DType::F32, true, 2e-5)]
-    {
-        let q = tensor(&values(&mut rng, 2 * 9 * 4, DType::F64), &[2, 9, 4], dtype);
-        let k = tensor(&values(&mut rng, 2 * 11 * 4, DType::F64), &[2, 11, 4], dtype);
-        let v = tensor(&values(&mut rng, 2 * 11 * 3, DType::F64), &[2, 11, 3], dtype);
+    // Every float dtype (16-bit ones widened on the device and rounded once, as on the CPU),
+    // and rows longer than a warp's 32 lanes (e = 40, ev = 70).
+    for (dtype, causal, tol, [e, ev]) in [
+        (DType::F64, true, 1e-12, [4, 3]),
+        (DType::F64, false, 1e-12, [40, 70]),
+        (DType::F32, true, 2e-5, [4, 3]),
+        // Dot products of 40 and 70 terms summed in another order; `dp - D` cancels.
+        (DType::F32, true, 2e-4, [40, 70]),
+        (DType::F16, false, 4e-3, [40, 3]),
+        (DType::BF16, true, 3e-2, [4, 70]),
+    ] {
+        let q = tensor(&values(&mut rng, 2 * 9 * e, DType::F64), &[2, 9, e], dtype);
+        let k = tensor(&values(&mut rng, 2 * 11 * e, DType::F64), &[2, 11, e], dtype);
+        let v = tensor(&values(&mut rng, 2 * 11 * ev, DType::F64), &[2, 11, ev], dtype);
         let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
             let (q, k, v) =
                 (q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true));

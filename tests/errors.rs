@@ -185,10 +185,12 @@ fn reductions_panic_on_bad_dims() {
 
 #[test]
 fn runtime_failures_name_the_op_and_the_line_that_recorded_it() {
-    // 2^40 f32 values (4 TiB) cannot be allocated: the shape is fine, so recording succeeds
-    // and the failure surfaces when the value is computed, pointing back at this line.
+    // 2^46 f32 values (256 TiB, more than x86-64's 128 TiB of user address space, so no
+    // overcommitting kernel hands it out either) cannot be allocated: the shape is fine, so
+    // recording succeeds and the failure surfaces when the value is computed, pointing back
+    // at this line.
     let line = line!() + 1;
-    let huge = Tensor::ones([1 << 20, 1 << 20]) * 2.0;
+    let huge = Tensor::ones([1 << 23, 1 << 23]) * 2.0;
     let err = huge.sum().try_item::<f32>().unwrap_err();
     let kiln::Error::Runtime(run) = &err else { panic!("expected a runtime error, got {err:?}") };
     assert!(matches!(run.error, kiln::RuntimeError::OutOfMemory { .. }), "{err}");

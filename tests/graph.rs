@@ -168,11 +168,14 @@ fn cuda_kernel_kind_snapshots() {
     let m = Tensor::from_vec((0..64 * 48).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [64, 48]);
     let long =
         Tensor::from_vec((0..1 << 20).map(|i| (i % 5) as f32).collect::<Vec<_>>(), [1 << 20]);
-    Tensor::try_realize_all(&[&m, &long]).unwrap();
+    let tall =
+        Tensor::from_vec((0..256 * 144).map(|i| (i % 3) as f32).collect::<Vec<_>>(), [256, 144]);
+    Tensor::try_realize_all(&[&m, &long, &tall]).unwrap();
     let cases = [
         ("elementwise", (&m * 2.0 + 1.0).exp()),
         ("row_reduction", m.sum_dim(1, false)),
         ("column_reduction", m.sum_dim(0, false)),
+        ("split_column_reduction", tall.sum_dim(0, false)),
         ("split_reduction", (&long * 2.0).sum()),
     ];
     for (name, y) in cases {

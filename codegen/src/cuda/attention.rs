@@ -1,15 +1,19 @@
 //! The CUDA C of fused attention (`Op::Attention`) and its gradients (`Op::AttentionGrad`)
-//! for dense `f32`/`f64` operands `q [n, l, e]`, `k [n, s, e]`, `v [n, s, ev]`. One thread
-//! per query row (forward, row statistics, `dq`) or per key row (`dk`, `dv`), each walking
-//! the other side's rows with an online softmax and accumulating in registers, so no
-//! `l × s` matrix exists. Sizes are constants in the source, as in the other library
-//! kernels.
+//! for dense operands `q [n, l, e]`, `k [n, s, e]`, `v [n, s, ev]` of any float dtype. One
+//! warp per query row (forward, row statistics and `dq`) or per key row (`dk`, `dv`): each
+//! lane holds every 32nd feature of its row in registers, a dot product is the lanes' sum
+//! (butterfly shuffles), and the warp walks the other side's rows with an online softmax, so
+//! no `l × s` matrix exists and a warp's loads of a row are one coalesced read. 16-bit
+//! operands are widened on load and the results rounded once, as on the CPU; arithmetic is
+//! in `float` (`double` for `f64`). Sizes are constants in the source, as in the other
+//! library kernels.
 
 use std::fmt::Write as _;
 
 use kiln_ir::DType;
 
 use super::library::{LibraryKernel, finish};
+use super::{compute_type, load, storage_type, store};
 
 /// The sizes and options of one attention op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,176 +34,241 @@ pub struct AttentionShape {
     pub scale: f64,
 }
 
-/// Entry points, in launch order. Forward: `ENTRY0(q, k, v, out, n)` over `n·l` rows.
-/// Gradients: `ENTRY0(q, k, v, dout, stats, n)` writes each query's log-sum-exp and
-/// `D = Σ p·(dout·v)` into `stats` (`2·n·l` accumulators); `ENTRY1(q, k, v, dout, stats,
-/// packed, n)` writes `dq` over `n·l` rows; `ENTRY2(q, k, v, dout, stats, packed, n)` writes
-/// `dk` and `dv` over `n·s` rows.
+/// Threads per row: one warp.
+pub const THREADS_PER_ROW: usize = 32;
+
+/// The dtype of the gradients' row statistics (`stats`): the arithmetic's.
+pub fn stats_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+/// Entry points, in launch order, each over `n` rows with [`THREADS_PER_ROW`] threads per
+/// row. Forward: `ENTRY0(q, k, v, out, n)` over `n·l` query rows. Gradients: `ENTRY0(q, k,
+/// v, dout, stats, packed, n)` over `n·l` query rows writes each query's log-sum-exp and
+/// `D = Σ p·(dout·v)` into `stats` (`2·n·l` values of [`stats_dtype`]) and its `dq` into
+/// `packed`; `ENTRY1(q, k, v, dout, stats, packed, n)` over `n·s` key rows writes `dk` and
+/// `dv`.
 ///
 /// # Panics
-/// For a dtype other than `f32` or `f64` (the runtime sends only those).
+/// For a dtype that is not a float (the runtime sends only floats).
 pub fn attention(dtype: DType, d: &AttentionShape, grad: bool) -> LibraryKernel {
-    let (t, exp, log) = match dtype {
-        DType::F32 => ("float", "expf", "logf"),
-        DType::F64 => ("double", "exp", "log"),
-        other => panic!("attention kernels take f32 or f64, got {other}"),
+    assert!(dtype.is_float(), "attention kernels take floats, got {dtype}");
+    let f64s = dtype == DType::F64;
+    let c = Ctx {
+        t: storage_type(dtype),
+        c: compute_type(dtype),
+        stats: compute_type(stats_dtype(dtype)),
+        exp: if f64s { "exp" } else { "expf" },
+        log: if f64s { "log" } else { "logf" },
+        dtype,
+        d: *d,
+        scale: format!("({}){:e}", compute_type(dtype), d.scale),
     };
-    let AttentionShape { l, e, s, ev, causal, scale, .. } = *d;
-    let mut src = String::new();
-    // The keys row `i` sees, and the score of query row `qi` against key row `kj`.
-    let _ = writeln!(
-        src,
-        "__device__ __forceinline__ long long keys_of(long long i) {{ return {}; }}",
-        if causal { format!("(i + 1 < {s}LL ? i + 1 : {s}LL)") } else { format!("{s}LL") }
-    );
-    let _ = writeln!(
-        src,
-        "__device__ __forceinline__ {t} score(const {t}* qi, const {t}* kj) {{ {t} acc = 0; for (int c = 0; c < {e}; c++) acc += qi[c] * kj[c]; return acc * ({t}){scale:e}; }}"
-    );
-    let _ = writeln!(
-        src,
-        "__device__ __forceinline__ {t} dot_v(const {t}* g, const {t}* vj) {{ {t} acc = 0; for (int c = 0; c < {ev}; c++) acc += g[c] * vj[c]; return acc; }}"
-    );
-    let rows = "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {\n    long long b = row / {L}LL, i = row % {L}LL;\n".replace("{L}", &l.to_string());
-    let pointers = format!(
-        "    const {t}* qi = q + row * {e}LL; const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;\n",
-        s * e,
-        s * ev
-    );
-    if !grad {
-        return forward(src, &Ctx { t, exp, l, e, s, ev, rows, pointers });
+    let mut src = helpers(&c);
+    if grad {
+        stats_and_dq(&mut src, &c);
+        dk_dv(&mut src, &c);
+        finish("attention_grad", src, 2)
+    } else {
+        forward(&mut src, &c);
+        finish("attention", src, 1)
     }
-    gradients(src, &Ctx { t, exp, l, e, s, ev, rows, pointers }, log, causal, scale)
 }
 
 /// What the entry points' sources share.
-struct Ctx<'a> {
-    t: &'a str,
-    exp: &'a str,
-    l: usize,
-    e: usize,
-    s: usize,
-    ev: usize,
-    /// Opens the grid-stride loop over query rows, with `b` and `i`.
-    rows: String,
-    /// The query row and the entry's keys and values.
-    pointers: String,
+struct Ctx {
+    /// Storage and compute types, and the statistics' type.
+    t: &'static str,
+    c: &'static str,
+    stats: &'static str,
+    exp: &'static str,
+    log: &'static str,
+    dtype: DType,
+    d: AttentionShape,
+    /// The score scale as a literal of the compute type.
+    scale: String,
 }
 
-/// The forward entry point.
-fn forward(mut src: String, c: &Ctx<'_>) -> LibraryKernel {
-    let Ctx { t, exp, e, ev, .. } = *c;
+/// The keys a query sees, the warp sum, and per side (`_e` for query/key features, `_v` for
+/// value features): a row into registers, a register row's dot product with a stored row,
+/// and with another register row.
+fn helpers(c: &Ctx) -> String {
+    let Ctx { t, c: ct, .. } = *c;
+    let AttentionShape { s, e, ev, causal, .. } = c.d;
+    let mut src = String::new();
+    let keys = if causal { format!("(i + 1 < {s}LL ? i + 1 : {s}LL)") } else { format!("{s}LL") };
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ long long keys_of(long long i) {{ return {keys}; }}"
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ {ct} k_wsum({ct} x) {{ for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o); return x; }}"
+    );
+    for (side, len) in [("e", e), ("v", ev)] {
+        let chunks = len.div_ceil(THREADS_PER_ROW).max(1);
+        let at = load(c.dtype, "p[c]");
+        let _ = writeln!(src, "#define K_CHUNKS_{side} {chunks}");
+        let _ = writeln!(
+            src,
+            "__device__ __forceinline__ void k_row_{side}({ct}* r, const {t}* p, int lane) {{ for (int u = 0; u < {chunks}; u++) {{ int c = lane + 32 * u; r[u] = c < {len} ? ({ct}){at} : ({ct})0; }} }}"
+        );
+        let _ = writeln!(
+            src,
+            "__device__ __forceinline__ {ct} k_dot_{side}(const {ct}* r, const {t}* p, int lane) {{ {ct} acc = 0; for (int u = 0; u < {chunks}; u++) {{ int c = lane + 32 * u; if (c < {len}) acc += r[u] * ({ct}){at}; }} return k_wsum(acc); }}"
+        );
+        let _ = writeln!(
+            src,
+            "__device__ __forceinline__ {ct} k_dot2_{side}(const {ct}* a, const {ct}* b) {{ {ct} acc = 0; for (int u = 0; u < {chunks}; u++) acc += a[u] * b[u]; return k_wsum(acc); }}"
+        );
+    }
+    src
+}
+
+/// Opens the warp-per-row loop over `n` rows (`row`, with `lane`).
+const ROWS: &str = "  const int lane = threadIdx.x & 31;\n  for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < n; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n";
+
+/// Stores register row `r` (side `side`, `len` features) at `base + c`.
+fn store_row(src: &mut String, c: &Ctx, side: &str, len: usize, r: &str, base: &str) {
+    let v = store(c.dtype, &format!("{r}[u]"));
+    let _ = writeln!(
+        src,
+        "    for (int u = 0; u < K_CHUNKS_{side}; u++) {{ int c = lane + 32 * u; if (c < {len}) {base} + c] = {v}; }}"
+    );
+}
+
+/// The forward entry point: an online softmax over the row's keys.
+fn forward(src: &mut String, c: &Ctx) {
+    let Ctx { t, c: ct, exp, .. } = *c;
+    let AttentionShape { l, e, s, ev, .. } = c.d;
+    let scale = &c.scale;
     let _ = writeln!(
         src,
         "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ q, const {t}* __restrict__ k, const {t}* __restrict__ v, {t}* __restrict__ out, long long n) {{"
     );
-    src.push_str(&c.rows);
-    src.push_str(&c.pointers);
-    let _ = writeln!(src, "    {t} acc[{ev}]; for (int c = 0; c < {ev}; c++) acc[c] = 0;");
-    // The running maximum starts at the first score (every row with keys has one).
-    let _ = writeln!(src, "    {t} m = keys_of(i) > 0 ? score(qi, kb) : ({t})0, sum = 0;");
-    let _ = writeln!(src, "    for (long long j = 0; j < keys_of(i); j++) {{");
-    let _ = writeln!(src, "      {t} sc = score(qi, kb + j * {e}LL);");
-    let _ =
-        writeln!(src, "      {t} mn = sc > m ? sc : m, corr = {exp}(m - mn), p = {exp}(sc - mn);");
-    let _ = writeln!(src, "      sum = sum * corr + p; m = mn;");
+    src.push_str(ROWS);
     let _ = writeln!(
         src,
-        "      for (int c = 0; c < {ev}; c++) acc[c] = acc[c] * corr + p * vb[j * {ev}LL + c];"
+        "    long long b = row / {l}LL, i = row % {l}LL, keys = keys_of(i);\n    const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;",
+        s * e,
+        s * ev
     );
-    src.push_str("    }\n");
+    let _ = writeln!(
+        src,
+        "    {ct} qr[K_CHUNKS_e], acc[K_CHUNKS_v]; k_row_e(qr, q + row * {e}LL, lane);\n    for (int u = 0; u < K_CHUNKS_v; u++) acc[u] = 0;"
+    );
+    // The running maximum starts at the first score (every row with keys has one).
+    let _ = writeln!(
+        src,
+        "    {ct} m = keys > 0 ? k_dot_e(qr, kb, lane) * {scale} : ({ct})0, sum = 0;"
+    );
+    let _ = writeln!(src, "    for (long long j = 0; j < keys; j++) {{");
+    let _ = writeln!(src, "      {ct} sc = k_dot_e(qr, kb + j * {e}LL, lane) * {scale};");
     let _ =
-        writeln!(src, "    for (int c = 0; c < {ev}; c++) out[row * {ev}LL + c] = acc[c] / sum;");
+        writeln!(src, "      {ct} mn = sc > m ? sc : m, corr = {exp}(m - mn), p = {exp}(sc - mn);");
+    let _ = writeln!(src, "      sum = sum * corr + p; m = mn;");
+    let at = load(c.dtype, &format!("vb[j * {ev}LL + c]"));
+    let _ = writeln!(
+        src,
+        "      for (int u = 0; u < K_CHUNKS_v; u++) {{ int c = lane + 32 * u; if (c < {ev}) acc[u] = acc[u] * corr + p * ({ct}){at}; }}"
+    );
+    src.push_str("    }\n    for (int u = 0; u < K_CHUNKS_v; u++) acc[u] /= sum;\n");
+    store_row(src, c, "v", ev, "acc", &format!("out[row * {ev}LL"));
     src.push_str("  }\n}\n");
-    finish("attention", src, 1)
 }
 
-/// The three gradient entry points.
-fn gradients(mut src: String, c: &Ctx<'_>, log: &str, causal: bool, scale: f64) -> LibraryKernel {
-    let Ctx { t, exp, l, e, s, ev, .. } = *c;
-    let (rows, pointers) = (&c.rows, &c.pointers);
+/// The arguments of both gradient entry points.
+fn grad_args(c: &Ctx) -> String {
+    let Ctx { t, stats, .. } = *c;
+    format!(
+        "const {t}* __restrict__ q, const {t}* __restrict__ k, const {t}* __restrict__ v, const {t}* __restrict__ dout, {stats}* __restrict__ stats, {t}* __restrict__ packed, long long n"
+    )
+}
+
+/// Per query row: the log-sum-exp, `D = Σ_j p_ij (dout_i · v_j)`, then
+/// `dq_i = scale Σ_j p_ij (dout_i · v_j - D_i) k_j`.
+fn stats_and_dq(src: &mut String, c: &Ctx) {
+    let Ctx { t, c: ct, exp, log, .. } = *c;
+    let AttentionShape { l, e, s, ev, .. } = c.d;
+    let scale = &c.scale;
     let per = l * e + s * e + s * ev;
-    let args = format!(
-        "const {t}* __restrict__ q, const {t}* __restrict__ k, const {t}* __restrict__ v, const {t}* __restrict__ dout, {t}* __restrict__ stats"
-    );
-    // Row statistics: the log-sum-exp, then D = Σ_j p_ij (dout_i · v_j).
-    let _ = writeln!(src, "extern \"C\" __global__ void ENTRY0({args}, long long n) {{");
-    src.push_str(rows);
-    src.push_str(pointers);
-    let _ = writeln!(src, "    const {t}* gi = dout + row * {ev}LL;");
-    let _ = writeln!(src, "    {t} m = keys_of(i) > 0 ? score(qi, kb) : ({t})0, sum = 0;");
+    let _ = writeln!(src, "extern \"C\" __global__ void ENTRY0({}) {{", grad_args(c));
+    src.push_str(ROWS);
     let _ = writeln!(
         src,
-        "    for (long long j = 0; j < keys_of(i); j++) {{ {t} sc = score(qi, kb + j * {e}LL); {t} mn = sc > m ? sc : m; sum = sum * {exp}(m - mn) + {exp}(sc - mn); m = mn; }}"
+        "    long long b = row / {l}LL, i = row % {l}LL, keys = keys_of(i);\n    const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;",
+        s * e,
+        s * ev
     );
-    let _ = writeln!(src, "    {t} lse = m + {log}(sum), dd = 0;");
     let _ = writeln!(
         src,
-        "    for (long long j = 0; j < keys_of(i); j++) dd += {exp}(score(qi, kb + j * {e}LL) - lse) * dot_v(gi, vb + j * {ev}LL);"
+        "    {ct} qr[K_CHUNKS_e], gr[K_CHUNKS_v], acc[K_CHUNKS_e]; k_row_e(qr, q + row * {e}LL, lane); k_row_v(gr, dout + row * {ev}LL, lane);"
     );
-    src.push_str("    stats[2 * row] = lse; stats[2 * row + 1] = dd;\n  }\n}\n");
-    // dq_i = scale Σ_j p_ij (dp_ij - D_i) k_j.
     let _ = writeln!(
         src,
-        "extern \"C\" __global__ void ENTRY1({args}, {t}* __restrict__ packed, long long n) {{"
+        "    {ct} m = keys > 0 ? k_dot_e(qr, kb, lane) * {scale} : ({ct})0, sum = 0;"
     );
-    src.push_str(rows);
-    src.push_str(pointers);
     let _ = writeln!(
         src,
-        "    const {t}* gi = dout + row * {ev}LL; {t} lse = stats[2 * row], dd = stats[2 * row + 1];"
+        "    for (long long j = 0; j < keys; j++) {{ {ct} sc = k_dot_e(qr, kb + j * {e}LL, lane) * {scale}; {ct} mn = sc > m ? sc : m; sum = sum * {exp}(m - mn) + {exp}(sc - mn); m = mn; }}"
     );
-    let _ = writeln!(src, "    {t} acc[{e}]; for (int c = 0; c < {e}; c++) acc[c] = 0;");
-    let _ = writeln!(src, "    for (long long j = 0; j < keys_of(i); j++) {{");
+    let _ = writeln!(src, "    {ct} lse = m + {log}(sum), dd = 0;");
     let _ = writeln!(
         src,
-        "      {t} p = {exp}(score(qi, kb + j * {e}LL) - lse), ds = p * (dot_v(gi, vb + j * {ev}LL) - dd) * ({t}){scale:e};"
+        "    for (long long j = 0; j < keys; j++) dd += {exp}(k_dot_e(qr, kb + j * {e}LL, lane) * {scale} - lse) * k_dot_v(gr, vb + j * {ev}LL, lane);"
     );
-    let _ = writeln!(src, "      for (int c = 0; c < {e}; c++) acc[c] += ds * kb[j * {e}LL + c];");
+    src.push_str("    if (lane == 0) { stats[2 * row] = lse; stats[2 * row + 1] = dd; }\n");
+    src.push_str("    for (int u = 0; u < K_CHUNKS_e; u++) acc[u] = 0;\n");
+    let _ = writeln!(src, "    for (long long j = 0; j < keys; j++) {{");
+    let _ = writeln!(
+        src,
+        "      {ct} p = {exp}(k_dot_e(qr, kb + j * {e}LL, lane) * {scale} - lse), ds = p * (k_dot_v(gr, vb + j * {ev}LL, lane) - dd) * {scale};"
+    );
+    let at = load(c.dtype, &format!("kb[j * {e}LL + c]"));
+    let _ = writeln!(
+        src,
+        "      for (int u = 0; u < K_CHUNKS_e; u++) {{ int c = lane + 32 * u; if (c < {e}) acc[u] += ds * ({ct}){at}; }}"
+    );
     src.push_str("    }\n");
-    let _ = writeln!(
-        src,
-        "    for (int c = 0; c < {e}; c++) packed[b * {per}LL + i * {e}LL + c] = acc[c];"
-    );
+    store_row(src, c, "e", e, "acc", &format!("packed[b * {per}LL + i * {e}LL"));
     src.push_str("  }\n}\n");
-    // dk_j = scale Σ_i p_ij (dp_ij - D_i) q_i and dv_j = Σ_i p_ij dout_i, one thread per key.
+}
+
+/// Per key row: `dk_j = scale Σ_i p_ij (dp_ij - D_i) q_i` and `dv_j = Σ_i p_ij dout_i`.
+fn dk_dv(src: &mut String, c: &Ctx) {
+    let Ctx { c: ct, exp, .. } = *c;
+    let AttentionShape { l, e, s, ev, causal, .. } = c.d;
+    let scale = &c.scale;
+    let per = l * e + s * e + s * ev;
+    let _ = writeln!(src, "extern \"C\" __global__ void ENTRY1({}) {{", grad_args(c));
+    src.push_str(ROWS);
+    let _ = writeln!(src, "    long long b = row / {s}LL, j = row % {s}LL;");
     let _ = writeln!(
         src,
-        "extern \"C\" __global__ void ENTRY2({args}, {t}* __restrict__ packed, long long n) {{"
+        "    {ct} kr[K_CHUNKS_e], vr[K_CHUNKS_v], dk[K_CHUNKS_e], dv[K_CHUNKS_v], ql[K_CHUNKS_e], gl[K_CHUNKS_v];\n    k_row_e(kr, k + row * {e}LL, lane); k_row_v(vr, v + row * {ev}LL, lane);\n    for (int u = 0; u < K_CHUNKS_e; u++) dk[u] = 0;\n    for (int u = 0; u < K_CHUNKS_v; u++) dv[u] = 0;"
     );
-    let _ = writeln!(
-        src,
-        "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{\n    long long b = row / {s}LL, j = row % {s}LL;"
-    );
-    let _ = writeln!(src, "    const {t}* kj = k + row * {e}LL; const {t}* vj = v + row * {ev}LL;");
-    let _ = writeln!(
-        src,
-        "    {t} dk[{e}], dv[{ev}]; for (int c = 0; c < {e}; c++) dk[c] = 0; for (int c = 0; c < {ev}; c++) dv[c] = 0;"
-    );
+    // A causal key is seen by the queries at and after it.
     let first = if causal { "j" } else { "0" };
     let _ = writeln!(src, "    for (long long i = {first}; i < {l}LL; i++) {{");
-    let _ = writeln!(src, "      if (j >= keys_of(i)) continue;");
+    src.push_str("      if (j >= keys_of(i)) continue;\n");
     let _ = writeln!(
         src,
-        "      long long qrow = b * {l}LL + i; const {t}* qi = q + qrow * {e}LL; const {t}* gi = dout + qrow * {ev}LL;"
+        "      long long qrow = b * {l}LL + i; k_row_e(ql, q + qrow * {e}LL, lane); k_row_v(gl, dout + qrow * {ev}LL, lane);"
     );
     let _ = writeln!(
         src,
-        "      {t} p = {exp}(score(qi, kj) - stats[2 * qrow]), ds = p * (dot_v(gi, vj) - stats[2 * qrow + 1]) * ({t}){scale:e};"
+        "      {ct} p = {exp}(k_dot2_e(kr, ql) * {scale} - stats[2 * qrow]), ds = p * (k_dot2_v(vr, gl) - stats[2 * qrow + 1]) * {scale};"
     );
-    let _ = writeln!(src, "      for (int c = 0; c < {e}; c++) dk[c] += ds * qi[c];");
-    let _ = writeln!(src, "      for (int c = 0; c < {ev}; c++) dv[c] += p * gi[c];");
-    src.push_str("    }\n");
-    let _ = writeln!(
+    src.push_str("      for (int u = 0; u < K_CHUNKS_e; u++) dk[u] += ds * ql[u];\n");
+    src.push_str("      for (int u = 0; u < K_CHUNKS_v; u++) dv[u] += p * gl[u];\n    }\n");
+    store_row(src, c, "e", e, "dk", &format!("packed[b * {per}LL + {}LL + j * {e}LL", l * e));
+    store_row(
         src,
-        "    for (int c = 0; c < {e}; c++) packed[b * {per}LL + {}LL + j * {e}LL + c] = dk[c];",
-        l * e
-    );
-    let _ = writeln!(
-        src,
-        "    for (int c = 0; c < {ev}; c++) packed[b * {per}LL + {}LL + j * {ev}LL + c] = dv[c];",
-        l * e + s * e
+        c,
+        "v",
+        ev,
+        "dv",
+        &format!("packed[b * {per}LL + {}LL + j * {ev}LL", l * e + s * e),
     );
     src.push_str("  }\n}\n");
-    finish("attention_grad", src, 3)
 }

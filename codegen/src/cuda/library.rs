@@ -164,6 +164,29 @@ pub fn scatter(
         let _ = writeln!(body, "    scratch[i] = (double){};", load(dtype, "out[i]"));
         body.push_str("  }\n}\n");
     }
+    if float_sum && scatter_adds_atomically(dtype) {
+        // A thread per index position, adding into the f64 scratch with atomics.
+        let _ = writeln!(body, "extern \"C\" __global__ void ENTRY1({args}) {{");
+        grid_loop(&mut body, "i");
+        body.push_str("    long long t0 = 0, s0 = 0;\n");
+        let mut off_axis = bs.clone();
+        off_axis[axis] = 0;
+        split(&mut body, "i", index.dims(), None, &[("t0", off_axis), ("s0", ss.clone())]);
+        body.push_str("    long long v = index[i];\n");
+        let _ = writeln!(
+            body,
+            "    if (v < 0 || v >= {}LL) {{ atomicMin(err, i); continue; }}",
+            base.dims()[axis]
+        );
+        let _ = writeln!(
+            body,
+            "    atomicAdd(&scratch[t0 + v * {}LL], (double){});",
+            bs[axis],
+            load(dtype, "src[s0]")
+        );
+        body.push_str("  }\n}\n");
+        return finish_scatter(body, dtype, accumulate);
+    }
     let _ =
         writeln!(body, "extern \"C\" __global__ void ENTRY{}({args}) {{", usize::from(float_sum));
     // Lines: the index's positions with the axis coordinate 0, numbered row-major over the
@@ -202,6 +225,27 @@ pub fn scatter(
     };
     let _ = writeln!(body, "      {line}");
     body.push_str("    }\n  }\n}\n");
+    finish_scatter(body, dtype, accumulate)
+}
+
+/// Whether a float `scatter_add` of `dtype` adds with one thread per index position and
+/// `f64` atomics (its entry point 1 runs over the index's elements) rather than one thread
+/// per line walking the line's positions in order (over the index's lines). For `f32` and
+/// 16-bit values the `f64` sums are exact unless the terms added at one position span more
+/// than about 2^29 in magnitude, so the order of the atomics does not show; `f64` values keep
+/// the serial order of the reference executor.
+pub fn scatter_adds_atomically(dtype: DType) -> bool {
+    dtype.is_float() && dtype != DType::F64
+}
+
+/// A scatter's last entry point (for float sums: the f64 scratch rounded into `out`) and its
+/// name.
+fn finish_scatter(mut body: String, dtype: DType, accumulate: bool) -> LibraryKernel {
+    let float_sum = accumulate && dtype.is_float();
+    let args = format!(
+        "{t}* __restrict__ out, const long long* __restrict__ index, const {t}* __restrict__ src, long long* err, double* __restrict__ scratch, long long n",
+        t = storage_type(dtype)
+    );
     if float_sum {
         let _ = writeln!(body, "extern \"C\" __global__ void ENTRY2({args}) {{");
         grid_loop(&mut body, "i");

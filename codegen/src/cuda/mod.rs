@@ -11,7 +11,9 @@
 //!   of 32 threads (at most 1024) per block. Reductions over strided positions (a sum over
 //!   rows: bias gradients, batch means) with many outputs instead give each output one thread
 //!   that walks its positions in order, so that a warp reads 32 neighbouring outputs' values
-//!   at once ([`reduces_by_columns`]; launch those like elementwise kernels). Few long rows
+//!   at once ([`reduces_by_columns`]; launch those like elementwise kernels); with too few
+//!   outputs to fill the device, each column is cut into chunks that threads reduce into
+//!   partial results, merged by a second entry point ([`splits_columns`]). Few long rows
 //!   (a loss's mean over a whole batch) are split: blocks reduce chunks of a row into
 //!   partial results that a second entry point merges ([`split_partials`]), so a sum over a
 //!   large tensor runs on every multiprocessor, not one. Outputs after the first store the
@@ -445,7 +447,8 @@ pub fn split_partials(kernel: &Kernel) -> Option<DType> {
     let dims = kernel.shape.dims();
     let outputs: usize = dims[..red.kept].iter().product();
     let count: usize = dims[red.kept..].iter().product();
-    if outputs >= COLUMN_OUTPUTS || count < SPLIT_MIN_COUNT || reduces_by_columns(kernel) {
+    let split_rows = outputs < COLUMN_OUTPUTS && count >= SPLIT_MIN_COUNT;
+    if !(split_rows && !reduces_by_columns(kernel) || splits_columns(kernel)) {
         return None;
     }
     Some(match kernel.exprs[kernel.outputs[0]].dtype {
@@ -457,6 +460,26 @@ pub fn split_partials(kernel: &Kernel) -> Option<DType> {
 
 /// The fewest reduced positions per row for which a reduction with few outputs is split.
 const SPLIT_MIN_COUNT: usize = 1 << 14;
+
+/// Whether `kernel` reduces by columns ([`reduces_by_columns`]) with too few outputs to fill
+/// the device with one thread each, and columns long enough to cut: then a thread reduces
+/// chunk `t / outputs` of column `t % outputs` into `part[t]`, and the merge entry point
+/// ([`merge_name`]) gives each output a thread that combines its chunks in order. (A bias
+/// gradient over 2048 rows of 128 features would otherwise run 128 threads, each walking
+/// 2048 positions.)
+pub fn splits_columns(kernel: &Kernel) -> bool {
+    let Some(red) = kernel.reduce else { return false };
+    let dims = kernel.shape.dims();
+    let outputs: usize = dims[..red.kept].iter().product();
+    let count: usize = dims[red.kept..].iter().product();
+    reduces_by_columns(kernel) && outputs < COLUMN_SPLIT_OUTPUTS && count >= COLUMN_SPLIT_COUNT
+}
+
+/// Outputs from which a column reduction has enough threads without splitting.
+const COLUMN_SPLIT_OUTPUTS: usize = 1 << 15;
+
+/// The fewest positions per column for which a column reduction is split.
+const COLUMN_SPLIT_COUNT: usize = 64;
 
 /// The name of a split reduction's second entry point (see [`split_partials`]); its
 /// arguments: `part`, the output, `chunks`, and the number of rows.
@@ -555,6 +578,23 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
         src.push_str("    }\n");
     };
     let all = format!("{count}LL");
+    if splits_columns(kernel) {
+        // Thread `t` reduces chunk `t / outputs` of column `t % outputs` into `part[t]`, in
+        // order; `n` is outputs times chunks.
+        let outputs = kernel.shape.numel() / count.max(1);
+        let _ = writeln!(src, "  const long long per = ({count}LL + chunks - 1) / chunks;");
+        let _ = writeln!(
+            src,
+            "  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (long long)gridDim.x * blockDim.x) {{"
+        );
+        let _ = writeln!(
+            src,
+            "    long long row = t % {outputs}LL, lo = (t / {outputs}LL) * per, hi = lo + per < {count}LL ? lo + per : {count}LL;"
+        );
+        accumulate(src, "lo", "1", "hi");
+        src.push_str("    part[t] = acc;\n  }\n");
+        return;
+    }
     if reduces_by_columns(kernel) {
         // One thread per output, walking its reduced positions in order: a warp's loads are
         // neighbouring outputs, adjacent in memory.
@@ -599,6 +639,20 @@ fn merge(src: &mut String, kernel: &Kernel, op: ReduceOp, part: DType) {
         compute_type(part),
         storage_type(dtype)
     );
+    if splits_columns(kernel) {
+        // A thread per output combines its column's chunks in order.
+        let _ = writeln!(
+            src,
+            "  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n; row += (long long)gridDim.x * blockDim.x) {{"
+        );
+        let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
+        let _ = writeln!(
+            src,
+            "    for (long long j = 0; j < chunks; j++) {{ {acc} a = acc, b = ({acc})part[j * n + row]; acc = {comb}; }}"
+        );
+        let _ = writeln!(src, "    out0[row] = {};\n  }}\n}}", c.stored);
+        return;
+    }
     let _ = writeln!(src, "  __shared__ {acc} partial[32];");
     src.push_str("  for (long long row = blockIdx.x; row < n; row += gridDim.x) {\n");
     let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");

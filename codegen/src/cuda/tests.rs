@@ -99,6 +99,18 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     assert!(column.iter().any(super::reduces_by_columns), "a column reduction");
     out.extend(column.into_iter().map(|k| ("column_sum".to_string(), k)));
 
+    // Long columns and few outputs (a bias gradient over 2048 rows), in f32 and bf16: cut
+    // into chunks, then merged.
+    for dtype in [DType::F32, DType::BF16] {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2048, 130]), dtype);
+        let r = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![0] }, &[x]).unwrap();
+        g.mark_output(r);
+        let split = kernels_of(&g);
+        assert!(split.iter().any(super::splits_columns), "a split column reduction");
+        out.extend(split.into_iter().map(|k| (format!("split_columns_{dtype}"), k)));
+    }
+
     // A sum over a whole long vector (a loss): split across blocks, then merged.
     for dtype in [DType::F32, DType::F16, DType::Bool] {
         let mut g = Graph::new();
@@ -205,9 +217,10 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
             out.push((format!("random_{dist:?}_{dtype}"), library::random(dist, dtype)));
         }
     }
-    // Attention: odd sizes, and W7's heads (32 features), causal and not, both entry sets.
-    for dtype in [DType::F32, DType::F64] {
-        for (e, ev) in [(5, 7), (32, 32)] {
+    // Attention: odd sizes, W7's heads (32 features), rows longer than a warp, causal and
+    // not, both entry sets, every float dtype.
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (e, ev) in [(5, 7), (32, 32), (40, 72)] {
             for causal in [false, true] {
                 let d = super::attention::AttentionShape {
                     n: 3,

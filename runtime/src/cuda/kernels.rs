@@ -172,6 +172,29 @@ pub(crate) fn run_kernel(
     for (&t, &v) in codegen::param_types(kernel).iter().zip(&step.params) {
         args.push(Arg::param(t, v));
     }
+    if codegen::splits_columns(kernel) {
+        let count = kernel.shape.numel() / n;
+        let chunks = column_chunks(gpu, n, count);
+        let part = codegen::split_partials(kernel).expect("split columns have partials");
+        let partials = Buffer::on_gpu(gpu, part, n * chunks)?;
+        args.push(Arg::Ptr(partials.device_ptr(gpu)?));
+        args.push(count_arg(chunks));
+        args.push(count_arg(n * chunks));
+        // SAFETY: as below, with `part` holding one accumulator per (chunk, column), which
+        // thread `chunk * n + column` writes.
+        unsafe { launch(gpu, &functions[0], &args, grid_config(gpu, n * chunks)) }?;
+        let merge = [
+            Arg::Ptr(partials.device_ptr(gpu)?),
+            Arg::Ptr(outputs[0].device_ptr(gpu)?),
+            count_arg(chunks),
+            count_arg(n),
+        ];
+        // SAFETY: the merge's signature `(part, out0, chunks, n)`: `part` holds `n * chunks`
+        // accumulators, written by the launch before on the same stream, `out0` `n`
+        // elements, a thread each.
+        unsafe { launch(gpu, &functions[1], &merge, grid_config(gpu, n)) }?;
+        return Ok((outputs, compile));
+    }
     if let Some(part) = codegen::split_partials(kernel) {
         let count = kernel.shape.numel() / n;
         let chunks = split_chunks(gpu, n, count);
@@ -216,6 +239,16 @@ fn count_arg(n: usize) -> Arg {
 pub(crate) fn split_chunks(gpu: &Gpu, rows: usize, count: usize) -> usize {
     let wanted = (4 * gpu.sms as usize).div_ceil(rows.max(1));
     wanted.clamp(1, (count / 4096).max(1))
+}
+
+/// How many chunks each of the `columns` columns of a split column reduction is cut into:
+/// about as many chunks as positions per chunk (the merge walks the chunks as a thread walks
+/// a chunk), fewer where that would give the device more than about 2048 threads per
+/// multiprocessor, and at least 16 positions per chunk.
+pub(crate) fn column_chunks(gpu: &Gpu, columns: usize, count: usize) -> usize {
+    let balanced = (count as f64).sqrt().ceil() as usize;
+    let fill = (2048 * gpu.sms as usize).div_ceil(columns.max(1));
+    balanced.min(fill).clamp(1, (count / 16).max(1))
 }
 
 /// Queues `function` with `args` on the device's stream.

@@ -1,7 +1,7 @@
 //! The ops that are not fused kernels, on a GPU: `gather`, `scatter`/`scatter_add`, `assign`,
 //! `unview` (of a view without overlaps), `cumsum`, `argmax`/`argmin` and random fills, each
 //! a kernel from [`kiln_codegen::cuda::library`] with the reference executor's semantics, and
-//! fused attention and its gradients in f32/f64 (`kiln_codegen::cuda::attention`). The
+//! fused attention and its gradients in every float dtype (`kiln_codegen::cuda::attention`). The
 //! others (integer products, overlapping `unview`s) return `None` and run on host copies.
 
 use cudarc::driver::result;
@@ -42,9 +42,7 @@ pub(crate) fn eval(
             })
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale }
-            if matches!(node.dtype, DType::F32 | DType::F64) =>
-        {
+        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
             let (q, k, v) = (shape_of(0).dims(), shape_of(1).dims(), shape_of(2).dims());
             let shape = AttentionShape {
                 n: q[0],
@@ -123,13 +121,15 @@ fn count(n: usize) -> Arg {
     Arg::I64(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-/// Fused attention or its packed gradients (`kiln_codegen::cuda::attention`).
+/// Fused attention or its packed gradients (`kiln_codegen::cuda::attention`): one warp per
+/// query row, then (gradients) one per key row.
 fn attention(
     gpu: &'static Gpu,
     args: &[&Buffer],
     d: &AttentionShape,
     grad: bool,
 ) -> Result<Buffer, RuntimeError> {
+    use kiln_codegen::cuda::attention::{THREADS_PER_ROW, stats_dtype};
     let dtype = args[0].dtype();
     let kernel = kiln_codegen::cuda::attention::attention(dtype, d, grad);
     let ptr = |b: &Buffer| b.device_ptr(gpu).map(Arg::Ptr);
@@ -138,26 +138,27 @@ fn attention(
         let out = Buffer::on_gpu(gpu, dtype, queries * d.ev)?;
         let launch_args = [ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(&out)?, count(queries)];
         // SAFETY: `(q, k, v, out, n)`: dense q, k, v of the shape's sizes, `out` one row of
-        // `ev` per query, `n` queries.
-        unsafe { run(gpu, &kernel, 0, &launch_args, queries) }?;
+        // `ev` per query, `n` queries, a warp each.
+        unsafe { run(gpu, &kernel, 0, &launch_args, queries * THREADS_PER_ROW) }?;
         return Ok(out);
     }
     let packed = Buffer::on_gpu(gpu, dtype, d.n * (d.l * d.e + d.s * d.e + d.s * d.ev))?;
-    let stats = Buffer::on_gpu(gpu, dtype, 2 * queries)?;
-    let operands = || -> Result<Vec<Arg>, RuntimeError> {
-        Ok(vec![ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(args[3])?, ptr(&stats)?])
-    };
-    let mut first = operands()?;
-    first.push(count(queries));
-    // SAFETY: `(q, k, v, dout, stats, n)`: dense operands, `stats` two values per query.
-    unsafe { run(gpu, &kernel, 0, &first, queries) }?;
-    for (entry, rows) in [(1, queries), (2, keys)] {
-        let mut launch_args = operands()?;
-        launch_args.extend([ptr(&packed)?, count(rows)]);
-        // SAFETY: as above, with `packed` the gradients' `[dq | dk | dv]` per batch entry
-        // and `n` query rows (entry 1) or key rows (entry 2); the statistics were written by
-        // the launch before on the same stream.
-        unsafe { run(gpu, &kernel, entry, &launch_args, rows) }?;
+    let stats = Buffer::on_gpu(gpu, stats_dtype(dtype), 2 * queries)?;
+    for (entry, rows) in [(0, queries), (1, keys)] {
+        let launch_args = [
+            ptr(args[0])?,
+            ptr(args[1])?,
+            ptr(args[2])?,
+            ptr(args[3])?,
+            ptr(&stats)?,
+            ptr(&packed)?,
+            count(rows),
+        ];
+        // SAFETY: `(q, k, v, dout, stats, packed, n)`: dense operands, `stats` two values
+        // per query, `packed` the gradients' `[dq | dk | dv]` per batch entry, `n` query
+        // rows (entry 0, which writes the statistics) or key rows (entry 1, which reads them
+        // after entry 0 on the same stream), a warp each.
+        unsafe { run(gpu, &kernel, entry, &launch_args, rows * THREADS_PER_ROW) }?;
     }
     Ok(packed)
 }
@@ -270,11 +271,14 @@ fn scatter(
     // SAFETY: `(out, index, src, err, scratch, n)`: out and scratch hold the base's elements,
     // the index and src their dense shapes (src no smaller than the index), the flag one i64;
     // the first and last entry points walk the base (`n` = its length), the middle one the
-    // index's lines, checking every index before it writes.
+    // index's elements or lines, checking every index before it writes.
     unsafe {
         if float_sum {
             run(gpu, &kernel, 0, &args(base.len())?, base.len())?;
-            run(gpu, &kernel, 1, &args(lines)?, lines)?;
+            // One thread per index position (atomic f64 adds) or per line.
+            let n =
+                if source::scatter_adds_atomically(dtype) { index_shape.numel() } else { lines };
+            run(gpu, &kernel, 1, &args(n)?, n)?;
         } else {
             run(gpu, &kernel, 0, &args(lines)?, lines)?;
         }
