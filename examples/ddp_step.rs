@@ -12,6 +12,9 @@
 //! ```
 //!
 //! Without a launcher it runs `KILN_RANKS` ranks (default 2) as threads of this process.
+//! With `KILN_DDP_BACKEND=nccl` it runs through NCCL on CUDA device 0 instead (a world of
+//! one without a launcher): the model and batch live on the GPU and each all-reduce runs on
+//! NCCL's own stream, so the profile shows how much of it overlapped the rest of backward.
 
 use std::time::Instant;
 
@@ -27,6 +30,11 @@ const WIDTH: usize = 1024;
 const STEPS: usize = 30;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var("KILN_DDP_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("nccl")) {
+        let group = distributed::try_init(Backend::Nccl)?;
+        println!("NCCL: a world of {} on {}", group.world_size(), group.device());
+        return Ok(measure(&group)?);
+    }
     if LaunchInfo::from_env().is_some() {
         return Ok(measure(&distributed::try_init(Backend::Mpi)?)?);
     }
@@ -68,7 +76,7 @@ type Wait = (f64, f64, f64);
 
 /// The median step in ms, and the all-reduces of one profiled backward.
 fn step_time(group: &ProcessGroup, options: DdpOptions) -> kiln::Result<(f64, Vec<Wait>)> {
-    let model = Sequential::new()
+    let mut model = Sequential::new()
         .with(Linear::new(512, WIDTH))
         .with(ReLU)
         .with(Linear::new(WIDTH, WIDTH))
@@ -76,10 +84,13 @@ fn step_time(group: &ProcessGroup, options: DdpOptions) -> kiln::Result<(f64, Ve
         .with(Linear::new(WIDTH, WIDTH))
         .with(ReLU)
         .with(Linear::new(WIDTH, 10));
+    // The group's device: the CPU for threads and MPI, the GPU for NCCL.
+    let device = group.device();
+    model.to(device)?;
     let model = DistributedDataParallel::try_new(model, group, options)?;
     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 1e-3, ..Default::default() });
-    let x = Tensor::randn([32, 512]);
-    let y = Tensor::from_vec((0..32).map(|i| i % 10).collect::<Vec<i64>>(), [32]);
+    let x = Tensor::randn([32, 512]).try_to(device)?;
+    let y = Tensor::from_vec((0..32).map(|i| i % 10).collect::<Vec<i64>>(), [32]).try_to(device)?;
     let mut times = Vec::with_capacity(STEPS);
     let mut waits = Vec::new();
     for step in 0..STEPS + 5 {

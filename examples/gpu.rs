@@ -39,10 +39,33 @@ struct Sizes {
     matmul: usize,
     /// Training steps per timed block (the loss is read once per block).
     steps: usize,
+    /// W4's batch.
+    mlp_batch: usize,
+    /// W7's model (`GptConfig::w7`) and batch.
+    gpt: gpt::GptConfig,
+    gpt_batch: usize,
 }
 
-const FULL: Sizes = Sizes { reps: 9, n: 1 << 26, softmax: [4096, 16384], matmul: 4096, steps: 20 };
-const QUICK: Sizes = Sizes { reps: 1, n: 1 << 16, softmax: [64, 300], matmul: 96, steps: 2 };
+const FULL: Sizes = Sizes {
+    reps: 9,
+    n: 1 << 26,
+    softmax: [4096, 16384],
+    matmul: 4096,
+    steps: 20,
+    mlp_batch: 128,
+    gpt: gpt::GptConfig::w7(96),
+    gpt_batch: 32,
+};
+const QUICK: Sizes = Sizes {
+    reps: 1,
+    n: 1 << 16,
+    softmax: [64, 300],
+    matmul: 96,
+    steps: 2,
+    mlp_batch: 8,
+    gpt: gpt::GptConfig { vocab: 96, layers: 1, d_model: 16, heads: 2, context: 8 },
+    gpt_batch: 2,
+};
 
 /// The rows measured so far; with `--json` each is printed as soon as it is measured, so a
 /// run cut short still reports what it got.
@@ -267,14 +290,16 @@ fn per_step_ms(size: &Sizes, mut step: impl FnMut() -> Tensor) -> f64 {
 
 /// W4 and W7 training steps on the device: eager (lazy, fused) and `compile()`d.
 fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()> {
-    // W4: a 784-256-10 ReLU MLP, SGD, cross-entropy, batches of 128 (cycling 8).
+    // W4: a 784-256-10 ReLU MLP, SGD, cross-entropy, batches of 128 (cycling 8; smaller with
+    // `--quick`).
     kiln::manual_seed(0);
     let mut mlp =
         Sequential::new().with(Linear::new(784, 256)).with(ReLU).with(Linear::new(256, 10));
     mlp.to(gpu)?;
     let sgd = RefCell::new(Sgd::new(mlp.parameters(), SgdConfig { lr: 0.1, ..Default::default() }));
-    let xs4: Vec<Tensor> = (0..8).map(|_| Tensor::randn([128, 784]).to(gpu)).collect();
-    let ys4: Vec<Tensor> = (0..8).map(|_| Tensor::randint(0, 10, [128]).to(gpu)).collect();
+    let b = size.mlp_batch;
+    let xs4: Vec<Tensor> = (0..8).map(|_| Tensor::randn([b, 784]).to(gpu)).collect();
+    let ys4: Vec<Tensor> = (0..8).map(|_| Tensor::randint(0, 10, [b]).to(gpu)).collect();
     Tensor::try_realize_all(&xs4.iter().chain(&ys4).collect::<Vec<_>>())?;
     let w4 = |x: &Tensor, y: &Tensor| {
         let mut opt = sgd.borrow_mut();
@@ -298,13 +323,15 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
     rows.push(step_row("W4 MLP step", "compiled", ms, 1e3 / ms, "steps/s"));
     drop(compiled);
 
-    // W7: the GPT of anchors/models.py w7 (batch 32, context 64), AdamW.
+    // W7: the GPT of anchors/models.py w7 (batch 32, context 64; a small one with
+    // `--quick`), AdamW.
     kiln::manual_seed(0);
-    let mut model = gpt::Gpt::new(gpt::GptConfig::w7(96));
+    let mut model = gpt::Gpt::new(size.gpt);
     model.to(gpu)?;
     let t = model.config.context;
-    let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [32, t]).to(gpu)).collect();
-    let ys: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, 96, [32, t]).to(gpu)).collect();
+    let (b, v) = (size.gpt_batch, size.gpt.vocab as i64);
+    let xs: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, v, [b, t]).to(gpu)).collect();
+    let ys: Vec<Tensor> = (0..4).map(|_| Tensor::randint(0, v, [b, t]).to(gpu)).collect();
     Tensor::try_realize_all(&xs.iter().chain(&ys).collect::<Vec<_>>())?;
     let config = AdamConfig { lr: 3e-4, weight_decay: 0.1, ..AdamConfig::adamw() };
     let adamw = RefCell::new(AdamW::new(model.parameters(), config));
@@ -316,7 +343,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
         opt.step();
         loss
     };
-    let tokens = (32 * t) as f64;
+    let tokens = (b * t) as f64;
     let ms = per_step_ms(size, || {
         i += 1;
         w7(&xs[i % 4], &ys[i % 4])

@@ -20,7 +20,7 @@ pub(crate) struct GptConfig {
 
 impl GptConfig {
     /// W7: 4 layers, d_model 128, 4 heads, context 64.
-    pub(crate) fn w7(vocab: usize) -> GptConfig {
+    pub(crate) const fn w7(vocab: usize) -> GptConfig {
         GptConfig { vocab, layers: 4, d_model: 128, heads: 4, context: 64 }
     }
 }

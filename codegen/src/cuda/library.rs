@@ -153,7 +153,11 @@ pub fn scatter(
     let (bs, ss) = (strides(base), strides(src));
     // Bools do not add: `scatter_add` replaces them, as in the reference executor.
     let accumulate = accumulate && dtype != DType::Bool;
-    let float_sum = accumulate && dtype.is_float();
+    // Float sums of several values per position go through an f64 scratch copy of the base;
+    // with one index per line (a gather's gradient with one label per row) no position is
+    // added to twice, so each is `base + src` in f64, rounded once, in place.
+    let float_sum = accumulate && dtype.is_float() && index.dims()[axis] > 1;
+    let single_add = accumulate && dtype.is_float() && !float_sum;
     let mut body = String::new();
     let args = format!(
         "{t}* __restrict__ out, const long long* __restrict__ index, const {t}* __restrict__ src, long long* err, double* __restrict__ scratch, long long n"
@@ -185,7 +189,7 @@ pub fn scatter(
             load(dtype, "src[s0]")
         );
         body.push_str("  }\n}\n");
-        return finish_scatter(body, dtype, accumulate);
+        return finish_scatter(body, dtype, accumulate, float_sum);
     }
     let _ =
         writeln!(body, "extern \"C\" __global__ void ENTRY{}({args}) {{", usize::from(float_sum));
@@ -215,6 +219,10 @@ pub fn scatter(
     let _ = writeln!(body, "      long long from = s0 + k * {}LL;", ss[axis]);
     let line = if float_sum {
         format!("scratch[at] += (double){};", load(dtype, "src[from]"))
+    } else if single_add {
+        let sum =
+            format!("(double){} + (double){}", load(dtype, "out[at]"), load(dtype, "src[from]"));
+        format!("out[at] = {};", store_f64(dtype, &sum))
     } else if accumulate {
         // Integers wrap, as in Rust: add as unsigned.
         format!(
@@ -225,7 +233,7 @@ pub fn scatter(
     };
     let _ = writeln!(body, "      {line}");
     body.push_str("    }\n  }\n}\n");
-    finish_scatter(body, dtype, accumulate)
+    finish_scatter(body, dtype, accumulate, float_sum)
 }
 
 /// Whether a float `scatter_add` of `dtype` adds with one thread per index position and
@@ -238,10 +246,14 @@ pub fn scatter_adds_atomically(dtype: DType) -> bool {
     dtype.is_float() && dtype != DType::F64
 }
 
-/// A scatter's last entry point (for float sums: the f64 scratch rounded into `out`) and its
-/// name.
-fn finish_scatter(mut body: String, dtype: DType, accumulate: bool) -> LibraryKernel {
-    let float_sum = accumulate && dtype.is_float();
+/// A scatter's last entry point (for float sums through the scratch: the f64 scratch rounded
+/// into `out`) and its name.
+fn finish_scatter(
+    mut body: String,
+    dtype: DType,
+    accumulate: bool,
+    float_sum: bool,
+) -> LibraryKernel {
     let args = format!(
         "{t}* __restrict__ out, const long long* __restrict__ index, const {t}* __restrict__ src, long long* err, double* __restrict__ scratch, long long n",
         t = storage_type(dtype)

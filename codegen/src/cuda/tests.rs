@@ -191,6 +191,10 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
             let k = library::scatter(dtype, &x, &index, &index, 1, accumulate);
             out.push((format!("scatter_{accumulate}_{dtype}"), k));
         }
+        // One index per line: added in place, no scratch.
+        let one = Shape::from([4, 1, 3]);
+        let k = library::scatter(dtype, &x, &one, &one, 1, true);
+        out.push((format!("scatter_add_one_per_line_{dtype}"), k));
         out.push((format!("assign_{dtype}"), library::assign(dtype, &view)));
         // Lines of a block each, a thread each (many strided lines), chunks of few long lines.
         let lines = [
@@ -271,6 +275,17 @@ fn library_kernels_name_their_entry_points() {
         true,
     );
     assert_eq!(i64_add.entries.len(), 1);
+    // One index per line (a label per row): each position is added to once, in place.
+    let one_per_row = library::scatter(
+        DType::F32,
+        &Shape::from([4, 9]),
+        &Shape::from([4, 1]),
+        &Shape::from([4, 1]),
+        1,
+        true,
+    );
+    assert_eq!(one_per_row.entries.len(), 1);
+    assert!(!one_per_row.source.contains("scratch["), "{}", one_per_row.source);
     // The three ways per-line kernels spread their lines.
     use library::Lines;
     assert_eq!(library::lines_of(&Shape::from([5, 7, 3]), 2), Lines::Blocks);
