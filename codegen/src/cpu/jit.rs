@@ -7,7 +7,7 @@ use cranelift_codegen::ir::{AbiParam, InstBuilder, UserFuncName, types};
 use cranelift_codegen::isa::{self, CallConv};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
@@ -94,11 +94,15 @@ pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
         .collect()
 }
 
+/// Address space reserved for one kernel's module (its code, constants and helpers; pages
+/// are committed only as they are written, so the reservation costs no memory).
+const JIT_RESERVATION: usize = 32 << 20;
+
 /// Compiles `kernel` for the host CPU.
 ///
 /// # Errors
 /// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
-/// module) or the host is not supported.
+/// module), the host is not supported, or no address space is left to reserve.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     if let Some(red) = kernel.reduce
         && red.op == kiln_ir::ReduceOp::LogSumExp
@@ -110,6 +114,14 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let isa = host_isa()?;
     let fma = has_fma(&*isa);
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+    // One contiguous reservation per module: the kernel calls the register-preserving helpers
+    // defined beside it with 32-bit relative calls, which reach ±2 GiB. The default provider
+    // takes each section from the global allocator, which can put them terabytes apart (glibc
+    // serves large blocks from fresh mappings and small ones from the heap): seen on a 16-core
+    // machine running the random-program test, where the relocation failed.
+    let arena = ArenaMemoryProvider::new_with_size(JIT_RESERVATION)
+        .map_err(|e| CodegenError::Cranelift(format!("reserving JIT memory: {e}")))?;
+    builder.memory_provider(Box::new(arena));
     for (name, ptr) in helpers::symbols() {
         builder.symbol(name, ptr);
     }
