@@ -128,6 +128,20 @@ fn helpers(c: &Ctx) -> String {
 /// Opens the warp-per-row loop over `n` rows (`row`, with `lane`).
 const ROWS: &str = "  const int lane = threadIdx.x & 31;\n  for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < n; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n";
 
+/// Opens the warp-per-row loop over query rows: `row`, `lane`, the batch entry `b`, the
+/// query `i`, the keys it sees, and the entry's keys `kb` and values `vb`.
+fn open_query_rows(src: &mut String, c: &Ctx) {
+    let AttentionShape { l, e, s, ev, .. } = c.d;
+    let t = c.t;
+    src.push_str(ROWS);
+    let _ = writeln!(
+        src,
+        "    long long b = row / {l}LL, i = row % {l}LL, keys = keys_of(i);\n    const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;",
+        s * e,
+        s * ev
+    );
+}
+
 /// Stores register row `r` (side `side`, `len` features) at `base + c`.
 fn store_row(src: &mut String, c: &Ctx, side: &str, len: usize, r: &str, base: &str) {
     let v = store(c.dtype, &format!("{r}[u]"));
@@ -140,19 +154,13 @@ fn store_row(src: &mut String, c: &Ctx, side: &str, len: usize, r: &str, base: &
 /// The forward entry point: an online softmax over the row's keys.
 fn forward(src: &mut String, c: &Ctx) {
     let Ctx { t, c: ct, exp, .. } = *c;
-    let AttentionShape { l, e, s, ev, .. } = c.d;
+    let AttentionShape { e, ev, .. } = c.d;
     let scale = &c.scale;
     let _ = writeln!(
         src,
         "extern \"C\" __global__ void ENTRY0(const {t}* __restrict__ q, const {t}* __restrict__ k, const {t}* __restrict__ v, {t}* __restrict__ out, long long n) {{"
     );
-    src.push_str(ROWS);
-    let _ = writeln!(
-        src,
-        "    long long b = row / {l}LL, i = row % {l}LL, keys = keys_of(i);\n    const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;",
-        s * e,
-        s * ev
-    );
+    open_query_rows(src, c);
     let _ = writeln!(
         src,
         "    {ct} qr[K_CHUNKS_e], acc[K_CHUNKS_v]; k_row_e(qr, q + row * {e}LL, lane);\n    for (int u = 0; u < K_CHUNKS_v; u++) acc[u] = 0;"
@@ -188,18 +196,12 @@ fn grad_args(c: &Ctx) -> String {
 /// Per query row: the log-sum-exp, `D = Σ_j p_ij (dout_i · v_j)`, then
 /// `dq_i = scale Σ_j p_ij (dout_i · v_j - D_i) k_j`.
 fn stats_and_dq(src: &mut String, c: &Ctx) {
-    let Ctx { t, c: ct, exp, log, .. } = *c;
+    let Ctx { c: ct, exp, log, .. } = *c;
     let AttentionShape { l, e, s, ev, .. } = c.d;
     let scale = &c.scale;
     let per = l * e + s * e + s * ev;
     let _ = writeln!(src, "extern \"C\" __global__ void ENTRY0({}) {{", grad_args(c));
-    src.push_str(ROWS);
-    let _ = writeln!(
-        src,
-        "    long long b = row / {l}LL, i = row % {l}LL, keys = keys_of(i);\n    const {t}* kb = k + b * {}LL; const {t}* vb = v + b * {}LL;",
-        s * e,
-        s * ev
-    );
+    open_query_rows(src, c);
     let _ = writeln!(
         src,
         "    {ct} qr[K_CHUNKS_e], gr[K_CHUNKS_v], acc[K_CHUNKS_e]; k_row_e(qr, q + row * {e}LL, lane); k_row_v(gr, dout + row * {ev}LL, lane);"
