@@ -98,6 +98,23 @@ pub fn param_slots(kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
 /// are committed only as they are written, so the reservation costs no memory).
 const JIT_RESERVATION: usize = 32 << 20;
 
+/// A JIT module for one kernel, with the helpers' addresses.
+fn new_module(isa: isa::OwnedTargetIsa) -> Result<JITModule, CodegenError> {
+    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+    // One contiguous reservation per module: the kernel calls the register-preserving helpers
+    // defined beside it with 32-bit relative calls, which reach ±2 GiB. The default provider
+    // takes each section from the global allocator, which can put them terabytes apart (glibc
+    // serves large blocks from fresh mappings and small ones from the heap): seen on a 16-core
+    // machine running the random-program test, where the relocation failed.
+    let arena = ArenaMemoryProvider::new_with_size(JIT_RESERVATION)
+        .map_err(|e| CodegenError::Cranelift(format!("reserving JIT memory: {e}")))?;
+    builder.memory_provider(Box::new(arena));
+    for (name, ptr) in helpers::symbols() {
+        builder.symbol(name, ptr);
+    }
+    Ok(JITModule::new(builder))
+}
+
 /// Compiles `kernel` for the host CPU.
 ///
 /// # Errors
@@ -113,19 +130,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     }
     let isa = host_isa()?;
     let fma = has_fma(&*isa);
-    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
-    // One contiguous reservation per module: the kernel calls the register-preserving helpers
-    // defined beside it with 32-bit relative calls, which reach ±2 GiB. The default provider
-    // takes each section from the global allocator, which can put them terabytes apart (glibc
-    // serves large blocks from fresh mappings and small ones from the heap): seen on a 16-core
-    // machine running the random-program test, where the relocation failed.
-    let arena = ArenaMemoryProvider::new_with_size(JIT_RESERVATION)
-        .map_err(|e| CodegenError::Cranelift(format!("reserving JIT memory: {e}")))?;
-    builder.memory_provider(Box::new(arena));
-    for (name, ptr) in helpers::symbols() {
-        builder.symbol(name, ptr);
-    }
-    let mut module = JITModule::new(builder);
+    let mut module = new_module(isa)?;
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
 
