@@ -74,14 +74,7 @@ fn w7(rows: &mut Vec<(String, &'static str, f64, String)>) {
     }
     let config = AdamConfig { lr: 3e-4, weight_decay: 0.1, ..AdamConfig::adamw() };
     let opt = RefCell::new(AdamW::new(model.parameters(), config));
-    let step = |x: &Tensor, y: &Tensor| {
-        let mut opt = opt.borrow_mut();
-        opt.zero_grad();
-        let loss = model.loss(x, y);
-        loss.backward();
-        opt.step();
-        loss
-    };
+    let step = |x: &Tensor, y: &Tensor| model.train_step(&mut *opt.borrow_mut(), x, y);
     let tokens = (B * t) as f64;
     let mut i = 0;
     let first = Instant::now();

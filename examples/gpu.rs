@@ -335,14 +335,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
     Tensor::try_realize_all(&xs.iter().chain(&ys).collect::<Vec<_>>())?;
     let config = AdamConfig { lr: 3e-4, weight_decay: 0.1, ..AdamConfig::adamw() };
     let adamw = RefCell::new(AdamW::new(model.parameters(), config));
-    let w7 = |x: &Tensor, y: &Tensor| {
-        let mut opt = adamw.borrow_mut();
-        opt.zero_grad();
-        let loss = model.loss(x, y);
-        loss.backward();
-        opt.step();
-        loss
-    };
+    let w7 = |x: &Tensor, y: &Tensor| model.train_step(&mut *adamw.borrow_mut(), x, y);
     let tokens = (b * t) as f64;
     let ms = per_step_ms(size, || {
         i += 1;

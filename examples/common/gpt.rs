@@ -5,7 +5,7 @@
 use kiln::Result;
 use kiln::nn::functional as F;
 use kiln::nn::{Embedding, LayerNorm, Linear, Module, Parameters};
-use kiln::optim::ParamGroup;
+use kiln::optim::{Optimizer, ParamGroup};
 use kiln::prelude::*;
 
 /// The model's sizes.
@@ -105,6 +105,17 @@ impl Gpt {
             ParamGroup::new(matrices).weight_decay(weight_decay),
             ParamGroup::new(vectors).weight_decay(0.0),
         ]
+    }
+
+    /// One training step: clears the gradients, computes the loss, backpropagates and lets
+    /// `opt` update the parameters. Returns the loss (lazy).
+    #[allow(dead_code, reason = "train_gpt interleaves autocast and logging in its own loop")]
+    pub(crate) fn train_step(&self, opt: &mut impl Optimizer, x: &Tensor, y: &Tensor) -> Tensor {
+        opt.zero_grad();
+        let loss = self.loss(x, y);
+        loss.backward();
+        opt.step();
+        loss
     }
 
     /// The mean cross-entropy of the next-token predictions.

@@ -142,6 +142,16 @@ fn open_query_rows(src: &mut String, c: &Ctx) {
     );
 }
 
+/// Declares an online softmax's running maximum `m`, which starts at the row's first score
+/// (every row with keys has one), and its running sum.
+fn start_online_softmax(src: &mut String, c: &Ctx) {
+    let (ct, scale) = (c.c, &c.scale);
+    let _ = writeln!(
+        src,
+        "    {ct} m = keys > 0 ? k_dot_e(qr, kb, lane) * {scale} : ({ct})0, sum = 0;"
+    );
+}
+
 /// Stores register row `r` (side `side`, `len` features) at `base + c`.
 fn store_row(src: &mut String, c: &Ctx, side: &str, len: usize, r: &str, base: &str) {
     let v = store(c.dtype, &format!("{r}[u]"));
@@ -165,11 +175,7 @@ fn forward(src: &mut String, c: &Ctx) {
         src,
         "    {ct} qr[K_CHUNKS_e], acc[K_CHUNKS_v]; k_row_e(qr, q + row * {e}LL, lane);\n    for (int u = 0; u < K_CHUNKS_v; u++) acc[u] = 0;"
     );
-    // The running maximum starts at the first score (every row with keys has one).
-    let _ = writeln!(
-        src,
-        "    {ct} m = keys > 0 ? k_dot_e(qr, kb, lane) * {scale} : ({ct})0, sum = 0;"
-    );
+    start_online_softmax(src, c);
     let _ = writeln!(src, "    for (long long j = 0; j < keys; j++) {{");
     let _ = writeln!(src, "      {ct} sc = k_dot_e(qr, kb + j * {e}LL, lane) * {scale};");
     let _ =
@@ -206,10 +212,7 @@ fn stats_and_dq(src: &mut String, c: &Ctx) {
         src,
         "    {ct} qr[K_CHUNKS_e], gr[K_CHUNKS_v], acc[K_CHUNKS_e]; k_row_e(qr, q + row * {e}LL, lane); k_row_v(gr, dout + row * {ev}LL, lane);"
     );
-    let _ = writeln!(
-        src,
-        "    {ct} m = keys > 0 ? k_dot_e(qr, kb, lane) * {scale} : ({ct})0, sum = 0;"
-    );
+    start_online_softmax(src, c);
     let _ = writeln!(
         src,
         "    for (long long j = 0; j < keys; j++) {{ {ct} sc = k_dot_e(qr, kb + j * {e}LL, lane) * {scale}; {ct} mn = sc > m ? sc : m; sum = sum * {exp}(m - mn) + {exp}(sc - mn); m = mn; }}"
