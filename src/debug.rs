@@ -102,7 +102,7 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
                     .clif
                     .push(kiln_runtime::exec::clif(&k.kernel).unwrap_or_else(|e| format!("; {e}")));
             }
-            Step::Node(_) | Step::MatMul { .. } => summary.other_ops += 1,
+            Step::Node(_) | Step::Library { .. } => summary.other_ops += 1,
         }
     }
     summary
@@ -214,7 +214,7 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
                 }
                 out.push_str("    }\n");
             }
-            Step::Node(n) | Step::MatMul { node: n, .. } => {
+            Step::Node(n) | Step::Library { node: n, .. } => {
                 drawn.insert(*n);
                 let _ =
                     writeln!(out, "    n{} [label=\"{}\", style=filled];", n.index(), label(*n));

@@ -351,6 +351,73 @@ fn fused_attention_matches_the_composite_path_in_every_dtype() {
     }
 }
 
+/// q, k and v as a transformer block makes them: heads split out of one `[B, T, 3·C]`
+/// projection by `narrow`, `reshape` and `transpose`.
+fn heads(qkv: &Tensor, heads: i64) -> [Tensor; 3] {
+    let (b, t, c) = (qkv.dims()[0] as i64, qkv.dims()[1] as i64, qkv.dims()[2] as i64 / 3);
+    let head = |i: i64| {
+        qkv.narrow(2, (i * c) as usize, c as usize)
+            .reshape(&[b, t, heads, c / heads])
+            .transpose(1, 2)
+    };
+    [head(0), head(1), head(2)]
+}
+
+#[test]
+fn attention_reads_the_heads_of_a_projection_in_place() {
+    let mut rng = Rng::new(404);
+    // 16-bit operands go entry by entry with 8 batch entries and are widened whole with
+    // one; 70 queries span two tiles.
+    for (dtype, b, t, h) in [
+        (DType::F32, 2, 70, 4),
+        (DType::F64, 1, 70, 4),
+        (DType::BF16, 2, 33, 4),
+        (DType::F16, 1, 70, 1),
+    ] {
+        let c = 24;
+        let data: Vec<f64> = values(&mut rng, b * t * 3 * c, DType::F64)
+            .iter()
+            .map(|&v| round_to(dtype, v))
+            .collect();
+        let r: Vec<f64> =
+            values(&mut rng, b * t * c, DType::F64).iter().map(|&v| round_to(dtype, v)).collect();
+        let shape = [b, t, 3 * c];
+        let (low, high) = (tensor(&data, &shape, dtype), tensor(&data, &shape, DType::F64));
+        low.realize();
+        let [q, k, v] = heads(&low, h as i64);
+        let ((), profile) = kiln::profile(|| {
+            F::scaled_dot_product_attention(&q, &k, &v, None, true).realize();
+        });
+        let steps: Vec<String> = profile.kernels().iter().map(|k| k.name.clone()).collect();
+        assert_eq!(steps, ["attention"], "{dtype:?}: no copy of the heads before attention");
+
+        let (low, high) = (low.requires_grad_(true), high.requires_grad_(true));
+        let y = |x: &Tensor, fused: bool| {
+            let [q, k, v] = heads(x, h as i64);
+            let keep: Vec<bool> = (0..t * t).map(|i| i % t <= i / t).collect();
+            let mask = Tensor::from_vec(keep, [t, t]);
+            let y = if fused {
+                F::scaled_dot_product_attention(&q, &k, &v, None, true)
+            } else {
+                F::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false)
+            };
+            y.transpose(1, 2).reshape(&[b as i64, t as i64, c as i64])
+        };
+        let (fused, composite) = (y(&low, true), y(&high, false));
+        let tol = match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 2e-5,
+            _ => 2e-2,
+        };
+        let ctx = format!("{dtype:?} b {b}");
+        assert_close_tol(&read(&fused, dtype), &composite.to_vec::<f64>(), tol, &ctx);
+        let weighted = |y: &Tensor, d: DType| (y * &tensor(&r, &[b, t, c], d)).sum();
+        let gf = kiln::grad(&[&weighted(&fused, dtype)], &[&low], false).remove(0);
+        let gc = kiln::grad(&[&weighted(&composite, DType::F64)], &[&high], false).remove(0);
+        assert_close_tol(&read(&gf, dtype), &gc.to_vec::<f64>(), tol * 4.0, &format!("{ctx} grad"));
+    }
+}
+
 #[test]
 fn the_profile_names_the_path_and_long_contexts_never_store_the_score_matrix() {
     kiln::manual_seed(4);

@@ -219,12 +219,12 @@ impl<B: GradBuilder> Rules<'_, B> {
         let mut parts = Vec::new();
         for x in inputs {
             let shape = self.b.shape(x);
-            let (n, rows, cols) = (shape.dims()[0], shape.dims()[1], shape.dims()[2]);
+            let per_entry = shape.numel() / packed_shape.dims()[0].max(1);
             let view = crate::View::contiguous(packed_shape.clone())
-                .narrow(1, start, rows * cols)
-                .reshape(&Shape::new(vec![n, rows, cols]))
-                .expect("a narrowed row splits into rows");
-            start += rows * cols;
+                .narrow(1, start, per_entry)
+                .reshape(&shape)
+                .expect("a narrowed row splits into the operand's rows");
+            start += per_entry;
             parts.push(Some(self.b.op(Op::View(view), std::slice::from_ref(&packed))?));
         }
         Ok(parts)

@@ -89,13 +89,14 @@ pub enum Step {
     Kernel(Box<KernelStep>),
     /// Run one op that is not elementwise (a gather, a scatter, ...).
     Node(NodeId),
-    /// A matrix product whose operands are read through views of stored buffers: a
-    /// transposed or sliced operand is passed to the GEMM as strides, not copied.
-    MatMul {
-        /// The matmul node.
+    /// A library op that reads its operands through views of stored buffers (a matrix
+    /// product, and fused attention where [`crate::target::Target::attention_reads_views`]):
+    /// a transposed or sliced operand is passed as strides, not copied.
+    Library {
+        /// The op's node.
         node: NodeId,
-        /// Each operand's buffer and the view of it the product reads.
-        operands: [(NodeId, View); 2],
+        /// Each operand's buffer and the view of it the op reads.
+        operands: Vec<(NodeId, View)>,
     },
 }
 
@@ -225,17 +226,14 @@ fn cut_of(
 ) -> Option<Cut> {
     let op = &graph.node(c.n).op;
     let fused = options.fusion == Fusion::Fused;
-    let target = &options.target;
     if graph.outputs().contains(&c.n) {
         return Some(Cut::Output);
     }
-    let feeds_gemm = |m: &NodeId| {
-        matches!(graph.node(*m).op, Op::MatMul) && target.has_gemm(graph.node(*m).dtype)
-    };
-    if matches!(op, Op::View(_))
+    if let Op::View(view) = op
         && is_buffer(graph, graph.arg_slice(c.n)[0], stored)
         && !c.consumers.is_empty()
-        && c.consumers.iter().all(feeds_gemm)
+        && c.consumers.iter().all(|&m| reads_views(graph, m, options))
+        && view.strides().iter().all(|&s| s >= 0)
     {
         return None;
     }
@@ -309,8 +307,8 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             steps.push(kernel(build_reduce_kernel(graph, n, &reduce_inline, &extra)));
         } else if op.is_kernel_reduce() {
             steps.push(kernel(build_reduce_kernel(graph, n, stored, &[])));
-        } else if matches!(op, Op::MatMul) && options.target.has_gemm(graph.node(n).dtype) {
-            steps.push(matmul_step(graph, n, stored));
+        } else if reads_views(graph, n, options) {
+            steps.push(library_step(graph, n, stored));
         } else if !op.is_elementwise() && !op.is_free() {
             steps.push(Step::Node(n));
         }
@@ -318,14 +316,23 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
     schedule::collectives_early(graph, steps)
 }
 
-/// A matrix product reading its operands' views of stored buffers as strides.
-fn matmul_step(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> Step {
-    let operand = |a: NodeId| match &graph.node(a).op {
+/// Whether op `n` runs as a [`Step::Library`], reading views of stored buffers as strides.
+fn reads_views(graph: &Graph, n: NodeId, options: &PlanOptions) -> bool {
+    let target = &options.target;
+    match graph.node(n).op {
+        Op::MatMul => target.has_gemm(graph.node(n).dtype),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => target.attention_reads_views,
+        _ => false,
+    }
+}
+
+/// A library op reading its operands' views of stored buffers as strides.
+fn library_step(graph: &Graph, n: NodeId, stored: &HashMap<NodeId, Cut>) -> Step {
+    let operand = |&a: &NodeId| match &graph.node(a).op {
         Op::View(v) if !stored.contains_key(&a) => (graph.arg_slice(a)[0], v.clone()),
         _ => (a, View::contiguous(graph.node(a).shape.clone())),
     };
-    let args = graph.arg_slice(n);
-    Step::MatMul { node: n, operands: [operand(args[0]), operand(args[1])] }
+    Step::Library { node: n, operands: graph.arg_slice(n).iter().map(operand).collect() }
 }
 
 /// Whether `n` is a view that reads all of its argument's buffer in order (a reshape of a

@@ -193,10 +193,10 @@ pub enum Op {
     },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
-    /// Fused attention `softmax(q·kᵀ·scale [causal])·v` over dense `q [N, L, E]`,
-    /// `k [N, S, E]`, `v [N, S, Ev]`, giving `[N, L, Ev]`, computed tile by tile with an
-    /// online softmax so that no `L×S` matrix is stored. With `causal`, query `i` sees keys
-    /// `0..=i`.
+    /// Fused attention `softmax(q·kᵀ·scale [causal])·v` over `q [.., L, E]`,
+    /// `k [.., S, E]`, `v [.., S, Ev]` with the same leading (batch) dimensions, giving
+    /// `[.., L, Ev]`, computed tile by tile with an online softmax so that no `L×S` matrix
+    /// is stored. With `causal`, query `i` sees keys `0..=i`.
     Attention {
         /// Mask keys after the query.
         causal: bool,
@@ -204,8 +204,8 @@ pub enum Op {
         scale: u64,
     },
     /// The gradients of [`Op::Attention`] for `(q, k, v, dout)`, packed as
-    /// `[N, L·E + S·E + S·Ev]` (`dq`, `dk`, `dv` row-major per batch entry), recomputing the
-    /// scores tile by tile.
+    /// `[N, L·E + S·E + S·Ev]` for `N` batch entries (`dq`, `dk`, `dv` row-major per entry),
+    /// recomputing the scores tile by tile.
     AttentionGrad {
         /// As the forward op's.
         causal: bool,

@@ -20,7 +20,7 @@
 //! use kiln_ir::pipeline::{Constants, Fusion, PlanOptions, Planner};
 //! use kiln_ir::target::{OpCosts, Target};
 //! use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};
-//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], reductions_store_inputs: true, fused_logsumexp: true };
+//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], attention_reads_views: true, reductions_store_inputs: true, fused_logsumexp: true };
 //! let mut g = Graph::new();
 //! let x = g.input(Shape::from([8]), DType::F32);
 //! let e = g.push(Op::Unary(UnaryOp::Exp), &[x])?;
@@ -216,15 +216,15 @@ impl std::fmt::Display for Stage<'_> {
                             writeln!(f, "{}", k.kernel)?;
                         }
                         Step::Node(n) => writeln!(f, "node %{} = {}", names[n], g.node(*n).op)?,
-                        Step::MatMul { node, operands } => writeln!(
-                            f,
-                            "matmul %{} = %{} {:?} @ %{} {:?}",
-                            names[node],
-                            names[&operands[0].0],
-                            operands[0].1,
-                            names[&operands[1].0],
-                            operands[1].1
-                        )?,
+                        Step::Library { node, operands } => {
+                            let op = g.node(*node).op.name();
+                            let between = if op == "matmul" { " @ " } else { ", " };
+                            let operands: Vec<String> = operands
+                                .iter()
+                                .map(|(n, v)| format!("%{} {v:?}", names[n]))
+                                .collect();
+                            writeln!(f, "{op} %{} = {}", names[node], operands.join(between))?;
+                        }
                     }
                 }
                 Ok(())

@@ -2,31 +2,64 @@
 
 use crate::{DType, IrError, Op, Shape};
 
-/// The result of [`Op::Attention`] (`[N, L, Ev]`) or [`Op::AttentionGrad`] (packed).
+/// The result of [`Op::Attention`] (`[.., L, Ev]`) or [`Op::AttentionGrad`] (packed).
 pub(crate) fn infer_attention_op(
     op: &Op,
     inputs: &[(&Shape, DType)],
 ) -> Result<(Shape, DType), IrError> {
     let name = op.name();
-    let (n, l, e, s, ev) = infer_attention(name, &inputs[..3])?;
+    let AttentionDims { n, l, e, s, ev } = infer_attention(name, &inputs[..3])?;
+    let q = inputs[0].0.dims();
+    let mut out = q[..q.len() - 2].to_vec();
+    out.extend([l, ev]);
+    let out = Shape::new(out);
     if let Op::AttentionGrad { .. } = op {
-        if inputs[3] != (&Shape::new(vec![n, l, ev]), inputs[0].1) {
+        if inputs[3] != (&out, inputs[0].1) {
             return Err(IrError::InvalidGraph(format!(
-                "attention_grad's output gradient is {} {}, not [{n}, {l}, {ev}]",
+                "attention_grad's output gradient is {} {}, not {out}",
                 inputs[3].0, inputs[3].1
             )));
         }
         return Ok((Shape::new(vec![n, l * e + s * e + s * ev]), inputs[0].1));
     }
-    Ok((Shape::new(vec![n, l, ev]), inputs[0].1))
+    Ok((out, inputs[0].1))
 }
 
-/// `(N, L, E, S, Ev)` of dense attention operands `q [N, L, E]`, `k [N, S, E]`,
-/// `v [N, S, Ev]` of one float dtype.
-fn infer_attention(
-    op: &'static str,
-    inputs: &[(&Shape, DType)],
-) -> Result<(usize, usize, usize, usize, usize), IrError> {
+/// The sizes of an attention problem: `q [.., L, E]`, `k [.., S, E]`, `v [.., S, Ev]` with
+/// `N` batch entries (the product of the leading dimensions, which the three share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Batch entries.
+    pub n: usize,
+    /// Queries per entry.
+    pub l: usize,
+    /// Query and key features.
+    pub e: usize,
+    /// Keys per entry.
+    pub s: usize,
+    /// Value features.
+    pub ev: usize,
+}
+
+impl AttentionDims {
+    /// The sizes of attention over operands of shapes `q`, `k` and `v`, which the op's
+    /// inference has accepted.
+    pub fn of(q: &Shape, k: &Shape, v: &Shape) -> AttentionDims {
+        let (q, k, v) = (q.dims(), k.dims(), v.dims());
+        let r = q.len();
+        AttentionDims {
+            n: q[..r - 2].iter().product(),
+            l: q[r - 2],
+            e: q[r - 1],
+            s: k[r - 2],
+            ev: v[r - 1],
+        }
+    }
+}
+
+/// The sizes of attention operands `q [.., L, E]`, `k [.., S, E]`, `v [.., S, Ev]` of one
+/// float dtype, with the same leading (batch) dimensions.
+fn infer_attention(op: &'static str, inputs: &[(&Shape, DType)]) -> Result<AttentionDims, IrError> {
     let [(q, dq), (k, dk), (v, dv)] = inputs else {
         return Err(IrError::InvalidGraph(format!("{op} takes q, k and v")));
     };
@@ -36,20 +69,24 @@ fn infer_attention(
             format!("takes q, k, v of one float dtype, got {dq}, {dk}, {dv}"),
         ));
     }
-    let fits = q.rank() == 3
-        && k.rank() == 3
-        && v.rank() == 3
-        && q.dims()[0] == k.dims()[0]
-        && k.dims()[0] == v.dims()[0]
-        && q.dims()[2] == k.dims()[2]
-        && k.dims()[1] == v.dims()[1];
+    let r = q.rank();
+    let fits = r >= 3
+        && k.rank() == r
+        && v.rank() == r
+        && q.dims()[..r - 2] == k.dims()[..r - 2]
+        && k.dims()[..r - 2] == v.dims()[..r - 2]
+        && q.dims()[r - 1] == k.dims()[r - 1]
+        && k.dims()[r - 2] == v.dims()[r - 2];
     if !fits {
         return Err(IrError::shape(
             op,
-            format!("needs q [N, L, E], k [N, S, E], v [N, S, Ev], got {q}, {k}, {v}"),
+            format!(
+                "needs q [.., L, E], k [.., S, E], v [.., S, Ev] with the same batch \
+                 dimensions, got {q}, {k}, {v}"
+            ),
         ));
     }
-    Ok((q.dims()[0], q.dims()[1], q.dims()[2], k.dims()[1], v.dims()[2]))
+    Ok(AttentionDims::of(q, k, v))
 }
 
 pub(crate) fn infer_matmul(inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {

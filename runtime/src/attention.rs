@@ -152,11 +152,6 @@ struct Mat<'a, T> {
 }
 
 impl<'a, T> Mat<'a, T> {
-    /// Rows `r0..r1` of a row-major matrix `cols` wide.
-    fn rows(data: &'a [T], r0: usize, r1: usize, cols: usize) -> Self {
-        Mat { data: &data[r0 * cols..r1 * cols], rows: r1 - r0, cols, rs: cols, cs: 1 }
-    }
-
     /// A `rows × cols` row-major block whose rows are `stride` apart.
     fn block(data: &'a [T], rows: usize, cols: usize, stride: usize) -> Self {
         Mat { data, rows, cols, rs: stride, cs: 1 }
@@ -171,6 +166,79 @@ impl<'a, T> Mat<'a, T> {
         self.rows == 0
             || self.cols == 0
             || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// One operand, `[n, rows, cols]`: element `[b, r, c]` of batch entry `b` at
+/// `bases[b] + r·rs + c·cs` (a dense buffer, or a view of one: the heads of a projection
+/// are strided rows of it).
+#[derive(Clone)]
+pub(crate) struct Operand<'a, T> {
+    data: &'a [T],
+    bases: Vec<usize>,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T: Copy> Operand<'a, T> {
+    /// A dense `[n, rows, cols]` operand.
+    pub(crate) fn dense(data: &'a [T], n: usize, rows: usize, cols: usize) -> Self {
+        let bases = (0..n).map(|b| b * rows * cols).collect();
+        Operand { data, bases, rows, cols, rs: cols, cs: 1 }
+    }
+
+    /// `data` read through `view` (rank 3 or more: leading batch dimensions, then rows and
+    /// columns); `None` for a negative stride or a view that reaches past `data`.
+    pub(crate) fn of_view(data: &'a [T], view: &kiln_ir::View) -> Option<Self> {
+        let (dims, strides) = (view.shape().dims(), view.strides());
+        let r = dims.len();
+        if r < 3 || strides.iter().any(|&s| s < 0) || view.span() > data.len() {
+            return None;
+        }
+        let mut bases = vec![view.offset()];
+        for (&d, &st) in dims[..r - 2].iter().zip(&strides[..r - 2]) {
+            bases = bases.iter().flat_map(|&b| (0..d).map(move |i| b + i * st as usize)).collect();
+        }
+        let (rows, cols) = (dims[r - 2], dims[r - 1]);
+        Some(Operand {
+            data,
+            bases,
+            rows,
+            cols,
+            rs: strides[r - 2] as usize,
+            cs: strides[r - 1] as usize,
+        })
+    }
+
+    /// Rows `r0..r1` of batch entry `b`.
+    fn rows(&self, b: usize, r0: usize, r1: usize) -> Mat<'a, T> {
+        let start = self.bases[b] + r0 * self.rs;
+        let data = self.data.get(start..).unwrap_or(&[]);
+        Mat { data, rows: r1 - r0, cols: self.cols, rs: self.rs, cs: self.cs }
+    }
+
+    /// Element `[b, r, c]`.
+    fn at(&self, b: usize, r: usize, c: usize) -> T {
+        self.data[self.bases[b] + r * self.rs + c * self.cs]
+    }
+
+    /// Batch entry `b`'s elements in row-major order, through `f`, appended to `out`.
+    pub(crate) fn gather_entry<U>(&self, b: usize, f: impl Fn(T) -> U, out: &mut Vec<U>) {
+        for r in 0..self.rows {
+            if self.cs == 1 {
+                let at = self.bases[b] + r * self.rs;
+                out.extend(self.data[at..at + self.cols].iter().map(|&x| f(x)));
+            } else {
+                out.extend((0..self.cols).map(|c| f(self.at(b, r, c))));
+            }
+        }
+    }
+
+    /// Batch entries.
+    pub(crate) fn entries(&self) -> usize {
+        self.bases.len()
     }
 }
 
@@ -385,27 +453,24 @@ fn query_tiles(d: &Dims) -> Vec<(usize, usize, usize)> {
 
 /// The output rows `r0..r1` of entry `b` into `acc` (zeroed), and each row's log-sum-exp.
 fn forward_tile<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
+    x: &Inputs<'_, T>,
     d: &Dims,
     (b, r0, r1): (usize, usize, usize),
     acc: &mut [T],
 ) -> Vec<T> {
-    let (e, ev) = (d.e, d.ev);
-    let (qb, kb, vb) = (&q[b * d.l * e..], &k[b * d.s * e..], &v[b * d.s * ev..]);
+    let ev = d.ev;
     let rows = r1 - r0;
     let mut m = vec![T::NEG_INF; rows];
     let mut sum = vec![T::ZERO; rows];
     let mut s = vec![T::ZERO; rows * KT];
-    let q_rows = Mat::rows(qb, r0, r1, e);
+    let q_rows = x.q.rows(b, r0, r1);
     let key_end = d.keys_of(r1 - 1);
     for c0 in (0..key_end).step_by(KT) {
         let t = Tile { b, r0, r1, c0, c1: (c0 + KT).min(key_end) };
-        mm(&mut s, KT, q_rows, Mat::rows(kb, t.c0, t.c1, e).t(), T::of(d.scale), false);
+        mm(&mut s, KT, q_rows, x.k.rows(b, t.c0, t.c1).t(), T::of(d.scale), false);
         online_rows_fast(&mut s, &t, d, &mut m, &mut sum, acc);
         let p = Mat::block(&s, rows, t.width(), KT);
-        mm(acc, ev, p, Mat::rows(vb, t.c0, t.c1, ev), T::ONE, true);
+        mm(acc, ev, p, x.v.rows(b, t.c0, t.c1), T::ONE, true);
     }
     let mut lse = vec![T::ZERO; rows];
     for i in 0..rows {
@@ -415,34 +480,41 @@ fn forward_tile<T: Real>(
     lse
 }
 
+/// The operands: `q`, `k`, `v` and (for the gradients) `dout`.
+pub(crate) struct Inputs<'a, T> {
+    pub(crate) q: Operand<'a, T>,
+    pub(crate) k: Operand<'a, T>,
+    pub(crate) v: Operand<'a, T>,
+    pub(crate) dout: Option<Operand<'a, T>>,
+}
+
+impl<T> Inputs<'_, T> {
+    fn dout(&self) -> &Operand<'_, T> {
+        self.dout.as_ref().expect("the gradients read the output gradient")
+    }
+}
+
 /// `softmax(q·kᵀ·scale)·v` into `out` (`[n, l, ev]`).
-pub(crate) fn forward<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T]) {
+pub(crate) fn forward<T: Real>(x: &Inputs<'_, T>, d: &Dims, out: &mut [T]) {
     let tiles = query_tiles(d);
     crate::team::for_each_part(split_rows(out, &tiles, d.ev), &|i, rows| {
-        forward_tile(q, k, v, d, tiles[i], rows);
+        forward_tile(x, d, tiles[i], rows);
     });
 }
 
 /// [`forward`] of a single batch entry (`d.n == 1`) on the calling thread.
-pub(crate) fn forward_entry<T: Real>(q: &[T], k: &[T], v: &[T], d: &Dims, out: &mut [T]) {
+pub(crate) fn forward_entry<T: Real>(x: &Inputs<'_, T>, d: &Dims, out: &mut [T]) {
     let tiles = query_tiles(d);
     for (&tile, rows) in tiles.iter().zip(split_rows(out, &tiles, d.ev)) {
-        forward_tile(q, k, v, d, tile, rows);
+        forward_tile(x, d, tile, rows);
     }
 }
 
 /// [`backward`] of a single batch entry (`d.n == 1`) on the calling thread.
-pub(crate) fn backward_entry<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    dout: &[T],
-    d: &Dims,
-    out: &mut [T],
-) {
-    let mut g = Grad { q, k, v, dout, d, lse: Vec::new(), dd: Vec::new() };
+pub(crate) fn backward_entry<T: Real>(x: &Inputs<'_, T>, d: &Dims, out: &mut [T]) {
+    let mut g = Grad { x, d, lse: Vec::new(), dd: Vec::new() };
     if d.s > KT {
-        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &query_tiles(d), false);
+        (g.lse, g.dd) = row_statistics(x, d, &query_tiles(d), false);
     }
     g.entry(0, out);
 }
@@ -465,13 +537,13 @@ fn split_rows<'a, T>(
 
 /// The gradients of [`forward`] for `dout` into `out` (zeroed), packed per batch entry as
 /// `[dq | dk | dv]`.
-pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims, out: &mut [T]) {
+pub(crate) fn backward<T: Real>(x: &Inputs<'_, T>, d: &Dims, out: &mut [T]) {
     let (e, ev, l, s) = (d.e, d.ev, d.l, d.s);
     let per = l * e + s * e + s * ev;
     let tiles = query_tiles(d);
-    let mut g = Grad { q, k, v, dout, d, lse: Vec::new(), dd: Vec::new() };
+    let mut g = Grad { x, d, lse: Vec::new(), dd: Vec::new() };
     if s > KT {
-        (g.lse, g.dd) = row_statistics(q, k, v, dout, d, &tiles, true);
+        (g.lse, g.dd) = row_statistics(x, d, &tiles, true);
     }
     if d.n >= crate::team::threads() {
         // Enough batch entries to keep every thread busy: one pass per entry computes dq,
@@ -518,21 +590,30 @@ pub(crate) fn backward<T: Real>(q: &[T], k: &[T], v: &[T], dout: &[T], d: &Dims,
 /// Each query's log-sum-exp and `D = dout·out`, from the forward pass recomputed, tiles on
 /// the team (`parallel`) or on the calling thread.
 fn row_statistics<T: Real>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    dout: &[T],
+    x: &Inputs<'_, T>,
     d: &Dims,
     tiles: &[(usize, usize, usize)],
     parallel: bool,
 ) -> (Vec<T>, Vec<T>) {
     let (l, ev) = (d.l, d.ev);
+    let dout = x.dout();
     let tile_stats = |i: usize| {
         let (b, r0, r1) = tiles[i];
         let mut out = vec![T::ZERO; (r1 - r0) * ev];
-        let lse = forward_tile(q, k, v, d, (b, r0, r1), &mut out);
+        let lse = forward_tile(x, d, (b, r0, r1), &mut out);
+        let mut row = Vec::with_capacity(ev);
         let dd = (r0..r1)
-            .map(|r| dot(&dout[(b * l + r) * ev..(b * l + r + 1) * ev], &out[(r - r0) * ev..]))
+            .map(|r| {
+                let g = dout.rows(b, r, r + 1);
+                let g = if g.cs == 1 {
+                    &g.data[..ev]
+                } else {
+                    row.clear();
+                    row.extend((0..ev).map(|c| dout.at(b, r, c)));
+                    &row[..]
+                };
+                dot(g, &out[(r - r0) * ev..])
+            })
             .collect();
         (lse, dd)
     };
@@ -553,10 +634,7 @@ fn row_statistics<T: Real>(
 /// What the gradient passes share: the inputs and, when rows span several key tiles, each
 /// row's log-sum-exp and `D` (empty otherwise).
 struct Grad<'a, T> {
-    q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
-    dout: &'a [T],
+    x: &'a Inputs<'a, T>,
     d: &'a Dims,
     lse: Vec<T>,
     dd: Vec<T>,
@@ -575,13 +653,13 @@ impl<T: Real> Grad<'_, T> {
     /// (`QT × KT` each).
     fn block(&self, t: &Tile, s: &mut [T], dp: &mut [T], out: Outputs<'_, T>) {
         let d = self.d;
-        let (l, e, ev, sk) = (d.l, d.e, d.ev, d.s);
+        let (l, e, ev) = (d.l, d.e, d.ev);
         let (rows, w) = (t.rows(), t.width());
         let b = t.b;
-        let q_rows = Mat::rows(&self.q[b * l * e..(b + 1) * l * e], t.r0, t.r1, e);
-        let g_rows = Mat::rows(&self.dout[b * l * ev..(b + 1) * l * ev], t.r0, t.r1, ev);
-        let keys = Mat::rows(&self.k[b * sk * e..(b + 1) * sk * e], t.c0, t.c1, e);
-        let values = Mat::rows(&self.v[b * sk * ev..(b + 1) * sk * ev], t.c0, t.c1, ev);
+        let q_rows = self.x.q.rows(b, t.r0, t.r1);
+        let g_rows = self.x.dout().rows(b, t.r0, t.r1);
+        let keys = self.x.k.rows(b, t.c0, t.c1);
+        let values = self.x.v.rows(b, t.c0, t.c1);
         let scale = T::of(d.scale);
         mm(s, KT, q_rows, keys.t(), scale, false);
         mm(dp, KT, g_rows, values.t(), T::ONE, false);

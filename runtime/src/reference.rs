@@ -361,8 +361,8 @@ fn attention(
         Values::F(v) => v.as_slice(),
         _ => unreachable!("attention takes floats"),
     };
-    let (qd, kd, vd) = (shapes[0].dims(), shapes[1].dims(), shapes[2].dims());
-    let (n, l, e, s, ev) = (qd[0], qd[1], qd[2], kd[1], vd[2]);
+    let kiln_ir::AttentionDims { n, l, e, s, ev } =
+        kiln_ir::AttentionDims::of(shapes[0], shapes[1], shapes[2]);
     let (q, k, v) = (f(0), f(1), f(2));
     let per = if grad { l * e + s * e + s * ev } else { l * ev };
     let mut out = vec![0.0; n * per];

@@ -162,25 +162,29 @@ pub fn try_scaled_dot_product_attention_with(
     weights.try_matmul(v)
 }
 
-/// The fused attention op over the operands broadcast to one batch shape and flattened to
-/// `[N, L, E]`.
+/// The fused attention op over the operands broadcast to one batch shape (a view: a
+/// transposed or sliced operand is read in place on the CPU).
 fn fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
     let lead = |t: &Tensor| crate::Shape::new(t.dims()[..t.ndim() - 2].to_vec());
     let batch = lead(q)
         .broadcast(&lead(k), "scaled_dot_product_attention")?
         .broadcast(&lead(v), "scaled_dot_product_attention")?;
-    let n = batch.numel() as i64;
-    let flat = |t: &Tensor| -> Result<Tensor> {
-        let (rows, cols) = (t.dims()[t.ndim() - 2] as i64, t.dims()[t.ndim() - 1] as i64);
-        let mut dims: Vec<i64> = batch.dims().iter().map(|&d| d as i64).collect();
-        dims.extend([rows, cols]);
-        t.try_expand(&dims)?.try_reshape(&[n, rows, cols])
+    // The op wants at least one batch dimension.
+    let batch: Vec<i64> = match batch.dims() {
+        [] => vec![1],
+        dims => dims.iter().map(|&d| d as i64).collect(),
+    };
+    let operand = |t: &Tensor| -> Result<Tensor> {
+        let mut dims = batch.clone();
+        dims.extend([t.dims()[t.ndim() - 2] as i64, t.dims()[t.ndim() - 1] as i64]);
+        t.try_expand(&dims)
     };
     let op = kiln_ir::Op::Attention { causal, scale: scale.to_bits() };
-    let out = Tensor::from_op(op, &[&flat(q)?, &flat(k)?, &flat(v)?])?;
-    let mut dims: Vec<i64> = batch.dims().iter().map(|&d| d as i64).collect();
-    dims.extend([q.dims()[q.ndim() - 2] as i64, v.dims()[v.ndim() - 1] as i64]);
-    out.try_reshape(&dims)
+    let out = Tensor::from_op(op, &[&operand(q)?, &operand(k)?, &operand(v)?])?;
+    if q.ndim() == 2 && k.ndim() == 2 && v.ndim() == 2 {
+        return out.try_squeeze(0);
+    }
+    Ok(out)
 }
 
 /// Multi-head attention, as PyTorch's `nn.MultiheadAttention` with `batch_first=True`:

@@ -235,7 +235,8 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
 /// The host CPU as the planner sees it: transcendental functions are polynomials of some
 /// thirty instructions on 128-bit vectors, so a shared one is stored rather than computed
 /// again, and a reduction stores the values it reduces in the same pass; `gemm` multiplies
-/// f32, f64 and f16, bf16 through f32, and integers have a parallel loop of their own.
+/// f32, f64 and f16, bf16 through f32, and integers have a parallel loop of their own;
+/// attention reads strided operands.
 pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     name: "cpu",
     costs: kiln_ir::target::OpCosts { transcendental: 32, division: 4, arithmetic: 1 },
@@ -248,6 +249,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
         DType::I32,
         DType::U8,
     ],
+    attention_reads_views: true,
     reductions_store_inputs: true,
     fused_logsumexp: true,
 };

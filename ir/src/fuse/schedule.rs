@@ -13,7 +13,9 @@ fn reads_writes<'s>(graph: &'s Graph, step: &'s Step) -> (Vec<NodeId>, Vec<NodeI
     match step {
         Step::Kernel(k) => (k.inputs.clone(), k.outputs.clone()),
         Step::Node(n) => (graph.arg_slice(*n).to_vec(), vec![*n]),
-        Step::MatMul { node, operands } => (vec![operands[0].0, operands[1].0], vec![*node]),
+        Step::Library { node, operands } => {
+            (operands.iter().map(|(n, _)| *n).collect(), vec![*node])
+        }
     }
 }
 

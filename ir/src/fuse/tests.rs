@@ -12,6 +12,7 @@ const GPU: Target = Target {
     name: "test-gpu",
     costs: OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
     gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
+    attention_reads_views: true,
     reductions_store_inputs: false,
     fused_logsumexp: false,
 };
@@ -304,12 +305,12 @@ fn a_collective_runs_as_soon_as_its_input_is_ready() {
                 .iter()
                 .position(|s| match s {
                     Step::Node(m) => *m == n,
-                    Step::MatMul { node, .. } => *node == n,
+                    Step::Library { node, .. } => *node == n,
                     Step::Kernel(k) => k.outputs.contains(&n),
                 })
                 .unwrap_or_else(|| panic!("{n:?} has no step in {plan:?}"))
         };
-        let first_product = plan.steps.iter().position(|s| matches!(s, Step::MatMul { .. }));
+        let first_product = plan.steps.iter().position(|s| matches!(s, Step::Library { .. }));
         // Before every product: the executor hands it to the engine and runs them meanwhile.
         assert!(at(reduced) < first_product.unwrap(), "{fusion:?}: {plan:?}");
         assert!(at(scaled) < at(reduced) && at(reduced) < at(out), "{fusion:?}: {plan:?}");

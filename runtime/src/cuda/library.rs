@@ -43,16 +43,10 @@ pub(crate) fn eval(
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
         Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
-            let (q, k, v) = (shape_of(0).dims(), shape_of(1).dims(), shape_of(2).dims());
-            let shape = AttentionShape {
-                n: q[0],
-                l: q[1],
-                e: q[2],
-                s: k[1],
-                ev: v[2],
-                causal: *causal,
-                scale: f64::from_bits(*scale),
-            };
+            let kiln_ir::AttentionDims { n, l, e, s, ev } =
+                kiln_ir::AttentionDims::of(shape_of(0), shape_of(1), shape_of(2));
+            let shape =
+                AttentionShape { n, l, e, s, ev, causal: *causal, scale: f64::from_bits(*scale) };
             attention(gpu, args, &shape, matches!(node.op, Op::AttentionGrad { .. }))
         }
         Op::Collective(c) => match crate::collective::engine(c.group) {

@@ -153,9 +153,9 @@ impl Run<'_> {
                     self.land(graph.arg_slice(*n))?;
                     self.node(*n, fill)?;
                 }
-                PreparedStep::MatMul(node, operands) => {
-                    self.land(&[operands[0].0, operands[1].0])?;
-                    self.matmul(*node, operands)?;
+                PreparedStep::Library(node, operands) => {
+                    self.land(&operands.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
+                    self.library(*node, operands)?;
                 }
                 PreparedStep::Kernel { step, kernel, compile } => {
                     self.land(&step.inputs)?;
@@ -341,25 +341,36 @@ impl Run<'_> {
     }
 
     /// A matrix product: `gemm` on the CPU, cuBLAS on a GPU.
-    fn matmul(
+    fn library(
         &mut self,
         node: NodeId,
-        operands: &[(NodeId, kiln_ir::View); 2],
+        operands: &[(NodeId, kiln_ir::View)],
     ) -> Result<(), RunError> {
         let started = Instant::now();
         let n = self.graph.node(node);
-        let [(a, va), (b, vb)] = operands;
-        let out = dispatch::matmul_on(self.gpu, &self.bufs[a], va, &self.bufs[b], vb)
-            .map_err(|error| RunError { error, op: Some(n.op.name()), origin: n.origin })?;
+        let at = |error| RunError { error, op: Some(n.op.name()), origin: n.origin };
+        let out = match (&n.op, operands) {
+            (Op::MatMul, [(a, va), (b, vb)]) => {
+                dispatch::matmul_on(self.gpu, &self.bufs[a], va, &self.bufs[b], vb).map_err(at)?
+            }
+            _ => {
+                // Fused attention: the planner reads views into it on the CPU only.
+                let bufs: Vec<&Buffer> = operands.iter().map(|(a, _)| &self.bufs[a]).collect();
+                let views: Vec<kiln_ir::View> = operands.iter().map(|(_, v)| v.clone()).collect();
+                native::attention(&bufs, &views, &n.op).map_err(at)?
+            }
+        };
         self.settle(n)?;
         if self.tracing {
-            let ops = match self.gpu {
-                None => crate::matmul::cpu_path(n.dtype),
-                Some(_) => "matmul",
+            let name = n.op.name();
+            let ops = match (&n.op, self.gpu) {
+                (Op::MatMul, None) => crate::matmul::cpu_path(n.dtype),
+                _ => name,
             };
-            let mut e = trace::plain_event("matmul", StepKind::Library, ops.into(), String::new());
-            e.shape = format!("{} @ {}", va.shape(), vb.shape());
-            e.bytes_read = trace::bytes(&self.bufs[a]) + trace::bytes(&self.bufs[b]);
+            let mut e = trace::plain_event(name, StepKind::Library, ops.into(), String::new());
+            let shapes: Vec<String> = operands.iter().map(|(_, v)| v.shape().to_string()).collect();
+            e.shape = shapes.join(if name == "matmul" { " @ " } else { ", " });
+            e.bytes_read = operands.iter().map(|(a, _)| trace::bytes(&self.bufs[a])).sum();
             e.bytes_written = trace::bytes(&out);
             e.sources = n.origin.into_iter().collect();
             e.duration = started.elapsed();

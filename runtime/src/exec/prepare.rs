@@ -47,7 +47,8 @@ pub(crate) enum PreparedStep {
         compile: Option<Duration>,
     },
     Node(NodeId),
-    MatMul(NodeId, [(NodeId, kiln_ir::View); 2]),
+    /// A matrix product or fused attention reading its operands through views.
+    Library(NodeId, Vec<(NodeId, kiln_ir::View)>),
 }
 
 impl Prepared {
@@ -79,9 +80,9 @@ impl Prepared {
                     plan.graph.arg_slice(n).iter().for_each(|&a| read(a));
                     PreparedStep::Node(n)
                 }
-                Step::MatMul { node, operands } => {
+                Step::Library { node, operands } => {
                     operands.iter().for_each(|(n, _)| read(*n));
-                    PreparedStep::MatMul(node, operands)
+                    PreparedStep::Library(node, operands)
                 }
             });
         }

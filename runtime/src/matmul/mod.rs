@@ -150,18 +150,6 @@ impl Half for f16 {
     }
 }
 
-/// A bf16 or f16 buffer's values as an f32 buffer (exact).
-pub(crate) fn widen_half(x: &Buffer) -> Result<Buffer, RuntimeError> {
-    use half::slice::HalfFloatSliceExt;
-    match x.as_slice::<half::bf16>() {
-        Some(b) => widen_bf16(b),
-        None => {
-            let h: &[f16] = x.as_slice().expect("a 16-bit float buffer");
-            crate::native::converted(h, |src, out: &mut [f32]| src.convert_to_f32_slice(out))
-        }
-    }
-}
-
 /// f32 values rounded to `dtype` (bf16 or f16, to nearest with ties to even) as a buffer.
 pub(crate) fn narrow_half(x: &[f32], dtype: DType) -> Result<Buffer, RuntimeError> {
     use half::slice::HalfFloatSliceExt;

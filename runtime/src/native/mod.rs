@@ -51,14 +51,11 @@ pub(crate) fn eval(
         ),
         Op::Assign(view) => Some(assign(args[0], view, args[1]).map_err(at)),
         Op::CumSum { axis } => Some(cumsum(args[0], &node.shape, *axis).map_err(at)),
-        Op::Attention { causal, scale } => Some(
-            attention(args, &node.op, shape_of(0), shape_of(1), shape_of(2), *causal, *scale)
-                .map_err(at),
-        ),
-        Op::AttentionGrad { causal, scale } => Some(
-            attention(args, &node.op, shape_of(0), shape_of(1), shape_of(2), *causal, *scale)
-                .map_err(at),
-        ),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => {
+            let views: Vec<View> =
+                (0..args.len()).map(|i| View::contiguous(shape_of(i).clone())).collect();
+            Some(attention(args, &views, &node.op).map_err(at))
+        }
         Op::Collective(c) => {
             let len = crate::collective::result_len(c, args[0].len());
             Some(crate::collective::eval(c, args[0], len).map_err(at))
@@ -246,89 +243,126 @@ fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError
     })
 }
 
-/// Fused attention (`Op::Attention`) or its packed gradients (`Op::AttentionGrad`) over
-/// dense `f32`/`f64` operands.
-fn attention(
-    args: &[&Buffer],
-    op: &Op,
-    q: &Shape,
-    k: &Shape,
-    v: &Shape,
-    causal: bool,
-    scale: u64,
-) -> Result<Buffer, RuntimeError> {
-    use crate::attention::{Dims, backward, forward};
-    let d = Dims {
-        n: q.dims()[0],
-        l: q.dims()[1],
-        e: q.dims()[2],
-        s: k.dims()[1],
-        ev: v.dims()[2],
-        causal,
-        scale: f64::from_bits(scale),
+/// Fused attention (`Op::Attention`) or its packed gradients (`Op::AttentionGrad`), each
+/// operand read through its view of its buffer (`[.., rows, cols]`: a head split of a
+/// projection is strided rows, not a copy).
+pub(crate) fn attention(args: &[&Buffer], views: &[View], op: &Op) -> Result<Buffer, RuntimeError> {
+    use crate::attention::{Dims, Inputs, Operand, backward, forward};
+    let (Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale }) = *op else {
+        unreachable!("attention evaluates the attention ops")
     };
+    let kiln_ir::AttentionDims { n, l, e, s, ev } =
+        kiln_ir::AttentionDims::of(views[0].shape(), views[1].shape(), views[2].shape());
+    let d = Dims { n, l, e, s, ev, causal, scale: f64::from_bits(scale) };
     let grad = matches!(op, Op::AttentionGrad { .. });
-    let len = if grad { d.n * (d.l * d.e + d.s * d.e + d.s * d.ev) } else { d.n * d.l * d.ev };
-    fn compute<T: crate::attention::Real>(x: &[&[T]], d: &Dims, grad: bool, out: &mut [T]) {
-        if grad {
-            backward(x[0], x[1], x[2], x[3], d, out);
-        } else {
-            forward(x[0], x[1], x[2], d, out);
-        }
+    let len = if grad { n * (l * e + s * e + s * ev) } else { n * l * ev };
+    fn inputs<'a, T: Element>(
+        args: &[&'a Buffer],
+        views: &[View],
+    ) -> Result<Inputs<'a, T>, RuntimeError> {
+        let operand = |i: usize| {
+            let data = args[i].as_slice::<T>().expect("attention's operands share a dtype");
+            Operand::of_view(data, &views[i]).ok_or_else(|| {
+                RuntimeError::Graph(kiln_ir::IrError::InvalidGraph(format!(
+                    "attention reads operands through views of rank 3 or more with \
+                     non-negative strides inside their buffers, not {:?} of {} elements",
+                    views[i],
+                    data.len()
+                )))
+            })
+        };
+        let dout = if args.len() > 3 { Some(operand(3)?) } else { None };
+        Ok(Inputs { q: operand(0)?, k: operand(1)?, v: operand(2)?, dout })
     }
-    fn typed<'a, T: Element>(args: &[&'a Buffer]) -> Vec<&'a [T]> {
-        args.iter().map(|b| b.as_slice().expect("attention's operands share a dtype")).collect()
+    fn compute<T: crate::attention::Real>(x: &Inputs<'_, T>, d: &Dims, grad: bool, out: &mut [T]) {
+        if grad {
+            backward(x, d, out);
+        } else {
+            forward(x, d, out);
+        }
     }
     match args[0].dtype() {
-        DType::F32 => Buffer::zeroed_with(len, |out| compute::<f32>(&typed(args), &d, grad, out)),
-        DType::F64 => Buffer::zeroed_with(len, |out| compute::<f64>(&typed(args), &d, grad, out)),
-        // The 16-bit floats, in f32: entry by entry where there are enough entries to keep
-        // every thread busy, each widened on its thread into scratch that stays in cache;
-        // otherwise the operands are widened whole first.
-        DType::BF16 if d.n >= crate::team::threads() && len > 0 => {
-            attention_16::<half::bf16>(args, &d, grad, len)
+        DType::F32 => {
+            let x = inputs::<f32>(args, views)?;
+            Buffer::zeroed_with(len, |out| compute(&x, &d, grad, out))
         }
-        DType::F16 if d.n >= crate::team::threads() && len > 0 => {
-            attention_16::<half::f16>(args, &d, grad, len)
+        DType::F64 => {
+            let x = inputs::<f64>(args, views)?;
+            Buffer::zeroed_with(len, |out| compute(&x, &d, grad, out))
         }
-        dtype => {
-            let wide =
-                args.iter().map(|b| crate::matmul::widen_half(b)).collect::<Result<Vec<_>, _>>()?;
-            let wide: Vec<&Buffer> = wide.iter().collect();
-            let out = Buffer::zeroed_with(len, |out| compute::<f32>(&typed(&wide), &d, grad, out))?;
-            crate::matmul::narrow_half(out.as_slice::<f32>().expect("an f32 result"), dtype)
-        }
+        DType::BF16 => attention_16(&inputs::<half::bf16>(args, views)?, &d, grad, len),
+        DType::F16 => attention_16(&inputs::<half::f16>(args, views)?, &d, grad, len),
+        dtype => Err(RuntimeError::Graph(kiln_ir::IrError::dtype(
+            "attention",
+            format!("takes float operands, got {dtype}"),
+        ))),
     }
 }
 
-/// Attention (or its packed gradients) over 16-bit operands, one batch entry per task: the
-/// entry's operands widened to f32, computed, and its results rounded once.
+/// Attention (or its packed gradients) over 16-bit operands, in f32. With enough batch
+/// entries to keep every thread busy, one entry per task: the entry's operands widened on
+/// its thread into scratch that stays in cache, computed, and its results rounded once;
+/// otherwise the operands are widened whole first.
 fn attention_16<H: crate::matmul::Half>(
-    args: &[&Buffer],
+    x: &crate::attention::Inputs<'_, H>,
     d: &crate::attention::Dims,
     grad: bool,
     len: usize,
 ) -> Result<Buffer, RuntimeError> {
-    use crate::attention::{Dims, backward_entry, forward_entry};
-    let x: Vec<&[H]> =
-        args.iter().map(|b| b.as_slice().expect("attention's operands share a dtype")).collect();
+    use crate::attention::{
+        Dims, Inputs, Operand, backward, backward_entry, forward, forward_entry,
+    };
+    let operands = || [Some(&x.q), Some(&x.k), Some(&x.v), x.dout.as_ref()].into_iter().flatten();
+    let widen = |h: H| h.widen();
+    if d.n < crate::team::threads() || len == 0 {
+        let wide: Vec<Vec<f32>> = operands()
+            .map(|o| {
+                let mut w = Vec::new();
+                (0..o.entries()).for_each(|b| o.gather_entry(b, widen, &mut w));
+                w
+            })
+            .collect();
+        let dense = |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], d.n, rows, cols);
+        let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
+        let wx = Inputs {
+            q: dense(0, l, e),
+            k: dense(1, s, e),
+            v: dense(2, s, ev),
+            dout: grad.then(|| dense(3, l, ev)),
+        };
+        let mut acc = vec![0.0f32; len];
+        if grad {
+            backward(&wx, d, &mut acc);
+        } else {
+            forward(&wx, d, &mut acc);
+        }
+        return crate::matmul::narrow_half(&acc, H::DTYPE);
+    }
     let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
     let one = Dims { n: 1, ..*d };
-    // Each operand's elements per entry: q, k, v and (for the gradients) dout.
-    let spans = [l * e, s * e, s * ev, l * ev];
     let per = len / d.n;
     Buffer::zeroed_with(len, |out: &mut [H]| {
         crate::team::for_each_part(out.chunks_mut(per).collect(), &|b, part| {
-            let wide: Vec<Vec<f32>> = x
-                .iter()
-                .zip(spans)
-                .map(|(x, span)| x[b * span..(b + 1) * span].iter().map(|&h| h.widen()).collect())
+            let wide: Vec<Vec<f32>> = operands()
+                .map(|o| {
+                    let mut w = Vec::new();
+                    o.gather_entry(b, widen, &mut w);
+                    w
+                })
                 .collect();
+            let dense =
+                |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], 1, rows, cols);
+            let wx = Inputs {
+                q: dense(0, l, e),
+                k: dense(1, s, e),
+                v: dense(2, s, ev),
+                dout: grad.then(|| dense(3, l, ev)),
+            };
             let mut acc = vec![0.0f32; per];
             if grad {
-                backward_entry(&wide[0], &wide[1], &wide[2], &wide[3], &one, &mut acc);
+                backward_entry(&wx, &one, &mut acc);
             } else {
-                forward_entry(&wide[0], &wide[1], &wide[2], &one, &mut acc);
+                forward_entry(&wx, &one, &mut acc);
             }
             for (o, &a) in part.iter_mut().zip(&acc) {
                 *o = H::narrow(a);
