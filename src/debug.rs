@@ -271,10 +271,10 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 /// let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
 /// assert_eq!(
 ///     names,
-///     ["expand_logsumexp", "transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]
+///     ["expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]
 /// );
-/// assert!(stages[2].1.contains("mul"));   // before simplify: x * 1
-/// assert!(!stages[3].1.contains("mul"));  // after it: gone
+/// assert!(stages[3].1.contains("mul"));   // before simplify: x * 1
+/// assert!(!stages[4].1.contains("mul"));  // after it: gone
 /// ```
 pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();

@@ -100,7 +100,8 @@ fn training_step_kernel_snapshots() {
 }
 
 /// The planner's stages, Cranelift-filetest style: for a program that exercises every pass
-/// (a transposed product, a gather of an expression, an identity, a duplicate), the graph
+/// (a transposed product, a gather of an expression, a cast of a view that a product reads,
+/// an identity, a duplicate), the graph
 /// after each named pass, the partition, and the lowered steps with their Kernel IR. A
 /// change to any stage shows up here as a reviewed diff of that stage alone.
 #[test]
@@ -110,11 +111,12 @@ fn planner_stage_snapshots() {
     let t = Tensor::from_vec(vec![1i64, 0, 4], [3]);
     Tensor::try_realize_all(&[&x, &w, &t]).unwrap();
     // (x wᵀ)ᵀ is used only transposed; log_softmax is gathered; `* 1.0` is an identity;
-    // exp(x) is computed twice.
+    // exp(x) is computed twice; xᵀ is cast for a product (the cast moves before the view).
     let logits = w.matmul(&x.t()).t() * 1.0;
     let picked = logits.log_softmax(1).gather(1, &t.unsqueeze(1));
     let twice = x.exp() + x.exp();
-    let stages = kiln::debug::passes(&[&picked, &twice]);
+    let gram = x.t().double().matmul(&x.double());
+    let stages = kiln::debug::passes(&[&picked, &twice, &gram]);
     let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -122,6 +124,7 @@ fn planner_stage_snapshots() {
             "expand_logsumexp",
             "transpose_products",
             "gather_first",
+            "casts_before_views",
             "simplify",
             "cse",
             "partition",

@@ -6,6 +6,9 @@
 //!   transposed operands, so weight gradients are written in the layout they are read in.
 //! - [`GatherFirst`]: a gather of an elementwise expression gathers its operands instead
 //!   (cross-entropy picks its log-probabilities without writing them all).
+//! - [`CastsBeforeViews`]: a cast of a view becomes a view of one cast of the whole
+//!   tensor, when the casts of its views read at least all of it (autocast's heads of a
+//!   projection are cast once, by the projection's kernel).
 //! - [`Simplify`]: constant folding (a floating-point op of constants becomes a constant,
 //!   computed with [`crate::semantics`], as every executor computes it), and algebraic
 //!   identities that hold exactly in IEEE arithmetic: `x * 1`, `1 * x`, `x / 1` and `x - 0`
@@ -32,9 +35,11 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::pipeline::{Constants, Pass, PlanOptions, Rewrite};
 use crate::{Graph, NodeId, Op, View};
 
+mod casts;
 mod logsumexp;
 mod unview_sums;
 
+pub use casts::casts_before_views;
 pub use logsumexp::expand_logsumexp;
 
 /// [`expand_logsumexp`] as a pipeline pass.
@@ -70,6 +75,18 @@ impl Pass for GatherFirst {
     }
     fn run(&self, graph: &Graph, _: &PlanOptions) -> Option<Rewrite> {
         gather_first(graph)
+    }
+}
+
+/// [`casts_before_views`] as a pipeline pass.
+pub struct CastsBeforeViews;
+
+impl Pass for CastsBeforeViews {
+    fn name(&self) -> &'static str {
+        "casts_before_views"
+    }
+    fn run(&self, graph: &Graph, _: &PlanOptions) -> Option<Rewrite> {
+        casts_before_views(graph)
     }
 }
 

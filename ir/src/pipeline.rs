@@ -30,7 +30,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["expand_logsumexp", "transpose_products", "gather_first", "simplify", "cse", "partition", "lower"]);
+//! assert_eq!(stages, ["expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
@@ -121,12 +121,14 @@ pub struct Pipeline {
 
 impl Default for Pipeline {
     /// The standard pipeline: [`passes::ExpandLogSumExp`], [`passes::TransposeProducts`],
-    /// [`passes::GatherFirst`], [`passes::Simplify`], [`passes::Cse`].
+    /// [`passes::GatherFirst`], [`passes::CastsBeforeViews`], [`passes::Simplify`],
+    /// [`passes::Cse`].
     fn default() -> Pipeline {
         Pipeline::new(vec![
             &passes::ExpandLogSumExp,
             &passes::TransposeProducts,
             &passes::GatherFirst,
+            &passes::CastsBeforeViews,
             &passes::Simplify,
             &passes::Cse,
         ])

@@ -285,3 +285,53 @@ fn logsumexp_expands_where_the_target_has_no_one_pass_kernel() {
         assert!((a - b).abs() < 1e-5 * a.abs().max(1.0), "{one_pass:?} vs {expanded:?}");
     }
 }
+
+#[test]
+fn casts_of_views_that_feed_attention_become_views_of_one_cast() {
+    use crate::View;
+    // q, k, v: the heads of one [2, 5, 3·8] projection, each cast to bf16 for attention.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([2, 5, 24]), DType::F32);
+    let one = g.leaf(Op::Full(Scalar::F64(1.0)), Shape::from([2, 5, 24]), DType::F32).unwrap();
+    let proj = g.push(Op::Binary(BinaryOp::Add), &[x, one]).unwrap();
+    let head = |g: &mut Graph, i: usize| {
+        let v = View::contiguous(Shape::from([2, 5, 24]))
+            .narrow(2, 8 * i, 8)
+            .reshape(&Shape::from([2, 5, 2, 4]))
+            .unwrap()
+            .permute(&[0, 2, 1, 3]);
+        let view = g.push(Op::View(v), &[proj]).unwrap();
+        g.push(Op::Cast(DType::BF16), &[view]).unwrap()
+    };
+    let (q, k, v) = (head(&mut g, 0), head(&mut g, 1), head(&mut g, 2));
+    let y = g.push(Op::Attention { causal: true, scale: 0.5f64.to_bits() }, &[q, k, v]).unwrap();
+    // A cast of a view that an elementwise op reads stays: it fuses there.
+    let slice = g.push(Op::View(View::contiguous(Shape::from([2, 5, 24]))), &[x]).unwrap();
+    let c = g.push(Op::Cast(DType::F64), &[slice]).unwrap();
+    let e = g.push(Op::Unary(UnaryOp::Exp), &[c]).unwrap();
+    g.mark_output(y);
+    g.mark_output(e);
+    let rw = casts_before_views(&g).expect("the heads' casts move");
+    rw.graph.verify().unwrap();
+    let ops: Vec<String> =
+        rw.graph.topo_order().iter().map(|&n| rw.graph.node(n).op.name().to_string()).collect();
+    assert_eq!(ops.iter().filter(|o| *o == "cast").count(), 2, "{ops:?}");
+    // Attention reads three views of one bf16 cast of the projection.
+    let y = rw.map[&y];
+    let heads = rw.graph.args(y);
+    assert!(heads.iter().all(|&h| matches!(rw.graph.node(h).op, Op::View(_))), "{ops:?}");
+    let bases: Vec<NodeId> = heads.iter().map(|&h| rw.graph.args(h)[0]).collect();
+    assert!(bases.iter().all(|&b| b == bases[0]));
+    assert_eq!(rw.graph.node(bases[0]).op, Op::Cast(DType::BF16));
+    assert_eq!(rw.graph.node(bases[0]).shape, Shape::from([2, 5, 24]));
+    // One head alone reads a third of the projection: casting all of it would cost more.
+    let mut g = Graph::new();
+    let x = g.input(Shape::from([2, 5, 24]), DType::F32);
+    let v = View::contiguous(Shape::from([2, 5, 24])).narrow(2, 0, 8);
+    let view = g.push(Op::View(v), &[x]).unwrap();
+    let c = g.push(Op::Cast(DType::BF16), &[view]).unwrap();
+    let w = g.input(Shape::from([2, 8, 3]), DType::BF16);
+    let m = g.push(Op::MatMul, &[c, w]).unwrap();
+    g.mark_output(m);
+    assert!(casts_before_views(&g).is_none());
+}
