@@ -477,8 +477,9 @@ fn reads_in_order(view: &crate::View, shape: &crate::Shape) -> bool {
 }
 
 /// Views that need no scatter or no copy: the adjoint of a reshape (a view reading a dense
-/// buffer in order) is the reverse reshape, a view; and a view of such a reshape reads the
-/// reshaped node's input directly, so the reshape is not stored for the view's sake.
+/// buffer in order) is the reverse reshape, a view; and a view of a view reads the inner
+/// view's input directly where the two compose ([`crate::View::compose`]: a transpose of a
+/// slice, say), so the inner view is not stored for the outer one's sake.
 fn view_rewrite(
     graph: &Graph,
     id: NodeId,
@@ -494,8 +495,10 @@ fn view_rewrite(
             let Op::View(inner) = &graph.node(args[0]).op else { return None };
             let source = graph.args(args[0])[0];
             let source = *same_as.get(&source).unwrap_or(&source);
-            reads_in_order(inner, &graph.node(source).shape)
-                .then(|| (Op::View(outer.clone()), vec![source]))
+            if reads_in_order(inner, &graph.node(source).shape) {
+                return Some((Op::View(outer.clone()), vec![source]));
+            }
+            outer.compose(inner).map(|view| (Op::View(view), vec![source]))
         }
         _ => None,
     }

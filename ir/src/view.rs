@@ -223,6 +223,60 @@ impl View {
         }
     }
 
+    /// This view read through `inner`: `self` indexes the dense row-major layout of
+    /// `inner`'s shape, and the result indexes `inner`'s buffer directly, so a view of a
+    /// view needs no copy in between. `None` when that is not a view (a step of `self`
+    /// that carries across a dimension of `inner`, or a negative stride): then the inner
+    /// view is stored first.
+    ///
+    /// ```
+    /// use kiln_ir::{Shape, View};
+    /// // Columns 2..4 of a [3, 4] buffer, then that [3, 2] slice transposed.
+    /// let inner = View::contiguous(Shape::from([3, 4])).narrow(1, 2, 2);
+    /// let outer = View::contiguous(Shape::from([3, 2])).permute(&[1, 0]);
+    /// let both = outer.compose(&inner).unwrap();
+    /// assert_eq!((both.strides(), both.offset()), (&[1, 4][..], 2));
+    /// ```
+    pub fn compose(&self, inner: &View) -> Option<View> {
+        if self.strides.iter().any(|&s| s < 0) || self.shape.numel() == 0 {
+            return None;
+        }
+        let dims = inner.shape.dims();
+        let dense = inner.shape.contiguous_strides();
+        // The first element's index in `inner`, and how far each inner dim is walked.
+        let mut start = Vec::with_capacity(dims.len());
+        let mut rest = self.offset;
+        for &d in &dense {
+            let d = d.max(1) as usize;
+            start.push(rest / d);
+            rest %= d;
+        }
+        let mut reach = start.clone();
+        let mut strides = Vec::with_capacity(self.shape.rank());
+        for (&size, &step) in self.shape.dims().iter().zip(&self.strides) {
+            if size == 1 || step == 0 {
+                strides.push(0);
+                continue;
+            }
+            // The inner dim whose dense stride divides this step: walking this dim of
+            // `self` walks only that dim of `inner`.
+            let step = step as usize;
+            let j = (0..dims.len()).find(|&j| {
+                let d = dense[j].max(1) as usize;
+                dims[j] > 1 && step.is_multiple_of(d) && step / d < dims[j]
+            })?;
+            let per = step / dense[j].max(1) as usize;
+            reach[j] += per * (size - 1);
+            strides.push(per as isize * inner.strides[j]);
+        }
+        if reach.iter().zip(dims).any(|(&r, &d)| r >= d.max(1)) {
+            return None;
+        }
+        let offset = start.iter().zip(&inner.strides).map(|(&i, &s)| i as isize * s).sum::<isize>()
+            + inner.offset as isize;
+        Some(View { shape: self.shape.clone(), strides, offset: usize::try_from(offset).ok()? })
+    }
+
     /// The smallest buffer length (in elements) that holds every element of this view.
     pub fn span(&self) -> usize {
         if self.shape.numel() == 0 {
@@ -325,6 +379,52 @@ mod tests {
         // Size-1 dimensions can be inserted anywhere.
         let u = t.reshape(&Shape::from([3, 1, 2])).expect("inserting a 1 is a view");
         assert_eq!(offsets(&u), offsets(&t));
+    }
+
+    /// Views a test composes: the movement ops a program applies to a rank-3 buffer whose
+    /// dims are at least 3.
+    fn some_views(shape: &Shape) -> Vec<View> {
+        let c = View::contiguous(shape.clone());
+        let d = shape.dims();
+        let mut views = vec![c.clone(), c.narrow(1, 1, d[1] - 2), c.narrow(2, d[2] / 2, d[2] / 2)];
+        views.push(c.permute(&[2, 0, 1]));
+        views.push(c.narrow(2, 1, d[2] - 1).permute(&[0, 2, 1]));
+        views.push(c.narrow(0, 1, 2).narrow(2, 2, d[2] - 2).permute(&[1, 0, 2]));
+        views.push(c.narrow(1, 0, 1).expand(&Shape::from([d[0], 3, d[2]])));
+        views.push(c.flip(1));
+        views
+    }
+
+    #[test]
+    fn composed_views_read_what_the_view_of_the_view_reads() {
+        let buffer = Shape::from([4, 6, 10]);
+        let mut composed = 0;
+        for inner in some_views(&buffer) {
+            // The outer views index the inner view's logical (dense) layout.
+            for outer in some_views(inner.shape()) {
+                let inner_offsets = offsets(&inner);
+                let want: Vec<usize> = outer.offsets().map(|i| inner_offsets[i]).collect();
+                match outer.compose(&inner) {
+                    Some(v) => {
+                        assert_eq!(offsets(&v), want, "{outer:?} of {inner:?}");
+                        composed += 1;
+                    }
+                    None => assert!(
+                        outer.strides().iter().any(|&s| s < 0)
+                            || inner.strides().iter().any(|&s| s < 0)
+                            || want.is_empty(),
+                        "only flips and empty views fail to compose here: {outer:?} of {inner:?}"
+                    ),
+                }
+            }
+        }
+        assert!(composed > 30, "{composed}");
+        // A reshape that merges a slice's rows carries across its dims: no single view.
+        let inner = View::contiguous(Shape::from([3, 4])).narrow(1, 0, 2);
+        assert!(View::contiguous(Shape::from([6])).compose(&inner).is_none());
+        let split = View::contiguous(Shape::from([3, 4])).narrow(1, 1, 2);
+        let rows = View::contiguous(Shape::from([3, 2])).reshape(&Shape::from([3, 1, 2])).unwrap();
+        assert_eq!(offsets(&rows.compose(&split).unwrap()), vec![1, 2, 5, 6, 9, 10]);
     }
 
     #[test]
