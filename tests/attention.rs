@@ -412,7 +412,20 @@ fn attention_reads_the_heads_of_a_projection_in_place() {
         let ctx = format!("{dtype:?} b {b}");
         assert_close_tol(&read(&fused, dtype), &composite.to_vec::<f64>(), tol, &ctx);
         let weighted = |y: &Tensor, d: DType| (y * &tensor(&r, &[b, t, c], d)).sum();
-        let gf = kiln::grad(&[&weighted(&fused, dtype)], &[&low], false).remove(0);
+        let (gf, profile) = kiln::profile(|| {
+            let g = kiln::grad(&[&weighted(&fused, dtype)], &[&low], false).remove(0);
+            g.realize();
+            g
+        });
+        // The gradients of the heads go from attention's packed result straight into the
+        // projection's gradient: no copy of them in between.
+        let copies: Vec<String> = profile
+            .kernels()
+            .iter()
+            .filter(|k| k.ops == "view")
+            .map(|k| format!("{} {}", k.name, k.cut))
+            .collect();
+        assert!(copies.is_empty(), "{dtype:?}: {copies:?}");
         let gc = kiln::grad(&[&weighted(&composite, DType::F64)], &[&high], false).remove(0);
         assert_close_tol(&read(&gf, dtype), &gc.to_vec::<f64>(), tol * 4.0, &format!("{ctx} grad"));
     }

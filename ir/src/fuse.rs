@@ -90,8 +90,9 @@ pub enum Step {
     /// Run one op that is not elementwise (a gather, a scatter, ...).
     Node(NodeId),
     /// A library op that reads its operands through views of stored buffers (a matrix
-    /// product, and fused attention where [`crate::target::Target::attention_reads_views`]):
-    /// a transposed or sliced operand is passed as strides, not copied.
+    /// product; fused attention, a slice's gradient (`Unview`) and an `Assign`'s values where
+    /// [`crate::target::Target::library_reads_views`]): a transposed or sliced operand is
+    /// passed as strides, not copied.
     Library {
         /// The op's node.
         node: NodeId,
@@ -232,7 +233,7 @@ fn cut_of(
     if let Op::View(view) = op
         && is_buffer(graph, graph.arg_slice(c.n)[0], stored)
         && !c.consumers.is_empty()
-        && c.consumers.iter().all(|&m| reads_views(graph, m, options))
+        && c.consumers.iter().all(|&m| reads_view_of(graph, m, c.n, options))
         && view.strides().iter().all(|&s| s >= 0)
     {
         return None;
@@ -319,11 +320,22 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
 /// Whether op `n` runs as a [`Step::Library`], reading views of stored buffers as strides.
 fn reads_views(graph: &Graph, n: NodeId, options: &PlanOptions) -> bool {
     let target = &options.target;
-    match graph.node(n).op {
-        Op::MatMul => target.has_gemm(graph.node(n).dtype),
-        Op::Attention { .. } | Op::AttentionGrad { .. } => target.attention_reads_views,
+    let node = graph.node(n);
+    match node.op {
+        Op::MatMul => target.has_gemm(node.dtype),
+        Op::Attention { .. } | Op::AttentionGrad { .. } => target.library_reads_views,
+        Op::Unview { .. } | Op::Assign(_) => {
+            target.library_reads_views && node.dtype != crate::DType::Bool
+        }
         _ => false,
     }
+}
+
+/// Whether op `m` reads its argument `arg` through a view as strides: every argument of a
+/// product or attention, the values (not the base) of an `Assign`.
+fn reads_view_of(graph: &Graph, m: NodeId, arg: NodeId, options: &PlanOptions) -> bool {
+    let args = graph.arg_slice(m);
+    reads_views(graph, m, options) && (!matches!(graph.node(m).op, Op::Assign(_)) || args[0] != arg)
 }
 
 /// A library op reading its operands' views of stored buffers as strides.

@@ -504,6 +504,21 @@ fn view_rewrite(
     }
 }
 
+/// [`view_rewrite`], or else the sums of slice gradients ([`unview_sums::visit`]).
+fn rewrite_views(
+    graph: &Graph,
+    id: NodeId,
+    args: &[NodeId],
+    same_as: &HashMap<NodeId, NodeId>,
+    rewritten: &HashMap<NodeId, (Op, Vec<NodeId>)>,
+    regions: &mut unview_sums::Regions,
+) -> Option<(Op, Vec<NodeId>)> {
+    view_rewrite(graph, id, args, same_as, rewritten).or_else(|| {
+        let resolve = |n: NodeId| *same_as.get(&n).unwrap_or(&n);
+        unview_sums::visit(graph, id, args, regions, resolve, |n| rewritten.get(&n).cloned())
+    })
+}
+
 /// The graph with constants folded and exact algebraic identities applied (see the
 /// [module documentation](self)).
 pub fn simplify(graph: &Graph) -> Rewrite {
@@ -551,9 +566,7 @@ fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
                 _ => {}
             }
         }
-        let r = view_rewrite(graph, id, &args, &same_as, &rewritten).or_else(|| {
-            unview_sums::visit(graph, id, &args, &mut regions, |n| resolve(&same_as, n))
-        });
+        let r = rewrite_views(graph, id, &args, &same_as, &rewritten, &mut regions);
         if let Some(r) = r {
             rewritten.insert(id, r);
             continue;

@@ -17,10 +17,11 @@ pub struct Target {
     /// The dtypes the target multiplies natively (a matrix library or a loop of its own,
     /// reading strided operands); products of other dtypes run as ops of their own.
     pub gemm_dtypes: &'static [DType],
-    /// Whether fused attention reads its operands through views (strided batch entries and
-    /// rows), so a head split of a projection (`narrow`, `reshape`, `transpose`) is not
-    /// copied first.
-    pub attention_reads_views: bool,
+    /// Whether fused attention, a slice's gradient (`Unview`) and an `Assign` read their
+    /// operands through views (strided batch entries and rows), so the heads of a projection
+    /// (`narrow`, `reshape`, `transpose`) are not copied before attention, nor its gradients
+    /// before they are written back into the projection's gradient.
+    pub library_reads_views: bool,
     /// Whether a stored value that a reduction over trailing dimensions sums is written by
     /// that reduction's kernel (one pass computes, reduces and stores it). Worth it where
     /// recomputing is dear (a CPU); a GPU recomputes instead.
@@ -83,7 +84,7 @@ pub(crate) mod testing {
         name: "test-cpu",
         costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 },
         gemm_dtypes: &[DType::F32, DType::F64, DType::F16],
-        attention_reads_views: true,
+        library_reads_views: true,
         reductions_store_inputs: true,
         fused_logsumexp: true,
     };

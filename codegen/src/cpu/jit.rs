@@ -249,7 +249,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
         DType::I32,
         DType::U8,
     ],
-    attention_reads_views: true,
+    library_reads_views: true,
     reductions_store_inputs: true,
     fused_logsumexp: true,
 };

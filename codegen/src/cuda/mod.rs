@@ -49,7 +49,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     name: "cuda",
     costs: kiln_ir::target::OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
     gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
-    attention_reads_views: false,
+    library_reads_views: false,
     reductions_store_inputs: false,
     fused_logsumexp: false,
 };

@@ -12,7 +12,7 @@ const GPU: Target = Target {
     name: "test-gpu",
     costs: OpCosts { transcendental: 2, division: 2, arithmetic: 2 },
     gemm_dtypes: &[DType::F32, DType::F64, DType::F16, DType::BF16],
-    attention_reads_views: true,
+    library_reads_views: true,
     reductions_store_inputs: false,
     fused_logsumexp: false,
 };

@@ -18,21 +18,48 @@ type Rewritten = (Op, Vec<NodeId>);
 
 /// Visits `id` (with its resolved `args`) in topological order: an `Unview` is noted as zero
 /// outside its view; `add(x, unview(g))` (either order), when `x` is zero outside regions
-/// that do not meet `g`'s view, is rewritten as `assign(x, g)`, zero outside both.
+/// that do not meet `g`'s view, is rewritten as `assign(x, g)`, zero outside both. Either
+/// writes a reshape of a node as that node through its view reshaped
+/// ([`through_reshape`]). `rewritten` gives a node's op and arguments where another rule
+/// rewrote it.
 pub(super) fn visit(
     graph: &Graph,
     id: NodeId,
     args: &[NodeId],
     regions: &mut Regions,
     resolve: impl Fn(NodeId) -> NodeId,
+    rewritten: impl Fn(NodeId) -> Option<Rewritten>,
 ) -> Option<Rewritten> {
-    if let Op::Unview { view, .. } = &graph.node(id).op {
+    if let Op::Unview { view, shape } = &graph.node(id).op {
         regions.insert(id, vec![view.clone()]);
-        return None;
+        let (view, values) = through_reshape(graph, view, args[0], &resolve, &rewritten)?;
+        return Some((Op::Unview { view, shape: shape.clone() }, vec![values]));
     }
-    let (rewrite, covered) = sum(graph, id, args, regions, resolve)?;
+    let (rewrite, covered) = sum(graph, id, args, regions, &resolve, &rewritten)?;
     regions.insert(id, covered);
     Some(rewrite)
+}
+
+/// Values written through `view` (by an `Unview` or an `Assign`) that are a reshape of
+/// another node (a view reading it in order): that node, written through `view` reshaped
+/// to its shape. A permuted node reshaped (attention's heads merged back into features) is
+/// not a view, so otherwise the reshape is a stored copy. `None` when that does not apply.
+fn through_reshape(
+    graph: &Graph,
+    view: &View,
+    values: NodeId,
+    resolve: impl Fn(NodeId) -> NodeId,
+    rewritten: impl Fn(NodeId) -> Option<Rewritten>,
+) -> Option<(View, NodeId)> {
+    let (op, args) = rewritten(values).unwrap_or_else(|| {
+        (graph.node(values).op.clone(), graph.args(values).iter().map(|&a| resolve(a)).collect())
+    });
+    let Op::View(reshape) = op else { return None };
+    let shape = &graph.node(args[0]).shape;
+    if !super::reads_in_order(&reshape, shape) {
+        return None;
+    }
+    Some((view.reshape(shape)?, args[0]))
 }
 
 fn sum(
@@ -41,6 +68,7 @@ fn sum(
     args: &[NodeId],
     regions: &Regions,
     resolve: impl Fn(NodeId) -> NodeId,
+    rewritten: impl Fn(NodeId) -> Option<Rewritten>,
 ) -> Option<(Rewritten, Vec<View>)> {
     let node = graph.node(id);
     if !matches!(node.op, Op::Binary(BinaryOp::Add)) {
@@ -61,7 +89,9 @@ fn sum(
         }
         let mut now = covered.clone();
         now.push(view.clone());
-        return Some(((Op::Assign(view.clone()), vec![x, values]), now));
+        let (view, values) = through_reshape(graph, view, values, &resolve, &rewritten)
+            .unwrap_or_else(|| (view.clone(), values));
+        return Some(((Op::Assign(view), vec![x, values]), now));
     }
     None
 }

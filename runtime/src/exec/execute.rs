@@ -265,7 +265,7 @@ impl Run<'_> {
         if let Op::Assign(view) = &graph.node(n).op
             && self.gpu.is_none()
             && self.readers[args[0].index()] == 1
-            && self.assign_in_place(n, view)
+            && self.assign_in_place(n, view, args[0], (args[1], &dense(graph, args[1])))
         {
             return Ok(());
         }
@@ -315,12 +315,18 @@ impl Run<'_> {
     /// An assignment into its base's own buffer, when this step is the base's last reader
     /// and nothing else holds it (a `cat` writes each piece into one buffer instead of
     /// copying the whole result once per piece). `false` when the base is shared.
-    fn assign_in_place(&mut self, n: NodeId, view: &kiln_ir::View) -> bool {
+    /// `values` is the buffer the assigned values are read from and its view.
+    fn assign_in_place(
+        &mut self,
+        n: NodeId,
+        view: &kiln_ir::View,
+        base: NodeId,
+        (values, src): (NodeId, &kiln_ir::View),
+    ) -> bool {
         let started = Instant::now();
-        let [base, values] = self.graph.arg_slice(n) else { return false };
-        let Some(mut out) = self.bufs.take(*base) else { return false };
-        if !native::assign_in_place(&mut out, view, &self.bufs[values]) {
-            self.bufs.insert(*base, out);
+        let Some(mut out) = self.bufs.take(base) else { return false };
+        if !native::assign_in_place(&mut out, view, &self.bufs[&values], src) {
+            self.bufs.insert(base, out);
             return false;
         }
         if self.tracing {
@@ -328,14 +334,14 @@ impl Run<'_> {
             let mut e =
                 trace::plain_event("assign", StepKind::Library, "assign".into(), String::new());
             e.shape = node.shape.to_string();
-            e.bytes_read = trace::bytes(&self.bufs[values]);
+            e.bytes_read = trace::bytes(&self.bufs[&values]);
             e.bytes_written = e.bytes_read;
             e.sources = node.origin.into_iter().collect();
             e.duration = started.elapsed();
             self.traced(started, e, Some((n, &out)));
         }
-        self.done_reading(*base);
-        self.done_reading(*values);
+        self.done_reading(base);
+        self.done_reading(values);
         self.bufs.insert(n, out);
         true
     }
@@ -352,6 +358,19 @@ impl Run<'_> {
         let out = match (&n.op, operands) {
             (Op::MatMul, [(a, va), (b, vb)]) => {
                 dispatch::matmul_on(self.gpu, &self.bufs[a], va, &self.bufs[b], vb).map_err(at)?
+            }
+            // A slice's gradient or an assignment whose values are read through a view
+            // (the planner sends them here on the CPU only).
+            (Op::Unview { view, shape }, [(x, src)]) => {
+                native::unview_from(&self.bufs[x], src, view, shape.numel()).map_err(at)?
+            }
+            (Op::Assign(view), [(base, _), (values, src)]) => {
+                if self.readers[base.index()] == 1
+                    && self.assign_in_place(node, view, *base, (*values, src))
+                {
+                    return Ok(());
+                }
+                native::assign_from(&self.bufs[base], view, &self.bufs[values], src).map_err(at)?
             }
             _ => {
                 // Fused attention: the planner reads views into it on the CPU only.
@@ -499,4 +518,9 @@ impl std::ops::Index<&NodeId> for Bufs {
             .as_ref()
             .expect("a step reads only buffers computed before it and not yet freed")
     }
+}
+
+/// The dense view of node `n`'s value.
+fn dense(graph: &Graph, n: NodeId) -> kiln_ir::View {
+    kiln_ir::View::contiguous(graph.node(n).shape.clone())
 }

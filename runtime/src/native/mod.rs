@@ -17,6 +17,7 @@ use crate::buffer::with_element_type;
 use crate::{Buffer, RunError, RuntimeError};
 
 mod index;
+mod strided;
 
 pub(crate) use index::scatter_onto_fill;
 use index::{Base, gather, scatter};
@@ -191,22 +192,32 @@ pub(crate) fn converted<S: Sync, T: Element>(
 
 /// A copy of `base` with `values` written at the positions `view` selects.
 fn assign(base: &Buffer, view: &View, values: &Buffer) -> Result<Buffer, RuntimeError> {
+    assign_from(base, view, values, &View::contiguous(view.shape().clone()))
+}
+
+/// [`assign`] of `values` read through `src` (a view of `view`'s shape).
+pub(crate) fn assign_from(
+    base: &Buffer,
+    view: &View,
+    values: &Buffer,
+    src: &View,
+) -> Result<Buffer, RuntimeError> {
     with_element_type!(base.dtype(), T => {
         let base = base.as_slice::<T>().expect("the buffer's own element type");
         let values = values.as_slice::<T>().expect("assign's values have the base's dtype");
-        edited_copy(base, |out| write_through(out, values, view, Overlaps::Distinct))
+        edited_copy(base, |out| strided::write_viewed(out, values, src, view, Overlaps::Distinct))
     })
 }
 
-/// [`assign`] into `base` itself, when no other handle shares it; `false` (and `base`
+/// [`assign_from`] into `base` itself, when no other handle shares it; `false` (and `base`
 /// untouched) otherwise.
-pub(crate) fn assign_in_place(base: &mut Buffer, view: &View, values: &Buffer) -> bool {
+pub(crate) fn assign_in_place(base: &mut Buffer, view: &View, values: &Buffer, src: &View) -> bool {
     with_element_type!(base.dtype(), T => {
         let (Some(out), Some(values)) = (base.unique_slice_mut::<T>(), values.as_slice::<T>())
         else {
             return false;
         };
-        write_through(out, values, view, Overlaps::Distinct);
+        strided::write_viewed(out, values, src, view, Overlaps::Distinct);
         true
     })
 }
@@ -510,6 +521,16 @@ fn random_fill(dist: RandomDist, key: u64, dtype: DType, n: usize) -> Result<Buf
 /// copied; where it reads one several times (a broadcast) their sum is taken in f64 (i64 for
 /// integers) and rounded once, as the reference executor does.
 fn unview(x: &Buffer, view: &View, len: usize) -> Result<Buffer, RuntimeError> {
+    unview_from(x, &View::contiguous(view.shape().clone()), view, len)
+}
+
+/// [`unview`] of `x` read through `src` (a view of `view`'s shape).
+pub(crate) fn unview_from(
+    x: &Buffer,
+    src: &View,
+    view: &View,
+    len: usize,
+) -> Result<Buffer, RuntimeError> {
     let overlaps = match (view.is_non_overlapping(), x.dtype().is_float()) {
         (true, _) => Overlaps::Distinct,
         (false, true) => Overlaps::SumFloat,
@@ -521,7 +542,7 @@ fn unview(x: &Buffer, view: &View, len: usize) -> Result<Buffer, RuntimeError> {
         edited::<T>(
             len,
             |_, chunk| chunk.iter_mut().for_each(|slot| { slot.write(zero); }),
-            |out| write_through(out, x, view, overlaps),
+            |out| strided::write_viewed(out, x, src, view, overlaps),
         )
     })
 }
