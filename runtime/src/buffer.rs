@@ -217,14 +217,24 @@ impl Buffer {
         len: usize,
         fill: impl FnOnce(&mut [T]),
     ) -> Result<Buffer, RuntimeError> {
+        /// Elements zeroed per task: large buffers (attention's packed gradients) are
+        /// cleared by the whole team, not by the calling thread alone.
+        const CHUNK: usize = 1 << 16;
+        struct Ptr<T>(*mut T);
+        // SAFETY: the tasks clear disjoint chunks.
+        unsafe impl<T> Sync for Ptr<T> {}
         let block = Block::new(T::DTYPE, len)?;
-        let typed = block.host_ptr().cast::<T>().as_ptr();
-        // SAFETY: the block holds `len` elements of `T`, aligned, not shared yet; the
-        // all-zero bit pattern is a valid value of every element type.
-        let data = unsafe {
-            typed.write_bytes(0, len);
-            std::slice::from_raw_parts_mut(typed, len)
-        };
+        let typed = Ptr(block.host_ptr().cast::<T>().as_ptr());
+        crate::team::for_each(len.div_ceil(CHUNK), &|i| {
+            let typed = &typed;
+            let start = i * CHUNK;
+            // SAFETY: the block holds `len` elements of `T`, aligned and not shared yet, and
+            // `start..start + n` lies inside it; the all-zero bit pattern is a valid value of
+            // every element type.
+            unsafe { typed.0.add(start).write_bytes(0, CHUNK.min(len - start)) };
+        });
+        // SAFETY: every element is initialized (zero) and the block is not shared yet.
+        let data = unsafe { std::slice::from_raw_parts_mut(typed.0, len) };
         fill(data);
         Ok(Buffer(Arc::new(block)))
     }
