@@ -32,6 +32,9 @@ enum Instr {
     Gather(usize),
     /// The same op on the same operands as an earlier instruction.
     Repeat(usize),
+    /// `aᵀ @ b` in the other float type, cast back (the casts of views `CastsBeforeViews`
+    /// moves).
+    CastProduct(usize, usize),
 }
 
 const UNARY: [UnaryOp; 8] = [
@@ -79,7 +82,8 @@ fn instr() -> impl Strategy<Value = Instr> {
         (proptest::sample::select(vec![ReduceOp::Sum, ReduceOp::Max]), ix.clone())
             .prop_map(|(o, a)| Instr::RowReduce(o, a)),
         ix.clone().prop_map(Instr::Gather),
-        ix.prop_map(Instr::Repeat),
+        ix.clone().prop_map(Instr::Repeat),
+        (ix.clone(), ix).prop_map(|(a, b)| Instr::CastProduct(a, b)),
     ]
 }
 
@@ -181,6 +185,14 @@ fn build(p: &Program) -> Graph {
                 Some((op, args)) => push(&mut g, op.clone(), args),
                 None => x,
             },
+            Instr::CastProduct(a, b) => {
+                let other = if p.dtype == DType::F32 { DType::F64 } else { DType::F32 };
+                let at_ = transpose(&mut g, at(a));
+                let wide_a = push(&mut g, Op::Cast(other), &[at_]);
+                let wide_b = push(&mut g, Op::Cast(other), &[at(b)]);
+                let product = push(&mut g, Op::MatMul, &[wide_a, wide_b]);
+                push(&mut g, Op::Cast(p.dtype), &[product])
+            }
         };
         values.push(node);
     }
@@ -247,8 +259,13 @@ fn check_rewrite(
     Ok(())
 }
 
-const PASSES: [&dyn Pass; 4] =
-    [&passes::TransposeProducts, &passes::GatherFirst, &passes::Simplify, &passes::Cse];
+const PASSES: [&dyn Pass; 5] = [
+    &passes::TransposeProducts,
+    &passes::GatherFirst,
+    &passes::CastsBeforeViews,
+    &passes::Simplify,
+    &passes::Cse,
+];
 
 fn options(constants: Constants) -> PlanOptions {
     PlanOptions { fusion: Fusion::Fused, constants, target: Device::Cpu.target() }
