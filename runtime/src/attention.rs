@@ -235,11 +235,6 @@ impl<'a, T: Copy> Operand<'a, T> {
             }
         }
     }
-
-    /// Batch entries.
-    pub(crate) fn entries(&self) -> usize {
-        self.bases.len()
-    }
 }
 
 /// `dst = alpha·a·b`, or `dst += alpha·a·b` when `acc`, for a row-major `dst` whose rows

@@ -320,66 +320,62 @@ fn attention_16<H: crate::matmul::Half>(
     grad: bool,
     len: usize,
 ) -> Result<Buffer, RuntimeError> {
-    use crate::attention::{
-        Dims, Inputs, Operand, backward, backward_entry, forward, forward_entry,
-    };
+    use crate::attention::{Dims, backward, backward_entry, forward, forward_entry};
     let operands = || [Some(&x.q), Some(&x.k), Some(&x.v), x.dout.as_ref()].into_iter().flatten();
-    let widen = |h: H| h.widen();
-    if d.n < crate::team::threads() || len == 0 {
-        let wide: Vec<Vec<f32>> = operands()
+    // The operands' entries `entries`, widened to dense f32.
+    let widened = |entries: std::ops::Range<usize>| -> Vec<Vec<f32>> {
+        operands()
             .map(|o| {
                 let mut w = Vec::new();
-                (0..o.entries()).for_each(|b| o.gather_entry(b, widen, &mut w));
+                entries.clone().for_each(|b| o.gather_entry(b, |h: H| h.widen(), &mut w));
                 w
             })
-            .collect();
-        let dense = |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], d.n, rows, cols);
-        let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
-        let wx = Inputs {
-            q: dense(0, l, e),
-            k: dense(1, s, e),
-            v: dense(2, s, ev),
-            dout: grad.then(|| dense(3, l, ev)),
-        };
+            .collect()
+    };
+    if d.n < crate::team::threads() || len == 0 {
+        let wide = widened(0..d.n);
         let mut acc = vec![0.0f32; len];
         if grad {
-            backward(&wx, d, &mut acc);
+            backward(&dense_inputs(&wide, d.n, d, grad), d, &mut acc);
         } else {
-            forward(&wx, d, &mut acc);
+            forward(&dense_inputs(&wide, d.n, d, grad), d, &mut acc);
         }
         return crate::matmul::narrow_half(&acc, H::DTYPE);
     }
-    let (l, e, s, ev) = (d.l, d.e, d.s, d.ev);
     let one = Dims { n: 1, ..*d };
     let per = len / d.n;
     Buffer::zeroed_with(len, |out: &mut [H]| {
         crate::team::for_each_part(out.chunks_mut(per).collect(), &|b, part| {
-            let wide: Vec<Vec<f32>> = operands()
-                .map(|o| {
-                    let mut w = Vec::new();
-                    o.gather_entry(b, widen, &mut w);
-                    w
-                })
-                .collect();
-            let dense =
-                |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], 1, rows, cols);
-            let wx = Inputs {
-                q: dense(0, l, e),
-                k: dense(1, s, e),
-                v: dense(2, s, ev),
-                dout: grad.then(|| dense(3, l, ev)),
-            };
+            let wide = widened(b..b + 1);
             let mut acc = vec![0.0f32; per];
             if grad {
-                backward_entry(&wx, &one, &mut acc);
+                backward_entry(&dense_inputs(&wide, 1, d, grad), &one, &mut acc);
             } else {
-                forward_entry(&wx, &one, &mut acc);
+                forward_entry(&dense_inputs(&wide, 1, d, grad), &one, &mut acc);
             }
             for (o, &a) in part.iter_mut().zip(&acc) {
                 *o = H::narrow(a);
             }
         });
     })
+}
+
+/// Dense f32 operands of `n` batch entries held in `wide`: q, k, v and, for the gradients,
+/// dout.
+fn dense_inputs<'a>(
+    wide: &'a [Vec<f32>],
+    n: usize,
+    d: &crate::attention::Dims,
+    grad: bool,
+) -> crate::attention::Inputs<'a, f32> {
+    use crate::attention::Operand;
+    let dense = |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], n, rows, cols);
+    crate::attention::Inputs {
+        q: dense(0, d.l, d.e),
+        k: dense(1, d.s, d.e),
+        v: dense(2, d.s, d.ev),
+        dout: grad.then(|| dense(3, d.l, d.ev)),
+    }
 }
 
 /// The stable argsort of every line along `axis`: NaN above every number, -0 equal to +0.
