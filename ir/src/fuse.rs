@@ -233,8 +233,7 @@ fn cut_of(
     if let Op::View(view) = op
         && is_buffer(graph, graph.arg_slice(c.n)[0], stored)
         && !c.consumers.is_empty()
-        && c.consumers.iter().all(|&m| reads_view_of(graph, m, c.n, options))
-        && view.strides().iter().all(|&s| s >= 0)
+        && c.consumers.iter().all(|&m| reads_view_of(graph, m, (c.n, view), options))
     {
         return None;
     }
@@ -331,11 +330,20 @@ fn reads_views(graph: &Graph, n: NodeId, options: &PlanOptions) -> bool {
     }
 }
 
-/// Whether op `m` reads its argument `arg` through a view as strides: every argument of a
-/// product or attention, the values (not the base) of an `Assign`.
-fn reads_view_of(graph: &Graph, m: NodeId, arg: NodeId, options: &PlanOptions) -> bool {
-    let args = graph.arg_slice(m);
-    reads_views(graph, m, options) && (!matches!(graph.node(m).op, Op::Assign(_)) || args[0] != arg)
+/// Whether op `m` reads its argument `arg` (a view) as strides: every argument of a product
+/// (any strides), and with non-negative strides every argument of attention and the values
+/// (not the base) of a slice's gradient or an `Assign`.
+fn reads_view_of(
+    graph: &Graph,
+    m: NodeId,
+    (arg, view): (NodeId, &View),
+    options: &PlanOptions,
+) -> bool {
+    let op = &graph.node(m).op;
+    reads_views(graph, m, options)
+        && (matches!(op, Op::MatMul)
+            || (view.strides().iter().all(|&s| s >= 0)
+                && (!matches!(op, Op::Assign(_)) || graph.arg_slice(m)[0] != arg)))
 }
 
 /// A library op reading its operands' views of stored buffers as strides.
