@@ -102,7 +102,13 @@ fn main() -> kiln::Result<()> {
     let size = if std::env::args().any(|a| a == "--quick") { QUICK } else { FULL };
     let reps = size.reps;
     if !kiln::cuda::is_available() {
-        println!("no CUDA device: nothing to measure (kiln::cuda::device_count() is 0)");
+        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+        // A run that was meant to measure a device (CI's on the emulated one) must not pass.
+        if std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            eprintln!("KILN_REQUIRE_GPU=1 but there is no CUDA device: {why}");
+            std::process::exit(1);
+        }
+        println!("no CUDA device: nothing to measure ({why})");
         return Ok(());
     }
     let gpu = Device::Cuda(0);

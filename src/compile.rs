@@ -178,6 +178,10 @@ pub struct CompileStats {
     pub replays: usize,
     /// Calls with nothing to compute.
     pub empty: usize,
+    /// Calls that ran unplanned, as eager realizations: under the reference executor, or
+    /// with results on more than one device (a GPU step returning `loss.cpu()`: each device's
+    /// values realize separately; the first such call warns on standard error).
+    pub unplanned: usize,
     /// Why each plan after the first was built, with the call it happened in.
     pub recompiles: Vec<Recompile>,
     /// Steps (kernel launches, library calls, reference ops) of the last call's plan.
@@ -200,6 +204,9 @@ impl fmt::Display for CompileStats {
             "{} calls: {} planned, {} replayed, {} with nothing to compute; {} steps per call",
             self.calls, self.plans, self.replays, self.empty, self.steps_per_call
         )?;
+        if self.unplanned > 0 {
+            write!(f, "; {} ran unplanned (eagerly)", self.unplanned)?;
+        }
         for r in &self.recompiles {
             write!(f, "\n  call {} planned again: {}", r.call, r.reason)?;
         }
@@ -214,6 +221,7 @@ pub struct Compiled<F> {
     stats: CompileStats,
     recompile_limit: usize,
     warned: bool,
+    warned_devices: bool,
 }
 
 /// Compiles `f`: each call of the result records `f`'s ops and runs them as one cached,
@@ -227,6 +235,7 @@ pub fn compile<F>(f: F) -> Compiled<F> {
         stats: CompileStats::default(),
         recompile_limit: 8,
         warned: false,
+        warned_devices: false,
     }
 }
 
@@ -287,9 +296,20 @@ impl<F> Compiled<F> {
     ) -> Result<()> {
         let device = targets.first().map_or(Device::Cpu, |t| t.device);
         let options = crate::execution::plan_options(Constants::Rebindable, device);
-        let Some(options) = options.filter(|_| targets.iter().all(|t| t.device == device)) else {
+        let other = targets.iter().map(|t| t.device).find(|&d| d != device);
+        let (Some(options), None) = (options, other) else {
             // The reference executor runs unplanned; a step whose results live on several
-            // devices runs as separate realizations.
+            // devices runs as separate realizations. Both are counted, and the second warns.
+            self.stats.unplanned += 1;
+            if let Some(other) = other
+                && !std::mem::replace(&mut self.warned_devices, true)
+            {
+                eprintln!(
+                    "kiln: warning: a compiled function's results live on {device} and {other}: \
+                     its calls run eagerly, unplanned (return them on one device, e.g. the loss \
+                     on the GPU, and move it after the call)"
+                );
+            }
             return crate::realize::realize(targets);
         };
         let mut captured = capture(targets);

@@ -271,10 +271,13 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 /// let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
 /// assert_eq!(
 ///     names,
-///     ["expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]
+///     [
+///         "precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first",
+///         "casts_before_views", "simplify", "cse", "partition", "lower"
+///     ]
 /// );
-/// assert!(stages[3].1.contains("mul"));   // before simplify: x * 1
-/// assert!(!stages[4].1.contains("mul"));  // after it: gone
+/// assert!(stages[4].1.contains("mul"));   // before simplify: x * 1
+/// assert!(!stages[5].1.contains("mul"));  // after it: gone
 /// ```
 pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
@@ -316,6 +319,19 @@ pub use kiln_runtime::cache::{CacheLimits, CacheStats};
 /// ```
 pub fn compile_failures() -> Vec<(String, String)> {
     kiln_runtime::exec::compile_failures()
+}
+
+/// How many kernel runs the correctness oracle (`KILN_CHECK`, [`crate::with_check`]) left
+/// unchecked: a kernel that could not be compiled runs on the reference executor, and the
+/// oracle would only compare the reference with itself. The first such run is also written to
+/// stderr. 0 is the normal case.
+///
+/// ```
+/// kiln::with_check(|| (kiln::Tensor::ones([4]) * 2.0).to_vec::<f32>());
+/// assert_eq!(kiln::debug::unchecked_kernel_runs(), 0);
+/// ```
+pub fn unchecked_kernel_runs() -> u64 {
+    kiln_runtime::exec::unchecked_runs()
 }
 
 /// Whether bf16 matrix products on the CPU run on its bf16 dot-product instructions

@@ -279,3 +279,17 @@ fn compiled_calls_honor_the_execution_mode_and_the_oracle() {
     assert_eq!((stats.plans, stats.replays), (2, 1), "{stats}");
     assert_eq!(stats.recompiles[0].reason, "fusion is on now and was off when the plan was made");
 }
+
+/// A call that runs unplanned is counted, never silent: under the reference executor every
+/// call realizes eagerly (and `unplanned` says so).
+#[test]
+fn calls_that_run_unplanned_are_counted() {
+    let w = Tensor::randn([4, 3]);
+    let mut f = kiln::compile(|x: &Tensor| x.matmul(&w).tanh());
+    let x = Tensor::randn([2, 4]);
+    let y = kiln::with_execution(kiln::Execution::Reference, || f.call(&x));
+    assert_eq!(y.dims(), &[2, 3]);
+    let stats = f.stats();
+    assert_eq!((stats.calls, stats.plans, stats.unplanned), (1, 0, 1), "{stats}");
+    assert!(stats.to_string().contains("1 ran unplanned"), "{stats}");
+}

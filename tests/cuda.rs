@@ -631,9 +631,8 @@ fn two_devices_keep_their_memory_kernels_and_errors_apart() {
         return;
     };
     if kiln::cuda::device_count() < 2 {
-        eprintln!(
-            "skipped two_devices_keep_their_memory_kernels_and_errors_apart: one CUDA device"
-        );
+        let test = "two_devices_keep_their_memory_kernels_and_errors_apart";
+        skip(test, "there is one CUDA device", &["KILN_REQUIRE_TWO_GPUS"]);
         return;
     }
     let (d0, d1) = (Device::Cuda(0), Device::Cuda(1));
@@ -914,4 +913,27 @@ fn fused_attention_on_the_gpu_matches_the_cpu() {
             assert_eq!(k.kind, kiln::StepKind::Library, "{}", k.name);
         }
     }
+}
+
+/// A compiled step whose results live on two devices (a GPU step returning its loss on the
+/// CPU) runs eagerly: counted in `unplanned`, with the right values.
+#[test]
+fn a_compiled_step_with_results_on_two_devices_is_counted_unplanned() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("a_compiled_step_with_results_on_two_devices_is_counted_unplanned")
+    else {
+        return;
+    };
+    let w = Tensor::randn([4, 3]).to(gpu);
+    let mut f = kiln::compile(|x: &Tensor| {
+        let h = x.matmul(&w).tanh();
+        (h.sum().cpu(), h)
+    });
+    let x = Tensor::randn([2, 4]);
+    let (loss, h): (Tensor, Tensor) = f.call(&x.to(gpu));
+    assert_eq!((loss.device(), h.device()), (Device::Cpu, gpu));
+    let want = x.matmul(&w.cpu()).tanh();
+    assert_close_tol(&h.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-5, "values");
+    assert!((loss.item::<f64>() - want.sum().item::<f64>()).abs() < 1e-4);
+    assert_eq!(f.stats().unplanned, 1, "{}", f.stats());
 }

@@ -4,6 +4,7 @@
 use kiln::distributed::{self, Backend, DistributedSampler, LaunchInfo, ProcessGroup, ReduceOp};
 use kiln::nn::{DdpOptions, DistributedDataParallel, Linear, Module};
 use kiln::{DType, Tensor};
+use kiln_ir::testing::skip;
 
 #[path = "collectives.rs"]
 mod collectives;
@@ -155,7 +156,8 @@ fn collective_misuse_is_reported_with_the_fix() {
 #[test]
 fn engines_that_are_not_there_say_what_is_missing() {
     if kiln::cuda::is_available() {
-        eprintln!("skipped: a CUDA device is present (the NCCL tests run instead)");
+        let test = "engines_that_are_not_there_say_what_is_missing";
+        skip(test, "a CUDA device is present (the NCCL tests run instead)", &[]);
     } else {
         let err = distributed::try_init(Backend::Nccl).unwrap_err().to_string();
         assert!(err.contains("distributed::init") && err.contains("cuda:0"), "{err}");
@@ -252,7 +254,6 @@ fn post_accumulate_grad_hooks_see_the_gradient_and_can_be_removed() {
 #[test]
 fn the_nccl_library_loads_and_answers_without_a_gpu() {
     // CI installs NCCL from the nvidia-nccl-cu13 wheel and sets KILN_REQUIRE_NCCL=1.
-    let required = std::env::var("KILN_REQUIRE_NCCL").is_ok_and(|v| v == "1");
     match distributed::nccl_version() {
         Ok((major, minor, _)) => {
             assert!(
@@ -263,15 +264,23 @@ fn the_nccl_library_loads_and_answers_without_a_gpu() {
             assert!(id.iter().any(|&b| b != 0), "the id holds the bootstrap address");
             assert_ne!(id, distributed::nccl_unique_id().expect("another id"), "ids are fresh");
         }
-        Err(e) if !required => eprintln!("skipped: {e}"),
-        Err(e) => panic!("KILN_REQUIRE_NCCL=1 but {e}"),
+        Err(e) => skip(
+            "the_nccl_library_loads_and_answers_without_a_gpu",
+            &e.to_string(),
+            &["KILN_REQUIRE_NCCL"],
+        ),
     }
 }
 
 #[test]
 fn an_nccl_world_of_one_runs_the_collective_checks() {
     if !kiln::cuda::is_available() || distributed::nccl_version().is_err() {
-        eprintln!("skipped: the NCCL checks need a CUDA device and the NCCL library");
+        // Where a device and NCCL are both required (a GPU run), their absence fails.
+        skip(
+            "an_nccl_world_of_one_runs_the_collective_checks",
+            "the NCCL checks need a CUDA device and the NCCL library",
+            &["KILN_REQUIRE_GPU", "KILN_REQUIRE_NCCL"],
+        );
         return;
     }
     let g = distributed::init(Backend::Nccl);

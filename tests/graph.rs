@@ -121,6 +121,7 @@ fn planner_stage_snapshots() {
     assert_eq!(
         names,
         [
+            "precise_log_softmax",
             "expand_logsumexp",
             "transpose_products",
             "gather_first",

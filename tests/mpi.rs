@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use kiln::Tensor;
 use kiln::distributed::{self, Backend, ProcessGroup, ReduceOp};
 use kiln::nn::DdpOptions;
+use kiln_ir::testing::skip;
 
 #[path = "collectives.rs"]
 mod collectives;
@@ -53,7 +54,8 @@ fn compiled_steps_replay_collectives() {
 #[test]
 fn ddp_matches_one_process_on_the_global_batch() {
     if 12 % group().world_size() != 0 {
-        eprintln!("skipped: 12 examples do not split over {} ranks", group().world_size());
+        let why = format!("12 examples do not split over {} ranks", group().world_size());
+        skip("ddp_matches_one_process_on_the_global_batch", &why, &[]);
         return;
     }
     collectives::ddp_matches_one_process_on_the_global_batch(group(), DdpOptions::default());

@@ -163,3 +163,20 @@ fn a_failed_compile_is_visible() {
         "{failures:?}"
     );
 }
+
+/// The oracle does not pass a kernel it could not check: a kernel that failed to compile ran
+/// on the reference executor, so comparing it with the reference would compare the
+/// reference with itself; it is counted as unchecked instead.
+#[test]
+fn the_oracle_counts_a_kernel_it_could_not_check() {
+    let x = Tensor::from_vec((0..29).map(|i| i as f32 * 0.5).collect::<Vec<_>>(), [29]);
+    x.realize();
+    let before = kiln::debug::unchecked_kernel_runs();
+    kiln::debug::fail_cpu_compiles(true);
+    // A constant no other test uses, so that this kernel is not cached already.
+    let y = (&x * 2.718_039_3 - 0.25).sigmoid();
+    let values = kiln::with_check(|| y.to_vec::<f32>());
+    kiln::debug::fail_cpu_compiles(false);
+    assert_eq!(values.len(), 29);
+    assert!(kiln::debug::unchecked_kernel_runs() > before);
+}

@@ -1,6 +1,7 @@
 //! Reductions against plain f64 loops, over every subset of dimensions, with and without
 //! `keepdim`, on contiguous and non-contiguous inputs.
 
+use kiln::nn::functional as F;
 use kiln::prelude::*;
 
 use crate::common::*;
@@ -517,4 +518,94 @@ fn one_pass_logsumexp_special_values() {
     }
     let empty = Tensor::zeros([3, 0]);
     assert_eq!(empty.logsumexp(1, false).to_vec::<f32>(), vec![f32::NEG_INFINITY; 3]);
+}
+
+/// The rows of the log-softmax precision test at one logit magnitude: equal logits, logits
+/// spread over a few units, a row with `-inf` entries, and a long row (several blocks of the
+/// one-pass fold).
+fn logit_rows(rng: &mut Rng, magnitude: f64) -> (Vec<f64>, [usize; 2]) {
+    let len = 9;
+    let mut data = vec![magnitude; len];
+    data.extend((0..len).map(|_| magnitude + rng.uniform(-4.0, 4.0)));
+    data.extend(
+        (0..len).map(|i| if i % 3 == 1 { f64::NEG_INFINITY } else { -magnitude + i as f64 }),
+    );
+    data.extend((0..len).map(|_| rng.uniform(-magnitude, magnitude)));
+    (data.into_iter().map(|v| round_to(DType::F32, v)).collect(), [4, len])
+}
+
+/// `x - logsumexp(x)` along the last axis, in f64.
+fn log_softmax_reference(data: &[f64], len: usize) -> Vec<f64> {
+    data.chunks(len)
+        .flat_map(|row| {
+            let lse = logsumexp_reference(row, &[len], &[0])[0];
+            row.iter().map(move |&v| v - lse)
+        })
+        .collect()
+}
+
+/// Within a few ulp of the f32 result: the log-sum-exp must not be rounded at the logits'
+/// magnitude (which would be off by half an ulp of the largest logit, 3e-5 at 1000).
+#[track_caller]
+fn assert_within_result_ulps(got: &[f64], want: &[f64], context: &str) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_finite() { (g - w).abs() <= 3e-7 * w.abs().max(1.0) } else { g == w };
+        assert!(ok, "{context}: element {i} is {g}, the f64 reference {w}");
+    }
+}
+
+device_test!(
+    log_softmax_and_cross_entropy_are_precise_at_any_logit_magnitude,
+    super::log_softmax_is_precise_on
+);
+
+/// Log-softmax, its gradient and cross-entropy on `device`, fused and unfused, against f64
+/// at logit magnitudes 1 to 1e4.
+fn log_softmax_is_precise_on(device: Device) {
+    // Two logits of 1000 once gave -0.69317627 (x - logsumexp(x), the sum rounded at 1000).
+    let big = Tensor::from_vec(vec![1000.0f32, 1000.0], [1, 2]).to(device).log_softmax(-1);
+    assert_eq!(big.to_vec::<f32>(), vec![-std::f32::consts::LN_2; 2]);
+    let eight = Tensor::full([1, 8], 1000.0f32).to(device).log_softmax(-1).to_vec::<f32>();
+    assert_eq!(eight, vec![-(8f32.ln()); 8]);
+
+    let mut rng = Rng::new(42);
+    for magnitude in [1.0, 10.0, 100.0, 1e3, 1e4] {
+        let (data, shape) = logit_rows(&mut rng, magnitude);
+        let want = log_softmax_reference(&data, shape[1]);
+        for (mode, fused) in [("fused", true), ("unfused", false)] {
+            let context = format!("magnitude {magnitude}, {mode}");
+            let x = tensor(&data, &shape, DType::F32).to(device).requires_grad_(true);
+            let logp =
+                kiln::with_fusion(fused, || kiln::with_check(|| x.log_softmax(-1).to_vec::<f64>()));
+            assert_within_result_ulps(&logp, &want, &context);
+            // The gradient of sum(w * log_softmax(x)) is w - softmax(x) * sum(w).
+            let w: Vec<f64> = (0..data.len()).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let wt = tensor(&w, &shape, DType::F32).to(device);
+            let grad = kiln::with_fusion(fused, || {
+                (x.log_softmax(-1) * &wt).sum().backward();
+                x.grad().expect("a gradient").to_vec::<f64>()
+            });
+            let want_grad: Vec<f64> = want
+                .chunks(shape[1])
+                .zip(w.chunks(shape[1]))
+                .flat_map(|(lp, w)| {
+                    let total: f64 = w.iter().sum();
+                    lp.iter().zip(w).map(move |(l, w)| w - l.exp() * total)
+                })
+                .collect();
+            assert_close_tol(&grad, &want_grad, 1e-6, &format!("{context}: gradient"));
+        }
+        // Cross-entropy of the finite rows against each row's first class.
+        let finite: Vec<f64> = [&data[..18], &data[27..]].concat();
+        let x = tensor(&finite, &[3, shape[1]], DType::F32).to(device);
+        let target = Tensor::from_vec(vec![0i64, 4, 8], [3]).to(device);
+        let loss = F::cross_entropy_with(
+            &x,
+            &target,
+            F::CrossEntropyOptions { reduction: F::Reduction::None, ..Default::default() },
+        );
+        let lp = log_softmax_reference(&finite, shape[1]);
+        let want_loss = [-lp[0], -lp[shape[1] + 4], -lp[2 * shape[1] + 8]];
+        assert_within_result_ulps(&loss.to_vec::<f64>(), &want_loss, &format!("{magnitude}: loss"));
+    }
 }

@@ -36,6 +36,8 @@ pub mod random;
 pub mod semantics;
 mod shape;
 pub mod target;
+#[doc(hidden)]
+pub mod testing;
 mod view;
 
 pub use collective::{Collective, CollectiveKind, CollectiveReduce};

@@ -2,6 +2,11 @@
 //! standard pipeline runs them. Each is a [`Pass`] value with a name, and each returns a
 //! [`Rewrite`] (or nothing when it changes nothing).
 //!
+//! - [`PreciseLogSoftmax`]: `x - logsumexp(x)` over f32 computed as
+//!   `(x - max) - log(sum(exp(x - max)))`, from the one-pass fold's f64 result on the CPU,
+//!   so log-softmax and cross-entropy are as precise as their results at any magnitude.
+//! - [`ExpandLogSumExp`]: `logsumexp` as max, exp, sum and log where the target cannot fold
+//!   it in one pass.
 //! - [`TransposeProducts`]: a product used only transposed becomes the product of the
 //!   transposed operands, so weight gradients are written in the layout they are read in.
 //! - [`GatherFirst`]: a gather of an elementwise expression gathers its operands instead
@@ -36,11 +41,25 @@ use crate::pipeline::{Constants, Pass, PlanOptions, Rewrite};
 use crate::{Graph, NodeId, Op, View};
 
 mod casts;
+mod log_softmax;
 mod logsumexp;
 mod unview_sums;
 
 pub use casts::casts_before_views;
+pub use log_softmax::precise_log_softmax;
 pub use logsumexp::expand_logsumexp;
+
+/// [`precise_log_softmax`] as a pipeline pass.
+pub struct PreciseLogSoftmax;
+
+impl Pass for PreciseLogSoftmax {
+    fn name(&self) -> &'static str {
+        "precise_log_softmax"
+    }
+    fn run(&self, graph: &Graph, options: &PlanOptions) -> Option<Rewrite> {
+        precise_log_softmax(graph, options)
+    }
+}
 
 /// [`expand_logsumexp`] as a pipeline pass.
 pub struct ExpandLogSumExp;

@@ -1,7 +1,8 @@
 //! The planning pipeline: from a captured graph to a [`Plan`], through named stages.
 //!
 //! ```text
-//! Graph ──expand_logsumexp──▶ Graph ──transpose_products──▶ Graph ──gather_first──▶ Graph ──simplify──▶ Graph ──cse──▶ Graph
+//! Graph ──precise_log_softmax──▶ Graph ──expand_logsumexp──▶ Graph ──transpose_products──▶ Graph
+//!       ──gather_first──▶ Graph ──casts_before_views──▶ Graph ──simplify──▶ Graph ──cse──▶ Graph
 //!       ──partition──▶ Partition ──lower──▶ Plan (kernels and other steps)
 //! ```
 //!
@@ -30,7 +31,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]);
+//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
@@ -120,11 +121,13 @@ pub struct Pipeline {
 }
 
 impl Default for Pipeline {
-    /// The standard pipeline: [`passes::ExpandLogSumExp`], [`passes::TransposeProducts`],
+    /// The standard pipeline: [`passes::PreciseLogSoftmax`], [`passes::ExpandLogSumExp`],
+    /// [`passes::TransposeProducts`],
     /// [`passes::GatherFirst`], [`passes::CastsBeforeViews`], [`passes::Simplify`],
     /// [`passes::Cse`].
     fn default() -> Pipeline {
         Pipeline::new(vec![
+            &passes::PreciseLogSoftmax,
             &passes::ExpandLogSumExp,
             &passes::TransposeProducts,
             &passes::GatherFirst,

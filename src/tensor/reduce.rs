@@ -547,9 +547,15 @@ impl Tensor {
         Tensor::try_where_(&finite, &m, 0.0)
     }
 
-    /// `log(softmax(x))` along `dim`, computed stably as `x - logsumexp(x)` (one pass over
-    /// the rows for the log-sum-exp on the CPU; the error is within an ulp or so of the
-    /// row's largest magnitude, as for `x - max(x)`).
+    /// `log(softmax(x))` along `dim`, computed stably as `(x - max) - log(Σ exp(x - max))`:
+    /// the result is as precise as itself at any logit magnitude (the planner's
+    /// `precise_log_softmax` pass; on the CPU from the one-pass log-sum-exp, kept in f64).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1000.0f32, 1000.0], [2]);
+    /// assert_eq!(x.log_softmax(0).to_vec::<f32>(), vec![-std::f32::consts::LN_2; 2]);
+    /// ```
     ///
     /// # Panics
     /// If `dim` is out of range; [`Tensor::try_log_softmax`] returns the error.

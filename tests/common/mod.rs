@@ -3,7 +3,6 @@
 
 #![allow(dead_code, reason = "each test module uses a different subset")]
 
-use std::io::Write;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use half::{bf16, f16};
@@ -68,20 +67,42 @@ pub fn gpu_alone_or_skip(test: &str) -> Option<(Device, MemoryLock)> {
     Some((device, MemoryLock::Alone(lock)))
 }
 
+/// One test body, run on every device: `device_test!(name, body)` makes the module `name`
+/// with the tests `on_cpu` (the body on [`Device::Cpu`]) and `on_cuda` (on CUDA device 0
+/// with a shared hold on its allocator, skipping visibly through [`gpu_or_skip`] where there
+/// is none). `emulator/run-tests` runs every `on_cuda` test on the emulated device.
+macro_rules! device_test {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[test]
+            fn on_cpu() {
+                $body(kiln::Device::Cpu);
+            }
+
+            #[test]
+            fn on_cuda() {
+                let test = concat!(module_path!(), "::on_cuda");
+                if let Some((gpu, _memory)) = crate::common::gpu_or_skip(test) {
+                    $body(gpu);
+                }
+            }
+        }
+    };
+}
+pub(crate) use device_test;
+
 fn device_or_skip(test: &str) -> Option<Device> {
     if kiln::cuda::is_available() {
         return Some(Device::Cuda(0));
     }
     let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
-    assert!(
-        std::env::var_os("KILN_REQUIRE_GPU").is_none_or(|v| v != "1"),
-        "{test}: KILN_REQUIRE_GPU=1 but there is no CUDA device: {why}"
-    );
-    // Straight to the process's stderr, past the test harness's capture: a skip shows in
-    // the run's output even when the test passes.
-    let _ = writeln!(std::io::stderr(), "skipped {test}: no CUDA device ({why})");
+    skip(test, &format!("there is no CUDA device ({why})"), &["KILN_REQUIRE_GPU"]);
     None
 }
+
+/// Skips the calling test visibly (past the harness's capture), or fails it when every
+/// variable of `required_by` is `1`: [`kiln_ir::testing::skip`], the one way a test skips.
+pub use kiln_ir::testing::skip;
 
 /// Rounds an f64 to the nearest value of `dtype` (Rust `as` semantics for integers).
 pub fn round_to(dtype: DType, v: f64) -> f64 {

@@ -72,6 +72,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
     out.extend(super::wide::for_host().into_iter().map(|(n, f)| (n, f as *const u8)));
     out.push(("kiln_lse_f32s", super::wide::lse_for_host() as *const u8));
     out.push(("kiln_lse_end", super::wide::lse_end as *const u8));
+    out.push(("kiln_lse_end_f64", super::wide::lse_end_f64 as *const u8));
     out.push(("kiln_exp_sum_f32s", super::wide::exp_sum_for_host() as *const u8));
     out
 }
@@ -100,11 +101,12 @@ pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
         s.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
         out.push((name, s));
     }
-    // `logsumexp`'s block function (values, count, state) and its end (state) -> f32.
+    // `logsumexp`'s block function (values, count, state) and its ends (state) -> f32, f64.
     let mut block = module.make_signature();
     block.params.extend([types::I64; 3].map(AbiParam::new));
     out.push(("kiln_lse_f32s", block));
     out.push(("kiln_lse_end", sig(&[types::I64], types::F32)));
+    out.push(("kiln_lse_end_f64", sig(&[types::I64], types::F64)));
     // A row of exponentials and their sum (`rows.rs`): (x, shift, out, count) -> f64.
     out.push((
         "kiln_exp_sum_f32s",

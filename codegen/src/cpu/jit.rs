@@ -15,7 +15,7 @@ use kiln_ir::kernel::{ExprKind, Kernel};
 use super::staging::{self, Staging};
 use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, loop_lanes, strip_width};
 use super::translate::Translator;
-use super::{helpers, wide};
+use super::{helpers, logsumexp, wide};
 use crate::CodegenError;
 use crate::walk::coalesce;
 /// The entry point of a compiled kernel.
@@ -121,13 +121,10 @@ fn new_module(isa: isa::OwnedTargetIsa) -> Result<JITModule, CodegenError> {
 /// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
 /// module), the host is not supported, or no address space is left to reserve.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
-    if let Some(red) = kernel.reduce
-        && red.op == kiln_ir::ReduceOp::LogSumExp
-        && kernel.exprs[kernel.outputs[0]].dtype != DType::F32
-    {
-        // The planner expands other dtypes (`kiln_ir::passes::ExpandLogSumExp`).
-        return Err(CodegenError::Cranelift("logsumexp kernels reduce f32 values only".into()));
-    }
+    // A `logsumexp` of f32 values widened to f64 folds the f32 values and stores the f64
+    // result: the kernel compiled is the one without the widening.
+    let (narrowed, lse_result) = logsumexp::fold_of(kernel)?;
+    let kernel = narrowed.as_ref().unwrap_or(kernel);
     let isa = host_isa()?;
     let fma = has_fma(&*isa);
     let mut module = new_module(isa)?;
@@ -195,7 +192,9 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             t.staging = Some(Staging::new(kernel, staged.clone(), t.b));
         }
         match (kernel.reduce, columns) {
-            (Some(red), _) if red.op == kiln_ir::ReduceOp::LogSumExp => t.body_logsumexp(&outer),
+            (Some(red), _) if red.op == kiln_ir::ReduceOp::LogSumExp => {
+                t.body_logsumexp(&outer, lse_result);
+            }
             (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
             (Some(red), None) => t.body_reduce(red, &outer),
             (None, _) => t.body(),

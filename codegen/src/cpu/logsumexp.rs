@@ -10,7 +10,8 @@
 //! grows (an online softmax, one rescale per block instead of per element) and adds the
 //! block's exponentials with the host's widest vectors. The block is in L1 between the
 //! two; memory streams the next block in meanwhile. `kiln_lse_end` turns the running state
-//! into the result.
+//! into the result, or `kiln_lse_end_f64` into an f64 result when the kernel reduces f32
+//! values widened to f64 (a log-softmax's, [`kiln_ir::passes::precise_log_softmax`]).
 
 use std::collections::HashMap;
 
@@ -20,11 +21,42 @@ use cranelift_codegen::ir::{
     types,
 };
 use kiln_ir::DType;
-use kiln_ir::kernel::ExprKind;
+use kiln_ir::kernel::{Expr, ExprKind, Kernel};
 
 use super::translate::{Prologue, Translator};
 use super::wide::LSE_BLOCK;
+use crate::CodegenError;
 use crate::walk::{Rows, Walk};
+
+/// For a `logsumexp` kernel: the kernel to compile in its place, if any, and the dtype of
+/// its result. A kernel that reduces f32 values gives f32; one whose reduced expression
+/// widens f32 values to f64 as its last step is compiled without the widening (the fold
+/// reads f32 values and keeps its state in f64 either way) and gives f64.
+///
+/// # Errors
+/// Any other reduced dtype: the planner expands those (`kiln_ir::passes::ExpandLogSumExp`).
+pub(super) fn fold_of(kernel: &Kernel) -> Result<(Option<Kernel>, DType), CodegenError> {
+    if kernel.reduce.is_none_or(|r| r.op != kiln_ir::ReduceOp::LogSumExp) {
+        return Ok((None, DType::F32));
+    }
+    let out = kernel.outputs[0];
+    match kernel.exprs[out] {
+        Expr { dtype: DType::F32, .. } => Ok((None, DType::F32)),
+        Expr { kind: ExprKind::Cast(a), dtype: DType::F64 }
+            if kernel.exprs[a].dtype == DType::F32
+                && out + 1 == kernel.exprs.len()
+                && !kernel.outputs[1..].contains(&out) =>
+        {
+            let mut narrowed = kernel.clone();
+            narrowed.exprs.pop();
+            narrowed.outputs[0] = a;
+            Ok((Some(narrowed), DType::F64))
+        }
+        _ => Err(CodegenError::Cranelift(
+            "logsumexp kernels reduce f32 values (or f32 values widened to f64) only".into(),
+        )),
+    }
+}
 
 /// The stack slots of a `logsumexp` kernel.
 #[derive(Clone, Copy)]
@@ -46,8 +78,8 @@ struct LseRow<'a> {
 impl Translator<'_, '_> {
     /// A `logsumexp` kernel: for each output position in `start..end`, the state starts
     /// empty, every row of its reduced positions is folded in block by block, and the end
-    /// function gives the value stored.
-    pub(super) fn body_logsumexp(&mut self, outer: &Walk) {
+    /// function gives the value stored (as `result`, f32 or f64).
+    pub(super) fn body_logsumexp(&mut self, outer: &Walk, result: DType) {
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
         let starts = self.input_starts(&ins);
         let slots = Slots { scratch: self.slot((LSE_BLOCK * 4) as u32), state: self.slot(16) };
@@ -91,10 +123,11 @@ impl Translator<'_, '_> {
 
         self.b.switch_to_block(store);
         let state = self.b.ins().stack_addr(types::I64, slots.state, 0);
-        let result = self.call("kiln_lse_end", &[state]);
-        let off = self.b.ins().imul_imm_s(o, 4);
+        let end = if result == DType::F64 { "kiln_lse_end_f64" } else { "kiln_lse_end" };
+        let value = self.call(end, &[state]);
+        let off = self.b.ins().imul_imm_s(o, result.size_in_bytes() as i64);
         let addr = self.b.ins().iadd(outs[0], off);
-        self.store(result, DType::F32, addr);
+        self.store(value, result, addr);
         let o_next = self.b.ins().iadd_imm_s(o, 1);
         self.b.ins().jump(head, &[BlockArg::Value(o_next)]);
 

@@ -243,14 +243,21 @@ fn tree<T: Copy>(values: &mut [T], f: impl Fn(T, T) -> T) -> T {
 /// The `logsumexp` of everything folded into `state`: -inf for nothing (or only -inf), NaN
 /// after a NaN, +inf after a +inf.
 pub(super) extern "C" fn lse_end(state: *const LseState) -> f32 {
+    lse_end_f64(state) as f32
+}
+
+/// [`lse_end`] unrounded: the result of a `logsumexp` of f32 values widened to f64, which
+/// keeps the row's maximum exact beside the logarithm of the sum (a log-softmax subtracts
+/// it from logits of any magnitude: `kiln_ir::passes::precise_log_softmax`).
+pub(super) extern "C" fn lse_end_f64(state: *const LseState) -> f64 {
     // SAFETY: kernels pass their own state slot, initialized before the row.
     let s = unsafe { &*state };
     if s.sum.is_nan() {
-        f32::NAN
+        f64::NAN
     } else if s.max.is_infinite() {
-        s.max as f32
+        s.max
     } else {
-        (s.max + s.sum.ln()) as f32
+        s.max + s.sum.ln()
     }
 }
 

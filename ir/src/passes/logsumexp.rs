@@ -8,11 +8,22 @@ use crate::{BinaryOp, DType, Graph, IrError, NodeId, Op, ReduceOp, Scalar, Unary
 /// Whether `node` is a `logsumexp` the plan's target cannot run as one reduction.
 fn needs_expanding(graph: &Graph, id: NodeId, options: &PlanOptions) -> bool {
     let Op::Reduce { op: ReduceOp::LogSumExp, .. } = graph.node(id).op else { return false };
-    !options.target.fused_logsumexp || graph.node(graph.arg_slice(id)[0]).dtype != DType::F32
+    !options.target.fused_logsumexp || !folds_f32(graph, graph.arg_slice(id)[0])
+}
+
+/// Whether a one-pass `logsumexp` kernel folds `x`: f32 values, or f32 values widened to
+/// f64 (the kernel folds them as f32 and keeps the result in f64: see
+/// [`super::precise_log_softmax`]).
+fn folds_f32(graph: &Graph, x: NodeId) -> bool {
+    match (graph.node(x).dtype, &graph.node(x).op) {
+        (DType::F32, _) => true,
+        (DType::F64, Op::Cast(_)) => graph.node(graph.arg_slice(x)[0]).dtype == DType::F32,
+        _ => false,
+    }
 }
 
 /// Every `logsumexp` the target cannot run as one reduction (on any target but the CPU, or
-/// of a dtype other than f32) written as `log(sum(exp(x - s))) + s`, with `s` the maximum
+/// of other values than f32 ones) written as `log(sum(exp(x - s))) + s`, with `s` the maximum
 /// over the axes (0 where that is infinite, so that rows of -inf give -inf and a +inf gives
 /// +inf).
 pub fn expand_logsumexp(graph: &Graph, options: &PlanOptions) -> Option<Rewrite> {

@@ -335,3 +335,76 @@ fn casts_of_views_that_feed_attention_become_views_of_one_cast() {
     g.mark_output(m);
     assert!(casts_before_views(&g).is_none());
 }
+
+#[test]
+fn log_softmax_subtracts_the_maximum_and_the_log_of_the_sum_apart() {
+    use crate::ReduceOp;
+    use crate::kernel::interpret;
+    use crate::pipeline::PlanOptions;
+    use crate::target::testing::CPU;
+    let graph = |dtype| {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([2, 4]), dtype);
+        let lse = g.push(Op::Reduce { op: ReduceOp::LogSumExp, axes: vec![1] }, &[x]).unwrap();
+        let wide = View::contiguous(Shape::from([2, 1])).expand(&Shape::from([2, 4]));
+        let e = g.push(Op::View(wide), &[lse]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Sub), &[x, e]).unwrap();
+        g.mark_output(y);
+        g
+    };
+    let options = |fused_logsumexp, fusion| PlanOptions {
+        fusion,
+        constants: Constants::Fold,
+        target: crate::target::Target { fused_logsumexp, ..CPU },
+    };
+    for dtype in [DType::F64, DType::F16, DType::BF16] {
+        assert!(precise_log_softmax(&graph(dtype), &options(true, Fusion::Fused)).is_none());
+    }
+    let ops = |g: &Graph| -> Vec<String> {
+        g.topo_order()
+            .iter()
+            .map(|&n| format!("{} {}", g.node(n).op.name(), g.node(n).dtype))
+            .collect()
+    };
+    // One pass: the log-sum-exp of the widened logits, split in two f32 halves; elsewhere the
+    // maximum and a sum of exponentials.
+    let one_pass = precise_log_softmax(&graph(DType::F32), &options(true, Fusion::Fused)).unwrap();
+    assert!(
+        ops(&one_pass.graph).contains(&"logsumexp f64".to_string()),
+        "{:?}",
+        ops(&one_pass.graph)
+    );
+    for (fused, fusion) in [(false, Fusion::Fused), (true, Fusion::Unfused)] {
+        let rw = precise_log_softmax(&graph(DType::F32), &options(fused, fusion)).unwrap();
+        let names = ops(&rw.graph);
+        assert!(!names.iter().any(|o| o.starts_with("logsumexp")), "{names:?}");
+        assert!(names.contains(&"max f32".to_string()), "{names:?}");
+    }
+    // Logits of 1000 give log(1/4) to f32 precision (x - logsumexp(x) rounded at 1000 did not).
+    let values: Vec<f64> =
+        [1000.0, 1000.0, 1000.0, 1000.0, 3.0, f64::NEG_INFINITY, 1.0, 2.0].to_vec();
+    for (fused, fusion) in [(true, Fusion::Fused), (false, Fusion::Fused), (true, Fusion::Unfused)]
+    {
+        let plan = Planner::default().plan(&graph(DType::F32), options(fused, fusion));
+        let mut bufs: std::collections::HashMap<crate::NodeId, Vec<f64>> =
+            [(plan.graph.inputs()[0], values.clone())].into();
+        for step in &plan.steps {
+            let crate::fuse::Step::Kernel(k) = step else { panic!("kernels only") };
+            let ins: Vec<Vec<f64>> = k.inputs.iter().map(|n| bufs[n].clone()).collect();
+            for (n, v) in k.outputs.iter().zip(interpret(&k.kernel, &ins, &k.params)) {
+                bufs.insert(*n, v);
+            }
+        }
+        let got = &bufs[&plan.outputs[0]];
+        let lse = 3f64 + (1.0 + (-2f64).exp() + (-1f64).exp()).ln();
+        let want = [-(4f64.ln()), -(4f64.ln()), -(4f64.ln()), -(4f64.ln())].into_iter().chain([
+            3.0 - lse,
+            f64::NEG_INFINITY,
+            1.0 - lse,
+            2.0 - lse,
+        ]);
+        for (g, w) in got.iter().zip(want) {
+            assert!(g == &w || (g - w).abs() < 2e-7 * w.abs().max(1.0), "{got:?}");
+        }
+    }
+}

@@ -2,9 +2,34 @@
 //! executor's evaluation of its ops on the same input buffers, so that a difference belongs
 //! to that kernel alone and not to rounding carried from earlier steps.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::{Graph, NodeId};
 use rustc_hash::FxHashMap as HashMap;
+
+/// Kernel runs the oracle could not check (see [`note_unchecked`]).
+static UNCHECKED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a kernel run that the oracle leaves unchecked because no generated code ran (its
+/// compile failed and its ops ran on the reference executor, which the compile failure's
+/// warning already says): [`unchecked_runs`] tells a checked run that passed how much of it
+/// was not compared.
+pub(super) fn note_unchecked(kernel: &kiln_ir::kernel::Kernel) {
+    if UNCHECKED.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!(
+            "kiln: KILN_CHECK: kernel {} ran on the reference executor (it could not be \
+             compiled) and is not checked; kiln::debug::unchecked_kernel_runs() counts such runs",
+            kernel.name()
+        );
+    }
+}
+
+/// How many kernel runs under the oracle (`KILN_CHECK`) were not checked because the kernel
+/// could not be compiled and ran on the reference executor instead.
+pub fn unchecked_runs() -> u64 {
+    UNCHECKED.load(Ordering::Relaxed)
+}
 
 use super::execute::Bufs;
 use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, reference};

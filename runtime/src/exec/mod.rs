@@ -20,6 +20,7 @@ mod prepare;
 use kiln_ir::Graph;
 use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
+pub use check::unchecked_runs;
 pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles};
 pub(crate) use execute::Bufs;
 pub use prepare::Prepared;
