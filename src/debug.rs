@@ -321,6 +321,19 @@ pub fn compile_failures() -> Vec<(String, String)> {
     kiln_runtime::exec::compile_failures()
 }
 
+/// How many matrix products of GPU tensors ran on the host (`gemm` over device↔host copies)
+/// because cuBLAS could not take their layout: batch dimensions with no single stride
+/// (heads split by a reshape and a transpose), `k == 0`, or sizes past 2³¹. Each shows as a
+/// `host` step in profiles, and the first at each call site warns on standard error. 0 is
+/// the normal case, and always on the CPU.
+///
+/// ```
+/// assert_eq!(kiln::debug::host_products(), 0);
+/// ```
+pub fn host_products() -> u64 {
+    kiln_runtime::exec::host_products()
+}
+
 /// How many kernel runs the correctness oracle (`KILN_CHECK`, [`crate::with_check`]) left
 /// unchecked: a kernel that could not be compiled runs on the reference executor, and the
 /// oracle would only compare the reference with itself. The first such run is also written to

@@ -101,10 +101,11 @@ pub(crate) fn matmul(
     let (m, k, n) = (va.shape().dims()[r - 2], va.shape().dims()[r - 1], vb.shape().dims()[r - 1]);
     let batch = Shape::from(&va.shape().dims()[..r - 2]);
     let count = batch.numel();
-    let out = Buffer::on_gpu(gpu, dtype, count * m * n)?;
     if count * m * n == 0 {
-        return Ok(Some(out));
+        return Ok(Some(Buffer::on_gpu(gpu, dtype, 0)?));
     }
+    // Every layout check before the output is allocated: a declined product allocates
+    // nothing on the device.
     let (sa, sb) = (va.strides(), vb.strides());
     let (Some((ta, lda)), Some((tb, ldb)), Some((oa, stride_a)), Some((ob, stride_b))) = (
         layout(m, k, sa[r - 2], sa[r - 1]),
@@ -124,6 +125,7 @@ pub(crate) fn matmul(
         // An empty sum: cuBLAS would leave the output unwritten.
         return Ok(None);
     }
+    let out = Buffer::on_gpu(gpu, dtype, count * m * n)?;
     let size = dtype.size_in_bytes() as u64;
     let pa = a.device_ptr(gpu)? + oa as u64 * size;
     let pb = b.device_ptr(gpu)? + ob as u64 * size;

@@ -2,6 +2,8 @@
 //! cuBLAS on a GPU, native loops and `gemm` on the CPU, and host copies where a device has
 //! no kernel of its own (reported as such in profiles).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use kiln_ir::fuse::KernelStep;
@@ -49,22 +51,29 @@ pub(super) fn eval_node_on(
     Ok((out, kind))
 }
 
-/// A matrix product: `gemm` on the CPU, cuBLAS on a GPU (or the host's `gemm` over copies
-/// for operand layouts cuBLAS cannot take).
+/// A matrix product: `gemm` on the CPU, cuBLAS on a GPU, or the host's `gemm` over copies
+/// for what cuBLAS cannot take (a batch layout with no single stride, `k == 0`, sizes past
+/// 2³¹, integer dtypes): that is [`StepKind::Host`] in profiles, counted by
+/// [`host_products`] and warned once per call site (`origin`).
 pub(super) fn matmul_on(
     gpu: Option<&'static cuda::Gpu>,
     a: &Buffer,
     va: &kiln_ir::View,
     b: &Buffer,
     vb: &kiln_ir::View,
-) -> Result<Buffer, RuntimeError> {
-    let Some(gpu) = gpu else { return crate::matmul::matmul(a, va, b, vb) };
+    origin: Option<&'static std::panic::Location<'static>>,
+) -> Result<(Buffer, StepKind), RuntimeError> {
+    let Some(gpu) = gpu else {
+        return Ok((crate::matmul::matmul(a, va, b, vb)?, StepKind::Library));
+    };
     if let Some(out) = cuda::matmul(gpu, a, va, b, vb)? {
-        return Ok(out);
+        return Ok((out, StepKind::Library));
     }
+    note_host_product(a.dtype(), va, vb, origin);
     let (ha, hb) = (a.to_device(Device::Cpu)?, b.to_device(Device::Cpu)?);
     if a.dtype() != kiln_ir::DType::BF16 {
-        return crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device());
+        let out = crate::matmul::matmul(&ha, va, &hb, vb)?.to_device(gpu.device())?;
+        return Ok((out, StepKind::Host));
     }
     // `gemm` has no bf16: multiply in f32 and round once.
     let dense = |b: &Buffer, v: &kiln_ir::View| -> Result<(Buffer, kiln_ir::View), RuntimeError> {
@@ -73,7 +82,44 @@ pub(super) fn matmul_on(
     let ((fa, fva), (fb, fvb)) = (dense(&ha, va)?, dense(&hb, vb)?);
     let product = crate::matmul::matmul(&fa, &fva, &fb, &fvb)?;
     let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([product.len()]));
-    Buffer::from_slice(&product.gather::<half::bf16>(&all))?.to_device(gpu.device())
+    let out = Buffer::from_slice(&product.gather::<half::bf16>(&all))?.to_device(gpu.device())?;
+    Ok((out, StepKind::Host))
+}
+
+/// GPU matrix products computed on the host so far.
+static HOST_PRODUCTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many matrix products of GPU tensors ran on the host's `gemm` over device↔host copies
+/// because cuBLAS could not take them (see [`matmul_on`]). 0 is the normal case.
+pub fn host_products() -> u64 {
+    HOST_PRODUCTS.load(Ordering::Relaxed)
+}
+
+/// Counts a product that runs on the host, and warns once per call site.
+fn note_host_product(
+    dtype: kiln_ir::DType,
+    va: &kiln_ir::View,
+    vb: &kiln_ir::View,
+    origin: Option<&'static std::panic::Location<'static>>,
+) {
+    static WARNED: Mutex<Vec<Option<&'static std::panic::Location<'static>>>> =
+        Mutex::new(Vec::new());
+    HOST_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+    if !warned.contains(&origin) {
+        warned.push(origin);
+        let at = origin.map_or_else(String::new, |l| format!(" at {l}"));
+        eprintln!(
+            "kiln: warning: a {dtype} matmul{at} ({} @ {}, strides {:?} and {:?}) runs on the \
+             host over device copies: cuBLAS takes one stride per batch dimension group, a \
+             unit row or column stride, k > 0 and sizes below 2^31 (make the operands \
+             contiguous to keep it on the GPU)",
+            va.shape(),
+            vb.shape(),
+            va.strides(),
+            vb.strides()
+        );
+    }
 }
 
 /// Launches a kernel step on a GPU.

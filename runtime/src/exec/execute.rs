@@ -355,9 +355,14 @@ impl Run<'_> {
         let started = Instant::now();
         let n = self.graph.node(node);
         let at = |error| RunError { error, op: Some(n.op.name()), origin: n.origin };
+        let mut kind = StepKind::Library;
         let out = match (&n.op, operands) {
             (Op::MatMul, [(a, va), (b, vb)]) => {
-                dispatch::matmul_on(self.gpu, &self.bufs[a], va, &self.bufs[b], vb).map_err(at)?
+                let (a, b) = (&self.bufs[a], &self.bufs[b]);
+                let (out, ran) =
+                    dispatch::matmul_on(self.gpu, a, va, b, vb, n.origin).map_err(at)?;
+                kind = ran;
+                out
             }
             // A slice's gradient or an assignment whose values are read through a view
             // (the planner sends them here on the CPU only).
@@ -386,7 +391,7 @@ impl Run<'_> {
                 (Op::MatMul, None) => crate::matmul::cpu_path(n.dtype),
                 _ => name,
             };
-            let mut e = trace::plain_event(name, StepKind::Library, ops.into(), String::new());
+            let mut e = trace::plain_event(name, kind, ops.into(), String::new());
             let shapes: Vec<String> = operands.iter().map(|(_, v)| v.shape().to_string()).collect();
             e.shape = shapes.join(if name == "matmul" { " @ " } else { ", " });
             e.bytes_read = operands.iter().map(|(a, _)| trace::bytes(&self.bufs[a])).sum();

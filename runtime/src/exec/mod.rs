@@ -22,6 +22,7 @@ use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
 pub use check::unchecked_runs;
 pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles};
+pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
 pub use prepare::Prepared;
 pub(crate) use prepare::PreparedStep;
