@@ -68,6 +68,17 @@ pub enum Error {
         /// What went wrong and the fix.
         detail: String,
     },
+    /// A gradient that does not exist: an input the outputs were not computed from, or an
+    /// output computed from nothing that requires grad (PyTorch raises for both). Its own
+    /// kind, so that code asking whether a program has a gradient can tell this answer from
+    /// every real error.
+    #[error("{op}: {detail}")]
+    NoGradient {
+        /// The call.
+        op: &'static str,
+        /// Which input or output, its shape, and the fix.
+        detail: String,
+    },
     /// An argument value outside its valid range: a probability above one, a negative
     /// learning rate, a batch size of zero.
     #[error("{op}: {detail}")]

@@ -32,14 +32,30 @@ fn compiled_program(source: &Source) -> Vec<Tensor> {
 
 /// The gradient of a program's sum with respect to its first input, and the gradient of that
 /// gradient's sum (double backward) where it depends on the input: none when the result is
-/// not floating point or does not depend on the input.
+/// not floating point or does not depend on the input ([`kiln::Error::NoGradient`]). Any
+/// other error (a refused in-place write, a rule that records an invalid op) fails the
+/// program: read as "no gradient", every mode would agree on it and it would pass.
 fn derivatives(p: &Program) -> Vec<Tensor> {
     if !(p.y.dtype().is_float() && p.input.requires_grad()) {
         return Vec::new();
     }
-    let Ok(first) = kiln::try_grad(&[&p.y.sum()], &[&p.input], true) else { return Vec::new() };
-    let second = kiln::try_grad(&[&first[0].sum()], &[&p.input], false).ok();
+    let Some(first) = gradient_if_any(kiln::try_grad(&[&p.y.sum()], &[&p.input], true)) else {
+        return Vec::new();
+    };
+    let second = gradient_if_any(kiln::try_grad(&[&first[0].sum()], &[&p.input], false));
     first.into_iter().chain(second.into_iter().flatten()).collect()
+}
+
+/// The gradients, or `None` where there are none to take.
+///
+/// # Panics
+/// On any error but [`kiln::Error::NoGradient`].
+fn gradient_if_any(result: kiln::Result<Vec<Tensor>>) -> Option<Vec<Tensor>> {
+    match result {
+        Ok(g) => Some(g),
+        Err(kiln::Error::NoGradient { .. }) => None,
+        Err(e) => panic!("autograd failed on a program that has a gradient to take: {e}"),
+    }
 }
 
 fn run(source: &Source, mode: Execution) -> Run {
@@ -221,11 +237,14 @@ fn report_failure(name: &str, source: &Source, failure: &str) -> ! {
     };
     let (small, shrunk) = shrink(choices_of(source), &fails, 1000);
     let text = program_full(&Source::Replay(small.clone()), Device::Cpu, true).text;
+    let lines: Vec<&str> = text.lines().collect();
     panic!(
         "{name} disagrees: {failure}\n\nshrunk to:\n{text}\nwhere it fails with: {}\n\n\
-         its choices, to keep in tests/data/fuzz_regressions.json once fixed:\n{}",
+         to keep in tests/data/fuzz_regressions.json once fixed, with a \"found\" line:\n\
+         \"choices\": {},\n\"program\": {}",
         shrunk.as_deref().unwrap_or("(no failure on replay: a nondeterministic disagreement)"),
-        to_json(&small)
+        to_json(&small),
+        serde_json::Value::from(lines)
     );
 }
 
@@ -243,7 +262,7 @@ fn random_programs_agree_fused_unfused_and_reference() {
     let programs = seeds.map(|s| (format!("seed {s}"), Source::Seed(s))).chain(
         regressions()
             .into_iter()
-            .map(|(found, c)| (format!("the regression {found:?}"), Source::Replay(c))),
+            .map(|r| (format!("the regression {:?}", r.found), Source::Replay(r.choices))),
     );
     let (mut count, mut with_gradients, mut with_second, mut replays) = (0, 0, 0, 0);
     let mut differenced = 0;
@@ -268,6 +287,26 @@ fn random_programs_agree_fused_unfused_and_reference() {
     assert!(differenced * 20 >= count, "{differenced} of {count} checked by finite differences");
     // And so are compiled replays: two per program that computes anything.
     assert!(replays >= count, "{replays} replays for {count} programs");
+}
+
+/// A kept regression replays to exactly the program it recorded: every choice read as it was
+/// drawn (none mapped into a smaller range or defaulted) and the same calls. Replay is
+/// lenient for shrinking's sake, so without this a change to the generator would silently
+/// turn `tests/data/fuzz_regressions.json` into other programs.
+#[test]
+fn every_kept_regression_replays_to_the_program_it_recorded() {
+    let kept = regressions();
+    assert!(!kept.is_empty());
+    for r in kept {
+        let p = program_full(&Source::Replay(r.choices.clone()), Device::Cpu, true);
+        assert_eq!(
+            to_json(&p.choices),
+            to_json(&r.choices),
+            "{}: choices read differently",
+            r.found
+        );
+        assert_eq!(p.text, r.program, "{}: the generator builds another program now", r.found);
+    }
 }
 
 #[test]

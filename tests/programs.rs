@@ -362,9 +362,19 @@ pub(crate) fn to_json(choices: &[Choice]) -> String {
     serde_json::Value::from(values).to_string()
 }
 
-/// The programs that ever disagreed, kept once fixed (`tests/data/fuzz_regressions.json`):
-/// what each one found, and its choices.
-pub(crate) fn regressions() -> Vec<(String, Vec<Choice>)> {
+/// A program that once disagreed, kept once fixed (`tests/data/fuzz_regressions.json`).
+pub(crate) struct Regression {
+    /// What it found.
+    pub(crate) found: String,
+    /// Its choices.
+    pub(crate) choices: Vec<Choice>,
+    /// The program as recorded, one call per line: replaying the choices must build it
+    /// again, or a change to the generator has turned the regression into another program.
+    pub(crate) program: String,
+}
+
+/// The programs that ever disagreed, kept once fixed (`tests/data/fuzz_regressions.json`).
+pub(crate) fn regressions() -> Vec<Regression> {
     let file: serde_json::Value =
         serde_json::from_str(include_str!("data/fuzz_regressions.json")).expect("valid JSON");
     let cases = file.as_array().expect("a list of regressions");
@@ -381,7 +391,15 @@ pub(crate) fn regressions() -> Vec<(String, Vec<Choice>)> {
                     None => Choice::Int(c.as_u64().expect("an integer choice")),
                 })
                 .collect();
-            (case["found"].as_str().expect("what it found").to_string(), choices)
+            let lines = case["program"].as_array().expect("the program's calls");
+            Regression {
+                found: case["found"].as_str().expect("what it found").to_string(),
+                choices,
+                program: lines
+                    .iter()
+                    .map(|l| l.as_str().expect("a call").to_string() + "\n")
+                    .collect(),
+            }
         })
         .collect()
 }

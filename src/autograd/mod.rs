@@ -387,7 +387,7 @@ fn run_backward(
                 Some(f) => pass.captured.remove(&Arc::as_ptr(&f)),
                 None => pass.leaf_index.get(&key(t)).map(|&j| pass.leaves[j].1.clone()),
             };
-            out.push(g.ok_or_else(|| Error::Autograd {
+            out.push(g.ok_or_else(|| Error::NoGradient {
                 op,
                 detail: format!(
                     "input {i} (shape {}) was not used to compute the outputs, so it has no gradient",
@@ -456,7 +456,7 @@ fn freed_error(op: &'static str, node: &GradNode) -> Error {
 #[track_caller]
 fn seed(output: &Tensor, gradient: Option<&Tensor>, op: &'static str) -> Result<Tensor> {
     if !output.requires_grad() {
-        return Err(Error::Autograd {
+        return Err(Error::NoGradient {
             op,
             detail: format!(
                 "the output (shape {}) does not require grad and has no grad_fn: nothing it was computed from requires grad; call .requires_grad_(true) on the leaves you want gradients for",
@@ -512,9 +512,9 @@ pub fn grad(outputs: &[&Tensor], inputs: &[&Tensor], create_graph: bool) -> Vec<
 /// [`grad`], returning an error instead of panicking.
 ///
 /// # Errors
-/// [`Error::Autograd`] when an output does not require grad or is not a one-element tensor,
-/// when an input was not used to compute the outputs, or when the graph was freed by an
-/// earlier backward.
+/// [`Error::NoGradient`] when an output does not require grad or an input was not used to
+/// compute the outputs; [`Error::Autograd`] when an output is not a one-element tensor, or
+/// the graph was freed by an earlier backward.
 #[track_caller]
 pub fn try_grad(
     outputs: &[&Tensor],
