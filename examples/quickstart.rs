@@ -47,5 +47,33 @@ fn main() -> kiln::Result<()> {
     let dt = kiln::try_grad(&[&t.pow(3.0)], &[&t], true)?.remove(0);
     let d2t = kiln::try_grad(&[&dt], &[&t], false)?.remove(0);
     println!("d/dt t^3 at 3 = {}, d2/dt2 = {}", dt.item::<f64>(), d2t.item::<f64>());
+
+    // What was printed, checked against plain loops (CI runs this example).
+    let (xs, ws) = (x.to_vec::<f32>(), w.to_vec::<f32>());
+    let (mut want_loss, mut want_grad) = (0.0f64, [0.0f64; 6]);
+    for i in 0..2 {
+        for j in 0..2 {
+            let z: f64 = (0..3).map(|k| f64::from(xs[i * 3 + k] * ws[k * 2 + j])).sum::<f64>()
+                + [0.5, -0.5][j];
+            let (t, d) = (z.tanh(), z.tanh() - 1.0);
+            want_loss += d * d / 4.0;
+            for k in 0..3 {
+                want_grad[k * 2 + j] += d / 2.0 * (1.0 - t * t) * f64::from(xs[i * 3 + k]);
+            }
+        }
+    }
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+    let got_grad = grad.to_vec::<f64>();
+    let checked = close(loss.item::<f64>(), want_loss)
+        && got_grad.iter().zip(want_grad).all(|(&a, b)| close(a, b))
+        && (dt.item::<f64>(), d2t.item::<f64>()) == (27.0, 18.0)
+        && y.sum_dim(1, false).numel() == 2;
+    if !checked {
+        eprintln!(
+            "the printed values disagree with plain loops: loss {want_loss}, grad {want_grad:?}"
+        );
+        std::process::exit(1);
+    }
+    println!("(the values above agree with plain f64 loops)");
     Ok(())
 }
