@@ -231,6 +231,35 @@ fn multinomial_draws_follow_the_weights() {
     assert_eq!(w.multinomial(7, true).to_vec::<i64>(), a);
 }
 
+/// Weights that are not a distribution (all zero, negative, infinite, NaN) are an error
+/// naming the row, as in PyTorch: at the call for weights already computed, when the draws
+/// are computed for weights the program computes; never an out-of-range category.
+#[test]
+fn multinomial_refuses_rows_that_are_not_distributions() {
+    let good = [1.0f32, 2.0, 3.0];
+    for bad in
+        [[0.0f32, 0.0, 0.0], [1.0, -1.0, 2.0], [1.0, f32::INFINITY, 1.0], [f32::NAN, 1.0, 1.0]]
+    {
+        let w = Tensor::from_vec([good, bad].concat(), [2, 3]);
+        w.realize();
+        for replacement in [true, false] {
+            let err = w.try_multinomial(2, replacement).unwrap_err().to_string();
+            assert!(err.starts_with("multinomial: row 1 of the weights"), "{bad:?}: {err}");
+            // Computed by the program: the draws' realization fails instead.
+            let lazy = &w * 1.0;
+            let draws = lazy.try_multinomial(2, replacement).expect("recorded");
+            let err = draws.try_to_vec::<i64>().unwrap_err().to_string();
+            assert!(err.contains("multinomial: row 1 of the weights"), "{bad:?}: {err}");
+        }
+    }
+    // A 1-D row, and good rows still draw.
+    let zeros = Tensor::zeros([4]).try_multinomial(1, true).and_then(|d| d.try_to_vec::<i64>());
+    let err = zeros.unwrap_err().to_string();
+    assert!(err.contains("row 0"), "{err}");
+    let w = Tensor::from_vec(good.to_vec(), [3]) * 2.0;
+    assert!(w.multinomial(5, true).to_vec::<i64>().iter().all(|&c| (0..3).contains(&c)));
+}
+
 #[test]
 fn bernoulli_draws_ones_at_the_given_rate() {
     kiln::manual_seed(6);

@@ -51,6 +51,8 @@ pub fn vjp<B: GradBuilder>(
         Op::Input | Op::Full(_) | Op::Random { .. } => Vec::new(),
         // Positions are integers: no gradient (the sorted values get theirs through gather).
         Op::ArgSort { .. } => vec![None],
+        // A check passes its first input through; the check itself has no gradient.
+        Op::Check(_) => vec![Some(g), None],
         Op::Collective(c) => vec![Some(r.collective(c, g)?)],
         Op::Attention { causal, scale } => r.attention(*causal, *scale, inputs, g)?,
         Op::AttentionGrad { .. } => {
@@ -159,7 +161,7 @@ pub fn vjp<B: GradBuilder>(
 pub fn is_differentiable(op: &Op) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
-        Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Collective(_) => true,
+        Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Collective(_) | Op::Check(_) => true,
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
@@ -182,7 +184,7 @@ pub fn is_differentiable(op: &Op) -> bool {
 pub fn reads_input(op: &Op, i: usize) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
-        Op::Collective(_) => false,
+        Op::Collective(_) | Op::Check(_) => false,
         Op::Attention { .. } | Op::AttentionGrad { .. } => true,
         Op::Unary(u) => !matches!(
             u,

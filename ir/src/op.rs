@@ -222,6 +222,38 @@ pub enum Op {
     },
     /// A collective over the ranks of a process group ([`Collective`]): a step of its own.
     Collective(Collective),
+    /// A check of data that only running the graph can make: the first input, unchanged,
+    /// when every element of the second (`Bool`, one per row: the first input's elements
+    /// split into as many equal runs, in row-major order) is true; otherwise running the
+    /// graph fails with the [`Check`]'s message naming the first row that is not.
+    Check(Check),
+}
+
+/// What an [`Op::Check`] checks, and how its failure reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Check {
+    /// Each row of `multinomial`'s weights is a distribution: no weight negative, infinite
+    /// or NaN, and a positive total.
+    MultinomialWeights,
+}
+
+impl Check {
+    /// The user's call the check belongs to, as errors name it.
+    pub fn op(self) -> &'static str {
+        match self {
+            Check::MultinomialWeights => "multinomial",
+        }
+    }
+
+    /// What is wrong when row `row` fails the check, and the fix.
+    pub fn failure(self, row: usize) -> String {
+        match self {
+            Check::MultinomialWeights => format!(
+                "row {row} of the weights is not a distribution: a weight is negative, infinite \
+                 or NaN, or the weights sum to 0 (clamp them, or add a small positive value)"
+            ),
+        }
+    }
 }
 
 impl Op {
@@ -248,6 +280,7 @@ impl Op {
             Op::Collective(c) => c.name(),
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
+            Op::Check(c) => c.op(),
         }
     }
 
@@ -303,7 +336,7 @@ impl Op {
             | Op::CumSum { .. }
             | Op::ArgSort { .. }
             | Op::Collective(_) => 1,
-            Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } => 2,
+            Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } | Op::Check(_) => 2,
             Op::Where | Op::Scatter { .. } | Op::Attention { .. } => 3,
             Op::AttentionGrad { .. } => 4,
         }
@@ -446,6 +479,18 @@ impl Op {
             Op::ArgSort { axis, .. } => check_axis("argsort", *axis, inputs[0].0)
                 .map(|()| (inputs[0].0.clone(), DType::I64)),
             Op::Collective(c) => c.infer(inputs[0].0, inputs[0].1),
+            Op::Check(c) => {
+                let (ok, ok_dtype) = inputs[1];
+                expect_dtype(c.op(), ok_dtype, |d| d == DType::Bool, "a bool check")?;
+                let (n, rows) = (inputs[0].0.numel(), ok.numel());
+                if rows == 0 || n % rows != 0 {
+                    return Err(IrError::InvalidGraph(format!(
+                        "a check of {} rows got {ok} results",
+                        inputs[0].0
+                    )));
+                }
+                Ok((inputs[0].0.clone(), inputs[0].1))
+            }
         }
     }
 }

@@ -52,6 +52,15 @@ pub enum RuntimeError {
         /// The dimension's size.
         size: usize,
     },
+    /// Data that fails a check only running the graph can make (`multinomial`'s weights that
+    /// are not a distribution): the op, the row and the fix.
+    #[error("{op}: {detail}")]
+    Check {
+        /// The user's call the check belongs to.
+        op: &'static str,
+        /// What is wrong, where, and the fix.
+        detail: String,
+    },
     /// A collective failed: the group is unknown, its engine reported an error, or the
     /// tensor is not where the engine works.
     #[error("{op}: {detail}")]

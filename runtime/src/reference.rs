@@ -314,7 +314,20 @@ fn eval(
         }
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
         Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
+        Op::Check(c) => {
+            let Values::B(ok) = args[1] else { unreachable!("a check's results are bool") };
+            failed_check(*c, ok)?;
+            args[0].clone()
+        }
     })
+}
+
+/// The error of an [`Op::Check`] whose results `ok` (one per row) are not all true.
+pub(crate) fn failed_check(check: kiln_ir::Check, ok: &[bool]) -> Result<(), RuntimeError> {
+    match ok.iter().position(|&v| !v) {
+        Some(row) => Err(RuntimeError::Check { op: check.op(), detail: check.failure(row) }),
+        None => Ok(()),
+    }
 }
 
 /// The stable argsort of every line of `x` along `axis` (NaN last, -0 equal to +0).

@@ -40,8 +40,11 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::Shape`] unless the weights are 1-D or 2-D with at least one category;
-    /// [`Error::DType`] for integer weights; [`Error::Value`] for zero samples, or more
-    /// samples than categories without replacement.
+    /// [`Error::DType`] for integer weights; [`Error::Value`] for zero samples, more samples
+    /// than categories without replacement, or weights already computed whose row is not a
+    /// distribution (a negative, infinite or NaN weight, or a zero total). Weights the
+    /// program still has to compute are checked when the draws are: the realization fails
+    /// with [`Error::Runtime`], naming the row.
     #[track_caller]
     pub fn try_multinomial(&self, num_samples: usize, replacement: bool) -> Result<Tensor> {
         const OP: &str = "multinomial";
@@ -68,20 +71,51 @@ impl Tensor {
             ));
         }
         let w = self.detach().double();
+        self.check_distribution_now()?;
         let mut draw_dims = self.dims().to_vec();
-        if replacement {
+        let draws = if replacement {
             // Category k is drawn when cdf[k-1] <= u·total < cdf[k]; u < 1 keeps it below n.
             let cdf = w.try_cumsum(-1)?;
             let total = cdf.try_narrow(-1, n - 1, 1)?;
             *draw_dims.last_mut().expect("rank >= 1") = num_samples;
             let u = Tensor::rand_on(draw_dims.into(), DType::F64, self.device())? * total;
             let below = cdf.try_unsqueeze(-2)?.le(&u.try_unsqueeze(-1)?);
-            return below.try_sum_dim(-1, false);
+            below.try_sum_dim(-1, false)?
+        } else {
+            // Exp(1)/w: the first arrivals of independent races are a draw without
+            // replacement.
+            let u = Tensor::rand_on(draw_dims.into(), DType::F64, self.device())?;
+            let arrival = -u.log1p_neg() / &w;
+            arrival.try_topk(num_samples, -1, false)?.1
+        };
+        // Weights computed by the program are checked when the draws are: a row that is not
+        // a distribution fails the realization, naming the row (as PyTorch raises).
+        let each = w.ge(0.0).logical_and(&w.lt(f64::INFINITY)).logical_not().double();
+        let ok =
+            each.try_sum_dim(-1, false)?.eq(0.0).logical_and(&w.try_sum_dim(-1, false)?.gt(0.0));
+        let check = kiln_ir::Op::Check(kiln_ir::Check::MultinomialWeights);
+        Tensor::from_op(check, &[&draws, &ok.flatten()])
+    }
+
+    /// Weights already computed on the host are checked at once: a row that is not a
+    /// distribution is an error at the call (lazy weights are checked when drawn from).
+    fn check_distribution_now(&self) -> Result<()> {
+        let Some(buffer) = self.storage().node().buffer() else { return Ok(()) };
+        if buffer.device() != crate::Device::Cpu {
+            return Ok(());
         }
-        // Exp(1)/w: the first arrivals of independent races are a draw without replacement.
-        let u = Tensor::rand_on(draw_dims.into(), DType::F64, self.device())?;
-        let arrival = -u.log1p_neg() / w;
-        Ok(arrival.try_topk(num_samples, -1, false)?.1)
+        let values = buffer.gather::<f64>(self.layout());
+        let n = self.dims()[self.ndim() - 1];
+        let row = values.chunks(n).position(|r| {
+            r.iter().any(|v| !(*v >= 0.0 && v.is_finite())) || r.iter().sum::<f64>() <= 0.0
+        });
+        match row {
+            Some(row) => {
+                let check = kiln_ir::Check::MultinomialWeights;
+                Err(Error::value(check.op(), check.failure(row)))
+            }
+            None => Ok(()),
+        }
     }
 
     /// A 0/1 draw for every element with the element as its probability (PyTorch's

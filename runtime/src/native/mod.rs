@@ -34,6 +34,7 @@ pub(crate) fn eval(
     let ids = graph.args(id);
     let shape_of = |i: usize| &graph.node(ids[i]).shape;
     match &node.op {
+        Op::Check(c) => Some(check(*c, args[0], args[1]).map_err(at)),
         Op::Gather { axis } => {
             Some(gather(args[0], shape_of(0), args[1], shape_of(1), *axis).map_err(at))
         }
@@ -751,4 +752,12 @@ fn add_row<T: Element>(sums: &mut [f64], p: isize, x: &[T], step: isize) {
             }
         }
     }
+}
+
+/// An [`Op::Check`]: `x` copied when every element of `ok` is true.
+fn check(c: kiln_ir::Check, x: &Buffer, ok: &Buffer) -> Result<Buffer, RuntimeError> {
+    let rows = ok.gather::<bool>(&View::contiguous(Shape::from([ok.len()])));
+    crate::reference::failed_check(c, &rows)?;
+    let all = View::contiguous(Shape::from([x.len()]));
+    with_element_type!(x.dtype(), T => Buffer::from_slice(&x.gather::<T>(&all)))
 }
