@@ -90,9 +90,9 @@ impl Tensor {
         };
         // Weights computed by the program are checked when the draws are: a row that is not
         // a distribution fails the realization, naming the row (as PyTorch raises).
-        let each = w.ge(0.0).logical_and(&w.lt(f64::INFINITY)).logical_not().double();
+        let each = w.ge(0.0).logical_and(w.lt(f64::INFINITY)).logical_not().double();
         let ok =
-            each.try_sum_dim(-1, false)?.eq(0.0).logical_and(&w.try_sum_dim(-1, false)?.gt(0.0));
+            each.try_sum_dim(-1, false)?.eq(0.0).logical_and(w.try_sum_dim(-1, false)?.gt(0.0));
         let check = kiln_ir::Op::Check(kiln_ir::Check::MultinomialWeights);
         Tensor::from_op(check, &[&draws, &ok.flatten()])
     }
