@@ -165,7 +165,7 @@ fn main() {
             gflops: None,
         });
     }
-    // W3 cross-entropy (log-softmax and NLL with integer labels, as the anchors measure it),
+    // W3 cross-entropy (log-softmax and NLL with integer labels, as the peers measure it),
     // then with its gradient; and a layer norm's forward and backward. GB/s counts one read
     // of the logits (and for the gradients one write).
     let labels = Tensor::randint(0, 4096, [4096]);
@@ -336,7 +336,7 @@ fn main() {
     report::print(&rows, json, "");
 }
 
-/// W4: one SGD step of the MLP of `common/mlp_step.rs`, cycling 8 fixed batches as `anchors/bench.py w4` does, eager-lazy and `compile()`d, in
+/// W4: one SGD step of the MLP of `common/mlp_step.rs`, cycling 8 fixed batches as `benches/peers/bench.py w4` does, eager-lazy and `compile()`d, in
 /// blocks of 50 steps (the loss is read at the end of a block); W4s: the scalar example
 /// `y = x² + 3x + 1`, its gradient at 2 read with `item()`, per iteration.
 fn training_steps(rows: &mut Vec<Row>) {

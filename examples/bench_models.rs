@@ -1,7 +1,7 @@
 //! Model-level benchmarks. W7: one training step of the character-level GPT of
-//! `anchors/models.py w7` (vocabulary 96, 4 layers, d_model 128, 4 heads, context 64, batch
+//! `benches/peers/models.py w7` (vocabulary 96, 4 layers, d_model 128, 4 heads, context 64, batch
 //! 32, AdamW), in tokens per second. W8: one training step of the CNN of
-//! `anchors/models.py w8` (1×32×32
+//! `benches/peers/models.py w8` (1×32×32
 //! inputs, batch 64, three conv–batch-norm–ReLU blocks with 16/32/64 channels and strides
 //! 1/2/2, adaptive average pooling, a linear head, SGD with momentum 0.9), in images per
 //! second: compiled, eager fused and eager unfused (one kernel per op). Also times a 3×3

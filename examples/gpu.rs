@@ -329,7 +329,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
     rows.push(step_row("W4 MLP step", "compiled", ms, 1e3 / ms, "steps/s"));
     drop(compiled);
 
-    // W7: the GPT of anchors/models.py w7 (batch 32, context 64; a small one with
+    // W7: the GPT of benches/peers/models.py w7 (batch 32, context 64; a small one with
     // `--quick`), AdamW.
     kiln::manual_seed(0);
     let mut model = gpt::Gpt::new(size.gpt);

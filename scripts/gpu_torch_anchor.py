@@ -2,8 +2,8 @@
 
 Prints one JSON object per line as each row is measured: workload, variant (eager,
 compiled, or cublas for a product through CuPy's direct cuBLAS call), median_ms, gbps or
-gflops, device. The W4 and W7 training steps are those of anchors/bench.py w4 and
-anchors/models.py w7, on the GPU. Run by scripts/gpu-check when PyTorch is importable;
+gflops, device. The W4 and W7 training steps are those of benches/peers/bench.py w4 and
+benches/peers/models.py w7, on the GPU. Run by scripts/gpu-check when PyTorch is importable;
 `--only NAME[,NAME]` runs some sections (copy, w1, w3, ce, w5, w4, w7).
 """
 import json
@@ -183,8 +183,10 @@ def w4(dev, row):
 
 
 def w7(dev, row):
-    sys.path.insert(0, os.environ.get("KILN_ANCHORS", "../shared/anchors"))
-    import models  # the W7 model of anchors/models.py
+    # The W7 model of benches/peers/models.py (beside this script in .gpu/, or in the checkout).
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.join(here, "..", "benches", "peers")]
+    import models
 
     def forward(self, idx):  # as models.Gpt.forward, with the positions on idx's device
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))

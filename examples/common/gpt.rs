@@ -1,6 +1,6 @@
 //! A small GPT: token and position embeddings, pre-norm blocks of causal self-attention and
 //! a GELU (tanh) MLP, a final layer norm and a linear head. The shapes of
-//! `anchors/models.py w7` with [`GptConfig::w7`].
+//! `benches/peers/models.py w7` with [`GptConfig::w7`].
 
 use kiln::Result;
 use kiln::nn::functional as F;

@@ -1,4 +1,4 @@
-//! The W4 workload of `anchors/bench.py`: a 784-256-10 ReLU MLP trained by SGD (lr 0.1) with
+//! The W4 workload of `benches/peers/bench.py`: a 784-256-10 ReLU MLP trained by SGD (lr 0.1) with
 //! cross-entropy on batches of 128, shared by the benchmark example and the criterion bench.
 
 use kiln::nn::{Linear, Module, Parameters, ReLU, Sequential, functional as F};
