@@ -121,6 +121,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(i) => args.get(i + 1).ok_or("--steps takes a number")?.parse()?,
         None => 900,
     };
+    if steps <= WARMUP {
+        return Err(
+            format!("--steps must be more than the {WARMUP} warm-up steps, got {steps}").into()
+        );
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let corpus = Corpus::load(&root.join("data/shakespeare.txt.gz"))?;
     let split = corpus.ids.len() * 9 / 10;

@@ -371,6 +371,15 @@ pub fn allow_bf16_dot_products(allow: bool) -> bool {
     kiln_runtime::allow_bf16_dot_products(allow)
 }
 
+/// Makes this thread's bf16 products run the bf16 dot-product path with a portable loop in
+/// place of the AVX512-BF16 instruction (`true`), on any x86-64 host, returning the previous
+/// setting: a hook for testing that path where the CPU lacks the instruction. Profiles name
+/// it `matmul bf16-dot-portable`.
+#[doc(hidden)]
+pub fn portable_bf16_dot_products(on: bool) -> bool {
+    kiln_runtime::portable_bf16_dot_products(on)
+}
+
 /// Makes every new CPU compile on this thread fail (`true`) or work again (`false`),
 /// returning the previous setting: a hook for testing the reference-executor fallback.
 /// Kernels already compiled stay cached.

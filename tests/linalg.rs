@@ -1,6 +1,8 @@
 //! Matrix products against a plain f64 triple loop, with PyTorch's rank and broadcasting
 //! rules, on contiguous and transposed operands.
 
+use std::io::Write;
+
 use kiln::prelude::*;
 
 use crate::common::*;
@@ -325,14 +327,27 @@ fn bf16_products_match_the_loop_on_every_path() {
         (Layout::Permuted, Layout::Permuted),
     ];
     let dtype = DType::BF16;
-    let paths = if kiln::debug::bf16_dot_products() { vec![true, false] } else { vec![false] };
-    for dot in paths {
+    // The dot-product path runs on the instruction where the CPU has it, and everywhere (on
+    // x86-64) with its portable tile in the instruction's place, so its packing, tiles and
+    // masked stores are tested on every host; then the widening path.
+    let mut paths = Vec::new();
+    if kiln::debug::bf16_dot_products() {
+        paths.push("matmul bf16-dot");
+    }
+    if cfg!(target_arch = "x86_64") {
+        paths.push("matmul bf16-dot-portable");
+    }
+    paths.push("matmul bf16-widened-to-f32");
+    // Which paths ran, past the harness's capture.
+    let _ = writeln!(std::io::stderr(), "bf16 product paths tested here: {paths:?}");
+    for path in paths {
+        let dot = path != "matmul bf16-widened-to-f32";
         let was = kiln::debug::allow_bf16_dot_products(dot);
+        let portable = kiln::debug::portable_bf16_dot_products(path.ends_with("portable"));
         let x = Tensor::ones([2, 3]).bfloat16();
         let (_, profile) = kiln::profile(|| {
             x.matmul(&x.t()).realize();
         });
-        let path = if dot { "matmul bf16-dot" } else { "matmul bf16-widened-to-f32" };
         assert!(profile.events().iter().any(|e| e.ops == path), "{path}: {:?}", profile.events());
         for (batch, m, k, n) in shapes {
             for (la, lb) in layouts {
@@ -380,5 +395,17 @@ fn bf16_products_match_the_loop_on_every_path() {
         let got = read(&a.matmul(&b), dtype)[0];
         assert_eq!(got, if dot { 0.0 } else { 2.0 * tiny }, "subnormal operand, dot {dot}");
         kiln::debug::allow_bf16_dot_products(was);
+        kiln::debug::portable_bf16_dot_products(portable);
+    }
+    // Where the CPU has the instruction, the portable tile gives its bits.
+    if kiln::debug::bf16_dot_products() {
+        let (m, k, n) = (29, 301, 45);
+        let a = tensor(&values(&mut rng, m * k, dtype), &[m, k], dtype);
+        let b = tensor(&values(&mut rng, k * n, dtype), &[k, n], dtype);
+        let hardware = read(&a.matmul(&b), dtype);
+        let was = kiln::debug::portable_bf16_dot_products(true);
+        let portable = read(&a.matmul(&b), dtype);
+        kiln::debug::portable_bf16_dot_products(was);
+        assert_eq!(hardware, portable, "the portable tile against the instruction");
     }
 }

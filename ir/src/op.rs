@@ -245,6 +245,19 @@ impl Check {
         }
     }
 
+    /// The checked value's shape and dtype: the first input's, with one `Bool` result per
+    /// row in the second.
+    fn infer(self, inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
+        let (ok, ok_dtype) = inputs[1];
+        expect_dtype(self.op(), ok_dtype, |d| d == DType::Bool, "a bool check")?;
+        let (n, rows) = (inputs[0].0.numel(), ok.numel());
+        if rows == 0 || n % rows != 0 {
+            let x = inputs[0].0;
+            return Err(IrError::InvalidGraph(format!("a check of {x} got {ok} results")));
+        }
+        Ok((inputs[0].0.clone(), inputs[0].1))
+    }
+
     /// What is wrong when row `row` fails the check, and the fix.
     pub fn failure(self, row: usize) -> String {
         match self {
@@ -479,18 +492,7 @@ impl Op {
             Op::ArgSort { axis, .. } => check_axis("argsort", *axis, inputs[0].0)
                 .map(|()| (inputs[0].0.clone(), DType::I64)),
             Op::Collective(c) => c.infer(inputs[0].0, inputs[0].1),
-            Op::Check(c) => {
-                let (ok, ok_dtype) = inputs[1];
-                expect_dtype(c.op(), ok_dtype, |d| d == DType::Bool, "a bool check")?;
-                let (n, rows) = (inputs[0].0.numel(), ok.numel());
-                if rows == 0 || n % rows != 0 {
-                    return Err(IrError::InvalidGraph(format!(
-                        "a check of {} rows got {ok} results",
-                        inputs[0].0
-                    )));
-                }
-                Ok((inputs[0].0.clone(), inputs[0].1))
-            }
+            Op::Check(c) => c.infer(inputs),
         }
     }
 }

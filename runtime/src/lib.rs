@@ -43,4 +43,4 @@ pub use buffer::Buffer;
 pub use device::Device;
 pub use error::{CheckReport, RunError, RuntimeError};
 #[doc(inline)]
-pub use matmul::{allow_bf16_dot_products, bf16_dot_products};
+pub use matmul::{allow_bf16_dot_products, bf16_dot_products, portable_bf16_dot_products};

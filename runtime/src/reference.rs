@@ -227,23 +227,7 @@ fn eval(
             Values::I(v) => Values::I(view.offsets().map(|o| v[o]).collect()),
             Values::B(v) => Values::B(view.offsets().map(|o| v[o]).collect()),
         },
-        Op::Unview { view, .. } => match args[0] {
-            Values::F(v) => {
-                let mut out = vec![0.0; n];
-                view.offsets().zip(v).for_each(|(o, &x)| out[o] += x);
-                Values::F(out)
-            }
-            Values::I(v) => {
-                let mut out = vec![0i64; n];
-                view.offsets().zip(v).for_each(|(o, &x)| out[o] = out[o].wrapping_add(x));
-                Values::I(out)
-            }
-            Values::B(v) => {
-                let mut out = vec![false; n];
-                view.offsets().zip(v).for_each(|(o, &x)| out[o] |= x);
-                Values::B(out)
-            }
-        },
+        Op::Unview { view, .. } => unview(view, args[0], n),
         Op::Assign(view) => {
             let mut out = args[0].clone();
             match (&mut out, args[1]) {
@@ -314,12 +298,36 @@ fn eval(
         }
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
         Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
-        Op::Check(c) => {
-            let Values::B(ok) = args[1] else { unreachable!("a check's results are bool") };
-            failed_check(*c, ok)?;
-            args[0].clone()
-        }
+        Op::Check(c) => checked(*c, args)?,
     })
+}
+
+/// The adjoint of a view: `x` added into zeros of `n` elements where `view` reads them.
+fn unview(view: &kiln_ir::View, x: &Values, n: usize) -> Values {
+    match x {
+        Values::F(v) => {
+            let mut out = vec![0.0; n];
+            view.offsets().zip(v).for_each(|(o, &x)| out[o] += x);
+            Values::F(out)
+        }
+        Values::I(v) => {
+            let mut out = vec![0i64; n];
+            view.offsets().zip(v).for_each(|(o, &x)| out[o] = out[o].wrapping_add(x));
+            Values::I(out)
+        }
+        Values::B(v) => {
+            let mut out = vec![false; n];
+            view.offsets().zip(v).for_each(|(o, &x)| out[o] |= x);
+            Values::B(out)
+        }
+    }
+}
+
+/// An [`Op::Check`]'s value: its first argument, once every result in the second is true.
+fn checked(check: kiln_ir::Check, args: &[&Values]) -> Result<Values, RuntimeError> {
+    let Values::B(ok) = args[1] else { unreachable!("a check's results are bool") };
+    failed_check(check, ok)?;
+    Ok(args[0].clone())
 }
 
 /// The error of an [`Op::Check`] whose results `ok` (one per row) are not all true.

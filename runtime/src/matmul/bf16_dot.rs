@@ -29,16 +29,29 @@ const NR: usize = 32;
 const A_BLOCK_BYTES: usize = 256 * 1024;
 
 /// Whether bf16 products run here: the CPU has AVX512-BF16 (with AVX512-F/BW/VL for the
-/// stores) and `KILN_NO_BF16_DOT` is unset (it selects the widening path, for comparison).
+/// stores) and `KILN_NO_BF16_DOT` is unset or `0` (`1` selects the widening path, for
+/// comparison).
 pub(crate) fn available() -> bool {
     static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
-        std::env::var_os("KILN_NO_BF16_DOT").is_none()
+        !std::env::var("KILN_NO_BF16_DOT").is_ok_and(|v| v != "0")
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512bf16")
     });
     *AVAILABLE
+}
+
+/// What computes a tile: the instruction, or a portable loop with its numerics (products
+/// exact, each added to the f32 sum in turn, the odd element of a pair first, rounded to
+/// nearest even, subnormal inputs and sums read as zero) that tests run on hosts without it,
+/// so the packing, tiling and masked stores around the instruction are tested everywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DotPath {
+    /// `vdpbf16ps` (the CPU has AVX512-BF16: [`available`]).
+    Instructions,
+    /// [`tile_portable`].
+    Portable,
 }
 
 /// The most bytes of packing a thread keeps between products; a larger product's packing
@@ -55,15 +68,16 @@ thread_local! {
 /// each operand is `(pointer, column stride, row stride)`.
 ///
 /// # Safety
-/// [`available`] is true, `k > 0`, `dst` has room for the `m x n` block at row stride
-/// `dst_rs`, no other thread writes it, and the operands address `m x k` and `k x n` elements
-/// that lie inside their buffers.
+/// [`available`] is true for [`DotPath::Instructions`], `k > 0`, `dst` has room for the
+/// `m x n` block at row stride `dst_rs`, no other thread writes it, and the operands address
+/// `m x k` and `k x n` elements that lie inside their buffers.
 pub(super) unsafe fn product(
     pr: Problem,
     dst: *mut bf16,
     dst_rs: usize,
     (a, a_cs, a_rs): (*const bf16, isize, isize),
     (b, b_cs, b_rs): (*const bf16, isize, isize),
+    path: DotPath,
 ) {
     let Problem { m, n, k } = pr;
     let kp = k.div_ceil(2);
@@ -81,18 +95,18 @@ pub(super) unsafe fn product(
             unsafe { pack(pa, MR, a.offset(i0 as isize * a_rs), a_rs, a_cs, rows, k) };
             for (p, j0) in (0..n).step_by(NR).enumerate() {
                 for (t, r0) in (0..rows).step_by(MR).enumerate() {
-                    // SAFETY: tile `t` and panel `p` are inside the packed buffers; the
-                    // block written lies inside `dst` (the caller's contract).
+                    let (ta, tb) = (&pa[t * kp * MR..][..kp * MR], &pb[p * kp * NR..][..kp * NR]);
+                    let (rows, cols) = ((rows - r0).min(MR), (n - j0).min(NR));
+                    // SAFETY: the block written lies inside `dst` (the caller's contract); the
+                    // instructions are there for `DotPath::Instructions` (likewise).
                     unsafe {
-                        tile(
-                            kp,
-                            pa.as_ptr().add(t * kp * MR),
-                            pb.as_ptr().add(p * kp * NR),
-                            dst.add((i0 + r0) * dst_rs + j0),
-                            dst_rs,
-                            (rows - r0).min(MR),
-                            (n - j0).min(NR),
-                        );
+                        let out = dst.add((i0 + r0) * dst_rs + j0);
+                        match path {
+                            DotPath::Instructions => {
+                                tile(kp, ta.as_ptr(), tb.as_ptr(), out, dst_rs, rows, cols);
+                            }
+                            DotPath::Portable => tile_portable(kp, ta, tb, out, dst_rs, rows, cols),
+                        }
                     }
                 }
             }
@@ -217,6 +231,45 @@ unsafe fn tile(
             let rounded: __m256i = unsafe { std::mem::transmute(_mm512_cvtneps_pbh(v)) };
             // SAFETY: the masked lanes are columns `lo..cols` of row `r`, inside the block.
             unsafe { _mm256_mask_storeu_epi16(dst.add(r * dst_rs + lo).cast(), mask, rounded) };
+        }
+    }
+}
+
+/// [`tile`] without the instruction, with its numerics ([`DotPath::Portable`]).
+///
+/// # Safety
+/// `a` holds `kp * MR` and `b` `kp * NR` values; the `rows x cols` block at `dst` is
+/// writable.
+unsafe fn tile_portable(
+    kp: usize,
+    a: &[u32],
+    b: &[u32],
+    dst: *mut u16,
+    dst_rs: usize,
+    rows: usize,
+    cols: usize,
+) {
+    // A bf16 as f32, subnormals as zero (the instruction's DAZ).
+    let wide = |bits: u32| {
+        let v = f32::from_bits((bits & 0xffff) << 16);
+        if v.is_subnormal() { 0.0 } else { v }
+    };
+    let flush = |v: f32| if v.is_subnormal() { 0.0 } else { v };
+    let mut acc = [[0f32; NR]; MR];
+    for q in 0..kp {
+        for (r, row) in acc.iter_mut().enumerate() {
+            let pa = a[q * MR + r];
+            for (c, sum) in row.iter_mut().enumerate() {
+                let pb = b[q * NR + c];
+                *sum = flush(*sum + wide(pa >> 16) * wide(pb >> 16));
+                *sum = flush(*sum + wide(pa) * wide(pb));
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(rows) {
+        for (c, &v) in row.iter().enumerate().take(cols) {
+            // SAFETY: row `r < rows`, column `c < cols` of the block (the contract).
+            unsafe { *dst.add(r * dst_rs + c) = bf16::from_f32(v).to_bits() };
         }
     }
 }

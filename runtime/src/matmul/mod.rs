@@ -30,25 +30,21 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
         DType::F32 => batched::<f32>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
         DType::F64 => batched::<f64>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
         DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, (&with_gemm(f16::ONE), Split::Gemm)),
-        DType::BF16 if bf16_dot_products() => {
-            // SAFETY: the CPU has the instructions (checked just above).
-            #[cfg(target_arch = "x86_64")]
-            return batched::<bf16>(
-                a,
-                va,
-                b,
-                vb,
-                bf16::ZERO,
-                (
-                    &|pr, dst, dst_rs, lhs, rhs| unsafe {
-                        bf16_dot::product(pr, dst, dst_rs, lhs, rhs);
-                    },
-                    Split::Longer,
-                ),
-            );
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("bf16 dot products are x86-64 only")
-        }
+        #[cfg(target_arch = "x86_64")]
+        DType::BF16 if let Some(path) = bf16_dot_path() => batched::<bf16>(
+            a,
+            va,
+            b,
+            vb,
+            bf16::ZERO,
+            (
+                // SAFETY: the CPU has the instructions where `path` uses them (`bf16_dot_path`).
+                &|pr, dst, dst_rs, lhs, rhs| unsafe {
+                    bf16_dot::product(pr, dst, dst_rs, lhs, rhs, path);
+                },
+                Split::Longer,
+            ),
+        ),
         DType::BF16 => bf16_through_f32(a, va, b, vb),
         DType::I64 | DType::I32 | DType::U8 => integer(a, va, b, vb),
         other => unreachable!("matmul of {other}: the op's dtype check refuses it"),
@@ -59,14 +55,39 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
 /// rather than widened to f32 for `gemm`: `kiln::debug::bf16_dot_products` documents it.
 pub fn bf16_dot_products() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return bf16_dot::available() && BF16_DOT_ON.get();
+    return bf16_dot_path() == Some(bf16_dot::DotPath::Instructions);
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// How this thread's bf16 products run on the dot-product path: on the instructions where
+/// the CPU has them (and they are allowed), with the portable tile where a test asks for it
+/// ([`portable_bf16_dot_products`]); `None` where they widen to f32.
+#[cfg(target_arch = "x86_64")]
+fn bf16_dot_path() -> Option<bf16_dot::DotPath> {
+    if BF16_DOT_PORTABLE.get() {
+        Some(bf16_dot::DotPath::Portable)
+    } else if BF16_DOT_ON.get() && bf16_dot::available() {
+        Some(bf16_dot::DotPath::Instructions)
+    } else {
+        None
+    }
 }
 
 thread_local! {
     /// Whether this thread's bf16 products may use the dot-product instructions.
     static BF16_DOT_ON: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+    /// Whether this thread's bf16 products run the dot-product path with its portable tile.
+    static BF16_DOT_PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's bf16 products run the dot-product path (packing, tiles, masked
+/// stores) with a portable loop in place of the instruction (`true`), on any x86-64 host, or
+/// returns to the default (`false`); returns the previous setting. A test hook: the path is
+/// then tested where the CPU lacks AVX512-BF16. Elsewhere than x86-64 it does nothing.
+#[doc(hidden)]
+pub fn portable_bf16_dot_products(on: bool) -> bool {
+    BF16_DOT_PORTABLE.replace(on)
 }
 
 /// Lets this thread's bf16 products use the CPU's bf16 dot products where it has them
@@ -80,8 +101,13 @@ pub fn allow_bf16_dot_products(allow: bool) -> bool {
 /// What a CPU product of `dtype` runs on, as the profile's ops column shows it: bf16 names
 /// its path, since the widening one is about half as fast.
 pub(crate) fn cpu_path(dtype: DType) -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    match (dtype, bf16_dot_path()) {
+        (DType::BF16, Some(bf16_dot::DotPath::Instructions)) => return "matmul bf16-dot",
+        (DType::BF16, Some(bf16_dot::DotPath::Portable)) => return "matmul bf16-dot-portable",
+        _ => {}
+    }
     match dtype {
-        DType::BF16 if bf16_dot_products() => "matmul bf16-dot",
         DType::BF16 => "matmul bf16-widened-to-f32",
         _ => "matmul",
     }
