@@ -309,6 +309,28 @@ pub fn cache_stats() -> CacheStats {
 /// The counters of a kernel cache.
 pub use kiln_runtime::cache::{CacheLimits, CacheStats};
 
+/// What of the CPU generated code relies on beyond the baseline ISA ([`with_clif_features`]).
+pub use kiln_runtime::CpuFeatures;
+
+/// Runs `f` with the Cranelift IR that [`plan_summary`] and [`kernels`] report generated for
+/// a host with `features` rather than this one (text only: what runs is this host's code),
+/// so a snapshot of it reads the same on every host.
+///
+/// ```
+/// use kiln::debug::CpuFeatures;
+/// use kiln::prelude::*;
+/// let x = Tensor::ones([64]);
+/// x.realize();
+/// let y = (&x * 2.0).exp();
+/// let clif = kiln::debug::with_clif_features(CpuFeatures::X86_64_BASELINE, || {
+///     kiln::debug::plan_summary(&[&y]).clif.remove(0)
+/// });
+/// assert!(clif.contains("function") && !clif.contains(" fma "));
+/// ```
+pub fn with_clif_features<T>(features: CpuFeatures, f: impl FnOnce() -> T) -> T {
+    kiln_runtime::trace::with_clif_features(features, f)
+}
+
 /// Every CPU kernel the code generator could not compile, by name, with its message. Their
 /// ops run on the reference executor (correct, much slower); each failure is also written to
 /// stderr once, counted in [`cache_stats`]`().failures`, and noted on the kernel's profile

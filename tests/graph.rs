@@ -22,9 +22,17 @@ fn realized_tensors_become_inputs() {
 
 /// The generated code of representative kernels, so that a change to the code generator
 /// shows up as a reviewed snapshot diff.
+/// The code snapshots are of the Cranelift IR kiln generates for an x86-64 host at level v3
+/// (AVX2 and FMA: Horner steps are `fma`, long rows of transcendentals go to the batch
+/// functions), whatever this host is: the IR is generated for that level, not compiled, so
+/// the snapshots read the same on every host (the kernels that run are this host's).
+fn at_v3<T>(f: impl FnOnce() -> T) -> T {
+    kiln::debug::with_clif_features(kiln::debug::CpuFeatures::X86_64_V3, f)
+}
+
 #[test]
 fn generated_code_snapshots() {
-    use kiln::debug::plan_summary;
+    let plan_summary = |t: &[&Tensor]| at_v3(|| kiln::debug::plan_summary(t));
     let x = Tensor::from_vec((0..1000).map(|i| i as f32 / 100.0).collect::<Vec<_>>(), [1000]);
     let a = Tensor::ones([8, 16]);
     let col = Tensor::ones([8, 1]);
@@ -75,17 +83,19 @@ fn training_step_kernel_snapshots() {
     let x = Tensor::from_vec((0..48).map(|i| (i as f32).sin()).collect::<Vec<_>>(), [8, 6]);
     let y = Tensor::from_vec(vec![0i64, 1, 2, 3, 0, 1, 2, 3], [8]);
     Tensor::try_realize_all(&[&x, &y]).unwrap();
-    let (_, kernels) = kiln::debug::kernels(|| {
-        let loss = F::cross_entropy(&layer.forward(&x).gelu(), &y);
-        loss.backward();
-        opt.step();
+    let (_, kernels) = at_v3(|| {
+        kiln::debug::kernels(|| {
+            let loss = F::cross_entropy(&layer.forward(&x).gelu(), &y);
+            loss.backward();
+            opt.step();
+        })
     });
     let listing: Vec<String> =
         kernels.iter().map(|k| format!("{} {}: {} [{}]", k.name, k.shape, k.ops, k.cut)).collect();
     insta::assert_snapshot!("training_step_kernels", listing.join("\n"));
     let gelu = kernels.iter().find(|k| k.ops.contains("erf")).expect("the GELU kernel");
-    // The CLIF is the host's: this snapshot is of an x86-64 host with FMA (Horner steps are
-    // `fma`; without FMA each is an `fmul` and an `fadd`).
+    // The CLIF of an x86-64 v3 host (`at_v3`): without FMA each Horner step is an `fmul`
+    // and an `fadd`.
     insta::assert_snapshot!(
         "gelu_kernel",
         format!("{}\n\n{}", gelu.text, gelu.clif.as_deref().expect("compiled"))
@@ -142,7 +152,7 @@ fn planner_stage_snapshots() {
 /// reduction, and a reduction vectorized across its outputs (columns).
 #[test]
 fn loop_strategy_clif_snapshots() {
-    use kiln::debug::plan_summary;
+    let plan_summary = |t: &[&Tensor]| at_v3(|| kiln::debug::plan_summary(t));
     let m = Tensor::from_vec((0..64 * 48).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [64, 48]);
     let wide = Tensor::from_vec((0..96 * 8).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [96, 8]);
     Tensor::try_realize_all(&[&m, &wide]).unwrap();
@@ -161,6 +171,14 @@ fn loop_strategy_clif_snapshots() {
             format!("{}\n\n{}", plan.kernel_text[0], plan.clif[0])
         );
     }
+    // Below v3 (no FMA, no wide batch functions) the vector kernel keeps its polynomial
+    // inline, as `fmul` and `fadd`.
+    let y = (&m * 2.0 + 1.0).exp();
+    let baseline =
+        kiln::debug::with_clif_features(kiln::debug::CpuFeatures::X86_64_BASELINE, || {
+            kiln::debug::plan_summary(&[&y])
+        });
+    insta::assert_snapshot!("clif_vector_baseline", baseline.clif[0]);
 }
 
 /// The CUDA C of each kernel kind the CUDA code generator emits: elementwise, a row

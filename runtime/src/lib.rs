@@ -43,4 +43,5 @@ pub use buffer::Buffer;
 pub use device::Device;
 pub use error::{CheckReport, RunError, RuntimeError};
 #[doc(inline)]
+pub use kiln_codegen::cpu::CpuFeatures;
 pub use matmul::{allow_bf16_dot_products, bf16_dot_products, portable_bf16_dot_products};

@@ -305,7 +305,12 @@ pub(crate) fn kernel_event(
     e.sources = sources;
     if wants_sources() {
         e.text = Some(k.kernel.to_string());
-        e.clif = info.compiled.map(|c| c.clif().to_string());
+        e.clif = match clif_features() {
+            Some(features) if info.compiled.is_some() => {
+                kiln_codegen::cpu::clif_with(&k.kernel, features).ok()
+            }
+            _ => info.compiled.map(|c| c.clif().to_string()),
+        };
         // A GPU plan has no logsumexp kernel: its planner writes one as max, exp, sum, log.
         let cuda = k.kernel.reduce.is_none_or(|r| r.op != kiln_ir::ReduceOp::LogSumExp);
         e.cuda = cuda.then(|| kiln_codegen::cuda::source(&k.kernel));
@@ -339,4 +344,30 @@ pub(crate) fn track_memory<'b>(
             (b, node.op.name(), node.origin)
         })
         .collect();
+}
+
+thread_local! {
+    /// The host features whose Cranelift IR this thread's reports show ([`with_clif_features`]).
+    static CLIF_FEATURES: std::cell::Cell<Option<kiln_codegen::cpu::CpuFeatures>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the Cranelift IR that this thread's kernel reports show (traces,
+/// [`crate::exec::clif`]) generated for a host with `features` instead of this one's: text
+/// only, the kernels that run are this host's. Snapshot tests use it to read the same on
+/// every host.
+pub fn with_clif_features<T>(features: kiln_codegen::cpu::CpuFeatures, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<kiln_codegen::cpu::CpuFeatures>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CLIF_FEATURES.set(self.0);
+        }
+    }
+    let _restore = Restore(CLIF_FEATURES.replace(Some(features)));
+    f()
+}
+
+/// The features [`with_clif_features`] set on this thread, if any.
+pub(crate) fn clif_features() -> Option<kiln_codegen::cpu::CpuFeatures> {
+    CLIF_FEATURES.get()
 }

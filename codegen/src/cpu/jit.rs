@@ -115,19 +115,81 @@ fn new_module(isa: isa::OwnedTargetIsa) -> Result<JITModule, CodegenError> {
     Ok(JITModule::new(builder))
 }
 
+/// What of the CPU the generated code relies on beyond the baseline ISA: the choices that
+/// make two hosts' kernels differ (their Cranelift IR included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CpuFeatures {
+    /// Vector fused multiply-add lowers to one instruction (x86 FMA3; always on aarch64):
+    /// polynomials take Horner steps as `fma`.
+    pub fma: bool,
+    /// The batch functions run on wide vectors (x86 AVX2 with FMA, or AVX-512): long rows
+    /// of transcendentals are staged through them (`staging.rs`, `rows.rs`).
+    pub wide: bool,
+}
+
+impl CpuFeatures {
+    /// An x86-64 host at level v3 or above (AVX2 and FMA; AVX-512 changes only which batch
+    /// functions run, not the generated code): the level kiln's code snapshots are taken at.
+    pub const X86_64_V3: CpuFeatures = CpuFeatures { fma: true, wide: true };
+    /// An x86-64 host below v3 (SSE only, the baseline every x86-64 has).
+    pub const X86_64_BASELINE: CpuFeatures = CpuFeatures { fma: false, wide: false };
+
+    /// This host's.
+    ///
+    /// # Errors
+    /// [`CodegenError::Cranelift`] if the host is not supported.
+    pub fn host() -> Result<CpuFeatures, CodegenError> {
+        Ok(CpuFeatures { fma: has_fma(&*host_isa()?), wide: wide::lanes().is_some() })
+    }
+}
+
 /// Compiles `kernel` for the host CPU.
 ///
 /// # Errors
 /// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
 /// module), the host is not supported, or no address space is left to reserve.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
+    match build(kernel, CpuFeatures::host()?, Output::Machine)? {
+        Built::Kernel(k) => Ok(*k),
+        Built::Text(_) => unreachable!("machine code was asked for"),
+    }
+}
+
+/// The Cranelift IR kiln generates for `kernel` on a host with `features` (which need not be
+/// this one's: nothing is compiled to machine code), for snapshots that read the same on
+/// every host.
+///
+/// # Errors
+/// As [`compile`].
+pub fn clif_with(kernel: &Kernel, features: CpuFeatures) -> Result<String, CodegenError> {
+    match build(kernel, features, Output::Text)? {
+        Built::Text(text) => Ok(text),
+        Built::Kernel(k) => Ok(k.clif.clone()),
+    }
+}
+
+/// What [`build`] goes as far as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Machine code, ready to run.
+    Machine,
+    /// The Cranelift IR only.
+    Text,
+}
+
+/// What [`build`] made.
+enum Built {
+    Kernel(Box<CpuKernel>),
+    Text(String),
+}
+
+fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built, CodegenError> {
     // A `logsumexp` of f32 values widened to f64 folds the f32 values and stores the f64
     // result: the kernel compiled is the one without the widening.
     let (narrowed, lse_result) = logsumexp::fold_of(kernel)?;
     let kernel = narrowed.as_ref().unwrap_or(kernel);
-    let isa = host_isa()?;
-    let fma = has_fma(&*isa);
-    let mut module = new_module(isa)?;
+    let CpuFeatures { fma, wide } = features;
+    let mut module = new_module(host_isa()?)?;
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
 
@@ -162,7 +224,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         helper_ids.push((name, hid));
     }
     let staged = if columns.is_none() && strip.is_none() {
-        staging::staged_ops(kernel, vector, walk.dims.last().copied().unwrap_or(0), fma)
+        staging::staged_ops(kernel, vector, walk.dims.last().copied().unwrap_or(0), features)
     } else {
         Vec::new()
     };
@@ -182,6 +244,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             vector: lanes,
             strip,
             fma,
+            wide,
             helpers: helper_refs,
             b: &mut b,
             staging: None,
@@ -203,6 +266,9 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
         b.finalize(target);
     }
     let clif = ctx.func.display().to_string();
+    if output == Output::Text {
+        return Ok(Built::Text(clif));
+    }
     ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
     module
         .define_function(id, &mut ctx)
@@ -217,7 +283,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
     let code = module.get_finalized_function(id);
     // SAFETY: `code` is the finalized function declared above with exactly this signature.
     let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
-    Ok(CpuKernel {
+    Ok(Built::Kernel(Box::new(CpuKernel {
         module: Some(module),
         entry,
         clif,
@@ -228,7 +294,7 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
             (None, Some(_)) => STRIP_ROWS * walk.dims.last().copied().unwrap_or(1),
             (None, None) => 1,
         },
-    })
+    })))
 }
 
 /// The host CPU as the planner sees it: transcendental functions are polynomials of some

@@ -14,7 +14,6 @@ use super::staging::At;
 use super::staging::MIN_ROW;
 use super::strategy::scalar_type;
 use super::translate::{Prologue, Translator, acc_ty_dtype};
-use super::wide;
 use crate::walk::{Rows, Walk};
 
 /// A row sum of `exp(x - s)` over a contiguous f32 input `x`, `s` fixed along the row (or
@@ -246,7 +245,7 @@ impl<'b> Translator<'_, 'b> {
             || self.vector != Some((DType::F32, types::F32X4))
             || !self.fma
             || len < MIN_ROW
-            || wide::lanes().is_none()
+            || !self.wide
         {
             return None;
         }

@@ -57,13 +57,13 @@ pub(super) fn staged_ops(
     kernel: &Kernel,
     vector: Option<(DType, Type)>,
     row: usize,
-    fma: bool,
+    features: super::CpuFeatures,
 ) -> Vec<(usize, wide::Helper)> {
     if vector != Some((DType::F32, types::F32X4))
         || kernel.reduce.is_some_and(|r| r.op == kiln_ir::ReduceOp::LogSumExp)
         || row < MIN_ROW
-        || !fma
-        || wide::lanes().is_none()
+        || !features.fma
+        || !features.wide
     {
         return Vec::new();
     }

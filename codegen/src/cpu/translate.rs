@@ -52,6 +52,8 @@ pub(super) struct Translator<'a, 'b> {
     /// Columns per strip when an elementwise kernel walks in strips (see [`strip_width`]).
     pub(super) strip: Option<usize>,
     pub(super) fma: bool,
+    /// The batch functions run on wide vectors here ([`super::CpuFeatures::wide`]).
+    pub(super) wide: bool,
     pub(super) helpers: HashMap<&'static str, cranelift_codegen::ir::FuncRef>,
     pub(super) b: &'a mut FunctionBuilder<'b>,
     /// Transcendentals computed a block at a time with wider vectors (`staging.rs`).

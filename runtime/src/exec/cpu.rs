@@ -108,6 +108,9 @@ pub fn compiles_fail() -> bool {
 /// # Errors
 /// The code generator's message if the kernel cannot be compiled.
 pub fn clif(kernel: &Kernel) -> Result<String, String> {
+    if let Some(features) = crate::trace::clif_features() {
+        return cpu::clif_with(kernel, features).map_err(|e| e.to_string());
+    }
     if let Some(Some(k)) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
         return Ok(k.clif().to_string());
     }

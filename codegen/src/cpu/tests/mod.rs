@@ -831,7 +831,10 @@ fn staged_rows_with_tails_and_several_outputs() {
     let [Step::Kernel(k)] = plan.as_slice() else { panic!("one kernel: {plan:?}") };
     assert_eq!(k.kernel.outputs.len(), 2, "{}", k.kernel);
     let lanes = Some((DType::F32, cranelift_codegen::ir::types::F32X4));
-    assert!(!super::staging::staged_ops(&k.kernel, lanes, cols, true).is_empty());
+    assert!(
+        !super::staging::staged_ops(&k.kernel, lanes, cols, super::CpuFeatures::X86_64_V3)
+            .is_empty()
+    );
     let by_node = [(x, values(rows * cols, DType::F32, 21)), (bias, values(cols, DType::F32, 22))];
     let inputs: Vec<Vec<f64>> = k
         .inputs
