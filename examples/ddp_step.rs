@@ -11,7 +11,7 @@
 //! mpirun -np 2 target/release/examples/ddp_step
 //! ```
 //!
-//! Without a launcher it runs `KILN_RANKS` ranks (default 2) as threads of this process.
+//! `--quick` times 3 steps instead of 30. Without a launcher it runs `KILN_RANKS` ranks (default 2) as threads of this process.
 //! With `KILN_DDP_BACKEND=nccl` it runs through NCCL on CUDA device 0 instead (a world of
 //! one without a launcher): the model and batch live on the GPU and each all-reduce runs on
 //! NCCL's own stream, so the profile shows how much of it overlapped the rest of backward.
@@ -27,7 +27,10 @@ use kiln::optim::{Optimizer, Sgd, SgdConfig};
 use kiln::{StepKind, Tensor};
 
 const WIDTH: usize = 1024;
-const STEPS: usize = 30;
+/// Timed steps: 30, or 3 with `--quick` (CI runs it so on the emulated device).
+fn steps() -> usize {
+    if std::env::args().any(|a| a == "--quick") { 3 } else { 30 }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var("KILN_DDP_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("nccl")) {
@@ -60,7 +63,7 @@ fn measure(group: &ProcessGroup) -> kiln::Result<()> {
     ] {
         let (median, waits) = step_time(group, options)?;
         if group.rank() == 0 {
-            println!("{label}: median step {median:.2} ms over {STEPS} steps");
+            println!("{label}: median step {median:.2} ms over {} steps", steps());
             for (waited, hidden, mb) in waits {
                 println!(
                     "  all_reduce {mb:>6.2} MB: waited {waited:>6.3} ms, in flight during other steps {hidden:>6.3} ms"
@@ -91,13 +94,14 @@ fn step_time(group: &ProcessGroup, options: DdpOptions) -> kiln::Result<(f64, Ve
     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 1e-3, ..Default::default() });
     let x = Tensor::randn([32, 512]).try_to(device)?;
     let y = Tensor::from_vec((0..32).map(|i| i % 10).collect::<Vec<i64>>(), [32]).try_to(device)?;
-    let mut times = Vec::with_capacity(STEPS);
+    let mut times = Vec::with_capacity(steps());
     let mut waits = Vec::new();
-    for step in 0..STEPS + 5 {
+    let steps = steps();
+    for step in 0..steps + 5 {
         let started = Instant::now();
         opt.zero_grad();
         let loss = F::cross_entropy(&model.try_forward(&x)?, &y);
-        if step == STEPS + 4 {
+        if step == steps + 4 {
             let (done, profile) = kiln::profile(|| loss.try_backward());
             done?;
             waits = profile
@@ -115,7 +119,7 @@ fn step_time(group: &ProcessGroup, options: DdpOptions) -> kiln::Result<(f64, Ve
         opt.step();
         // The update is lazy: realize it, as the next forward would.
         model.module().parameters()[0].sum().try_item::<f32>()?;
-        if (5..STEPS + 4).contains(&step) {
+        if (5..steps + 4).contains(&step) {
             times.push(started.elapsed().as_secs_f64() * 1e3);
         }
     }
