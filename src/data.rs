@@ -194,18 +194,33 @@ pub struct DataLoader<'a, D: Dataset> {
 }
 
 impl<'a, D: Dataset> DataLoader<'a, D> {
-    /// Batches of `batch_size` examples in order, the last one possibly smaller. A batch
-    /// size of 0 is treated as 1.
+    /// Batches of `batch_size` examples in order, the last one possibly smaller.
+    ///
+    /// # Panics
+    /// For a batch size of 0; [`DataLoader::try_new`] returns the error.
     #[must_use]
+    #[track_caller]
     pub fn new(dataset: &'a D, batch_size: usize) -> DataLoader<'a, D> {
-        DataLoader {
+        crate::error::ok(DataLoader::try_new(dataset, batch_size))
+    }
+
+    /// [`DataLoader::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Value`] for a batch size of 0 (as PyTorch's `DataLoader` raises; a batch size
+    /// computed as `64 / world_size` is 0 past 64 ranks).
+    pub fn try_new(dataset: &'a D, batch_size: usize) -> Result<DataLoader<'a, D>> {
+        if batch_size == 0 {
+            return Err(Error::value("DataLoader", "batch_size must be at least 1, got 0"));
+        }
+        Ok(DataLoader {
             dataset,
-            batch_size: batch_size.max(1),
+            batch_size,
             seed: None,
             drop_last: false,
             epoch: Cell::new(0),
             sampler: None,
-        }
+        })
     }
 
     /// Shuffles the examples every epoch, deterministically from `seed`.

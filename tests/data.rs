@@ -123,3 +123,11 @@ fn tensor_dataset_checks_its_tensors() {
     assert!(matches!(data.get(4), Err(kiln::Error::Index { .. })));
     assert!(matches!(data.get_batch(&[1, 9]), Err(kiln::Error::Index { .. })));
 }
+
+#[test]
+fn a_batch_size_of_zero_is_an_error() {
+    let x = Tensor::zeros([4, 2]);
+    let data = kiln::data::TensorDataset::new(vec![x]).expect("a dataset");
+    let err = kiln::data::DataLoader::try_new(&data, 0).unwrap_err().to_string();
+    assert!(err.starts_with("DataLoader: batch_size must be at least 1"), "{err}");
+}

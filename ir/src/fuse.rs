@@ -6,7 +6,9 @@
 //!   that consumes them.
 //! - Constants (`Full`) become kernel parameters and views of computed buffers become index
 //!   maps, wherever they are used: both are free to recompute, so they are never stored.
-//! - A reduction (`sum`, `prod`, `max`, `min`) fuses the elementwise expression it reduces.
+//! - A reduction (`sum`, `prod`, `max`, `min`, `logsumexp`) fuses the elementwise expression
+//!   it reduces; a stored value that a row sum reduces whole is written by the sum's kernel
+//!   in the same pass (`merge_into_reductions`: softmax's `exp(x - max)`).
 //! - A value is stored (a kernel boundary) when it is a result the caller wants
 //!   ([`Cut::Output`]), when several ops consume it and recomputing it in each costs more
 //!   than storing and reloading it on the plan's target ([`Cut::Shared`], see

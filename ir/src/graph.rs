@@ -28,8 +28,8 @@ pub struct Node {
 
 /// A dataflow graph of [`Op`]s. Edges run from an input to its consumer and carry the
 /// input's position. Nodes are added with their inputs already present, so insertion order
-/// is a topological order; [`Graph::topo_order`] computes one independently for graphs that
-/// passes have rewritten.
+/// is a topological order, and [`Graph::topo_order`] returns it (passes rebuild a rewritten
+/// graph node by node in such an order, so this holds for their graphs too).
 ///
 /// ```
 /// use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};

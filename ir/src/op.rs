@@ -694,7 +694,6 @@ fn infer_scatter(
     Ok((base.clone(), dtype))
 }
 
-/// [`Op::infer`] of `matmul`.
 /// An axis of `shape`, or an invalid graph.
 fn check_axis(op: &'static str, axis: usize, shape: &Shape) -> Result<(), IrError> {
     if axis >= shape.rank() {

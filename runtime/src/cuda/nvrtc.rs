@@ -172,11 +172,22 @@ pub(crate) fn load(gpu: &Gpu, name: &str, source: &str) -> Result<Arc<CudaModule
         Ok,
     )?;
     gpu.bind()?;
-    // The cubin first; the PTX when the driver refuses it.
-    if let Some(cubin) = compiled.cubin
-        && let Ok(module) = gpu.ctx.load_module(Ptx::from_binary(cubin))
-    {
-        return Ok(module);
+    // The cubin first; the PTX when the driver refuses it (said once per process, with the
+    // driver's reason: the PTX is compiled again by the driver, at every load).
+    if let Some(cubin) = compiled.cubin {
+        match gpu.ctx.load_module(Ptx::from_binary(cubin)) {
+            Ok(module) => return Ok(module),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "kiln: warning: the driver refused the cubin of kernel {name} for \
+                         {target} ({e:?}); kernels load from their PTX instead (the driver \
+                         compiles it at each load)"
+                    );
+                });
+            }
+        }
     }
     gpu.ctx
         .load_module(Ptx::from_src(compiled.ptx))

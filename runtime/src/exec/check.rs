@@ -73,7 +73,15 @@ pub(super) fn compare(
             0.0
         };
     let all = kiln_ir::View::contiguous(kiln_ir::Shape::from([got.len()]));
-    let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
+    // A device result comes to the host first, its failure an error (gather would panic).
+    let on_host = |b: &Buffer| {
+        b.to_device(Device::Cpu).map_err(|error| RunError {
+            error,
+            op: Some(graph.node(step.outputs[0]).op.name()),
+            origin: graph.node(step.outputs[0]).origin,
+        })
+    };
+    let (g, w) = (on_host(got)?.gather::<f64>(&all), on_host(want)?.gather::<f64>(&all));
     // A length mismatch is a difference too (zip would stop at the shorter one): reported at
     // the first element only one side has.
     let bad = g
