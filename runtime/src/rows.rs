@@ -337,7 +337,7 @@ pub(crate) unsafe fn run(
             let started = timed.then(std::time::Instant::now);
             // SAFETY: per this function's contract; `r0..r1` are rows of every member.
             unsafe {
-                (member.kernel.entry())(
+                member.kernel.call(
                     ptrs.as_ptr(),
                     params[m].as_ptr(),
                     (r0 * positions) as u64,

@@ -19,13 +19,13 @@ use super::{helpers, logsumexp, wide};
 use crate::CodegenError;
 use crate::walk::coalesce;
 /// The entry point of a compiled kernel.
-pub type Entry = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
+type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
 
 /// A compiled kernel: its machine code (owned by its own JIT module, so that the cache can
 /// drop kernels one by one) and its text.
 pub struct CpuKernel {
     module: Option<JITModule>,
-    entry: Entry,
+    entry: KernelFn,
     clif: String,
     code_bytes: usize,
     vectorized: bool,
@@ -49,9 +49,18 @@ impl CpuKernel {
         self.min_chunk
     }
 
-    /// The entry point; see the module docs for its contract.
-    pub fn entry(&self) -> Entry {
-        self.entry
+    /// Runs the kernel over output positions `start..end`. The entry point is only reached
+    /// through this borrow, never copied out, so the code cannot be called after the
+    /// kernel (and its JIT module) is dropped.
+    ///
+    /// # Safety
+    /// The entry point's contract (see the module docs): `ptrs` holds the kernel's input
+    /// buffers then its outputs, each large enough for the positions `start..end` address;
+    /// `params` its parameter slots ([`param_slots`]); no other call writes the same output
+    /// positions meanwhile.
+    pub unsafe fn call(&self, ptrs: *const *mut u8, params: *const u64, start: u64, end: u64) {
+        // SAFETY: the caller's contract; `self` owns the code for the length of the call.
+        unsafe { (self.entry)(ptrs, params, start, end) }
     }
 
     /// The Cranelift IR of the kernel, as text.
@@ -282,7 +291,7 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
     module.finalize_definitions().map_err(|e| CodegenError::Cranelift(e.to_string()))?;
     let code = module.get_finalized_function(id);
     // SAFETY: `code` is the finalized function declared above with exactly this signature.
-    let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
+    let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
     Ok(Built::Kernel(Box::new(CpuKernel {
         module: Some(module),
         entry,

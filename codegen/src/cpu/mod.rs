@@ -44,7 +44,7 @@ mod strategy;
 mod translate;
 mod wide;
 
-pub use jit::{CpuFeatures, CpuKernel, Entry, TARGET, clif_with, compile, param_slots};
+pub use jit::{CpuFeatures, CpuKernel, TARGET, clif_with, compile, param_slots};
 pub use strategy::{COLUMN_BLOCK, STRIP_ROWS};
 
 #[cfg(test)]

@@ -171,12 +171,11 @@ fn launch(kernel: &CpuKernel, ptrs: &[*mut u8], params: &[u64], n: usize, per_ou
     // range of the output.
     unsafe impl Sync for Args {}
     let args = Args(ptrs.as_ptr(), params.as_ptr());
-    let entry = kernel.entry();
     let call = |start: usize, end: usize| {
         let a = &args;
         // SAFETY: see `run_kernel`; `start..end` lies inside `0..n`, and `kernel` (which owns
         // the code) is borrowed for the whole launch.
-        unsafe { entry(a.0, a.1, start as u64, end as u64) };
+        unsafe { kernel.call(a.0, a.1, start as u64, end as u64) };
     };
     let threads = crate::team::threads();
     let mut chunk = (CHUNK / per_output).max(kernel.min_chunk());

@@ -62,7 +62,7 @@ fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) ->
         let end = (start + chunk).min(n);
         // SAFETY: every buffer holds the elements the kernel's views reach, and the output
         // buffers hold n elements of their dtype.
-        unsafe { (compiled.entry())(ptrs.as_ptr(), p.as_ptr(), start as u64, end as u64) };
+        unsafe { compiled.call(ptrs.as_ptr(), p.as_ptr(), start as u64, end as u64) };
         start = end;
         if start >= n {
             break;
