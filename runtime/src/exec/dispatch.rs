@@ -90,7 +90,8 @@ pub(super) fn matmul_on(
 static HOST_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
 /// How many matrix products of GPU tensors ran on the host's `gemm` over device↔host copies
-/// because cuBLAS could not take them (see [`matmul_on`]). 0 is the normal case.
+/// because cuBLAS could not take them (a batch layout with no single stride, `k == 0`, sizes
+/// past 2³¹). 0 is the normal case.
 pub fn host_products() -> u64 {
     HOST_PRODUCTS.load(Ordering::Relaxed)
 }
