@@ -519,16 +519,48 @@ impl UnaryOp {
     /// `sigmoid`, `erf`): generated code approximates it with a polynomial, a few ULP from the
     /// correctly rounded value, and it costs tens of instructions.
     pub fn is_transcendental(self) -> bool {
-        matches!(
-            self,
+        // Exhaustive, so that a new op must be placed: the cost model, the oracle and the
+        // code generators read this.
+        match self {
             UnaryOp::Exp
-                | UnaryOp::Log
-                | UnaryOp::Sin
-                | UnaryOp::Cos
-                | UnaryOp::Tanh
-                | UnaryOp::Sigmoid
-                | UnaryOp::Erf
-        )
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Erf => true,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Relu
+            | UnaryOp::Recip
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Not => false,
+        }
+    }
+
+    /// Whether the op rounds to an integer value (`floor`, `ceil`, `round`): piecewise
+    /// constant, so it has no gradient, and a one-ULP difference in its input can move its
+    /// result by one (the oracle leaves such jumps of approximated values out).
+    pub fn is_rounding(self) -> bool {
+        match self {
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => true,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Relu
+            | UnaryOp::Erf
+            | UnaryOp::Recip
+            | UnaryOp::Not => false,
+        }
     }
 
     /// The op's name.
@@ -576,12 +608,47 @@ impl BinaryOp {
         }
     }
 
+    /// Whether generated code approximates the op (`pow`, through `exp` and `log`), a few
+    /// ULP from the correctly rounded value, as it does the transcendental unary ops.
+    pub fn is_approximated(self) -> bool {
+        match self {
+            BinaryOp::Pow => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::And
+            | BinaryOp::Or => false,
+        }
+    }
+
     /// Whether the op compares and gives `Bool`.
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
-        )
+        match self {
+            BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Pow
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::And
+            | BinaryOp::Or => false,
+        }
     }
 }
 

@@ -54,7 +54,7 @@ impl Target {
         }
         match op {
             Op::Unary(u) if u.is_transcendental() => self.costs.transcendental,
-            Op::Binary(BinaryOp::Pow) => self.costs.transcendental,
+            Op::Binary(b) if b.is_approximated() => self.costs.transcendental,
             Op::Unary(UnaryOp::Sqrt | UnaryOp::Recip) | Op::Binary(BinaryOp::Div) => {
                 self.costs.division
             }

@@ -45,6 +45,13 @@ pub(super) struct Prologue {
     pub(super) param_vector: HashMap<usize, Value>,
 }
 
+/// Which of the two trigonometric functions [`Translator::trig_vector`] computes.
+#[derive(Clone, Copy)]
+pub(super) enum Trig {
+    Sin,
+    Cos,
+}
+
 pub(super) struct Translator<'a, 'b> {
     pub(super) kernel: &'a Kernel,
     pub(super) walk: &'a Walk,
@@ -235,7 +242,8 @@ impl<'b> Translator<'_, 'b> {
                         UnaryOp::Sigmoid => math::sigmoid(&mut self.math(), x),
                         UnaryOp::Erf => math::erf(&mut self.math(), x),
                         UnaryOp::Log => math::log(&mut self.math(), x),
-                        UnaryOp::Sin | UnaryOp::Cos => self.trig_vector(op, x),
+                        UnaryOp::Sin => self.trig_vector(Trig::Sin, x),
+                        UnaryOp::Cos => self.trig_vector(Trig::Cos, x),
                     }
                 }
                 ExprKind::Binary(op, a, c) => {
@@ -329,10 +337,10 @@ impl<'b> Translator<'_, 'b> {
 
     /// `sin` or `cos` of four f32 lanes: the vector path, and the scalar f64 function for
     /// every lane when one of them is beyond its range (huge, infinite or NaN).
-    pub(super) fn trig_vector(&mut self, op: UnaryOp, x: Value) -> Value {
-        let (cos, name) = match op {
-            UnaryOp::Cos => (true, "kiln_cos"),
-            _ => (false, "kiln_sin"),
+    pub(super) fn trig_vector(&mut self, trig: Trig, x: Value) -> Value {
+        let (cos, name) = match trig {
+            Trig::Cos => (true, "kiln_cos"),
+            Trig::Sin => (false, "kiln_sin"),
         };
         let fast = math::sin_cos(&mut self.math(), x, cos);
         let ax = self.b.ins().fabs(x);
@@ -544,7 +552,17 @@ impl<'b> Translator<'_, 'b> {
                 UnaryOp::Tanh => math::tanh(&mut self.math(), v),
                 UnaryOp::Sigmoid => math::sigmoid(&mut self.math(), v),
                 UnaryOp::Erf => math::erf(&mut self.math(), v),
-                _ => self.trig_vector(op, v),
+                UnaryOp::Sin => self.trig_vector(Trig::Sin, v),
+                UnaryOp::Cos => self.trig_vector(Trig::Cos, v),
+                UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sqrt
+                | UnaryOp::Relu
+                | UnaryOp::Recip
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Not => unreachable!("{} is not transcendental", op.name()),
             };
             return self.b.ins().extractlane(r, 0);
         }

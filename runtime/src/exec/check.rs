@@ -122,7 +122,6 @@ pub(super) fn compare(
 /// 1), so the oracle cannot tell it from a bug and leaves those outputs out.
 pub(super) fn after_a_jump(kernel: &kiln_ir::kernel::Kernel) -> Vec<bool> {
     use kiln_ir::kernel::ExprKind;
-    use kiln_ir::{BinaryOp, UnaryOp};
     let mut approximated = vec![false; kernel.exprs.len()];
     let mut jumped = vec![false; kernel.exprs.len()];
     for (i, e) in kernel.exprs.iter().enumerate() {
@@ -136,22 +135,17 @@ pub(super) fn after_a_jump(kernel: &kiln_ir::kernel::Kernel) -> Vec<bool> {
         approximated[i] = from_approximated
             || match e.kind {
                 ExprKind::Unary(op, _) => op.is_transcendental(),
-                ExprKind::Binary(op, ..) => op == BinaryOp::Pow,
-                _ => false,
+                ExprKind::Binary(op, ..) => op.is_approximated(),
+                ExprKind::Load(_)
+                | ExprKind::Param(_)
+                | ExprKind::Where(..)
+                | ExprKind::Cast(_) => false,
             };
         let jump = match e.kind {
             ExprKind::Cast(a) => kernel.exprs[a].dtype.is_float() && !e.dtype.is_float(),
-            ExprKind::Unary(UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round, _) => true,
-            ExprKind::Binary(op, ..) => matches!(
-                op,
-                BinaryOp::Eq
-                    | BinaryOp::Ne
-                    | BinaryOp::Lt
-                    | BinaryOp::Le
-                    | BinaryOp::Gt
-                    | BinaryOp::Ge
-            ),
-            _ => false,
+            ExprKind::Unary(op, _) => op.is_rounding(),
+            ExprKind::Binary(op, ..) => op.is_comparison(),
+            ExprKind::Load(_) | ExprKind::Param(_) | ExprKind::Where(..) => false,
         };
         jumped[i] = args.iter().any(|&a| jumped[a]) || (jump && from_approximated);
     }
