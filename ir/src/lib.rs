@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod autodiff;
+mod check;
 mod collective;
 mod dtype;
 mod error;
@@ -40,11 +41,12 @@ pub mod target;
 pub mod testing;
 mod view;
 
+pub use check::Check;
 pub use collective::{Collective, CollectiveKind, CollectiveReduce};
 pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
-pub use op::{BinaryOp, Check, Op, RandomDist, ReduceOp, UnaryOp};
+pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};
 pub use products::AttentionDims;
 pub use semantics::{bf16_from_f64, f16_from_f64};
 pub use shape::{Shape, normalize_axis};
