@@ -190,6 +190,29 @@ fn main() -> kiln::Result<()> {
         }
     }
 
+    // Log-softmax in f32, softmax in bf16 (half the bytes: GB/s counts them as stored).
+    for side in size.softmax {
+        let a = Tensor::randn([side, side]).to(gpu);
+        let h = a.to_dtype(DType::BF16);
+        Tensor::try_realize_all(&[&a, &h])?;
+        let f32_bytes = 8.0 * (side * side) as f64;
+        for (workload, x, bytes, log) in [
+            (format!("W3 log-softmax {side}²"), &a, f32_bytes, true),
+            (format!("W3 softmax bf16 {side}²"), &h, f32_bytes / 2.0, false),
+        ] {
+            let ms = median_ms(reps, || {
+                if log { x.log_softmax(1) } else { x.softmax(1) }.realize();
+            });
+            rows.push(Row {
+                workload,
+                variant: "fused",
+                ms,
+                gbps: Some(gb(bytes, ms)),
+                gflops: None,
+            });
+        }
+    }
+
     // W3 cross-entropy (log-softmax and NLL with integer labels), then with its gradient.
     // GB/s counts one read of the logits (and for the gradient one write).
     for side in size.softmax {

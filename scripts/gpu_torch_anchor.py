@@ -101,6 +101,14 @@ def w3(dev, row):
         for variant, g in [("eager", soft), ("compiled", torch.compile(soft))]:
             ms = median_ms(lambda: g(a))
             row(f"W3 {side}²", variant, ms, gbps=8 * side * side / ms / 1e6)
+        h = a.to(torch.bfloat16)
+        logsoft = lambda a: torch.log_softmax(a, dim=1)  # noqa: E731
+        for variant, g in [("eager", logsoft), ("compiled", torch.compile(logsoft))]:
+            ms = median_ms(lambda: g(a))
+            row(f"W3 log-softmax {side}²", variant, ms, gbps=8 * side * side / ms / 1e6)
+        for variant, g in [("eager", soft), ("compiled", torch.compile(soft))]:
+            ms = median_ms(lambda: g(h))
+            row(f"W3 softmax bf16 {side}²", variant, ms, gbps=4 * side * side / ms / 1e6)
 
 
 def ce(dev, row):

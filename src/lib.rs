@@ -130,7 +130,8 @@ pub use execution::{
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
 pub use profile::{
-    Comparison, KernelStats, MemoryPeak, Profile, StepEvent, StepKind, machine_bandwidth, profile,
+    Comparison, KernelStats, MemoryPeak, Profile, StepEvent, StepKind, copy_ceiling,
+    machine_bandwidth, profile,
 };
 pub use random::{RngState, get_rng_state, manual_seed, set_rng_state};
 pub use tensor::{

@@ -68,6 +68,8 @@ pub struct KernelStats {
     pub compile: Duration,
     /// Launches served by the kernel cache.
     pub cache_hits: usize,
+    /// The device whose plan ran it.
+    pub device: crate::Device,
     /// The user lines that recorded its ops.
     pub sources: Vec<&'static std::panic::Location<'static>>,
 }
@@ -114,6 +116,7 @@ impl Profile {
                     compile: Duration::ZERO,
                     cache_hits: 0,
                     sources: e.sources.clone(),
+                    device: e.device,
                 });
                 order.len() - 1
             });
@@ -131,9 +134,10 @@ impl Profile {
         order
     }
 
-    /// Steps run (kernel launches, library calls and reference ops).
+    /// Steps run (kernel launches, library calls and reference ops). The kernels of a GPU
+    /// row group are one launch; [`Profile::kernels`] lists each of them.
     pub fn launches(&self) -> usize {
-        self.steps().count()
+        self.steps().filter(|e| !e.joined).count()
     }
 
     /// Time in steps, compile time excluded.
@@ -265,6 +269,31 @@ pub fn machine_bandwidth() -> f64 {
     *GBPS
 }
 
+/// The bandwidth `device` copies at, in GB/s (bytes read plus written): the yardstick of
+/// the profile's `%bw` column. The CPU's is [`machine_bandwidth`]; a GPU's is
+/// [`crate::cuda::copy_bandwidth`] over 128 MiB (the median of five copies), measured once per
+/// device and process (0 when the device cannot be used, which leaves the column empty).
+pub fn copy_ceiling(device: crate::Device) -> f64 {
+    static GPUS: std::sync::Mutex<Vec<(usize, f64)>> = std::sync::Mutex::new(Vec::new());
+    match device {
+        crate::Device::Cpu => machine_bandwidth(),
+        crate::Device::Cuda(i) => {
+            let mut known = GPUS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(&(_, gbps)) = known.iter().find(|(d, _)| *d == i) {
+                return gbps;
+            }
+            let gbps = crate::cuda::copy_bandwidth(i, 1 << 27, 5).unwrap_or(0.0);
+            known.push((i, gbps));
+            gbps
+        }
+    }
+}
+
+/// `part` as a percentage of `whole`, or an empty column when there is no yardstick.
+fn percent(part: f64, whole: f64) -> String {
+    if whole > 0.0 { format!("{:.0}%", 100.0 * part / whole) } else { "-".to_string() }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -286,7 +315,6 @@ fn kind_name(k: StepKind) -> &'static str {
 
 impl fmt::Display for Profile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ceiling = machine_bandwidth();
         writeln!(
             f,
             "{:<18} {:<9} {:>5} {:>9} {:>9} {:>8} {:>8} {:>7} {:>5} {:>8} {:>4}  ops [why the kernel ends]",
@@ -306,7 +334,7 @@ impl fmt::Display for Profile {
             let cut = if k.cut.is_empty() { String::new() } else { format!(" [{}]", k.cut) };
             writeln!(
                 f,
-                "{:<18} {:<9} {:>5} {:>9.3} {:>9.1} {:>8.2} {:>8.2} {:>7.2} {:>4.0}% {:>8.2} {:>4}  {}{cut}",
+                "{:<18} {:<9} {:>5} {:>9.3} {:>9.1} {:>8.2} {:>8.2} {:>7.2} {:>5} {:>8.2} {:>4}  {}{cut}",
                 k.name,
                 kind_name(k.kind),
                 k.launches,
@@ -315,7 +343,7 @@ impl fmt::Display for Profile {
                 mb(k.bytes_read),
                 mb(k.bytes_written),
                 k.gbps(),
-                100.0 * k.gbps() / ceiling,
+                percent(k.gbps(), copy_ceiling(k.device)),
                 ms(k.compile),
                 k.cache_hits,
                 k.ops,
@@ -333,12 +361,20 @@ impl fmt::Display for Profile {
             ms(self.compile_time()),
             ms(self.wall),
         )?;
+        // A GPU plan's steps are measured against the GPU's copies (its host work included:
+        // it is time the step took).
+        let device =
+            self.steps().map(|e| e.device).find(|d| *d != crate::Device::Cpu).unwrap_or_default();
+        let (ceiling, what) = match device {
+            crate::Device::Cpu => (machine_bandwidth(), "this machine copies at".to_string()),
+            d => (copy_ceiling(d), format!("{d} copies at")),
+        };
+        let gbps = self.bytes_moved() as f64 / step.as_secs_f64().max(1e-9) / 1e9;
         writeln!(
             f,
-            "moved {:.2} MB at {:.2} GB/s ({:.0}% of the {ceiling:.1} GB/s this machine copies at)",
+            "moved {:.2} MB at {gbps:.2} GB/s ({} of the {ceiling:.1} GB/s {what})",
             mb(self.bytes_moved()),
-            self.bytes_moved() as f64 / step.as_secs_f64().max(1e-9) / 1e9,
-            100.0 * self.bytes_moved() as f64 / step.as_secs_f64().max(1e-9) / 1e9 / ceiling,
+            percent(gbps, ceiling),
         )?;
         let peak = self.peak_memory();
         write!(f, "peak memory {:.2} MB", mb(peak.peak_bytes))?;

@@ -1,6 +1,8 @@
 //! Row groups: kernels that work on the same rows run tile by tile on the CPU (softmax,
 //! log-softmax, layer norm, cross-entropy and their gradients over a million elements or
-//! more). Checked against plain loops and against one kernel per op, which never groups.
+//! more), and as one kernel with a block per row on a GPU (at every size). Checked against
+//! plain loops, against one kernel per op (which never groups) and against the reference
+//! executor.
 
 use kiln::debug::{RowGroupSizes, with_row_group_sizes};
 use kiln::nn::functional as F;
@@ -12,8 +14,73 @@ use crate::common::*;
 /// partial last tile.
 const SHAPE: [usize; 2] = [1031, 1021];
 
+/// How many kernels ran in a row group: tile by tile on the CPU, in one launch on a GPU.
 fn grouped(profile: &kiln::Profile) -> usize {
-    profile.events().iter().filter(|e| e.cut.contains("row tile by row tile")).count()
+    let cuts = ["row tile by row tile", "one launch with its row group"];
+    profile.events().iter().filter(|e| cuts.iter().any(|c| e.cut.contains(c))).count()
+}
+
+device_test!(row_groups_match_the_reference, super::row_groups_match_the_reference_on);
+
+/// Softmax, log-softmax, cross-entropy, layer norm and their gradients, grouped (from the
+/// smallest size on the CPU), on every layout and in f32, f64 and bf16, against the reference
+/// executor; with masked rows, large logits and odd row lengths (one below and one above a
+/// block's threads).
+fn row_groups_match_the_reference_on(device: Device) {
+    let tiny = RowGroupSizes { min_positions: 1, tile_positions: 1 };
+    let mut rng = Rng::new(45);
+    for (rows, cols) in [(37usize, 61usize), (130, 515)] {
+        let n = rows * cols;
+        let mut data = values(&mut rng, n, DType::F64);
+        data[3..cols].iter_mut().step_by(4).for_each(|v| *v = f64::NEG_INFINITY);
+        data[cols + 1] = 80.0;
+        let targets: Vec<i64> = (0..rows).map(|_| rng.int(0, cols as i64)).collect();
+        let w: Vec<f64> = values(&mut rng, cols, DType::F64);
+        // The larger size once: the emulated device compiles every kernel.
+        let large = rows > 100;
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            for layout in LAYOUTS {
+                if large && (dtype != DType::F32 || layout != Layout::Contiguous) {
+                    continue;
+                }
+                let run = |execution: kiln::Execution, on: Device| {
+                    with_row_group_sizes(tiny, || {
+                        kiln::with_execution(execution, || {
+                            let x = make_on(&data, &[rows, cols], dtype, layout, on)
+                                .requires_grad_(true);
+                            let w = tensor(&w, &[cols], DType::F64).to(on).to_dtype(dtype);
+                            let t = Tensor::from_vec(targets.clone(), [rows]).to(on);
+                            let masked = x.softmax(-1) * &w + x.log_softmax(-1).exp();
+                            let finite = Tensor::where_(&x.gt(-1e30), &x, 0.0);
+                            let normed = F::layer_norm(&finite, &[cols], None, None, 1e-5);
+                            let loss = F::cross_entropy(&finite, &t)
+                                + (&normed * &w).sum() * 1e-2
+                                + masked.sum() * 1e-3;
+                            let (_, profile) = kiln::profile(|| loss.backward());
+                            let grad = x.grad().expect("a gradient");
+                            let outs = [loss.to_dtype(DType::F64), masked, normed, grad];
+                            let outs = outs.map(|t| t.to(Device::Cpu).to_vec::<f64>());
+                            (outs, grouped(&profile))
+                        })
+                    })
+                };
+                let (got, groups) = run(kiln::Execution::Fused, device);
+                let (want, _) = run(kiln::Execution::Reference, Device::Cpu);
+                let at = format!("{device} {rows}x{cols} {dtype:?} {layout:?}");
+                assert!(groups >= 2, "{at}: the backward ran no row group");
+                let tol = match dtype {
+                    DType::F64 => 1e-10,
+                    DType::F32 => 2e-5,
+                    _ => 3e-2,
+                };
+                for (name, (g, w)) in
+                    ["loss", "softmax", "layer norm", "gradient"].iter().zip(got.iter().zip(&want))
+                {
+                    assert_close_tol(g, w, tol, &format!("{at} {name}"));
+                }
+            }
+        }
+    }
 }
 
 fn softmax_rows(data: &[f64], cols: usize, log: bool) -> Vec<f64> {
@@ -258,6 +325,31 @@ fn softmax_rows_with_masked_and_special_values_match_a_loop() {
                     "[{r}, {j}] of {cols}: {g} vs {w}"
                 );
             }
+        }
+    }
+}
+
+device_test!(a_softmax_is_one_launch_measured_against_its_device, super::one_launch_on);
+
+/// A row softmax is one launch on a GPU (its three kernels in one row group) and one group
+/// on the CPU at the group size; a profile measures bandwidth against the copies of the
+/// device that ran it.
+fn one_launch_on(device: Device) {
+    let tiny = RowGroupSizes { min_positions: 1, tile_positions: 1 };
+    let x = Tensor::randn([300, 257]).to(device);
+    x.realize();
+    let (_, profile) =
+        with_row_group_sizes(tiny, || kiln::profile(|| x.softmax(-1).realize().clone()));
+    let kernels = profile.kernels().len();
+    assert!(kernels >= 3, "the maximum, the sum and the division at least\n{profile}");
+    assert_eq!(grouped(&profile), kernels, "every kernel in the group\n{profile}");
+    let text = profile.to_string();
+    match device {
+        Device::Cpu => assert!(text.contains("GB/s this machine copies at"), "{text}"),
+        Device::Cuda(i) => {
+            assert_eq!(profile.launches(), 1, "one launch, each member listed\n{profile}");
+            assert!(text.contains(&format!("GB/s cuda:{i} copies at")), "{text}");
+            assert!(kiln::copy_ceiling(device) > 0.0);
         }
     }
 }

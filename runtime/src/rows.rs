@@ -16,6 +16,7 @@
 use std::ptr::NonNull;
 
 use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_codegen::cuda::rows as cuda_rows;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{NodeId, View};
@@ -143,12 +144,14 @@ fn fitting(
     inputs: &[NodeId],
     produced: &[(NodeId, usize)],
     candidates: &[usize],
+    on: Grouping,
 ) -> Vec<usize> {
     let own = row_counts(k);
     candidates
         .iter()
         .copied()
         .filter(|rows| own.contains(rows))
+        .filter(|&rows| on == Grouping::Cpu || cuda_rows::unsupported(k, rows).is_none())
         .filter(|&rows| {
             let Some(rd) = row_dims(k.shape.dims(), rows) else { return false };
             inputs.iter().zip(&k.inputs).all(|(n, input)| {
@@ -163,9 +166,24 @@ fn fitting(
         .collect()
 }
 
+/// Where a plan's row groups run, which decides what may join one and when a group pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// Tile by tile on the CPU's threads, from [`RowGroupSizes::min_positions`] positions.
+    Cpu,
+    /// As one GPU kernel, a block per row ([`kiln_codegen::cuda::rows`]), at any size: it
+    /// saves launches as well as memory traffic.
+    Cuda,
+}
+
 /// Finds the row groups among a plan's steps: `kernels[i]` is step `i`'s kernel when it is
-/// a compiled CPU kernel. `readers[n]` counts every read of node `n` (plan outputs included).
-pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowGroup> {
+/// a kernel that may join a group. `readers[n]` counts every read of node `n` (plan outputs
+/// included).
+pub(crate) fn find(
+    kernels: &[Option<&KernelStep>],
+    readers: &[u32],
+    on: Grouping,
+) -> Vec<RowGroup> {
     let sizes = SIZES.with(std::cell::Cell::get);
     let mut groups = Vec::new();
     let mut i = 0;
@@ -174,13 +192,14 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
             i += 1;
             continue;
         };
-        let mut candidates = fitting(&first.kernel, &first.inputs, &[], &row_counts(&first.kernel));
+        let mut candidates =
+            fitting(&first.kernel, &first.inputs, &[], &row_counts(&first.kernel), on);
         let mut produced = outputs_of(first);
         let mut largest = first.kernel.shape.numel();
         let mut end = i + 1;
         while end < kernels.len() && !candidates.is_empty() {
             let Some(next) = kernels[end] else { break };
-            let fit = fitting(&next.kernel, &next.inputs, &produced, &candidates);
+            let fit = fitting(&next.kernel, &next.inputs, &produced, &candidates, on);
             if fit.is_empty() {
                 break;
             }
@@ -198,7 +217,11 @@ pub(crate) fn find(kernels: &[Option<&KernelStep>], readers: &[u32]) -> Vec<RowG
         // (their values are read elsewhere too) run faster as whole kernels: W7's GELU
         // kernels took 1.04 ms per million elements grouped, 0.99 ms alone.
         let reduces = kernels[i..end].iter().flatten().any(|k| k.kernel.reduce.is_some());
-        if end - i >= 2 && reduces && largest >= sizes.min_positions && rows >= 2 * threads {
+        let pays = match on {
+            Grouping::Cpu => largest >= sizes.min_positions && rows >= 2 * threads,
+            Grouping::Cuda => true,
+        };
+        if end - i >= 2 && reduces && pays {
             let tile =
                 (sizes.tile_positions / (largest / rows).max(1)).min(rows / (2 * threads)).max(1);
             let members = &kernels[i..end];

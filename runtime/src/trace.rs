@@ -65,6 +65,12 @@ pub struct Event {
     /// For a collective: how long it was in flight while other steps ran, before the plan
     /// waited for it (communication hidden behind computation). Zero for other steps.
     pub overlapped: Duration,
+    /// The device whose plan ran the step (the host's work for a GPU plan included, labelled
+    /// by its kind): what its bandwidth is measured against.
+    pub device: crate::Device,
+    /// Whether the step ran inside the launch of the step before it, not a launch of its own
+    /// (the members after the first of a GPU row group).
+    pub joined: bool,
 }
 
 /// Memory of one realization: the peak of live buffers and the largest ones at that point.
@@ -254,6 +260,8 @@ pub(crate) fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) 
         clif: None,
         cuda: None,
         overlapped: Duration::ZERO,
+        device: crate::Device::Cpu,
+        joined: false,
     }
 }
 

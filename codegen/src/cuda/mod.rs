@@ -39,6 +39,7 @@ use crate::walk::{Walk, coalesce};
 
 pub mod attention;
 pub mod library;
+pub mod rows;
 #[cfg(test)]
 mod tests;
 
@@ -226,12 +227,23 @@ fn body(src: &mut String, kernel: &Kernel, indent: &str) {
 
 /// [`body`] with input `i`'s stored element read by the expression `element(i)`.
 fn body_with(src: &mut String, kernel: &Kernel, indent: &str, element: &dyn Fn(usize) -> String) {
+    body_named(src, kernel, indent, element, &|i| format!("p{i}"));
+}
+
+/// [`body_with`] with parameter `i` named `param(i)` (a row group numbers each member's).
+fn body_named(
+    src: &mut String,
+    kernel: &Kernel,
+    indent: &str,
+    element: &dyn Fn(usize) -> String,
+    param: &dyn Fn(usize) -> String,
+) {
     for (k, e) in kernel.exprs.iter().enumerate() {
         let t = compute_type(e.dtype);
         let float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
         let v = match e.kind {
             ExprKind::Load(i) => load(kernel.inputs[i].dtype, &element(i)),
-            ExprKind::Param(i) => format!("p{i}"),
+            ExprKind::Param(i) => param(i),
             ExprKind::Unary(op, a) => unary(op, e.dtype, &format!("e{a}"), float(e.dtype)),
             ExprKind::Binary(op, a, b) => {
                 let arg = kernel.exprs[a].dtype;

@@ -153,6 +153,59 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     out
 }
 
+/// A row softmax of [37, 300] in `dtype` as one row group's source, with its buffers
+/// numbered as the runtime numbers them (each node once, in the order first seen).
+pub(crate) fn softmax_row_group(dtype: DType) -> String {
+    let mut g = Graph::new();
+    let s = Shape::from([37, 300]);
+    let x = g.input(s.clone(), dtype);
+    let m = g.push(Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, &[x]).unwrap();
+    let mb = g.push(Op::View(View::contiguous(Shape::from([37, 1])).expand(&s)), &[m]).unwrap();
+    let d = bin(&mut g, BinaryOp::Sub, x, mb);
+    let e = un(&mut g, UnaryOp::Exp, d);
+    let sum = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[e]).unwrap();
+    let sb = g.push(Op::View(View::contiguous(Shape::from([37, 1])).expand(&s)), &[sum]).unwrap();
+    let y = bin(&mut g, BinaryOp::Div, e, sb);
+    g.mark_output(y);
+    let steps: Vec<_> = crate::plan_steps(&g)
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Kernel(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    let mut nodes: Vec<NodeId> = Vec::new();
+    let mut buffers = Vec::new();
+    let mut index = |n: NodeId, written: bool, buffers: &mut Vec<(DType, bool)>| {
+        nodes.iter().position(|&m| m == n).unwrap_or_else(|| {
+            nodes.push(n);
+            buffers.push((g.node(n).dtype, written));
+            nodes.len() - 1
+        })
+    };
+    let mut members = Vec::new();
+    for k in &steps {
+        let inputs = k.inputs.iter().map(|&n| index(n, false, &mut buffers)).collect();
+        let outputs = k.outputs.iter().map(|&n| index(n, true, &mut buffers)).collect();
+        members.push(super::rows::RowMember { kernel: &k.kernel, inputs, outputs });
+    }
+    super::rows::source(&super::rows::RowProgram { members, buffers, rows: 37 })
+}
+
+#[test]
+fn a_row_group_is_one_entry_point_with_a_barrier_per_member_read_later() {
+    let src = softmax_row_group(DType::F32);
+    assert_eq!(src.matches("__global__").count(), 1, "{src}");
+    assert!(src.contains("for (long long row = blockIdx.x; row < n; row += gridDim.x)"), "{src}");
+    // Two reductions (each combining across the block) and the division: the maximum and
+    // the sum end at barriers, the last member needs none.
+    assert_eq!(src.matches("__shfl_down_sync").count(), 4, "{src}");
+    assert_eq!(src.matches("__syncthreads()").count(), 4, "two per reduction: {src}");
+    // The input is read-only; what the group writes is never `const`.
+    assert!(src.contains("const float* __restrict__ g0"), "{src}");
+    assert!(!src.contains("const float* __restrict__ g1"), "{src}");
+}
+
 #[test]
 fn sources_have_one_entry_point_and_typed_arguments() {
     for (name, k) in representative() {
@@ -394,6 +447,9 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
     let mut sources: Vec<(String, String)> =
         representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
+    for dtype in [DType::F32, DType::BF16] {
+        sources.push((format!("softmax_row_group_{dtype}"), softmax_row_group(dtype)));
+    }
     for (i, (name, src)) in sources.iter().enumerate() {
         // Exactly the options the runtime compiles with for an sm_90 device (NVRTC 13 takes
         // `-minimal`).

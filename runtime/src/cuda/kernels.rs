@@ -26,6 +26,11 @@ pub(crate) struct Cache {
     pub(crate) library: KernelCache<String, Vec<Arc<CudaFunction>>>,
 }
 
+/// Whether `gpu` holds `kernel` compiled already.
+pub(crate) fn library_cached(gpu: &Gpu, kernel: &codegen::library::LibraryKernel) -> bool {
+    gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).library.contains(&kernel.source)
+}
+
 /// The entry points of a library kernel on `gpu`, compiled on first use.
 pub(crate) fn library_functions(
     gpu: &'static Gpu,
@@ -82,19 +87,34 @@ pub(crate) fn compile_kernel(
     Ok((cache.functions.insert(kernel.clone(), function, ptx_len), Some(took)))
 }
 
-/// Compiles the kernels of `kernels` that `gpu` has not compiled yet, all at once on the
-/// thread pool (NVRTC is thread-safe, and a plan's first run would otherwise compile its new
-/// kernels one after another), returning the time each took when this call compiled it.
+/// Compiles the kernels of `kernels` and the library kernels of `library` (a plan's row
+/// groups) that `gpu` has not compiled yet, all at once on the thread pool (NVRTC is
+/// thread-safe, and a plan's first run would otherwise compile its new kernels one after
+/// another), returning the time each of `kernels` took when this call compiled it.
 /// Failures are left for the kernel's run to report.
-pub(crate) fn precompile(gpu: &'static Gpu, kernels: &[&Kernel]) -> Vec<Option<Duration>> {
+pub(crate) fn precompile(
+    gpu: &'static Gpu,
+    kernels: &[&Kernel],
+    library: &[codegen::library::LibraryKernel],
+) -> Vec<Option<Duration>> {
     use rayon::prelude::*;
-    let mut todo: Vec<usize> = Vec::new();
+    enum Job {
+        Kernel(usize),
+        Library(usize),
+    }
+    let mut todo: Vec<Job> = Vec::new();
     {
         let cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = std::collections::HashSet::new();
         for (i, k) in kernels.iter().enumerate() {
             if !cache.functions.contains(*k) && seen.insert(*k) {
-                todo.push(i);
+                todo.push(Job::Kernel(i));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, k) in library.iter().enumerate() {
+            if !cache.library.contains(&k.source) && seen.insert(&k.source) {
+                todo.push(Job::Library(i));
             }
         }
     }
@@ -104,7 +124,13 @@ pub(crate) fn precompile(gpu: &'static Gpu, kernels: &[&Kernel]) -> Vec<Option<D
     }
     let done: Vec<(usize, Option<Duration>)> = todo
         .par_iter()
-        .map(|&i| (i, compile_kernel(gpu, kernels[i]).ok().and_then(|(_, t)| t)))
+        .filter_map(|job| match *job {
+            Job::Kernel(i) => Some((i, compile_kernel(gpu, kernels[i]).ok().and_then(|(_, t)| t))),
+            Job::Library(i) => {
+                let _ = library_functions(gpu, &library[i]);
+                None
+            }
+        })
         .collect();
     for (i, t) in done {
         took[i] = t;
@@ -125,7 +151,7 @@ pub(crate) enum Arg {
 
 impl Arg {
     /// A parameter value in the type the kernel's signature gives it.
-    fn param(dtype: DType, v: Scalar) -> Arg {
+    pub(crate) fn param(dtype: DType, v: Scalar) -> Arg {
         match dtype {
             DType::F32 => Arg::F32(f32::from_scalar(v)),
             // Rounded to 16 bits here, once, and exact in the kernel's `float`.

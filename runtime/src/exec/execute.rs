@@ -114,7 +114,13 @@ impl Run<'_> {
     }
 
     /// Records a traced step and the memory live while its output is written.
-    fn traced(&mut self, started: Instant, event: trace::Event, new: Option<(NodeId, &Buffer)>) {
+    fn traced(
+        &mut self,
+        started: Instant,
+        mut event: trace::Event,
+        new: Option<(NodeId, &Buffer)>,
+    ) {
+        event.device = self.gpu.map_or(Device::Cpu, |g| g.device());
         trace::record(started, event);
         trace::track_memory(self.memory.as_mut(), self.graph, self.bufs.iter(), new);
     }
@@ -466,12 +472,25 @@ impl Run<'_> {
         // The oracle compares every kernel's full outputs: a checked run keeps the group's
         // internal buffers whole.
         let keep_all = self.check.is_some();
-        let (outs, events) =
-            rows::run_group(self.graph, steps, group, &self.bufs, self.tracing, keep_all)?;
+        let (outs, events) = match self.gpu {
+            None => rows::run_group(self.graph, steps, group, &self.bufs, self.tracing, keep_all)?,
+            Some(g) => {
+                let members: Vec<&KernelStep> = steps
+                    .iter()
+                    .map(|s| match s {
+                        PreparedStep::Kernel { step, .. } => &**step,
+                        _ => unreachable!("a row group holds kernel steps"),
+                    })
+                    .collect();
+                let (graph, bufs) = (self.graph, &self.bufs);
+                cuda::run_row_group(g, graph, &members, group, bufs, self.tracing, keep_all)?
+            }
+        };
         // Laid end to end from the group's start: the kernels ran interleaved, tile by tile,
         // and their durations are their shares of the group's time.
         let mut at = started;
-        for e in events {
+        for mut e in events {
+            e.device = self.gpu.map_or(Device::Cpu, |g| g.device());
             let next = at + e.duration;
             trace::record(at, e);
             at = next;

@@ -89,7 +89,6 @@ impl Prepared {
         for &o in &plan.outputs {
             readers[o.index()] += 1;
         }
-        let gpu_compiling = precompile_gpu(device, &mut steps);
         let mut prepared = Prepared {
             graph: plan.graph,
             device,
@@ -102,8 +101,17 @@ impl Prepared {
             groups: Vec::new(),
             fills: HashMap::default(),
         };
-        prepared.trace_planning(planning, gpu_compiling);
         prepared.schedule();
+        let (gpu_compiling, took) = precompile_gpu(&prepared);
+        // Each kernel's compile time, reported by its first run.
+        let mut took = took.into_iter();
+        for (s, step) in prepared.steps.iter_mut().enumerate() {
+            let grouped = prepared.groups.iter().any(|g| (g.start..g.end).contains(&s));
+            if let (PreparedStep::Kernel { compile, .. }, false) = (step, grouped) {
+                *compile = took.next().flatten();
+            }
+        }
+        prepared.trace_planning(planning, gpu_compiling);
         prepared
     }
 
@@ -133,7 +141,20 @@ impl Prepared {
     /// Row groups and constant fills: they change the schedule, not the kernels, so one
     /// kernel per op (the unfused baseline) keeps its one-pass-per-op schedule.
     fn schedule(&mut self) {
-        if self.device != Device::Cpu || self.options.fusion == Fusion::Unfused {
+        if self.options.fusion == Fusion::Unfused {
+            return;
+        }
+        if let Device::Cuda(_) = self.device {
+            // Every kernel of a GPU plan may join a group (fills are a CPU schedule).
+            let kernels: Vec<Option<&KernelStep>> = self
+                .steps
+                .iter()
+                .map(|s| match s {
+                    PreparedStep::Kernel { step, .. } => Some(&**step),
+                    _ => None,
+                })
+                .collect();
+            self.groups = rows::find(&kernels, &self.readers, rows::Grouping::Cuda);
             return;
         }
         let fills = constant_scatter_bases(&self.graph, &self.steps, &self.readers);
@@ -150,7 +171,7 @@ impl Prepared {
                 _ => None,
             })
             .collect();
-        self.groups = rows::find(&kernels, &self.readers);
+        self.groups = rows::find(&kernels, &self.readers, rows::Grouping::Cpu);
         self.fills = fills;
     }
 
@@ -198,26 +219,36 @@ fn show_stage(name: &str, stage: Stage<'_>) {
     }
 }
 
-/// Compiles a GPU plan's new kernels in parallel, noting each one's compile time on its
-/// step; returns the wall time it took.
-fn precompile_gpu(device: Device, steps: &mut [PreparedStep]) -> Duration {
+/// Compiles a GPU plan's new kernels in parallel (each row group as its one kernel, its
+/// members not on their own); returns the wall time it took and the time each kernel step
+/// outside the groups took, in order (when this call compiled it).
+fn precompile_gpu(prepared: &Prepared) -> (Duration, Vec<Option<Duration>>) {
     let started = Instant::now();
-    let Device::Cuda(i) = device else { return Duration::ZERO };
-    let Ok(gpu) = cuda::gpu(i) else { return Duration::ZERO };
-    let kernels: Vec<&Kernel> = steps
-        .iter()
-        .filter_map(|s| match s {
-            PreparedStep::Kernel { step, .. } => Some(&step.kernel),
+    let Device::Cuda(i) = prepared.device else { return (Duration::ZERO, Vec::new()) };
+    let Ok(gpu) = cuda::gpu(i) else { return (Duration::ZERO, Vec::new()) };
+    let grouped = |s: usize| prepared.groups.iter().any(|g| (g.start..g.end).contains(&s));
+    let kernels: Vec<&Kernel> = (prepared.steps.iter().enumerate())
+        .filter_map(|(s, step)| match step {
+            PreparedStep::Kernel { step, .. } if !grouped(s) => Some(&step.kernel),
             _ => None,
         })
         .collect();
-    let mut took = cuda::precompile(gpu, &kernels).into_iter();
-    for s in steps {
-        if let PreparedStep::Kernel { compile, .. } = s {
-            *compile = took.next().flatten();
-        }
-    }
-    started.elapsed()
+    let groups: Vec<_> = prepared
+        .groups
+        .iter()
+        .map(|g| {
+            let members: Vec<&KernelStep> = prepared.steps[g.start..g.end]
+                .iter()
+                .filter_map(|s| match s {
+                    PreparedStep::Kernel { step, .. } => Some(&**step),
+                    _ => None,
+                })
+                .collect();
+            cuda::row_group_kernel(&prepared.graph, &members, g.rows)
+        })
+        .collect();
+    let took = cuda::precompile(gpu, &kernels, &groups);
+    (started.elapsed(), took)
 }
 
 /// The scatters of a CPU plan whose base only a constant kernel writes and only they read

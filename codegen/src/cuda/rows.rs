@@ -1,0 +1,204 @@
+//! Row groups on a GPU: consecutive kernels that each work on the same rows, as one kernel.
+//!
+//! A row softmax is three kernels over a `[rows, n]` tensor (the row maxima, the sum of
+//! `exp(x - max)`, the division); launched one after another, each streams the whole tensor
+//! from device memory, and each launch costs its own few microseconds. But row `r` of each
+//! kernel reads only row `r` of what the kernels before it wrote, so one block can run the
+//! three on its row in turn: the row is read from memory once and found in the
+//! multiprocessor's cache by the members after the first, a reduction's result reaches the
+//! members after it through a barrier, and the group is one launch. Log-softmax,
+//! cross-entropy and its gradient, and layer norm and its gradients have the same shape.
+//!
+//! Which kernels form a group is the runtime's decision (it knows which buffers only the
+//! group reads); this module writes the kernel. Every member loops over its row's positions
+//! with the block's threads; a reduction member combines across the block as a lone
+//! reduction kernel does and ends at a barrier, an elementwise member that a later member
+//! reads ends at one. Each buffer of the group is one argument, so a buffer one member
+//! writes and another reads is never seen through two `__restrict__` pointers.
+
+use std::fmt::Write as _;
+
+use kiln_ir::DType;
+use kiln_ir::kernel::Kernel;
+
+use super::{block_combine, body_named, combine, compute_type, locate, storage_type, store};
+use crate::walk::coalesce;
+
+/// One kernel of a group, with the group buffer each of its inputs reads and each of its
+/// outputs writes (indices into [`RowProgram::buffers`]).
+pub struct RowMember<'a> {
+    /// The member's kernel.
+    pub kernel: &'a Kernel,
+    /// The buffer each of the kernel's inputs reads.
+    pub inputs: Vec<usize>,
+    /// The buffer each of the kernel's outputs writes.
+    pub outputs: Vec<usize>,
+}
+
+/// A group's kernels over `rows` rows and the buffers they share.
+pub struct RowProgram<'a> {
+    /// The kernels, in the order they run on each row.
+    pub members: Vec<RowMember<'a>>,
+    /// Each buffer's dtype, and whether a member writes it (otherwise the group only reads
+    /// it: an input from outside).
+    pub buffers: Vec<(DType, bool)>,
+    /// How many rows every member's domain is cut into.
+    pub rows: usize,
+}
+
+/// Why kernels cannot be a row group's members, or `None` when they can: every reduction
+/// has one output per row, reduces positions adjacent in memory (not columns) and is not
+/// split; every member's domain is `rows` rows.
+pub fn unsupported(kernel: &Kernel, rows: usize) -> Option<&'static str> {
+    let numel = kernel.shape.numel();
+    if rows == 0 || numel == 0 || !numel.is_multiple_of(rows) {
+        return Some("its domain is not whole rows");
+    }
+    let Some(red) = kernel.reduce else {
+        return leading_dims(kernel.shape.dims(), rows)
+            .is_none()
+            .then_some("its leading dimensions do not multiply to the rows");
+    };
+    let outputs: usize = kernel.shape.dims()[..red.kept].iter().product();
+    if outputs != rows {
+        Some("a reduction with more than one output per row")
+    } else if super::reduces_by_columns(kernel) || super::split_partials(kernel).is_some() {
+        Some("a reduction by columns or split across blocks")
+    } else {
+        None
+    }
+}
+
+/// Threads per block of a group's kernel: one per position of its longest row (a multiple
+/// of 32) up to 512, so that four blocks of 512 fill a multiprocessor's 2048 threads and
+/// the rows they hold fit its cache.
+pub fn threads(program: &RowProgram<'_>) -> u32 {
+    let longest = program
+        .members
+        .iter()
+        .map(|m| m.kernel.shape.numel() / program.rows.max(1))
+        .max()
+        .unwrap_or(1);
+    (longest.div_ceil(32) * 32).clamp(32, 512) as u32
+}
+
+/// The entry point's name: its members' names, in order.
+pub fn entry_name(program: &RowProgram<'_>) -> String {
+    let names: Vec<String> = program.members.iter().map(|m| m.kernel.name()).collect();
+    format!("rows_{}", names.join("_"))
+}
+
+/// The CUDA C source of a group's kernel. Arguments, in order: one pointer per buffer,
+/// member `m`'s parameters as `p{m}_{i}` (types from [`super::param_types`]), then the
+/// number of rows. Launch a block per row (a grid-stride loop covers the rest) with any
+/// multiple of 32 threads up to 1024 ([`threads`] is the one chosen).
+///
+/// # Panics
+/// When a member is [`unsupported`] over the program's rows.
+pub fn source(program: &RowProgram<'_>) -> String {
+    let mut src = String::from(super::PRELUDE);
+    let mut args: Vec<String> = program
+        .buffers
+        .iter()
+        .enumerate()
+        .map(|(b, &(d, written))| {
+            let c = if written { "" } else { "const " };
+            format!("{c}{}* __restrict__ g{b}", storage_type(d))
+        })
+        .collect();
+    for (m, member) in program.members.iter().enumerate() {
+        for (i, t) in super::param_types(member.kernel).into_iter().enumerate() {
+            args.push(format!("{} p{m}_{i}", compute_type(t)));
+        }
+    }
+    args.push("long long n".into());
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {}({}) {{",
+        entry_name(program),
+        args.join(", ")
+    );
+    src.push_str("  for (long long row = blockIdx.x; row < n; row += gridDim.x) {\n");
+    let last = program.members.len().saturating_sub(1);
+    for (m, member) in program.members.iter().enumerate() {
+        if let Some(why) = unsupported(member.kernel, program.rows) {
+            panic!("kernel {} cannot join a row group: {why}", member.kernel.name());
+        }
+        let _ = writeln!(src, "    // {}", member.kernel.name());
+        src.push_str("    {\n");
+        emit_member(&mut src, program, m);
+        src.push_str("    }\n");
+        // A reduction ends at a barrier already; an elementwise member's values are read
+        // by later members at other threads' positions.
+        if member.kernel.reduce.is_none() && m < last {
+            src.push_str("    __syncthreads();\n");
+        }
+    }
+    src.push_str("  }\n}\n");
+    src
+}
+
+/// Member `m`'s loop over row `row`'s positions `j`.
+fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize) {
+    let member = &program.members[m];
+    let kernel = member.kernel;
+    let rank = kernel.shape.rank();
+    let per_row = kernel.shape.numel() / program.rows;
+    // The row is the leading dimensions that multiply to `rows` (a reduction's kept ones).
+    let row_dims = match kernel.reduce {
+        Some(red) => red.kept,
+        None => leading_dims(kernel.shape.dims(), program.rows).expect("checked by the caller"),
+    };
+    let outer = coalesce(kernel, 0..row_dims);
+    let inner = coalesce(kernel, row_dims..rank);
+    let ind = "      ";
+    for (i, off) in outer.offsets.iter().enumerate() {
+        let _ = writeln!(src, "{ind}long long b{i} = {off}LL;");
+    }
+    locate(src, &outer, "row", 'b', ind);
+    let reduced = kernel.reduce.map(|red| {
+        let out = kernel.outputs[0];
+        let c = combine(red.op, kernel.exprs[out].dtype);
+        let _ = writeln!(src, "{ind}__shared__ {} partial[32];", c.acc);
+        let _ = writeln!(src, "{ind}{} acc = ({})({});", c.acc, c.acc, c.identity);
+        (out, c)
+    });
+    let _ =
+        writeln!(src, "{ind}for (long long j = threadIdx.x; j < {per_row}LL; j += blockDim.x) {{");
+    let body_ind = "        ";
+    for i in 0..kernel.inputs.len() {
+        let _ = writeln!(src, "{body_ind}long long o{i} = b{i};");
+    }
+    locate(src, &inner, "j", 'o', body_ind);
+    let element = |i: usize| format!("g{}[o{i}]", member.inputs[i]);
+    let param = |i: usize| format!("p{m}_{i}");
+    body_named(src, kernel, body_ind, &element, &param);
+    // A reduction's outputs after the first, and every elementwise output, are stored at
+    // every position of the row.
+    let first_stored = usize::from(reduced.is_some());
+    for (k, &o) in kernel.outputs.iter().enumerate().skip(first_stored) {
+        let value = store(kernel.exprs[o].dtype, &format!("e{o}"));
+        let _ = writeln!(src, "{body_ind}g{}[row * {per_row}LL + j] = {value};", member.outputs[k]);
+    }
+    if let Some((out, c)) = &reduced {
+        let _ = writeln!(src, "{body_ind}{} a = acc, b = ({})e{out};", c.acc, c.acc);
+        let _ = writeln!(src, "{body_ind}acc = {};", c.combine);
+    }
+    let _ = writeln!(src, "{ind}}}");
+    if let Some((_, c)) = &reduced {
+        let finish = format!("g{}[row] = {};", member.outputs[0], c.stored);
+        block_combine(src, c, &finish);
+    }
+}
+
+/// How many leading dimensions of `dims` multiply to `rows`.
+fn leading_dims(dims: &[usize], rows: usize) -> Option<usize> {
+    let mut product = 1;
+    for (i, &d) in dims.iter().enumerate() {
+        if product == rows {
+            return Some(i);
+        }
+        product *= d;
+    }
+    (product == rows).then_some(dims.len())
+}
