@@ -163,6 +163,12 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize) {
         let _ = writeln!(src, "{ind}{} acc = ({})({});", c.acc, c.acc, c.identity);
         (out, c)
     });
+    let stored: Vec<usize> = (usize::from(reduced.is_some())..kernel.outputs.len()).collect();
+    let vector = vector_loop(kernel, &inner, per_row, &stored);
+    if let Some(dense) = &vector {
+        emit_vector_loop(src, program, m, dense, &stored, reduced.as_ref());
+        let _ = writeln!(src, "{ind}}} else {{");
+    }
     let _ =
         writeln!(src, "{ind}for (long long j = threadIdx.x; j < {per_row}LL; j += blockDim.x) {{");
     let body_ind = "        ";
@@ -175,8 +181,8 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize) {
     body_named(src, kernel, body_ind, &element, &param);
     // A reduction's outputs after the first, and every elementwise output, are stored at
     // every position of the row.
-    let first_stored = usize::from(reduced.is_some());
-    for (k, &o) in kernel.outputs.iter().enumerate().skip(first_stored) {
+    for &k in &stored {
+        let o = kernel.outputs[k];
         let value = store(kernel.exprs[o].dtype, &format!("e{o}"));
         let _ = writeln!(src, "{body_ind}g{}[row * {per_row}LL + j] = {value};", member.outputs[k]);
     }
@@ -185,10 +191,108 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize) {
         let _ = writeln!(src, "{body_ind}acc = {};", c.combine);
     }
     let _ = writeln!(src, "{ind}}}");
+    if vector.is_some() {
+        let _ = writeln!(src, "{ind}}}");
+    }
     if let Some((_, c)) = &reduced {
         let finish = format!("g{}[row] = {};", member.outputs[0], c.stored);
         block_combine(src, c, &finish);
     }
+}
+
+/// Member `m`'s loop over four positions per thread with 16-byte loads and stores (see
+/// [`vector_loop`]), taken when this row's pointers are aligned for them; it opens the
+/// condition, and the caller's scalar loop is its `else`.
+fn emit_vector_loop(
+    src: &mut String,
+    program: &RowProgram<'_>,
+    m: usize,
+    dense: &[bool],
+    stored: &[usize],
+    reduced: Option<&(usize, super::Combine)>,
+) {
+    let member = &program.members[m];
+    let kernel = member.kernel;
+    let per_row = kernel.shape.numel() / program.rows;
+    let (ind, body_ind) = ("      ", "        ");
+    // Four positions per thread with 16-byte loads and stores, when this row's pointers
+    // are aligned for them.
+    let mut aligned: Vec<String> = Vec::new();
+    for (i, input) in kernel.inputs.iter().enumerate().filter(|(i, _)| dense[*i]) {
+        let bytes = 4 * input.dtype.size_in_bytes();
+        let g = member.inputs[i];
+        aligned.push(format!("((unsigned long long)(g{g} + b{i}) % {bytes}ULL == 0)"));
+    }
+    for &k in stored {
+        let bytes = 4 * kernel.exprs[kernel.outputs[k]].dtype.size_in_bytes();
+        let g = member.outputs[k];
+        aligned.push(format!("((unsigned long long)(g{g} + row * {per_row}LL) % {bytes}ULL == 0)"));
+    }
+    let test = if aligned.is_empty() { "true".to_string() } else { aligned.join(" && ") };
+    let _ = writeln!(src, "{ind}if ({test}) {{");
+    let q_end = per_row / 4;
+    let _ =
+        writeln!(src, "{ind}for (long long q = threadIdx.x; q < {q_end}LL; q += blockDim.x) {{");
+    for (i, input) in kernel.inputs.iter().enumerate().filter(|(i, _)| dense[*i]) {
+        let vt = super::vector4_type(input.dtype).expect("checked by vector_loop");
+        let g = member.inputs[i];
+        let _ = writeln!(src, "{body_ind}const {vt} v{i} = *(const {vt}*)(g{g} + b{i} + 4 * q);");
+    }
+    for &k in stored {
+        let vt = super::vector4_type(kernel.exprs[kernel.outputs[k]].dtype).expect("checked");
+        let _ = writeln!(src, "{body_ind}{vt} r{k};");
+    }
+    for lane in ["x", "y", "z", "w"] {
+        let _ = writeln!(src, "{body_ind}{{");
+        let element = |i: usize| {
+            let g = member.inputs[i];
+            if dense[i] { format!("v{i}.{lane}") } else { format!("g{g}[b{i}]") }
+        };
+        let param = |i: usize| format!("p{m}_{i}");
+        body_named(src, kernel, "          ", &element, &param);
+        for &k in stored {
+            let o = kernel.outputs[k];
+            let value = store(kernel.exprs[o].dtype, &format!("e{o}"));
+            let _ = writeln!(src, "          r{k}.{lane} = {value};");
+        }
+        if let Some((out, c)) = reduced {
+            let _ = writeln!(src, "          {} a = acc, b = ({})e{out};", c.acc, c.acc);
+            let _ = writeln!(src, "          acc = {};", c.combine);
+        }
+        let _ = writeln!(src, "{body_ind}}}");
+    }
+    for &k in stored {
+        let vt = super::vector4_type(kernel.exprs[kernel.outputs[k]].dtype).expect("checked");
+        let g = member.outputs[k];
+        let _ = writeln!(src, "{body_ind}*({vt}*)(g{g} + row * {per_row}LL + 4 * q) = r{k};");
+    }
+    let _ = writeln!(src, "{ind}}}");
+}
+
+/// Which inputs a member's loop over a row reads densely (stride 1; the others read one value
+/// per row, stride 0), when it can move four positions per thread: the row is one coalesced
+/// dimension of a multiple of 4 positions, and every dense input and stored output has a
+/// 16-byte vector type. `None` otherwise.
+fn vector_loop(
+    kernel: &Kernel,
+    inner: &crate::walk::Walk,
+    per_row: usize,
+    stored: &[usize],
+) -> Option<Vec<bool>> {
+    if inner.dims.len() != 1 || per_row % 4 != 0 {
+        return None;
+    }
+    let dense: Vec<bool> = inner.strides.iter().map(|s| s[0] == 1).collect();
+    let ok = inner.strides.iter().all(|s| s[0] == 0 || s[0] == 1)
+        && kernel
+            .inputs
+            .iter()
+            .zip(&dense)
+            .all(|(x, &d)| !d || super::vector4_type(x.dtype).is_some())
+        && stored
+            .iter()
+            .all(|&k| super::vector4_type(kernel.exprs[kernel.outputs[k]].dtype).is_some());
+    ok.then_some(dense)
 }
 
 /// How many leading dimensions of `dims` multiply to `rows`.

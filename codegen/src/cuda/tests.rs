@@ -204,6 +204,12 @@ fn a_row_group_is_one_entry_point_with_a_barrier_per_member_read_later() {
     // The input is read-only; what the group writes is never `const`.
     assert!(src.contains("const float* __restrict__ g0"), "{src}");
     assert!(!src.contains("const float* __restrict__ g1"), "{src}");
+    // Rows of 300: four positions per thread where aligned, one otherwise.
+    assert_eq!(src.matches("*(const float4*)(g").count(), 3, "{src}");
+    assert_eq!(
+        src.matches("for (long long j = threadIdx.x; j < 300LL; j += blockDim.x)").count(),
+        3
+    );
 }
 
 #[test]
