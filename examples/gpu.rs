@@ -9,7 +9,9 @@
 //! profiles of an eager W4 and W7 step on stderr); `-- --json` prints one JSON object per
 //! line as each row is measured (`workload`, `variant`, `median_ms`, and `gbps` or
 //! `gflops`); `-- --quick` runs every workload at a small size, to check that the whole
-//! benchmark runs (CI does so on the emulated device). Without a CUDA device it says why and
+//! benchmark runs (CI does so on the emulated device); `-- --only w3,ce` runs some sections
+//! (`w1` with the whole-tensor reductions, `w3` the softmax rows, `ce`, `w5`, `compile`,
+//! `train`). Without a CUDA device it says why and
 //! exits successfully.
 
 use std::time::Instant;
@@ -101,6 +103,14 @@ fn main() -> kiln::Result<()> {
     let json = std::env::args().any(|a| a == "--json");
     let size = if std::env::args().any(|a| a == "--quick") { QUICK } else { FULL };
     let reps = size.reps;
+    // `--only w1,w3,ce,w5,compile,train`: some sections (the copy ceiling always runs).
+    let args: Vec<String> = std::env::args().collect();
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(str::to_string).collect());
+    let runs = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == section));
     if !kiln::cuda::is_available() {
         let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
         // A run that was meant to measure a device (CI's on the emulated one) must not pass.
@@ -126,170 +136,184 @@ fn main() -> kiln::Result<()> {
         gflops: None,
     });
 
-    // W1 and W1b over 64M f32 (256 MiB in, 256 MiB out).
-    let n = size.n;
-    kiln::manual_seed(0);
-    let x = Tensor::randn([n]).to(gpu);
-    let w1 =
-        |x: &Tensor| ((x * 1.5 + 0.5).tanh() * x.sigmoid() + (x - 0.2).relu()) / (x.square() + 1.0);
-    let w1b = |x: &Tensor| ((x * 1.5 + 0.5) * x + (x - 0.2).relu()) / (x.square() + 1.0);
-    for (workload, f) in [("W1", &w1 as &dyn Fn(&Tensor) -> Tensor), ("W1b", &w1b)] {
-        for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+    if runs("w1") {
+        // W1 and W1b over 64M f32 (256 MiB in, 256 MiB out).
+        let n = size.n;
+        kiln::manual_seed(0);
+        let x = Tensor::randn([n]).to(gpu);
+        let w1 = |x: &Tensor| {
+            ((x * 1.5 + 0.5).tanh() * x.sigmoid() + (x - 0.2).relu()) / (x.square() + 1.0)
+        };
+        let w1b = |x: &Tensor| ((x * 1.5 + 0.5) * x + (x - 0.2).relu()) / (x.square() + 1.0);
+        for (workload, f) in [("W1", &w1 as &dyn Fn(&Tensor) -> Tensor), ("W1b", &w1b)] {
+            for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+                let ms = median_ms(reps, || {
+                    kiln::with_execution(mode, || f(&x).realize().clone());
+                });
+                let bytes = 8.0 * n as f64;
+                rows.push(Row {
+                    workload: workload.into(),
+                    variant,
+                    ms,
+                    gbps: Some(gb(bytes, ms)),
+                    gflops: None,
+                });
+            }
+        }
+
+        // Whole-tensor reductions (split across blocks) and scans over the same vector.
+        type Op = fn(&Tensor) -> Tensor;
+        let whole: [(&str, Op); 4] = [
+            ("sum", |x| x.sum()),
+            ("mean of squares", |x| x.square().mean()),
+            ("argmax", |x| x.argmax(0, false)),
+            ("cumsum", |x| x.cumsum(0)),
+        ];
+        for (workload, f) in whole {
             let ms = median_ms(reps, || {
-                kiln::with_execution(mode, || f(&x).realize().clone());
+                f(&x).realize();
             });
-            let bytes = 8.0 * n as f64;
+            let written = if workload == "cumsum" { 4.0 * n as f64 } else { 0.0 };
             rows.push(Row {
-                workload: workload.into(),
-                variant,
+                workload: format!("{workload}, {n} f32"),
+                variant: "fused",
                 ms,
-                gbps: Some(gb(bytes, ms)),
+                gbps: Some(gb(4.0 * n as f64 + written, ms)),
                 gflops: None,
             });
         }
+        drop(x);
     }
 
-    // Whole-tensor reductions (split across blocks) and scans over the same vector.
-    type Op = fn(&Tensor) -> Tensor;
-    let whole: [(&str, Op); 4] = [
-        ("sum", |x| x.sum()),
-        ("mean of squares", |x| x.square().mean()),
-        ("argmax", |x| x.argmax(0, false)),
-        ("cumsum", |x| x.cumsum(0)),
-    ];
-    for (workload, f) in whole {
-        let ms = median_ms(reps, || {
-            f(&x).realize();
-        });
-        let written = if workload == "cumsum" { 4.0 * n as f64 } else { 0.0 };
-        rows.push(Row {
-            workload: format!("{workload}, {n} f32"),
-            variant: "fused",
-            ms,
-            gbps: Some(gb(4.0 * n as f64 + written, ms)),
-            gflops: None,
-        });
-    }
-    drop(x);
+    if runs("w3") {
+        // W3: row softmax, 4096² and 16384².
+        for side in size.softmax {
+            let a = Tensor::randn([side, side]).to(gpu);
+            for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
+                let ms = median_ms(reps, || {
+                    kiln::with_execution(mode, || a.softmax(1).realize().clone());
+                });
+                let bytes = 8.0 * (side * side) as f64;
+                rows.push(Row {
+                    workload: format!("W3 {side}²"),
+                    variant,
+                    ms,
+                    gbps: Some(gb(bytes, ms)),
+                    gflops: None,
+                });
+            }
+        }
 
-    // W3: row softmax, 4096² and 16384².
-    for side in size.softmax {
-        let a = Tensor::randn([side, side]).to(gpu);
-        for (variant, mode) in [("fused", Execution::Fused), ("unfused", Execution::Unfused)] {
-            let ms = median_ms(reps, || {
-                kiln::with_execution(mode, || a.softmax(1).realize().clone());
-            });
-            let bytes = 8.0 * (side * side) as f64;
-            rows.push(Row {
-                workload: format!("W3 {side}²"),
-                variant,
-                ms,
-                gbps: Some(gb(bytes, ms)),
-                gflops: None,
-            });
+        // Log-softmax in f32, softmax in bf16 (half the bytes: GB/s counts them as stored).
+        for side in size.softmax {
+            let a = Tensor::randn([side, side]).to(gpu);
+            let h = a.to_dtype(DType::BF16);
+            Tensor::try_realize_all(&[&a, &h])?;
+            let f32_bytes = 8.0 * (side * side) as f64;
+            for (workload, x, bytes, log) in [
+                (format!("W3 log-softmax {side}²"), &a, f32_bytes, true),
+                (format!("W3 softmax bf16 {side}²"), &h, f32_bytes / 2.0, false),
+            ] {
+                let ms = median_ms(reps, || {
+                    if log { x.log_softmax(1) } else { x.softmax(1) }.realize();
+                });
+                rows.push(Row {
+                    workload,
+                    variant: "fused",
+                    ms,
+                    gbps: Some(gb(bytes, ms)),
+                    gflops: None,
+                });
+            }
         }
     }
 
-    // Log-softmax in f32, softmax in bf16 (half the bytes: GB/s counts them as stored).
-    for side in size.softmax {
-        let a = Tensor::randn([side, side]).to(gpu);
-        let h = a.to_dtype(DType::BF16);
-        Tensor::try_realize_all(&[&a, &h])?;
-        let f32_bytes = 8.0 * (side * side) as f64;
-        for (workload, x, bytes, log) in [
-            (format!("W3 log-softmax {side}²"), &a, f32_bytes, true),
-            (format!("W3 softmax bf16 {side}²"), &h, f32_bytes / 2.0, false),
-        ] {
+    if runs("ce") {
+        // W3 cross-entropy (log-softmax and NLL with integer labels), then with its gradient.
+        // GB/s counts one read of the logits (and for the gradient one write).
+        for side in size.softmax {
+            let a = Tensor::randn([side, side]).to(gpu);
+            let labels = Tensor::randint(0, side as i64, [side]).to(gpu);
+            Tensor::try_realize_all(&[&a, &labels])?;
+            let logits = a.detach().requires_grad_(true);
             let ms = median_ms(reps, || {
-                if log { x.log_softmax(1) } else { x.softmax(1) }.realize();
+                F::cross_entropy(&a, &labels).realize();
             });
+            let bytes = 4.0 * (side * side) as f64;
             rows.push(Row {
-                workload,
+                workload: format!("W3 cross-entropy {side}²"),
                 variant: "fused",
                 ms,
                 gbps: Some(gb(bytes, ms)),
                 gflops: None,
             });
+            let ms = median_ms(reps, || {
+                F::cross_entropy(&logits, &labels).backward();
+                logits.grad().expect("a gradient").realize();
+                logits.zero_grad();
+            });
+            rows.push(Row {
+                workload: format!("W3 cross-entropy + gradient {side}²"),
+                variant: "fused",
+                ms,
+                gbps: Some(gb(2.0 * bytes, ms)),
+                gflops: None,
+            });
         }
     }
 
-    // W3 cross-entropy (log-softmax and NLL with integer labels), then with its gradient.
-    // GB/s counts one read of the logits (and for the gradient one write).
-    for side in size.softmax {
-        let a = Tensor::randn([side, side]).to(gpu);
-        let labels = Tensor::randint(0, side as i64, [side]).to(gpu);
-        Tensor::try_realize_all(&[&a, &labels])?;
-        let logits = a.detach().requires_grad_(true);
-        let ms = median_ms(reps, || {
-            F::cross_entropy(&a, &labels).realize();
-        });
-        let bytes = 4.0 * (side * side) as f64;
-        rows.push(Row {
-            workload: format!("W3 cross-entropy {side}²"),
-            variant: "fused",
-            ms,
-            gbps: Some(gb(bytes, ms)),
-            gflops: None,
-        });
-        let ms = median_ms(reps, || {
-            F::cross_entropy(&logits, &labels).backward();
-            logits.grad().expect("a gradient").realize();
-            logits.zero_grad();
-        });
-        rows.push(Row {
-            workload: format!("W3 cross-entropy + gradient {side}²"),
-            variant: "fused",
-            ms,
-            gbps: Some(gb(2.0 * bytes, ms)),
-            gflops: None,
-        });
+    if runs("w5") {
+        // W5: matmul through cuBLAS, f32, f16 and bf16.
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let side = size.matmul;
+            let a = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
+            let b = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
+            a.realize();
+            b.realize();
+            let ms = median_ms(reps, || {
+                a.matmul(&b).realize();
+            });
+            let flops = 2.0 * (side * side * side) as f64;
+            rows.push(Row {
+                workload: format!("W5 {side}³ {dtype}"),
+                variant: "fused",
+                ms,
+                gbps: None,
+                gflops: Some(flops / (ms * 1e-3) / 1e9),
+            });
+        }
     }
 
-    // W5: matmul through cuBLAS, f32, f16 and bf16.
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let side = size.matmul;
-        let a = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
-        let b = Tensor::randn([side, side]).to_dtype(dtype).to(gpu);
-        a.realize();
-        b.realize();
-        let ms = median_ms(reps, || {
-            a.matmul(&b).realize();
-        });
-        let flops = 2.0 * (side * side * side) as f64;
+    if runs("compile") {
+        // Compile latency: a kernel structure never seen (a fresh constant count of ops), then
+        // the same structure again (a cache hit: planning and launch only).
+        let small = Tensor::randn([1000]).to(gpu);
+        small.realize();
+        let chain =
+            |x: &Tensor| (0..9).fold(x.clone(), |acc, i| (acc * 1.01 + f64::from(i)).tanh());
+        let (_, first) = kiln::profile(|| chain(&small).realize().clone());
         rows.push(Row {
-            workload: format!("W5 {side}³ {dtype}"),
-            variant: "fused",
+            workload: "NVRTC compile, 10-op kernel".into(),
+            variant: "first call",
+            ms: first.compile_time().as_secs_f64() * 1e3,
+            gbps: None,
+            gflops: None,
+        });
+        let ms = median_ms(reps, || {
+            chain(&small).realize();
+        });
+        rows.push(Row {
+            workload: "10-op kernel, 1000 elements".into(),
+            variant: "cached call",
             ms,
             gbps: None,
-            gflops: Some(flops / (ms * 1e-3) / 1e9),
+            gflops: None,
         });
     }
 
-    // Compile latency: a kernel structure never seen (a fresh constant count of ops), then
-    // the same structure again (a cache hit: planning and launch only).
-    let small = Tensor::randn([1000]).to(gpu);
-    small.realize();
-    let chain = |x: &Tensor| (0..9).fold(x.clone(), |acc, i| (acc * 1.01 + f64::from(i)).tanh());
-    let (_, first) = kiln::profile(|| chain(&small).realize().clone());
-    rows.push(Row {
-        workload: "NVRTC compile, 10-op kernel".into(),
-        variant: "first call",
-        ms: first.compile_time().as_secs_f64() * 1e3,
-        gbps: None,
-        gflops: None,
-    });
-    let ms = median_ms(reps, || {
-        chain(&small).realize();
-    });
-    rows.push(Row {
-        workload: "10-op kernel, 1000 elements".into(),
-        variant: "cached call",
-        ms,
-        gbps: None,
-        gflops: None,
-    });
-
-    training_steps(&size, gpu, &mut rows)?;
+    if runs("train") {
+        training_steps(&size, gpu, &mut rows)?;
+    }
 
     if json {
         return Ok(());

@@ -69,17 +69,18 @@ pub fn unsupported(kernel: &Kernel, rows: usize) -> Option<&'static str> {
     }
 }
 
-/// Threads per block of a group's kernel: one per position of its longest row (a multiple
-/// of 32) up to 512, so that four blocks of 512 fill a multiprocessor's 2048 threads and
-/// the rows they hold fit its cache.
-pub fn threads(program: &RowProgram<'_>) -> u32 {
+/// Threads per block of a group's kernel: one per four positions of its longest row (the
+/// vector loops move four at a time), a multiple of 32, up to `most` (a multiple of 32, at
+/// most 1024). A row of 128 gets one warp, so that short rows (a small model's layer norm)
+/// do not leave three quarters of a block idle.
+pub fn threads(program: &RowProgram<'_>, most: u32) -> u32 {
     let longest = program
         .members
         .iter()
         .map(|m| m.kernel.shape.numel() / program.rows.max(1))
         .max()
         .unwrap_or(1);
-    (longest.div_ceil(32) * 32).clamp(32, 512) as u32
+    (longest.div_ceil(4).div_ceil(32) * 32).clamp(32, most.clamp(32, 1024) as usize) as u32
 }
 
 /// The entry point's name: its members' names, in order.
@@ -91,7 +92,7 @@ pub fn entry_name(program: &RowProgram<'_>) -> String {
 /// The CUDA C source of a group's kernel. Arguments, in order: one pointer per buffer,
 /// member `m`'s parameters as `p{m}_{i}` (types from [`super::param_types`]), then the
 /// number of rows. Launch a block per row (a grid-stride loop covers the rest) with any
-/// multiple of 32 threads up to 1024 ([`threads`] is the one chosen).
+/// multiple of 32 threads up to 1024 (see [`threads`]).
 ///
 /// # Panics
 /// When a member is [`unsupported`] over the program's rows.
@@ -279,7 +280,7 @@ fn vector_loop(
     per_row: usize,
     stored: &[usize],
 ) -> Option<Vec<bool>> {
-    if inner.dims.len() != 1 || per_row % 4 != 0 {
+    if inner.dims.len() != 1 || !per_row.is_multiple_of(4) {
         return None;
     }
     let dense: Vec<bool> = inner.strides.iter().map(|s| s[0] == 1).collect();

@@ -34,7 +34,7 @@ pub use memory::copy_bandwidth;
 pub(crate) use nccl::{Nccl, Queued};
 pub use nccl::{nccl_group, nccl_unique_id, nccl_version};
 pub use probe::{device_count, unavailable_reason};
-pub(crate) use rows::{row_group_kernel, run_group as run_row_group};
+pub(crate) use rows::{GroupKernel, run_group as run_row_group};
 
 /// One device's state, created on first use and kept for the life of the process.
 pub(crate) struct Gpu {

@@ -1,9 +1,10 @@
 //! Row groups on a GPU: a plan's consecutive kernels over the same rows, run as the one
 //! kernel [`kiln_codegen::cuda::rows`] writes for them (a block per row, one launch).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 use kiln_codegen::cuda::library::LibraryKernel;
 use kiln_codegen::cuda::param_types;
 use kiln_codegen::cuda::rows::{self as codegen, RowMember, RowProgram};
@@ -13,74 +14,109 @@ use kiln_ir::{Graph, NodeId};
 use super::Gpu;
 use super::kernels::{Arg, launch, library_functions};
 use crate::exec::Bufs;
-use crate::rows::{GroupRun, RowGroup};
+use crate::rows::GroupRun;
 use crate::trace::{self, KernelRun};
 use crate::{Buffer, RunError, RuntimeError};
 
-/// Blocks per multiprocessor a group's launch asks for at most (a grid-stride loop over
-/// rows covers the rest).
-const BLOCKS_PER_SM: u64 = 8;
+/// How a group's kernel is launched: at most `threads` threads per block, at most
+/// `blocks_per_sm` blocks per multiprocessor (a grid-stride loop over rows covers the rest).
+/// 512 and 32 (an H200's best of 128 to 1024 and 8 or 32 on softmax and cross-entropy rows)
+/// unless `KILN_CUDA_ROW_THREADS` and `KILN_CUDA_ROW_BLOCKS` say otherwise (for
+/// tuning on a device; the kernel's source does not depend on them).
+#[derive(Clone, Copy)]
+struct Launch {
+    threads: u32,
+    blocks_per_sm: u64,
+}
 
-/// The kernel of a group of `members` over `rows` rows, the node each of its buffer
-/// arguments holds (with whether the group writes it), and its threads per block.
-fn group_kernel(
-    graph: &Graph,
-    members: &[&KernelStep],
-    rows: usize,
-) -> (LibraryKernel, Vec<(NodeId, bool)>, u32) {
-    // The group's buffers: each node once, inputs from outside first seen where read.
-    let mut nodes: Vec<(NodeId, bool)> = Vec::new();
-    let index_of = |n: NodeId, written: bool, nodes: &mut Vec<(NodeId, bool)>| {
-        if let Some(i) = nodes.iter().position(|&(m, _)| m == n) {
-            return i;
+fn launch_sizes() -> Launch {
+    static SIZES: std::sync::LazyLock<Launch> = std::sync::LazyLock::new(|| {
+        let read = |name: &str, default: u64| {
+            std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+        };
+        Launch {
+            threads: u32::try_from(read("KILN_CUDA_ROW_THREADS", 512)).unwrap_or(512),
+            blocks_per_sm: read("KILN_CUDA_ROW_BLOCKS", 32).max(1),
         }
-        nodes.push((n, written));
-        nodes.len() - 1
-    };
-    let mut program_members = Vec::with_capacity(members.len());
-    for k in members {
-        let inputs = k.inputs.iter().map(|&n| index_of(n, false, &mut nodes)).collect();
-        let outputs = k.outputs.iter().map(|&n| index_of(n, true, &mut nodes)).collect();
-        program_members.push(RowMember { kernel: &k.kernel, inputs, outputs });
-    }
-    let buffers = nodes.iter().map(|&(n, w)| (graph.node(n).dtype, w)).collect();
-    let program = RowProgram { members: program_members, buffers, rows };
-    let name = codegen::entry_name(&program);
-    let kernel = LibraryKernel { source: codegen::source(&program), entries: vec![name] };
-    (kernel, nodes, codegen::threads(&program))
+    });
+    *SIZES
 }
 
-/// The kernel of a row group of `members` over `rows` rows (compiled ahead of its first run
-/// with the rest of its plan).
-pub(crate) fn row_group_kernel(
-    graph: &Graph,
-    members: &[&KernelStep],
+/// A row group's kernel, made when its plan is prepared: its source, the node each buffer
+/// argument holds (with whether the group writes it), its threads per block, and its
+/// compiled entry point once the first run has looked it up. A run builds nothing.
+pub(crate) struct GroupKernel {
+    kernel: LibraryKernel,
+    nodes: Vec<(NodeId, bool)>,
+    threads: u32,
     rows: usize,
-) -> LibraryKernel {
-    group_kernel(graph, members, rows).0
+    function: OnceLock<Arc<CudaFunction>>,
 }
 
-/// Runs `members` (the steps of `group`, in order) as one kernel on `gpu`. Returns every
-/// output read after the group (all of them with `keep_all`, for checked runs) and, when
+impl GroupKernel {
+    /// The kernel of a group of `members` over `rows` rows.
+    pub(crate) fn new(graph: &Graph, members: &[&KernelStep], rows: usize) -> GroupKernel {
+        // The group's buffers: each node once, inputs from outside first seen where read.
+        let mut nodes: Vec<(NodeId, bool)> = Vec::new();
+        let index_of = |n: NodeId, written: bool, nodes: &mut Vec<(NodeId, bool)>| {
+            if let Some(i) = nodes.iter().position(|&(m, _)| m == n) {
+                return i;
+            }
+            nodes.push((n, written));
+            nodes.len() - 1
+        };
+        let mut program_members = Vec::with_capacity(members.len());
+        for k in members {
+            let inputs = k.inputs.iter().map(|&n| index_of(n, false, &mut nodes)).collect();
+            let outputs = k.outputs.iter().map(|&n| index_of(n, true, &mut nodes)).collect();
+            program_members.push(RowMember { kernel: &k.kernel, inputs, outputs });
+        }
+        let buffers = nodes.iter().map(|&(n, w)| (graph.node(n).dtype, w)).collect();
+        let program = RowProgram { members: program_members, buffers, rows };
+        let name = codegen::entry_name(&program);
+        let kernel = LibraryKernel { source: codegen::source(&program), entries: vec![name] };
+        let threads = codegen::threads(&program, launch_sizes().threads);
+        GroupKernel { kernel, nodes, threads, rows, function: OnceLock::new() }
+    }
+
+    /// The source and entry point, to compile ahead of the first run.
+    pub(crate) fn library_kernel(&self) -> &LibraryKernel {
+        &self.kernel
+    }
+
+    /// The compiled entry point, and the time compiling it took when this call did.
+    fn function(
+        &self,
+        gpu: &'static Gpu,
+    ) -> Result<(Arc<CudaFunction>, Option<std::time::Duration>), RuntimeError> {
+        if let Some(f) = self.function.get() {
+            return Ok((f.clone(), None));
+        }
+        let compiling = Instant::now();
+        let cached = super::kernels::library_cached(gpu, &self.kernel);
+        let f = library_functions(gpu, &self.kernel)?[0].clone();
+        let _ = self.function.set(f.clone());
+        Ok((f, (!cached).then(|| compiling.elapsed())))
+    }
+}
+
+/// Runs `members` (a group's steps, in order) as its `kernel` on `gpu`. Returns every output
+/// but the `dropped` ones (those only the group reads, unless a checked run keeps them) and, when
 /// `tracing`, one trace event per member, the launch's time shared out among them.
 pub(crate) fn run_group(
     gpu: &'static Gpu,
     graph: &Graph,
     members: &[&KernelStep],
-    group: &RowGroup,
+    kernel: &GroupKernel,
+    dropped: &[NodeId],
     bufs: &Bufs,
     tracing: bool,
-    keep_all: bool,
 ) -> Result<GroupRun, RunError> {
     let started = Instant::now();
     let root = graph.node(members[0].outputs[0]);
     let at =
         |error: RuntimeError| RunError { error, op: Some(root.op.name()), origin: root.origin };
-    let (kernel, nodes, threads) = group_kernel(graph, members, group.rows);
-    let compiling = Instant::now();
-    let cached = super::kernels::library_cached(gpu, &kernel);
-    let functions = library_functions(gpu, &kernel).map_err(at)?;
-    let compile = (!cached).then(|| compiling.elapsed());
+    let (function, compile) = kernel.function(gpu).map_err(at)?;
     // Every output gets a device buffer (the group's internal ones are dropped after it).
     let mut produced: Vec<(NodeId, Buffer)> = Vec::new();
     for k in members {
@@ -89,7 +125,7 @@ pub(crate) fn run_group(
         }
     }
     let mut args = Vec::new();
-    for &(n, written) in &nodes {
+    for &(n, written) in &kernel.nodes {
         let buffer = if written {
             &produced.iter().find(|(m, _)| *m == n).expect("every output has a buffer").1
         } else {
@@ -102,11 +138,11 @@ pub(crate) fn run_group(
             args.push(Arg::param(t, v));
         }
     }
-    args.push(Arg::I64(i64::try_from(group.rows).unwrap_or(i64::MAX)));
-    let blocks = (group.rows as u64).clamp(1, u64::from(gpu.sms) * BLOCKS_PER_SM);
+    args.push(Arg::I64(i64::try_from(kernel.rows).unwrap_or(i64::MAX)));
+    let blocks = (kernel.rows as u64).clamp(1, u64::from(gpu.sms) * launch_sizes().blocks_per_sm);
     let config = LaunchConfig {
         grid_dim: (u32::try_from(blocks).unwrap_or(1), 1, 1),
-        block_dim: (threads, 1, 1),
+        block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the arguments follow `codegen::source`'s signature (a pointer per buffer, each
@@ -115,7 +151,7 @@ pub(crate) fn run_group(
     // through views the graph checked to lie inside their buffers, and group-internal reads
     // stay inside their rows (`rows::find`); buffers live until the stream has run the
     // kernel, since freed blocks are reused only by later work on the same stream.
-    unsafe { launch(gpu, &functions[0], &args, config) }.map_err(at)?;
+    unsafe { launch(gpu, &function, &args, config) }.map_err(at)?;
     let mut events = Vec::new();
     if tracing {
         gpu.synchronize().map_err(at)?;
@@ -149,7 +185,6 @@ pub(crate) fn run_group(
             events.push(e);
         }
     }
-    let outs =
-        produced.into_iter().filter(|(n, _)| keep_all || !group.internal.contains(n)).collect();
+    let outs = produced.into_iter().filter(|(n, _)| !dropped.contains(n)).collect();
     Ok((outs, events))
 }

@@ -34,7 +34,7 @@ impl Prepared {
             moved = on_device(inputs, self.device)?;
             &moved[..]
         };
-        let Prepared { graph, steps, groups, fills, readers, outputs, .. } = self;
+        let Prepared { graph, steps, groups, gpu_groups, fills, readers, outputs, .. } = self;
         let tracing = trace::enabled();
         let mut run = Run {
             graph,
@@ -51,7 +51,7 @@ impl Prepared {
         }
         // Whatever failed, no collective is left in flight: the group's next one must find
         // this rank's sequence where the other ranks' is.
-        let ran = run.steps(steps, groups, fills);
+        let ran = run.steps(steps, groups, gpu_groups, fills);
         let landed = run.land_all();
         ran?;
         landed?;
@@ -130,18 +130,20 @@ impl Run<'_> {
         &mut self,
         steps: &mut [PreparedStep],
         groups: &[rows::RowGroup],
+        gpu_groups: &[Arc<cuda::GroupKernel>],
         fills: &FxHashMap<NodeId, usize>,
     ) -> Result<(), RunError> {
         let graph = self.graph;
         let mut index = 0;
         while index < steps.len() {
-            if let Some(group) = groups.iter().find(|g| g.start == index) {
+            if let Some(g) = groups.iter().position(|g| g.start == index) {
+                let group = &groups[g];
                 for s in &steps[group.start..group.end] {
                     if let PreparedStep::Kernel { step, .. } = s {
                         self.land(&step.inputs)?;
                     }
                 }
-                self.row_group(&mut steps[group.start..group.end], group)?;
+                self.row_group(&mut steps[group.start..group.end], group, gpu_groups.get(g))?;
                 index = group.end;
                 continue;
             }
@@ -467,14 +469,14 @@ impl Run<'_> {
         &mut self,
         steps: &mut [PreparedStep],
         group: &rows::RowGroup,
+        gpu_kernel: Option<&Arc<cuda::GroupKernel>>,
     ) -> Result<(), RunError> {
         let started = Instant::now();
         // The oracle compares every kernel's full outputs: a checked run keeps the group's
         // internal buffers whole.
         let keep_all = self.check.is_some();
-        let (outs, events) = match self.gpu {
-            None => rows::run_group(self.graph, steps, group, &self.bufs, self.tracing, keep_all)?,
-            Some(g) => {
+        let (outs, events) = match (self.gpu, gpu_kernel) {
+            (Some(g), Some(kernel)) => {
                 let members: Vec<&KernelStep> = steps
                     .iter()
                     .map(|s| match s {
@@ -483,8 +485,10 @@ impl Run<'_> {
                     })
                     .collect();
                 let (graph, bufs) = (self.graph, &self.bufs);
-                cuda::run_row_group(g, graph, &members, group, bufs, self.tracing, keep_all)?
+                let dropped = if keep_all { &[][..] } else { &group.internal[..] };
+                cuda::run_row_group(g, graph, &members, kernel, dropped, bufs, self.tracing)?
             }
+            _ => rows::run_group(self.graph, steps, group, &self.bufs, self.tracing, keep_all)?,
         };
         // Laid end to end from the group's start: the kernels ran interleaved, tile by tile,
         // and their durations are their shares of the group's time.

@@ -30,8 +30,11 @@ pub struct Prepared {
     map: NodeMap,
     /// Where each `Full` node's value is a kernel parameter: (step, parameter).
     params_of: HashMap<NodeId, Vec<(usize, usize)>>,
-    /// Runs of CPU kernel steps that execute row tile by row tile (see [`crate::rows`]).
+    /// Runs of kernel steps over the same rows: tile by tile on the CPU (see
+    /// [`crate::rows`]), one kernel each on a GPU.
     pub(super) groups: Vec<rows::RowGroup>,
+    /// A GPU plan's kernel for each of `groups`.
+    pub(super) gpu_groups: Vec<Arc<cuda::GroupKernel>>,
     /// Scatters whose base is one value everywhere, with the step of the kernel that would
     /// have written that base: the kernel is skipped and the scatter fills its output with
     /// the kernel's parameter (read at run time, so `compile()` can rebind it).
@@ -99,6 +102,7 @@ impl Prepared {
             map: plan.map,
             params_of,
             groups: Vec::new(),
+            gpu_groups: Vec::new(),
             fills: HashMap::default(),
         };
         prepared.schedule();
@@ -155,6 +159,13 @@ impl Prepared {
                 })
                 .collect();
             self.groups = rows::find(&kernels, &self.readers, rows::Grouping::Cuda);
+            self.gpu_groups = (self.groups.iter())
+                .map(|g| {
+                    let members: Vec<&KernelStep> =
+                        kernels[g.start..g.end].iter().map(|k| k.expect("a kernel")).collect();
+                    Arc::new(cuda::GroupKernel::new(&self.graph, &members, g.rows))
+                })
+                .collect();
             return;
         }
         let fills = constant_scatter_bases(&self.graph, &self.steps, &self.readers);
@@ -233,20 +244,7 @@ fn precompile_gpu(prepared: &Prepared) -> (Duration, Vec<Option<Duration>>) {
             _ => None,
         })
         .collect();
-    let groups: Vec<_> = prepared
-        .groups
-        .iter()
-        .map(|g| {
-            let members: Vec<&KernelStep> = prepared.steps[g.start..g.end]
-                .iter()
-                .filter_map(|s| match s {
-                    PreparedStep::Kernel { step, .. } => Some(&**step),
-                    _ => None,
-                })
-                .collect();
-            cuda::row_group_kernel(&prepared.graph, &members, g.rows)
-        })
-        .collect();
+    let groups: Vec<_> = prepared.gpu_groups.iter().map(|g| g.library_kernel().clone()).collect();
     let took = cuda::precompile(gpu, &kernels, &groups);
     (started.elapsed(), took)
 }
