@@ -54,63 +54,204 @@ extern "C" fn kiln_f32_to_f16(x: f32) -> u32 {
     u32::from(f16::from_f32(x).to_bits())
 }
 
-/// Every helper's name and address, for `JITBuilder::symbol`.
-pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
-    let mut out = vec![
-        ("kiln_exp", kiln_exp as *const u8),
-        ("kiln_log", kiln_log as *const u8),
-        ("kiln_sin", kiln_sin as *const u8),
-        ("kiln_cos", kiln_cos as *const u8),
-        ("kiln_tanh", kiln_tanh as *const u8),
-        ("kiln_sigmoid", kiln_sigmoid as *const u8),
-        ("kiln_erf", kiln_erf as *const u8),
-        ("kiln_pow", kiln_pow as *const u8),
-        ("kiln_round_f16", kiln_round_f16 as *const u8),
-        ("kiln_f16_to_f32", kiln_f16_to_f32 as *const u8),
-        ("kiln_f32_to_f16", kiln_f32_to_f16 as *const u8),
-    ];
-    out.extend(super::wide::for_host().into_iter().map(|(n, f)| (n, f as *const u8)));
-    out.push(("kiln_lse_f32s", super::wide::lse_for_host() as *const u8));
-    out.push(("kiln_lse_end", super::wide::lse_end as *const u8));
-    out.push(("kiln_lse_end_f64", super::wide::lse_end_f64 as *const u8));
-    out.push(("kiln_exp_sum_f32s", super::wide::exp_sum_for_host() as *const u8));
-    out
+/// A function that generated kernels call, as Cranelift's `LibCall` names a runtime
+/// function: its symbol, address and signature come from one exhaustive match each, so a
+/// helper cannot be registered under one name and called under another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Helper {
+    /// The scalar f64 functions of `kiln_ir::semantics`: f64 -> f64.
+    Exp,
+    Log,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Erf,
+    /// `pow`: (f64, f64) -> f64.
+    Pow,
+    /// An f32 rounded to f16 precision: f32 -> f32.
+    RoundF16,
+    /// f16 bits (in an i32) to f32, and back.
+    F16ToF32,
+    F32ToF16,
+    /// The batch functions of `wide.rs` over a block of f32 (values, count), in place.
+    Batch(Batch),
+    /// `logsumexp`'s block function (values, count, state).
+    LseF32s,
+    /// `logsumexp`'s ends: (state) -> f32, and -> f64.
+    LseEnd,
+    LseEndF64,
+    /// A row of exponentials and their sum (`rows.rs`): (x, shift, out, count) -> f64.
+    ExpSumF32s,
 }
 
-/// Every helper's Cranelift signature.
-pub(super) fn signatures(module: &JITModule) -> Vec<(&'static str, Signature)> {
-    let sig = |params: &[types::Type], ret: types::Type| {
+/// A batch function of `wide.rs`: one op over a block of f32 values, in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Batch {
+    Exp,
+    Tanh,
+    Sigmoid,
+}
+
+impl Batch {
+    /// The batch function that computes `op` over a block, if there is one.
+    pub(super) fn for_unary(op: UnaryOp) -> Option<Batch> {
+        match op {
+            UnaryOp::Exp => Some(Batch::Exp),
+            UnaryOp::Tanh => Some(Batch::Tanh),
+            UnaryOp::Sigmoid => Some(Batch::Sigmoid),
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Relu
+            | UnaryOp::Erf
+            | UnaryOp::Recip
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Not => None,
+        }
+    }
+
+    /// The function of a kernel's own module that calls this one and preserves every
+    /// register (`preserve_all`): a kernel's loop keeps its accumulators and constants in
+    /// registers across the once-a-block call, where a System V call would clobber every
+    /// vector register and the register allocator would spill the loop's accumulators for
+    /// the whole loop.
+    pub(super) fn preserving(self) -> &'static str {
+        match self {
+            Batch::Exp => "kiln_exp_f32s_preserving",
+            Batch::Tanh => "kiln_tanh_f32s_preserving",
+            Batch::Sigmoid => "kiln_sigmoid_f32s_preserving",
+        }
+    }
+}
+
+impl Helper {
+    /// Every helper, in the order kernels' modules declare them (it shows in CLIF text).
+    pub(super) const ALL: [Helper; 18] = [
+        Helper::Exp,
+        Helper::Log,
+        Helper::Sin,
+        Helper::Cos,
+        Helper::Tanh,
+        Helper::Sigmoid,
+        Helper::Erf,
+        Helper::Pow,
+        Helper::RoundF16,
+        Helper::F16ToF32,
+        Helper::F32ToF16,
+        Helper::Batch(Batch::Exp),
+        Helper::Batch(Batch::Tanh),
+        Helper::Batch(Batch::Sigmoid),
+        Helper::LseF32s,
+        Helper::LseEnd,
+        Helper::LseEndF64,
+        Helper::ExpSumF32s,
+    ];
+
+    /// The scalar f64 function that computes `op` (for transcendental ops and the lanes
+    /// their vector forms send back), if there is one.
+    pub(super) fn for_unary(op: UnaryOp) -> Option<Helper> {
+        match op {
+            UnaryOp::Exp => Some(Helper::Exp),
+            UnaryOp::Log => Some(Helper::Log),
+            UnaryOp::Sin => Some(Helper::Sin),
+            UnaryOp::Cos => Some(Helper::Cos),
+            UnaryOp::Tanh => Some(Helper::Tanh),
+            UnaryOp::Sigmoid => Some(Helper::Sigmoid),
+            UnaryOp::Erf => Some(Helper::Erf),
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Relu
+            | UnaryOp::Recip
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Not => None,
+        }
+    }
+
+    /// The symbol the JIT registers and kernels import.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Helper::Exp => "kiln_exp",
+            Helper::Log => "kiln_log",
+            Helper::Sin => "kiln_sin",
+            Helper::Cos => "kiln_cos",
+            Helper::Tanh => "kiln_tanh",
+            Helper::Sigmoid => "kiln_sigmoid",
+            Helper::Erf => "kiln_erf",
+            Helper::Pow => "kiln_pow",
+            Helper::RoundF16 => "kiln_round_f16",
+            Helper::F16ToF32 => "kiln_f16_to_f32",
+            Helper::F32ToF16 => "kiln_f32_to_f16",
+            Helper::Batch(Batch::Exp) => "kiln_exp_f32s",
+            Helper::Batch(Batch::Tanh) => "kiln_tanh_f32s",
+            Helper::Batch(Batch::Sigmoid) => "kiln_sigmoid_f32s",
+            Helper::LseF32s => "kiln_lse_f32s",
+            Helper::LseEnd => "kiln_lse_end",
+            Helper::LseEndF64 => "kiln_lse_end_f64",
+            Helper::ExpSumF32s => "kiln_exp_sum_f32s",
+        }
+    }
+
+    /// The function's address in this process (the batch functions for this host's vectors).
+    fn address(self) -> *const u8 {
+        match self {
+            Helper::Exp => kiln_exp as *const u8,
+            Helper::Log => kiln_log as *const u8,
+            Helper::Sin => kiln_sin as *const u8,
+            Helper::Cos => kiln_cos as *const u8,
+            Helper::Tanh => kiln_tanh as *const u8,
+            Helper::Sigmoid => kiln_sigmoid as *const u8,
+            Helper::Erf => kiln_erf as *const u8,
+            Helper::Pow => kiln_pow as *const u8,
+            Helper::RoundF16 => kiln_round_f16 as *const u8,
+            Helper::F16ToF32 => kiln_f16_to_f32 as *const u8,
+            Helper::F32ToF16 => kiln_f32_to_f16 as *const u8,
+            Helper::Batch(b) => super::wide::for_host(b) as *const u8,
+            Helper::LseF32s => super::wide::lse_for_host() as *const u8,
+            Helper::LseEnd => super::wide::lse_end as *const u8,
+            Helper::LseEndF64 => super::wide::lse_end_f64 as *const u8,
+            Helper::ExpSumF32s => super::wide::exp_sum_for_host() as *const u8,
+        }
+    }
+
+    /// The function's Cranelift signature in `module` (System V).
+    pub(super) fn signature(self, module: &JITModule) -> Signature {
+        let (params, ret): (&[types::Type], Option<types::Type>) = match self {
+            Helper::Exp
+            | Helper::Log
+            | Helper::Sin
+            | Helper::Cos
+            | Helper::Tanh
+            | Helper::Sigmoid
+            | Helper::Erf => (&[types::F64], Some(types::F64)),
+            Helper::Pow => (&[types::F64, types::F64], Some(types::F64)),
+            Helper::RoundF16 => (&[types::F32], Some(types::F32)),
+            Helper::F16ToF32 => (&[types::I32], Some(types::F32)),
+            Helper::F32ToF16 => (&[types::F32], Some(types::I32)),
+            Helper::Batch(_) => (&[types::I64, types::I64], None),
+            Helper::LseF32s => (&[types::I64; 3], None),
+            Helper::LseEnd => (&[types::I64], Some(types::F32)),
+            Helper::LseEndF64 => (&[types::I64], Some(types::F64)),
+            Helper::ExpSumF32s => {
+                (&[types::I64, types::F32, types::I64, types::I64], Some(types::F64))
+            }
+        };
         let mut s = module.make_signature();
         s.params.extend(params.iter().map(|&t| AbiParam::new(t)));
-        s.returns.push(AbiParam::new(ret));
+        s.returns.extend(ret.map(AbiParam::new));
         s
-    };
-    let f64_1 = sig(&[types::F64], types::F64);
-    let mut out: Vec<(&'static str, Signature)> =
-        ["kiln_exp", "kiln_log", "kiln_sin", "kiln_cos", "kiln_tanh", "kiln_sigmoid", "kiln_erf"]
-            .into_iter()
-            .map(|n| (n, f64_1.clone()))
-            .collect();
-    out.push(("kiln_pow", sig(&[types::F64, types::F64], types::F64)));
-    out.push(("kiln_round_f16", sig(&[types::F32], types::F32)));
-    out.push(("kiln_f16_to_f32", sig(&[types::I32], types::F32)));
-    out.push(("kiln_f32_to_f16", sig(&[types::F32], types::I32)));
-    // The batch functions of `wide.rs`: (values, count), nothing returned.
-    for (name, _) in super::wide::for_host() {
-        let mut s = module.make_signature();
-        s.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
-        out.push((name, s));
     }
-    // `logsumexp`'s block function (values, count, state) and its ends (state) -> f32, f64.
-    let mut block = module.make_signature();
-    block.params.extend([types::I64; 3].map(AbiParam::new));
-    out.push(("kiln_lse_f32s", block));
-    out.push(("kiln_lse_end", sig(&[types::I64], types::F32)));
-    out.push(("kiln_lse_end_f64", sig(&[types::I64], types::F64)));
-    // A row of exponentials and their sum (`rows.rs`): (x, shift, out, count) -> f64.
-    out.push((
-        "kiln_exp_sum_f32s",
-        sig(&[types::I64, types::F32, types::I64, types::I64], types::F64),
-    ));
-    out
+}
+
+/// Every helper's name and address, for `JITBuilder::symbol`.
+pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
+    Helper::ALL.iter().map(|h| (h.name(), h.address())).collect()
 }

@@ -226,11 +226,11 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
     let strip = if kernel.reduce.is_none() { strip_width(kernel, &walk) } else { None };
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
-    for (name, sig) in helpers::signatures(&module) {
+    for h in helpers::Helper::ALL {
         let hid = module
-            .declare_function(name, Linkage::Import, &sig)
+            .declare_function(h.name(), Linkage::Import, &h.signature(&module))
             .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-        helper_ids.push((name, hid));
+        helper_ids.push((h.name(), hid));
     }
     let staged = if columns.is_none() && strip.is_none() {
         staging::staged_ops(kernel, vector, walk.dims.last().copied().unwrap_or(0), features)
@@ -359,23 +359,23 @@ fn has_fma(isa: &dyn isa::TargetIsa) -> bool {
 }
 
 /// Declares, for each batch function `staged` calls, the module's register-preserving
-/// function that calls it (`wide::Helper::preserving`).
+/// function that calls it (`helpers::Batch::preserving`).
 fn declare_preserving(
     module: &mut JITModule,
-    staged: &[(usize, wide::Helper)],
+    staged: &[(usize, helpers::Batch)],
 ) -> Result<Vec<(&'static str, FuncId)>, CodegenError> {
     let mut out: Vec<(&'static str, FuncId)> = Vec::new();
     for &(_, h) in staged {
-        if out.iter().any(|&(n, _)| n == h.preserving) {
+        if out.iter().any(|&(n, _)| n == h.preserving()) {
             continue;
         }
         let mut sig = module.make_signature();
         sig.call_conv = CallConv::PreserveAll;
         sig.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
         let id = module
-            .declare_function(h.preserving, Linkage::Local, &sig)
+            .declare_function(h.preserving(), Linkage::Local, &sig)
             .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-        out.push((h.preserving, id));
+        out.push((h.preserving(), id));
     }
     Ok(out)
 }
@@ -385,13 +385,14 @@ fn declare_preserving(
 fn define_preserving(
     module: &mut JITModule,
     ctx: &mut cranelift_codegen::Context,
-    staged: &[(usize, wide::Helper)],
+    staged: &[(usize, helpers::Batch)],
     preserving: &[(&'static str, FuncId)],
     helper_ids: &[(&'static str, FuncId)],
 ) -> Result<(), CodegenError> {
     for &(name, id) in preserving {
-        let helper = staged.iter().find(|(_, h)| h.preserving == name).expect("a staged helper").1;
-        let target = helper_ids.iter().find(|(n, _)| *n == helper.name).expect("declared").1;
+        let batch = staged.iter().find(|(_, h)| h.preserving() == name).expect("a staged helper").1;
+        let helper = helpers::Helper::Batch(batch).name();
+        let target = helper_ids.iter().find(|(n, _)| *n == helper).expect("declared").1;
         let mut sig = module.make_signature();
         sig.call_conv = CallConv::PreserveAll;
         sig.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);

@@ -13,6 +13,7 @@
 //! into the result, or `kiln_lse_end_f64` into an f64 result when the kernel reduces f32
 //! values widened to f64 (a log-softmax's, [`kiln_ir::passes::precise_log_softmax`]).
 
+use super::helpers::Helper;
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -123,7 +124,7 @@ impl Translator<'_, '_> {
 
         self.b.switch_to_block(store);
         let state = self.b.ins().stack_addr(types::I64, slots.state, 0);
-        let end = if result == DType::F64 { "kiln_lse_end_f64" } else { "kiln_lse_end" };
+        let end = if result == DType::F64 { Helper::LseEndF64 } else { Helper::LseEnd };
         let value = self.call(end, &[state]);
         let off = self.b.ins().imul_imm_s(o, result.size_in_bytes() as i64);
         let addr = self.b.ins().iadd(outs[0], off);
@@ -161,7 +162,7 @@ impl Translator<'_, '_> {
             let at = self.element_addr(i, zero, row.bases);
             let len = self.iconst(row.len);
             let state = self.b.ins().stack_addr(types::I64, slots.state, 0);
-            let f = self.helpers["kiln_lse_f32s"];
+            let f = self.helpers[Helper::LseF32s.name()];
             self.b.ins().call(f, &[at, len, state]);
             return;
         }
@@ -202,7 +203,7 @@ impl Translator<'_, '_> {
         };
         self.lse_fill_scalars(row, b0, t_tail, n, scratch, param_scalar);
         let state = self.b.ins().stack_addr(types::I64, slots.state, 0);
-        let f = self.helpers["kiln_lse_f32s"];
+        let f = self.helpers[Helper::LseF32s.name()];
         self.b.ins().call(f, &[scratch, n, state]);
         let b_next = self.b.ins().iadd(b0, n);
         self.b.ins().jump(bhead, &[BlockArg::Value(b_next)]);

@@ -1,6 +1,7 @@
 //! Row reductions: each output reduces a contiguous (or strided) row of its positions, with
 //! per-lane accumulators in f64/i64.
 
+use super::helpers::Helper;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use std::collections::HashMap;
 
@@ -297,7 +298,7 @@ impl<'b> Translator<'_, 'b> {
             Shift::Input(i) => self.load(DType::F32, row.bases[i]),
         };
         let out = row.side.first().map_or(row.zero, |&(_, _, base)| base);
-        let sum = self.call("kiln_exp_sum_f32s", &[x, shift, out, row.len]);
+        let sum = self.call(Helper::ExpSumF32s, &[x, shift, out, row.len]);
         (row.len, self.b.ins().fadd(row.acc, sum))
     }
 

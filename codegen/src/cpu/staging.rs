@@ -11,6 +11,7 @@
 //! are staged; the others stay inline, as do scalar tails, rows shorter than [`MIN_ROW`] and
 //! hosts without AVX2 and FMA.
 
+use super::helpers::Batch;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
     BlockArg, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Type, Value,
@@ -20,7 +21,6 @@ use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
 use super::translate::Translator;
-use super::wide;
 
 /// Elements per block: a power of two, 2 KiB of scratch per staged op.
 pub(super) const BLOCK: i64 = 512;
@@ -32,7 +32,7 @@ pub(super) const MIN_ROW: usize = 64;
 /// The staged ops of one kernel and their scratch.
 pub(super) struct Staging {
     /// Staged expressions with their batch function's name, in expression order.
-    staged: Vec<(usize, wide::Helper)>,
+    staged: Vec<(usize, Batch)>,
     /// The expressions the arguments need (staged ones excluded).
     needed: Vec<bool>,
     slot: StackSlot,
@@ -58,7 +58,7 @@ pub(super) fn staged_ops(
     vector: Option<(DType, Type)>,
     row: usize,
     features: super::CpuFeatures,
-) -> Vec<(usize, wide::Helper)> {
+) -> Vec<(usize, Batch)> {
     if vector != Some((DType::F32, types::F32X4))
         || kernel.reduce.is_some_and(|r| r.op == kiln_ir::ReduceOp::LogSumExp)
         || row < MIN_ROW
@@ -73,7 +73,7 @@ pub(super) fn staged_ops(
         let downstream = expr_args(&expr.kind).iter().any(|&a| after_staged[a]);
         if let ExprKind::Unary(op, _) = expr.kind
             && !downstream
-            && let Some(helper) = wide::helper_for(op)
+            && let Some(helper) = Batch::for_unary(op)
         {
             staged.push((e, helper));
             after_staged[e] = true;
@@ -88,7 +88,7 @@ impl Staging {
     /// The staging of `staged` (from [`staged_ops`], not empty) in the function `b` builds.
     pub(super) fn new(
         kernel: &Kernel,
-        staged: Vec<(usize, wide::Helper)>,
+        staged: Vec<(usize, Batch)>,
         b: &mut cranelift_frontend::FunctionBuilder<'_>,
     ) -> Staging {
         let mut needed = vec![false; kernel.exprs.len()];
@@ -231,7 +231,7 @@ impl Translator<'_, '_> {
         self.b.switch_to_block(calls);
         for &(e, helper) in &staging.staged {
             let base = self.scratch_addr(&staging, e);
-            let f = self.helpers[helper.preserving];
+            let f = self.helpers[helper.preserving()];
             self.b.ins().call(f, &[base, n]);
         }
         self.staging = Some(staging);

@@ -1,6 +1,7 @@
 //! The translator: the state of one kernel's function as it is built, and the lowering of
 //! each scalar and vector op (loads, stores, arithmetic, casts, the math functions).
 
+use super::helpers::Helper;
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -327,7 +328,7 @@ impl<'b> Translator<'_, 'b> {
         for lane in 0..4u8 {
             let xs = self.b.ins().extractlane(x, lane);
             let ys = self.b.ins().extractlane(y, lane);
-            let r = self.via_f64("kiln_pow", &[xs, ys], DType::F32);
+            let r = self.via_f64(Helper::Pow, &[xs, ys], DType::F32);
             v = self.b.ins().insertlane(v, r, lane);
         }
         self.b.ins().jump(done, &[BlockArg::Value(v)]);
@@ -338,9 +339,9 @@ impl<'b> Translator<'_, 'b> {
     /// `sin` or `cos` of four f32 lanes: the vector path, and the scalar f64 function for
     /// every lane when one of them is beyond its range (huge, infinite or NaN).
     pub(super) fn trig_vector(&mut self, trig: Trig, x: Value) -> Value {
-        let (cos, name) = match trig {
-            Trig::Cos => (true, "kiln_cos"),
-            Trig::Sin => (false, "kiln_sin"),
+        let (cos, helper) = match trig {
+            Trig::Cos => (true, Helper::Cos),
+            Trig::Sin => (false, Helper::Sin),
         };
         let fast = math::sin_cos(&mut self.math(), x, cos);
         let ax = self.b.ins().fabs(x);
@@ -354,17 +355,17 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().brif(any, slow, &[], done, &[BlockArg::Value(fast)]);
         self.b.set_cold_block(slow);
         self.b.switch_to_block(slow);
-        let v = self.lanes_via_f64(name, x, fast, outside);
+        let v = self.lanes_via_f64(helper, x, fast, outside);
         self.b.ins().jump(done, &[BlockArg::Value(v)]);
         self.b.switch_to_block(done);
         result
     }
 
-    /// `fast` with the lanes that `mask` selects replaced by the scalar f64 function `name`
+    /// `fast` with the lanes that `mask` selects replaced by the scalar f64 function `helper`
     /// of `x`'s lane (only those: a lane's value never depends on its neighbours).
     pub(super) fn lanes_via_f64(
         &mut self,
-        name: &'static str,
+        helper: Helper,
         x: Value,
         fast: Value,
         mask: Value,
@@ -372,7 +373,7 @@ impl<'b> Translator<'_, 'b> {
         let mut slow = fast;
         for lane in 0..4u8 {
             let s = self.b.ins().extractlane(x, lane);
-            let r = self.via_f64(name, &[s], DType::F32);
+            let r = self.via_f64(helper, &[s], DType::F32);
             slow = self.b.ins().insertlane(slow, r, lane);
         }
         let mask = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), mask);
@@ -383,8 +384,8 @@ impl<'b> Translator<'_, 'b> {
         if ty == types::F32 { self.b.ins().f32const(v as f32) } else { self.b.ins().f64const(v) }
     }
 
-    pub(super) fn call(&mut self, name: &'static str, args: &[Value]) -> Value {
-        let f = self.helpers[name];
+    pub(super) fn call(&mut self, helper: Helper, args: &[Value]) -> Value {
+        let f = self.helpers[helper.name()];
         let call = self.b.ins().call(f, args);
         self.b.inst_results(call)[0]
     }
@@ -393,7 +394,7 @@ impl<'b> Translator<'_, 'b> {
     /// every op: f16/bf16 through their precision, narrow integers by wrapping.
     pub(super) fn narrow(&mut self, v: Value, dtype: DType) -> Value {
         match dtype {
-            DType::F16 => self.call("kiln_round_f16", &[v]),
+            DType::F16 => self.call(Helper::RoundF16, &[v]),
             DType::BF16 => {
                 let bits = self.bf16_bits(v);
                 let wide = self.b.ins().ishl_imm_u(bits, 16);
@@ -477,7 +478,7 @@ impl<'b> Translator<'_, 'b> {
             DType::F64 => self.b.ins().load(types::F64, fl, addr, 0),
             DType::F16 => {
                 let bits = self.b.ins().uload16(types::I32, fl, addr, 0);
-                self.call("kiln_f16_to_f32", &[bits])
+                self.call(Helper::F16ToF32, &[bits])
             }
             DType::BF16 => {
                 let bits = self.b.ins().uload16(types::I32, fl, addr, 0);
@@ -498,7 +499,7 @@ impl<'b> Translator<'_, 'b> {
                 self.b.ins().store(fl, v, addr, 0);
             }
             DType::F16 => {
-                let bits = self.call("kiln_f32_to_f16", &[v]);
+                let bits = self.call(Helper::F32ToF16, &[v]);
                 self.b.ins().istore16(fl, bits, addr, 0);
             }
             DType::BF16 => {
@@ -515,12 +516,12 @@ impl<'b> Translator<'_, 'b> {
     }
 
     /// A float function computed in f64 by a helper, rounded back to `dtype`.
-    pub(super) fn via_f64(&mut self, name: &'static str, args: &[Value], dtype: DType) -> Value {
+    pub(super) fn via_f64(&mut self, helper: Helper, args: &[Value], dtype: DType) -> Value {
         let wide: Vec<Value> = args
             .iter()
             .map(|&a| if dtype == DType::F64 { a } else { self.b.ins().fpromote(types::F64, a) })
             .collect();
-        let r = self.call(name, &wide);
+        let r = self.call(helper, &wide);
         self.demote(r, dtype)
     }
 
@@ -583,13 +584,16 @@ impl<'b> Translator<'_, 'b> {
                 let neg = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
                 self.b.ins().select(neg, zero, x)
             }
-            UnaryOp::Exp => return self.via_f64("kiln_exp", &[x], dtype),
-            UnaryOp::Log => return self.via_f64("kiln_log", &[x], dtype),
-            UnaryOp::Sin => return self.via_f64("kiln_sin", &[x], dtype),
-            UnaryOp::Cos => return self.via_f64("kiln_cos", &[x], dtype),
-            UnaryOp::Tanh => return self.via_f64("kiln_tanh", &[x], dtype),
-            UnaryOp::Sigmoid => return self.via_f64("kiln_sigmoid", &[x], dtype),
-            UnaryOp::Erf => return self.via_f64("kiln_erf", &[x], dtype),
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Erf => {
+                let helper = Helper::for_unary(op).expect("every transcendental has a helper");
+                return self.via_f64(helper, &[x], dtype);
+            }
             UnaryOp::Not => unreachable!("logical_not takes bools"),
         };
         self.narrow(v, dtype)
@@ -642,7 +646,7 @@ impl<'b> Translator<'_, 'b> {
                 let r = self.pow_vector(xv, yv);
                 return self.b.ins().extractlane(r, 0);
             }
-            BinaryOp::Pow => return self.via_f64("kiln_pow", &[x, y], dtype),
+            BinaryOp::Pow => return self.via_f64(Helper::Pow, &[x, y], dtype),
             other => unreachable!("{} does not take floats", other.name()),
         };
         self.narrow(v, dtype)

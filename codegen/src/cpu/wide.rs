@@ -433,9 +433,10 @@ pub(super) fn lanes() -> Option<usize> {
     None
 }
 
-/// The batch functions for this host by helper name (plain loops where [`lanes`] is `None`:
-/// kernels do not call them there).
-pub(super) fn for_host() -> Vec<(&'static str, Batch)> {
+/// The batch function for this host that computes `batch` (a plain loop where [`lanes`] is
+/// `None`: kernels do not call it there).
+pub(super) fn for_host(batch: super::helpers::Batch) -> Batch {
+    use super::helpers::Batch as Op;
     type Three = (Batch, Batch, Batch);
     #[cfg(target_arch = "x86_64")]
     let wide: Option<Three> = match lanes() {
@@ -447,31 +448,11 @@ pub(super) fn for_host() -> Vec<(&'static str, Batch)> {
     let wide: Option<Three> = None;
     let (exp, tanh, sigmoid) =
         wide.unwrap_or((exp_batch::plain, tanh_batch::plain, sigmoid_batch::plain));
-    vec![("kiln_exp_f32s", exp), ("kiln_tanh_f32s", tanh), ("kiln_sigmoid_f32s", sigmoid)]
-}
-
-/// A batch function as a kernel calls it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) struct Helper {
-    /// The batch function's symbol.
-    pub(super) name: &'static str,
-    /// A function of the kernel's own module that calls it and preserves every register
-    /// (`preserve_all`): a kernel's loop keeps its accumulators and constants in registers
-    /// across the once-a-block call, where a System V call would clobber every vector register
-    /// and the register allocator would spill the loop's accumulators for the whole loop.
-    pub(super) preserving: &'static str,
-}
-
-/// The batch function that computes `op` over a block, if there is one.
-pub(super) fn helper_for(op: kiln_ir::UnaryOp) -> Option<Helper> {
-    use kiln_ir::UnaryOp;
-    let (name, preserving) = match op {
-        UnaryOp::Exp => ("kiln_exp_f32s", "kiln_exp_f32s_preserving"),
-        UnaryOp::Tanh => ("kiln_tanh_f32s", "kiln_tanh_f32s_preserving"),
-        UnaryOp::Sigmoid => ("kiln_sigmoid_f32s", "kiln_sigmoid_f32s_preserving"),
-        _ => return None,
-    };
-    Some(Helper { name, preserving })
+    match batch {
+        Op::Exp => exp,
+        Op::Tanh => tanh,
+        Op::Sigmoid => sigmoid,
+    }
 }
 
 #[cfg(test)]
@@ -482,11 +463,13 @@ mod tests {
     fn the_batch_functions_match_their_scalar_lanes() {
         let mut inputs: Vec<f32> = (0..40_000).map(|i| -100.0 + i as f32 * 0.005_000_1).collect();
         inputs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-30, -1e-30]);
-        for (name, f) in for_host() {
-            let one: fn(f32) -> f32 = match name {
-                "kiln_exp_f32s" => exp1,
-                "kiln_tanh_f32s" => tanh1,
-                _ => sigmoid1,
+        use super::super::helpers::Batch as Op;
+        for op in [Op::Exp, Op::Tanh, Op::Sigmoid] {
+            let (f, name) = (for_host(op), format!("{op:?}"));
+            let one: fn(f32) -> f32 = match op {
+                Op::Exp => exp1,
+                Op::Tanh => tanh1,
+                Op::Sigmoid => sigmoid1,
             };
             // Odd lengths and offsets reach the vector loop's remainder.
             for n in [1, 7, 16, 37, inputs.len()] {
