@@ -11,9 +11,8 @@ thread_local! {
 
 /// Whether `KILN_CHECK` is set in the environment (read once).
 fn check_from_env() -> bool {
-    static ENV: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        std::env::var("KILN_CHECK").is_ok_and(|v| !v.is_empty() && v != "0")
-    });
+    static ENV: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| kiln_ir::settings::Setting::Check.on());
     *ENV
 }
 

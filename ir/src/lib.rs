@@ -35,6 +35,7 @@ pub mod pipeline;
 mod products;
 pub mod random;
 pub mod semantics;
+pub mod settings;
 mod shape;
 pub mod target;
 #[doc(hidden)]

@@ -55,7 +55,7 @@ impl CacheLimits {
 }
 
 static LIMITS: LazyLock<Mutex<CacheLimits>> = LazyLock::new(|| {
-    let env = std::env::var("KILN_KERNEL_CACHE").ok();
+    let env = kiln_ir::settings::Setting::KernelCache.text();
     let limits = env.as_deref().map_or(Some(CacheLimits::default()), CacheLimits::parse);
     Mutex::new(limits.unwrap_or_else(|| {
         eprintln!(

@@ -105,7 +105,7 @@ thread_local! {
 /// kernel's source) and/or `passes` (the graph after each planning stage).
 fn debug_setting() -> (u8, bool) {
     static SETTING: LazyLock<(u8, bool)> = LazyLock::new(|| {
-        let text = std::env::var("KILN_DEBUG").unwrap_or_default();
+        let text = kiln_ir::settings::Setting::Debug.text().unwrap_or_default();
         let mut setting = (0, false);
         for word in text.split(',').map(str::trim) {
             match word.parse() {

@@ -278,7 +278,7 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
     if output == Output::Text {
         return Ok(Built::Text(clif));
     }
-    ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
+    ctx.set_disasm(kiln_ir::settings::Setting::Disasm.on());
     module
         .define_function(id, &mut ctx)
         .map_err(|e| CodegenError::Cranelift(format!("{e:?}\n{clif}")))?;
@@ -411,7 +411,7 @@ fn define_preserving(
             b.seal_all_blocks();
             b.finalize(module.target_config());
         }
-        ctx.set_disasm(std::env::var_os("KILN_DISASM").is_some());
+        ctx.set_disasm(kiln_ir::settings::Setting::Disasm.on());
         module.define_function(id, ctx).map_err(|e| CodegenError::Cranelift(format!("{e:?}")))?;
         if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
             eprintln!("{code}");

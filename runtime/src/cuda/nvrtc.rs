@@ -196,7 +196,7 @@ pub(crate) fn load(gpu: &Gpu, name: &str, source: &str) -> Result<Arc<CudaModule
 
 /// The disk cache's directory, when `KILN_CUDA_CACHE` names one.
 fn cache_dir() -> Option<PathBuf> {
-    std::env::var_os("KILN_CUDA_CACHE").map(PathBuf::from)
+    kiln_ir::settings::Setting::CudaCache.path()
 }
 
 /// A compile from the disk cache: only when the stored source is `source` itself.

@@ -31,12 +31,10 @@ struct Launch {
 
 fn launch_sizes() -> Launch {
     static SIZES: std::sync::LazyLock<Launch> = std::sync::LazyLock::new(|| {
-        let read = |name: &str, default: u64| {
-            std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-        };
+        use kiln_ir::settings::Setting;
         Launch {
-            threads: u32::try_from(read("KILN_CUDA_ROW_THREADS", 512)).unwrap_or(512),
-            blocks_per_sm: read("KILN_CUDA_ROW_BLOCKS", 32).max(1),
+            threads: Setting::CudaRowThreads.number().unwrap_or(512),
+            blocks_per_sm: Setting::CudaRowBlocks.number::<u64>().unwrap_or(32).max(1),
         }
     });
     *SIZES

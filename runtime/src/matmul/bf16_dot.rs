@@ -33,7 +33,7 @@ const A_BLOCK_BYTES: usize = 256 * 1024;
 /// comparison).
 pub(crate) fn available() -> bool {
     static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
-        !std::env::var("KILN_NO_BF16_DOT").is_ok_and(|v| v != "0")
+        !kiln_ir::settings::Setting::NoBf16Dot.on()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
