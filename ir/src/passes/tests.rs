@@ -1,7 +1,7 @@
 //! The graph passes, on small graphs.
 use super::*;
 use crate::pipeline::{Fusion, Planner};
-use crate::{BinaryOp, DType, Scalar, Shape, UnaryOp};
+use crate::{BinaryOp, DType, Scalar, Shape, UnaryOp, View};
 
 #[test]
 fn merges_chains_and_keeps_outputs_and_inputs() {

@@ -56,7 +56,7 @@ fn through_reshape(
     });
     let Op::View(reshape) = op else { return None };
     let shape = &graph.node(args[0]).shape;
-    if !super::reads_in_order(&reshape, shape) {
+    if !super::simplify::reads_in_order(&reshape, shape) {
         return None;
     }
     Some((view.reshape(shape)?, args[0]))
