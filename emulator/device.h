@@ -19,7 +19,7 @@
 // whole kernel, and every fused kernel is compiled on its own.
 extern "C" {
 #define KEMU_MATH(name) float name##f(float); double name(double);
-KEMU_MATH(fabs) KEMU_MATH(sqrt) KEMU_MATH(exp) KEMU_MATH(log) KEMU_MATH(sin) KEMU_MATH(cos)
+KEMU_MATH(fabs) KEMU_MATH(sqrt) KEMU_MATH(exp) KEMU_MATH(log) KEMU_MATH(sin) KEMU_MATH(cos) KEMU_MATH(tan)
 KEMU_MATH(tanh) KEMU_MATH(erf) KEMU_MATH(floor) KEMU_MATH(ceil) KEMU_MATH(rint)
 #undef KEMU_MATH
 float powf(float, float); double pow(double, double);

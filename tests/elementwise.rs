@@ -16,6 +16,7 @@ fn float_unaries() -> Vec<Unary> {
         ("log", |t| t.log(), f64::ln),
         ("sin", |t| t.sin(), f64::sin),
         ("cos", |t| t.cos(), f64::cos),
+        ("tan", |t| t.tan(), f64::tan),
         ("tanh", |t| t.tanh(), f64::tanh),
         ("sigmoid", |t| t.sigmoid(), |x| 1.0 / (1.0 + (-x).exp())),
         ("erf", |t| t.erf(), erf_by_simpson),

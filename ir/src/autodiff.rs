@@ -356,6 +356,14 @@ impl<B: GradBuilder> Rules<'_, B> {
                 let ns = self.un(UnaryOp::Neg, &s)?;
                 self.mul(&g, &ns)?
             }
+            UnaryOp::Tan => {
+                // 1 + tan(x)^2
+                let t = self.un(UnaryOp::Tan, x)?;
+                let t2 = self.mul(&t, &t)?;
+                let one = self.full_like(1.0, x)?;
+                let d = self.bin(BinaryOp::Add, &one, &t2)?;
+                self.mul(&g, &d)?
+            }
             UnaryOp::Tanh => {
                 // 1 - tanh(x)^2
                 let t = self.un(UnaryOp::Tanh, x)?;

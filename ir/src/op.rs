@@ -27,6 +27,8 @@ pub enum UnaryOp {
     Sin,
     /// `cos(x)`.
     Cos,
+    /// `tan(x)`.
+    Tan,
     /// `tanh(x)`.
     Tanh,
     /// `1 / (1 + e^-x)`.
@@ -475,7 +477,7 @@ impl fmt::Display for Op {
 }
 
 impl UnaryOp {
-    /// Whether the op is a transcendental function (`exp`, `log`, `sin`, `cos`, `tanh`,
+    /// Whether the op is a transcendental function (`exp`, `log`, `sin`, `cos`, `tan`, `tanh`,
     /// `sigmoid`, `erf`): generated code approximates it with a polynomial, a few ULP from the
     /// correctly rounded value, and it costs tens of instructions.
     pub fn is_transcendental(self) -> bool {
@@ -486,6 +488,7 @@ impl UnaryOp {
             | UnaryOp::Log
             | UnaryOp::Sin
             | UnaryOp::Cos
+            | UnaryOp::Tan
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
             | UnaryOp::Erf => true,
@@ -514,6 +517,7 @@ impl UnaryOp {
             | UnaryOp::Log
             | UnaryOp::Sin
             | UnaryOp::Cos
+            | UnaryOp::Tan
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
             | UnaryOp::Relu
@@ -533,6 +537,7 @@ impl UnaryOp {
             UnaryOp::Log => "log",
             UnaryOp::Sin => "sin",
             UnaryOp::Cos => "cos",
+            UnaryOp::Tan => "tan",
             UnaryOp::Tanh => "tanh",
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Relu => "relu",

@@ -45,6 +45,7 @@ pub fn unary(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Log => x.ln(),
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
+        UnaryOp::Tan => x.tan(),
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Relu => {

@@ -386,6 +386,8 @@ float_unary_methods! {
     sin => Sin;
     /// Cosine.
     cos => Cos;
+    /// Tangent.
+    tan => Tan;
     /// Hyperbolic tangent.
     tanh => Tanh;
     /// The logistic function `1 / (1 + e^-x)`.

@@ -26,6 +26,10 @@ extern "C" fn kiln_cos(x: f64) -> f64 {
     unary(UnaryOp::Cos, x)
 }
 
+extern "C" fn kiln_tan(x: f64) -> f64 {
+    unary(UnaryOp::Tan, x)
+}
+
 extern "C" fn kiln_tanh(x: f64) -> f64 {
     unary(UnaryOp::Tanh, x)
 }
@@ -64,6 +68,7 @@ pub(super) enum Helper {
     Log,
     Sin,
     Cos,
+    Tan,
     Tanh,
     Sigmoid,
     Erf,
@@ -106,6 +111,7 @@ impl Batch {
             | UnaryOp::Log
             | UnaryOp::Sin
             | UnaryOp::Cos
+            | UnaryOp::Tan
             | UnaryOp::Relu
             | UnaryOp::Erf
             | UnaryOp::Recip
@@ -132,11 +138,12 @@ impl Batch {
 
 impl Helper {
     /// Every helper, in the order kernels' modules declare them (it shows in CLIF text).
-    pub(super) const ALL: [Helper; 18] = [
+    pub(super) const ALL: [Helper; 19] = [
         Helper::Exp,
         Helper::Log,
         Helper::Sin,
         Helper::Cos,
+        Helper::Tan,
         Helper::Tanh,
         Helper::Sigmoid,
         Helper::Erf,
@@ -161,6 +168,7 @@ impl Helper {
             UnaryOp::Log => Some(Helper::Log),
             UnaryOp::Sin => Some(Helper::Sin),
             UnaryOp::Cos => Some(Helper::Cos),
+            UnaryOp::Tan => Some(Helper::Tan),
             UnaryOp::Tanh => Some(Helper::Tanh),
             UnaryOp::Sigmoid => Some(Helper::Sigmoid),
             UnaryOp::Erf => Some(Helper::Erf),
@@ -183,6 +191,7 @@ impl Helper {
             Helper::Log => "kiln_log",
             Helper::Sin => "kiln_sin",
             Helper::Cos => "kiln_cos",
+            Helper::Tan => "kiln_tan",
             Helper::Tanh => "kiln_tanh",
             Helper::Sigmoid => "kiln_sigmoid",
             Helper::Erf => "kiln_erf",
@@ -207,6 +216,7 @@ impl Helper {
             Helper::Log => kiln_log as *const u8,
             Helper::Sin => kiln_sin as *const u8,
             Helper::Cos => kiln_cos as *const u8,
+            Helper::Tan => kiln_tan as *const u8,
             Helper::Tanh => kiln_tanh as *const u8,
             Helper::Sigmoid => kiln_sigmoid as *const u8,
             Helper::Erf => kiln_erf as *const u8,
@@ -229,6 +239,7 @@ impl Helper {
             | Helper::Log
             | Helper::Sin
             | Helper::Cos
+            | Helper::Tan
             | Helper::Tanh
             | Helper::Sigmoid
             | Helper::Erf => (&[types::F64], Some(types::F64)),

@@ -109,7 +109,8 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Erf
             | UnaryOp::Log
             | UnaryOp::Sin
-            | UnaryOp::Cos => e.dtype == DType::F32 && float == DType::F32,
+            | UnaryOp::Cos
+            | UnaryOp::Tan => e.dtype == DType::F32 && float == DType::F32,
         },
         ExprKind::Binary(op, a, _) => {
             let arg = kernel.exprs[a].dtype;

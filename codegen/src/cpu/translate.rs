@@ -245,6 +245,7 @@ impl<'b> Translator<'_, 'b> {
                         UnaryOp::Log => math::log(&mut self.math(), x),
                         UnaryOp::Sin => self.trig_vector(Trig::Sin, x),
                         UnaryOp::Cos => self.trig_vector(Trig::Cos, x),
+                        UnaryOp::Tan => self.tan_vector(x),
                     }
                 }
                 ExprKind::Binary(op, a, c) => {
@@ -359,6 +360,18 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().jump(done, &[BlockArg::Value(v)]);
         self.b.switch_to_block(done);
         result
+    }
+
+    /// `tan` of four f32 lanes, each the f64 function rounded once (exactly the reference's
+    /// value; there is no vector polynomial for it yet, so it costs four calls).
+    pub(super) fn tan_vector(&mut self, x: Value) -> Value {
+        let mut v = x;
+        for lane in 0..4u8 {
+            let s = self.b.ins().extractlane(x, lane);
+            let r = self.via_f64(Helper::Tan, &[s], DType::F32);
+            v = self.b.ins().insertlane(v, r, lane);
+        }
+        v
     }
 
     /// `fast` with the lanes that `mask` selects replaced by the scalar f64 function `helper`
@@ -555,6 +568,7 @@ impl<'b> Translator<'_, 'b> {
                 UnaryOp::Erf => math::erf(&mut self.math(), v),
                 UnaryOp::Sin => self.trig_vector(Trig::Sin, v),
                 UnaryOp::Cos => self.trig_vector(Trig::Cos, v),
+                UnaryOp::Tan => self.tan_vector(v),
                 UnaryOp::Neg
                 | UnaryOp::Abs
                 | UnaryOp::Sqrt
@@ -588,6 +602,7 @@ impl<'b> Translator<'_, 'b> {
             | UnaryOp::Log
             | UnaryOp::Sin
             | UnaryOp::Cos
+            | UnaryOp::Tan
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
             | UnaryOp::Erf => {

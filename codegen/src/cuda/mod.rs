@@ -275,6 +275,7 @@ fn unary(op: UnaryOp, d: DType, x: &str, single: bool) -> String {
         UnaryOp::Log => f("log"),
         UnaryOp::Sin => f("sin"),
         UnaryOp::Cos => f("cos"),
+        UnaryOp::Tan => f("tan"),
         UnaryOp::Tanh => f("tanh"),
         UnaryOp::Erf => f("erf"),
         UnaryOp::Floor => f("floor"),

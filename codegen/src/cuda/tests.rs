@@ -89,6 +89,35 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     g.mark_output(y);
     out.extend(kernels_of(&g).into_iter().map(|k| ("softmax".to_string(), k)));
 
+    // Every float function of one argument, chained, in f32 and f64: NVRTC must know each
+    // spelling (`tanf`, `erf`, `rint`, ...).
+    for dtype in [DType::F32, DType::F64] {
+        let mut g = Graph::new();
+        let mut t = g.input(Shape::from([7]), dtype);
+        for op in [
+            UnaryOp::Neg,
+            UnaryOp::Abs,
+            UnaryOp::Sqrt,
+            UnaryOp::Exp,
+            UnaryOp::Log,
+            UnaryOp::Sin,
+            UnaryOp::Cos,
+            UnaryOp::Tan,
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::Relu,
+            UnaryOp::Erf,
+            UnaryOp::Recip,
+            UnaryOp::Floor,
+            UnaryOp::Ceil,
+            UnaryOp::Round,
+        ] {
+            t = un(&mut g, op, t);
+        }
+        g.mark_output(t);
+        out.extend(kernels_of(&g).into_iter().map(|k| (format!("every_unary_{dtype}"), k)));
+    }
+
     // A sum over rows with many outputs (bias gradients): one thread per output.
     let mut g = Graph::new();
     let x = g.input(Shape::from([9, 300]), DType::F32);
