@@ -273,7 +273,9 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 ///     names,
 ///     [
 ///         "precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first",
-///         "casts_before_views", "simplify", "cse", "partition", "lower"
+///         "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values",
+///         "partition.kept_results", "partition.into_reductions",
+///         "partition.casts_into_producers", "lower"
 ///     ]
 /// );
 /// assert!(stages[4].1.contains("mul"));   // before simplify: x * 1

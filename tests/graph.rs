@@ -138,7 +138,11 @@ fn planner_stage_snapshots() {
             "casts_before_views",
             "simplify",
             "cse",
-            "partition",
+            "partition.cuts",
+            "partition.shared_values",
+            "partition.kept_results",
+            "partition.into_reductions",
+            "partition.casts_into_producers",
             "lower"
         ]
     );

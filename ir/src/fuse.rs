@@ -144,28 +144,121 @@ pub const MAX_RECOMPUTE_COST: usize = 8;
 
 /// The partition stage: decides which values of `graph` are stored and why.
 pub fn partition(graph: &Graph, options: &PlanOptions) -> Partition {
+    partition_observed(graph, options, &mut |_, _| {})
+}
+
+/// [`partition`], calling `observe` with each refinement's name and the partition after it
+/// (the [`REFINEMENTS`] that apply under `options`, in order).
+pub fn partition_observed(
+    graph: &Graph,
+    options: &PlanOptions,
+    observe: &mut dyn FnMut(&'static str, &Partition),
+) -> Partition {
     let order = graph.topo_order();
     let consumers = consumers(graph, &order);
-    let (mut stored, mut size) = cuts(graph, &order, &consumers, options);
-    let fused = options.fusion == Fusion::Fused;
-    if fused {
-        compute_shared_values_once(graph, &order, &consumers, &mut stored, &mut size);
-    }
-    let mut merged = if fused {
-        merge_kept_results(graph, &order, &stored, &size, &consumers)
-    } else {
-        HashMap::default()
+    let mut cx = Refining {
+        graph,
+        options,
+        order,
+        consumers,
+        partition: Partition::default(),
+        size: HashMap::default(),
     };
-    let reduced_by = if fused && options.target.reductions_store_inputs {
-        merge_into_reductions(graph, &order, &stored, &merged, &size, &consumers)
-    } else {
-        HashMap::default()
-    };
-    if fused {
-        merge_casts_into_producers(graph, &order, &stored, &reduced_by, &size, &mut merged);
+    for r in REFINEMENTS.iter().filter(|r| (r.applies)(options)) {
+        (r.run)(&mut cx);
+        observe(r.name, &cx.partition);
     }
-    Partition { stored, merged, reduced_by }
+    cx.partition
 }
+
+/// What the partition's refinements work on: the graph, and the partition so far with each
+/// stored value's size in ops.
+struct Refining<'g> {
+    graph: &'g Graph,
+    options: &'g PlanOptions,
+    order: Vec<NodeId>,
+    consumers: HashMap<NodeId, Vec<NodeId>>,
+    partition: Partition,
+    size: HashMap<NodeId, usize>,
+}
+
+/// One named step of the partition stage.
+pub struct Refinement {
+    /// The name `KILN_DEBUG=passes` and the stage snapshots show (`partition.<name>`).
+    pub name: &'static str,
+    /// Whether it runs under the plan's options.
+    applies: fn(&PlanOptions) -> bool,
+    run: fn(&mut Refining<'_>),
+}
+
+fn fused(options: &PlanOptions) -> bool {
+    options.fusion == Fusion::Fused
+}
+
+/// The partition stage's refinements, in order: the cuts every plan makes (a value feeding a
+/// reduction, a library op or a view read, a result that is kept, a kernel grown too
+/// large), then, in fused plans: shared values that cost too much to recompute are stored
+/// once; a kept result is written by the kernel that consumes it; on targets whose
+/// reductions store their inputs, a stored value is written by the reduction over it; a
+/// cast of a stored value is written by its producer.
+pub const REFINEMENTS: [Refinement; 5] = [
+    Refinement {
+        name: "partition.cuts",
+        applies: |_| true,
+        run: |cx| {
+            let (stored, size) = cuts(cx.graph, &cx.order, &cx.consumers, cx.options);
+            (cx.partition.stored, cx.size) = (stored, size);
+        },
+    },
+    Refinement {
+        name: "partition.shared_values",
+        applies: fused,
+        run: |cx| {
+            let (stored, size) = (&mut cx.partition.stored, &mut cx.size);
+            compute_shared_values_once(cx.graph, &cx.order, &cx.consumers, stored, size);
+        },
+    },
+    Refinement {
+        name: "partition.kept_results",
+        applies: fused,
+        run: |cx| {
+            let p = &cx.partition;
+            cx.partition.merged =
+                merge_kept_results(cx.graph, &cx.order, &p.stored, &cx.size, &cx.consumers);
+        },
+    },
+    Refinement {
+        name: "partition.into_reductions",
+        applies: |o| fused(o) && o.target.reductions_store_inputs,
+        run: |cx| {
+            let p = &cx.partition;
+            cx.partition.reduced_by = merge_into_reductions(
+                cx.graph,
+                &cx.order,
+                &p.stored,
+                &p.merged,
+                &cx.size,
+                &cx.consumers,
+            );
+        },
+    },
+    Refinement {
+        name: "partition.casts_into_producers",
+        applies: fused,
+        run: |cx| {
+            let p = &mut cx.partition;
+            let (stored, reduced_by) = (&p.stored, &p.reduced_by);
+            merge_casts_into_producers(
+                cx.graph,
+                &cx.order,
+                stored,
+                reduced_by,
+                &cx.size,
+                &mut p.merged,
+            );
+        },
+    },
+];
 
 /// Each node's consumers.
 fn consumers(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Vec<NodeId>> {

@@ -3,15 +3,17 @@
 //! ```text
 //! Graph ──precise_log_softmax──▶ Graph ──expand_logsumexp──▶ Graph ──transpose_products──▶ Graph
 //!       ──gather_first──▶ Graph ──casts_before_views──▶ Graph ──simplify──▶ Graph ──cse──▶ Graph
-//!       ──partition──▶ Partition ──lower──▶ Plan (kernels and other steps)
+//!       ──partition.cuts──▶ Partition ──partition.shared_values──▶ ... ──lower──▶ Plan
+//!       (kernels and other steps)
 //! ```
 //!
 //! Every graph pass is a value implementing [`Pass`]: it has a name and returns one
 //! [`Rewrite`] (the new graph, and where each kept node went) or nothing when it changes
 //! nothing. A [`Pipeline`] runs passes in order and composes their maps once; a
 //! [`Planner`] runs the pipeline, then the two fusion stages ([`crate::fuse::partition`]
-//! decides which values are stored and why; [`crate::fuse::lower`] writes each fused group
-//! as Kernel IR). An observer sees the graph after every named stage: that is what
+//! decides which values are stored and why, in the named refinements of
+//! [`crate::fuse::REFINEMENTS`]; [`crate::fuse::lower`] writes each fused group as Kernel
+//! IR). An observer sees the graph after every named stage: that is what
 //! `KILN_DEBUG=passes` prints.
 //!
 //! [`PlanOptions`] holds every choice a plan depends on; nothing else in the pipeline reads
@@ -31,7 +33,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition", "lower"]);
+//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values", "partition.kept_results", "partition.into_reductions", "partition.casts_into_producers", "lower"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
@@ -264,8 +266,9 @@ impl Planner {
     ) -> Plan {
         let Rewrite { graph: optimized, map } = self.pipeline.run(graph, &options, observe);
         let outputs = graph.outputs().iter().map(|o| map[o]).collect();
-        let partition = fuse::partition(&optimized, &options);
-        observe("partition", Stage::Partition(&optimized, &partition));
+        let partition = fuse::partition_observed(&optimized, &options, &mut |name, p| {
+            observe(name, Stage::Partition(&optimized, p));
+        });
         let steps = fuse::lower(&optimized, &partition, &options);
         observe("lower", Stage::Steps(&optimized, &steps));
         Plan { graph: optimized, map, outputs, steps, options }
