@@ -40,6 +40,7 @@ mod shape;
 pub mod target;
 #[doc(hidden)]
 pub mod testing;
+pub mod text;
 mod view;
 
 pub use check::Check;

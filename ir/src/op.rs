@@ -471,6 +471,10 @@ impl fmt::Display for Op {
             Op::Unview { view, .. } => {
                 write!(f, "unview(strides {:?}, offset {})", view.strides(), view.offset())
             }
+            Op::Assign(v) => write!(f, "assign(strides {:?}, offset {})", v.strides(), v.offset()),
+            Op::Gather { axis } | Op::Scatter { axis, .. } | Op::CumSum { axis } => {
+                write!(f, "{}[{axis}]", self.name())
+            }
             other => f.write_str(other.name()),
         }
     }

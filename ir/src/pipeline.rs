@@ -146,6 +146,11 @@ impl Pipeline {
         Pipeline { passes }
     }
 
+    /// The passes, in order.
+    pub fn passes(&self) -> &[&'static dyn Pass] {
+        &self.passes
+    }
+
     /// The passes' names, in order.
     pub fn names(&self) -> Vec<&'static str> {
         self.passes.iter().map(|p| p.name()).collect()
