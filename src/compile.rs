@@ -161,7 +161,7 @@ impl Signature {
 }
 
 /// A plan and what it was built from.
-struct Entry {
+struct CompiledPlan {
     signature: Signature,
     recorded: Recorded,
     prepared: Prepared,
@@ -217,7 +217,7 @@ impl fmt::Display for CompileStats {
 /// A function compiled by [`compile`].
 pub struct Compiled<F> {
     f: F,
-    entries: Vec<Entry>,
+    entries: Vec<CompiledPlan>,
     stats: CompileStats,
     recompile_limit: usize,
     warned: bool,
@@ -388,7 +388,7 @@ impl<F> Compiled<F> {
         if self.entries.len() == MAX_PLANS {
             self.entries.remove(0);
         }
-        self.entries.push(Entry { signature, recorded, prepared });
+        self.entries.push(CompiledPlan { signature, recorded, prepared });
         Ok(())
     }
 }

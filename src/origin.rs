@@ -23,12 +23,13 @@ fn in_kiln(location: &Location<'_>) -> bool {
     location.file().starts_with(root)
 }
 
-/// Restores the previous entry when dropped.
-pub(crate) struct Entry {
+/// Marks the user's call site for the ops a library function records; restores the
+/// previous one when dropped.
+pub(crate) struct CallerGuard {
     previous: Option<&'static Location<'static>>,
 }
 
-impl Drop for Entry {
+impl Drop for CallerGuard {
     fn drop(&mut self) {
         ENTRY.with(|e| e.set(self.previous));
     }
@@ -37,7 +38,7 @@ impl Drop for Entry {
 /// Marks the caller's line, when it is the user's, as the origin of the ops recorded until
 /// the guard drops.
 #[track_caller]
-pub(crate) fn enter() -> Entry {
+pub(crate) fn enter() -> CallerGuard {
     let here = Location::caller();
     let previous = ENTRY.with(|e| {
         let previous = e.get();
@@ -46,7 +47,7 @@ pub(crate) fn enter() -> Entry {
         }
         previous
     });
-    Entry { previous }
+    CallerGuard { previous }
 }
 
 /// The line an op being recorded now comes from: the caller, through `#[track_caller]`,

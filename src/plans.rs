@@ -42,7 +42,7 @@ struct Settings {
     rows: RowGroupSizes,
 }
 
-struct Entry {
+struct CachedPlan {
     hash: u64,
     settings: Settings,
     origins: Vec<&'static Location<'static>>,
@@ -53,7 +53,7 @@ struct Entry {
 }
 
 thread_local! {
-    static CACHE: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    static CACHE: RefCell<Vec<CachedPlan>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs the captured program (planned with `options`, whose constants fold) on `device`,
@@ -110,11 +110,11 @@ fn plan(
     settings: Settings,
     hash: u64,
     rebindable: bool,
-) -> Result<Entry> {
+) -> Result<CachedPlan> {
     let built = build_graph(captured, targets)?;
     let constants = if rebindable { Constants::Rebindable } else { Constants::Fold };
     let options = PlanOptions { constants, ..settings.options };
-    Ok(Entry {
+    Ok(CachedPlan {
         hash,
         settings,
         origins: captured.nodes.iter().map(|n| n.origin).collect(),

@@ -95,7 +95,8 @@ pub struct CacheStats {
     pub code_bytes: usize,
 }
 
-struct Entry<V> {
+/// A cached value with its size and when it was last used.
+struct Cached<V> {
     value: V,
     bytes: usize,
     last_used: u64,
@@ -103,7 +104,7 @@ struct Entry<V> {
 
 /// Compiled code by key, least recently used evicted first.
 pub struct KernelCache<K, V> {
-    entries: HashMap<K, Entry<V>>,
+    entries: HashMap<K, Cached<V>>,
     clock: u64,
     stats: CacheStats,
 }
@@ -147,7 +148,7 @@ impl<K: Hash + Eq + Clone, V: Clone> KernelCache<K, V> {
         }
         self.stats.compiled += 1;
         self.stats.code_bytes += bytes;
-        self.entries.insert(key, Entry { value: value.clone(), bytes, last_used: self.clock });
+        self.entries.insert(key, Cached { value: value.clone(), bytes, last_used: self.clock });
         self.evict(limits());
         value
     }

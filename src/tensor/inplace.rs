@@ -62,7 +62,7 @@ impl Tensor {
         }
         let mut new = new.to_dtype(self.dtype());
         if new.device() != self.device() {
-            if !new.is_floating_constant() {
+            if !new.is_pending_fill() {
                 return Err(Error::Device {
                     op,
                     detail: format!(
@@ -267,7 +267,7 @@ impl Tensor {
         let dtype = self.dtype();
         // A copy between devices moves the data first (as PyTorch's `copy_` does).
         let moved;
-        let src = if src.device() != self.device() && !src.is_floating_constant() {
+        let src = if src.device() != self.device() && !src.is_pending_fill() {
             moved = src.try_to(self.device())?;
             &moved
         } else {

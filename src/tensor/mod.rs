@@ -272,13 +272,13 @@ impl Tensor {
     /// Whether this tensor is a constant not computed yet (a pending fill, or a view of
     /// one): it holds no data, so it can join tensors of any device, as scalars in
     /// expressions like `&x * 2.0` do.
-    pub(crate) fn is_floating_constant(&self) -> bool {
+    pub(crate) fn is_pending_fill(&self) -> bool {
         let node = self.storage().node();
         matches!(node.op, Op::Full(_)) && node.buffer().is_none()
     }
 
-    /// A floating constant recorded again on `device` (same value, shape and view), so that
-    /// every node of a graph is on the device the graph runs on.
+    /// A pending fill (`is_pending_fill`) recorded again on `device` (same value, shape and
+    /// view), so that every node of a graph is on the device the graph runs on.
     pub(crate) fn rehomed(&self, device: Device) -> Tensor {
         let base = self.storage().node();
         let leaf = LazyNode::pending(
@@ -388,7 +388,7 @@ pub(crate) fn check_same_device(op: &'static str, inputs: &[&Tensor]) -> Result<
     if inputs.iter().all(|t| t.device() == first.device()) {
         return Ok(first.device());
     }
-    let placed: Vec<&&Tensor> = inputs.iter().filter(|t| !t.is_floating_constant()).collect();
+    let placed: Vec<&&Tensor> = inputs.iter().filter(|t| !t.is_pending_fill()).collect();
     let Some(anchor) = placed.first() else { return Ok(first.device()) };
     if let Some(other) = placed.iter().find(|t| t.device() != anchor.device()) {
         return Err(Error::Device {
