@@ -30,6 +30,7 @@ pub mod fuse;
 mod graph;
 pub mod kernel;
 mod op;
+mod op_tables;
 pub mod passes;
 pub mod pipeline;
 mod products;

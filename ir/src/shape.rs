@@ -42,6 +42,25 @@ impl Shape {
         self.checked_numel().unwrap_or(usize::MAX)
     }
 
+    /// How many leading dimensions multiply to `rows` (size-1 dimensions after them are not
+    /// counted), or `None` when no prefix does: where a domain splits into `rows` rows.
+    ///
+    /// ```
+    /// use kiln_ir::Shape;
+    /// let s = Shape::new(vec![4, 3, 5]);
+    /// assert_eq!((s.leading_dims(12), s.leading_dims(4), s.leading_dims(6)), (Some(2), Some(1), None));
+    /// ```
+    pub fn leading_dims(&self, rows: usize) -> Option<usize> {
+        let mut product = 1;
+        for (i, &d) in self.0.iter().enumerate() {
+            if product == rows {
+                return Some(i);
+            }
+            product *= d;
+        }
+        (product == rows).then_some(self.0.len())
+    }
+
     /// The number of elements, or `None` when the product overflows `usize`.
     pub fn checked_numel(&self) -> Option<usize> {
         if self.0.contains(&0) {

@@ -21,118 +21,6 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::{BinaryOp, DType, Graph, IrError, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
-/// Every unary op, in declaration order (checked against `unary_position` by a test).
-const UNARY: [UnaryOp; 17] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Sqrt,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tan,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Erf,
-    UnaryOp::Recip,
-    UnaryOp::Floor,
-    UnaryOp::Ceil,
-    UnaryOp::Round,
-    UnaryOp::Not,
-];
-
-/// Each unary op's place in [`UNARY`]: exhaustive, so a new op must be given one (and the
-/// test then finds it missing from the table until it is added).
-#[cfg(test)]
-fn unary_position(op: UnaryOp) -> usize {
-    match op {
-        UnaryOp::Neg => 0,
-        UnaryOp::Abs => 1,
-        UnaryOp::Sqrt => 2,
-        UnaryOp::Exp => 3,
-        UnaryOp::Log => 4,
-        UnaryOp::Sin => 5,
-        UnaryOp::Cos => 6,
-        UnaryOp::Tan => 7,
-        UnaryOp::Tanh => 8,
-        UnaryOp::Sigmoid => 9,
-        UnaryOp::Relu => 10,
-        UnaryOp::Erf => 11,
-        UnaryOp::Recip => 12,
-        UnaryOp::Floor => 13,
-        UnaryOp::Ceil => 14,
-        UnaryOp::Round => 15,
-        UnaryOp::Not => 16,
-    }
-}
-
-/// Every binary op, in declaration order (checked against `binary_position` by a test).
-const BINARY: [BinaryOp; 15] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Pow,
-    BinaryOp::Maximum,
-    BinaryOp::Minimum,
-    BinaryOp::Eq,
-    BinaryOp::Ne,
-    BinaryOp::Lt,
-    BinaryOp::Le,
-    BinaryOp::Gt,
-    BinaryOp::Ge,
-    BinaryOp::And,
-    BinaryOp::Or,
-];
-
-/// Each binary op's place in [`BINARY`] (exhaustive, as `unary_position`).
-#[cfg(test)]
-fn binary_position(op: BinaryOp) -> usize {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Pow => 4,
-        BinaryOp::Maximum => 5,
-        BinaryOp::Minimum => 6,
-        BinaryOp::Eq => 7,
-        BinaryOp::Ne => 8,
-        BinaryOp::Lt => 9,
-        BinaryOp::Le => 10,
-        BinaryOp::Gt => 11,
-        BinaryOp::Ge => 12,
-        BinaryOp::And => 13,
-        BinaryOp::Or => 14,
-    }
-}
-
-/// Every reduction, in declaration order (checked against `reduce_position` by a test).
-const REDUCE: [ReduceOp; 7] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Max,
-    ReduceOp::Min,
-    ReduceOp::LogSumExp,
-    ReduceOp::ArgMax,
-    ReduceOp::ArgMin,
-];
-
-/// Each reduction's place in [`REDUCE`] (exhaustive, as `unary_position`).
-#[cfg(test)]
-fn reduce_position(op: ReduceOp) -> usize {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Min => 3,
-        ReduceOp::LogSumExp => 4,
-        ReduceOp::ArgMax => 5,
-        ReduceOp::ArgMin => 6,
-    }
-}
-
 impl Graph {
     /// The graph that `text` (a graph's printed form, see the [module docs](crate::text))
     /// describes; its `Display` prints `text` back.
@@ -271,14 +159,14 @@ fn parse_op(
         "matmul" => return Some(Op::MatMul),
         _ => {}
     }
-    if let Some(op) = UNARY.into_iter().find(|o| o.name() == head) {
+    if let Some(op) = UnaryOp::ALL.into_iter().find(|o| o.name() == head) {
         return Some(Op::Unary(op));
     }
-    if let Some(op) = BINARY.into_iter().find(|o| o.name() == head) {
+    if let Some(op) = BinaryOp::ALL.into_iter().find(|o| o.name() == head) {
         return Some(Op::Binary(op));
     }
     let (name, axes) = head.split_once('[')?;
-    let op = REDUCE.into_iter().find(|o| o.name() == name)?;
+    let op = ReduceOp::ALL.into_iter().find(|o| o.name() == name)?;
     let axes = axes.strip_suffix(']')?;
     let axes: Option<Vec<usize>> = if axes.is_empty() {
         Some(Vec::new())
@@ -291,19 +179,6 @@ fn parse_op(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_op_tables_hold_every_op_in_its_place() {
-        for (i, &op) in UNARY.iter().enumerate() {
-            assert_eq!(unary_position(op), i, "{op:?}");
-        }
-        for (i, &op) in BINARY.iter().enumerate() {
-            assert_eq!(binary_position(op), i, "{op:?}");
-        }
-        for (i, &op) in REDUCE.iter().enumerate() {
-            assert_eq!(reduce_position(op), i, "{op:?}");
-        }
-    }
 
     #[test]
     fn a_printed_graph_parses_back_to_itself() {

@@ -98,18 +98,6 @@ fn row_counts(k: &Kernel) -> Vec<usize> {
     counts
 }
 
-/// How many leading dimensions of `dims` multiply to `rows`.
-fn row_dims(dims: &[usize], rows: usize) -> Option<usize> {
-    let mut product = 1;
-    for (i, &d) in dims.iter().enumerate() {
-        if product == rows {
-            return Some(i);
-        }
-        product *= d;
-    }
-    (product == rows).then_some(dims.len())
-}
-
 /// Whether `view` (over a domain whose first `row_dims` dimensions index the rows) reads,
 /// at every position of row `r`, only elements `r * per_row .. (r + 1) * per_row` of its
 /// buffer.
@@ -153,7 +141,7 @@ fn fitting(
         .filter(|rows| own.contains(rows))
         .filter(|&rows| on == Grouping::Cpu || cuda_rows::unsupported(k, rows).is_none())
         .filter(|&rows| {
-            let Some(rd) = row_dims(k.shape.dims(), rows) else { return false };
+            let Some(rd) = k.shape.leading_dims(rows) else { return false };
             inputs.iter().zip(&k.inputs).all(|(n, input)| {
                 match produced.iter().find(|(p, _)| p == n) {
                     None => true,
@@ -504,8 +492,9 @@ mod tests {
         assert!(!reads_its_row(&view(&[15, 5, 1], 5), 2, 5));
         // A broadcast across rows reads other rows' data.
         assert!(!reads_its_row(&view(&[0, 0, 1], 0), 2, 5));
-        assert_eq!(row_dims(&dims, 12), Some(2));
-        assert_eq!(row_dims(&dims, 4), Some(1));
-        assert_eq!(row_dims(&dims, 6), None);
+        let shape = Shape::new(dims.to_vec());
+        assert_eq!(shape.leading_dims(12), Some(2));
+        assert_eq!(shape.leading_dims(4), Some(1));
+        assert_eq!(shape.leading_dims(6), None);
     }
 }

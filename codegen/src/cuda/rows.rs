@@ -55,7 +55,9 @@ pub fn unsupported(kernel: &Kernel, rows: usize) -> Option<&'static str> {
         return Some("its domain is not whole rows");
     }
     let Some(red) = kernel.reduce else {
-        return leading_dims(kernel.shape.dims(), rows)
+        return kernel
+            .shape
+            .leading_dims(rows)
             .is_none()
             .then_some("its leading dimensions do not multiply to the rows");
     };
@@ -148,7 +150,7 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize) {
     // The row is the leading dimensions that multiply to `rows` (a reduction's kept ones).
     let row_dims = match kernel.reduce {
         Some(red) => red.kept,
-        None => leading_dims(kernel.shape.dims(), program.rows).expect("checked by the caller"),
+        None => kernel.shape.leading_dims(program.rows).expect("checked by the caller"),
     };
     let outer = coalesce(kernel, 0..row_dims);
     let inner = coalesce(kernel, row_dims..rank);
@@ -294,16 +296,4 @@ fn vector_loop(
             .iter()
             .all(|&k| super::vector4_type(kernel.exprs[kernel.outputs[k]].dtype).is_some());
     ok.then_some(dense)
-}
-
-/// How many leading dimensions of `dims` multiply to `rows`.
-fn leading_dims(dims: &[usize], rows: usize) -> Option<usize> {
-    let mut product = 1;
-    for (i, &d) in dims.iter().enumerate() {
-        if product == rows {
-            return Some(i);
-        }
-        product *= d;
-    }
-    (product == rows).then_some(dims.len())
 }

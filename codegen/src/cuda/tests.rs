@@ -94,24 +94,7 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     for dtype in [DType::F32, DType::F64] {
         let mut g = Graph::new();
         let mut t = g.input(Shape::from([7]), dtype);
-        for op in [
-            UnaryOp::Neg,
-            UnaryOp::Abs,
-            UnaryOp::Sqrt,
-            UnaryOp::Exp,
-            UnaryOp::Log,
-            UnaryOp::Sin,
-            UnaryOp::Cos,
-            UnaryOp::Tan,
-            UnaryOp::Tanh,
-            UnaryOp::Sigmoid,
-            UnaryOp::Relu,
-            UnaryOp::Erf,
-            UnaryOp::Recip,
-            UnaryOp::Floor,
-            UnaryOp::Ceil,
-            UnaryOp::Round,
-        ] {
+        for op in UnaryOp::ALL.into_iter().filter(|&op| op != UnaryOp::Not) {
             t = un(&mut g, op, t);
         }
         g.mark_output(t);
