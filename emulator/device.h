@@ -35,6 +35,7 @@ struct kemu_dim3 {
 static thread_local kemu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict

@@ -90,6 +90,13 @@ static bool launchers(const std::string& src, std::string& out, std::string& log
   int count = 0;
   while ((at = src.find(marker, at)) != std::string::npos) {
     at += marker.size();
+    // `__launch_bounds__(threads)` (a row group's) comes before the name.
+    const std::string bounds = "__launch_bounds__(";
+    if (src.compare(at, bounds.size(), bounds) == 0) {
+      size_t end = src.find(')', at);
+      if (end == std::string::npos) return false;
+      at = src.find_first_not_of(' ', end + 1);
+    }
     size_t open = src.find('(', at), close = src.find(')', open);
     if (open == std::string::npos || close == std::string::npos) return false;
     std::string name = src.substr(at, open - at);

@@ -34,11 +34,13 @@ pub enum Setting {
     CudaRowThreads,
     /// `KILN_CUDA_ROW_BLOCKS`: most blocks per multiprocessor of a GPU row group's launch.
     CudaRowBlocks,
+    /// `KILN_CUDA_ROW_CACHE`: registers per thread a GPU row group may keep rows in.
+    CudaRowCache,
 }
 
 impl Setting {
     /// Every setting, in the order the documentation lists them.
-    pub const ALL: [Setting; 8] = [
+    pub const ALL: [Setting; 9] = [
         Setting::Check,
         Setting::Debug,
         Setting::Disasm,
@@ -47,6 +49,7 @@ impl Setting {
         Setting::NoBf16Dot,
         Setting::CudaRowThreads,
         Setting::CudaRowBlocks,
+        Setting::CudaRowCache,
     ];
 
     /// The environment variable.
@@ -60,6 +63,7 @@ impl Setting {
             Setting::NoBf16Dot => "KILN_NO_BF16_DOT",
             Setting::CudaRowThreads => "KILN_CUDA_ROW_THREADS",
             Setting::CudaRowBlocks => "KILN_CUDA_ROW_BLOCKS",
+            Setting::CudaRowCache => "KILN_CUDA_ROW_CACHE",
         }
     }
 
@@ -92,6 +96,10 @@ impl Setting {
             }
             Setting::CudaRowBlocks => {
                 "N (default 32): most blocks per multiprocessor of a GPU row group's launch"
+            }
+            Setting::CudaRowCache => {
+                "N (default 32, 0 for none): registers per thread a GPU row group's kernel may \
+                 keep the rows its members share in"
             }
         }
     }

@@ -165,19 +165,34 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
     out
 }
 
-/// A row softmax of [37, 300] in `dtype` as one row group's source, with its buffers
-/// numbered as the runtime numbers them (each node once, in the order first seen).
-pub(crate) fn softmax_row_group(dtype: DType) -> String {
+/// A row softmax of [`rows`, `cols`] in `dtype` as one row group's source (for up to 512
+/// threads, with a register cache of 64), with its buffers numbered as the runtime numbers
+/// them (each node once, in the order first seen).
+pub(crate) fn softmax_row_group(dtype: DType, rows: usize, cols: usize) -> String {
+    row_group(dtype, rows, cols, false)
+}
+
+/// [`softmax_row_group`], or its log-softmax: `x - max - ln(sum)`, whose last member reads
+/// the input a third time (where softmax reads the exponentials the sum stored).
+fn row_group(dtype: DType, rows: usize, cols: usize, log: bool) -> String {
     let mut g = Graph::new();
-    let s = Shape::from([37, 300]);
+    let s = Shape::from([rows, cols]);
     let x = g.input(s.clone(), dtype);
     let m = g.push(Op::Reduce { op: ReduceOp::Max, axes: vec![1] }, &[x]).unwrap();
-    let mb = g.push(Op::View(View::contiguous(Shape::from([37, 1])).expand(&s)), &[m]).unwrap();
+    let mb = g.push(Op::View(View::contiguous(Shape::from([rows, 1])).expand(&s)), &[m]).unwrap();
     let d = bin(&mut g, BinaryOp::Sub, x, mb);
     let e = un(&mut g, UnaryOp::Exp, d);
     let sum = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[e]).unwrap();
-    let sb = g.push(Op::View(View::contiguous(Shape::from([37, 1])).expand(&s)), &[sum]).unwrap();
-    let y = bin(&mut g, BinaryOp::Div, e, sb);
+    let y = if log {
+        let ls = un(&mut g, UnaryOp::Log, sum);
+        let lb =
+            g.push(Op::View(View::contiguous(Shape::from([rows, 1])).expand(&s)), &[ls]).unwrap();
+        bin(&mut g, BinaryOp::Sub, d, lb)
+    } else {
+        let sb =
+            g.push(Op::View(View::contiguous(Shape::from([rows, 1])).expand(&s)), &[sum]).unwrap();
+        bin(&mut g, BinaryOp::Div, e, sb)
+    };
     g.mark_output(y);
     let steps: Vec<_> = crate::plan_steps(&g)
         .into_iter()
@@ -188,10 +203,10 @@ pub(crate) fn softmax_row_group(dtype: DType) -> String {
         .collect();
     let mut nodes: Vec<NodeId> = Vec::new();
     let mut buffers = Vec::new();
-    let mut index = |n: NodeId, written: bool, buffers: &mut Vec<(DType, bool)>| {
+    let mut index = |n: NodeId, written: bool, buffers: &mut Vec<super::rows::GroupBuffer>| {
         nodes.iter().position(|&m| m == n).unwrap_or_else(|| {
             nodes.push(n);
-            buffers.push((g.node(n).dtype, written));
+            buffers.push(super::rows::GroupBuffer { dtype: g.node(n).dtype, written });
             nodes.len() - 1
         })
     };
@@ -201,12 +216,13 @@ pub(crate) fn softmax_row_group(dtype: DType) -> String {
         let outputs = k.outputs.iter().map(|&n| index(n, true, &mut buffers)).collect();
         members.push(super::rows::RowMember { kernel: &k.kernel, inputs, outputs });
     }
-    super::rows::source(&super::rows::RowProgram { members, buffers, rows: 37 })
+    let program = super::rows::RowProgram { members, buffers, rows };
+    super::rows::source(&program, super::rows::threads(&program, 512), 64)
 }
 
 #[test]
 fn a_row_group_is_one_entry_point_with_a_barrier_per_member_read_later() {
-    let src = softmax_row_group(DType::F32);
+    let src = softmax_row_group(DType::F32, 37, 300);
     assert_eq!(src.matches("__global__").count(), 1, "{src}");
     assert!(src.contains("for (long long row = blockIdx.x; row < n; row += gridDim.x)"), "{src}");
     // Two reductions (each combining across the block) and the division: the maximum and
@@ -216,12 +232,38 @@ fn a_row_group_is_one_entry_point_with_a_barrier_per_member_read_later() {
     // The input is read-only; what the group writes is never `const`.
     assert!(src.contains("const float* __restrict__ g0"), "{src}");
     assert!(!src.contains("const float* __restrict__ g1"), "{src}");
-    // Rows of 300: four positions per thread where aligned, one otherwise.
+    // Rows of 300: four positions per thread where aligned, one otherwise; too short for
+    // the register cache (a use after the next finds the row in the multiprocessor's cache).
     assert_eq!(src.matches("*(const float4*)(g").count(), 3, "{src}");
+    assert!(!src.contains("c0[") && src.contains("__launch_bounds__(96)"), "{src}");
     assert_eq!(
         src.matches("for (long long j = threadIdx.x; j < 300LL; j += blockDim.x)").count(),
         3
     );
+}
+
+#[test]
+fn a_long_row_read_three_times_is_kept_in_registers() {
+    // Log-softmax of 16384 f32 per row reads the input in all three members: 4096 pieces
+    // over 512 threads, eight per thread (32 registers), loaded by the first member.
+    let log = row_group(DType::F32, 4096, 16384, true);
+    assert!(log.contains("float4 c0[8];"), "{log}");
+    assert_eq!(log.matches("for (int k = 0; k < 8; ++k)").count(), 3, "{log}");
+    assert_eq!(log.matches("*(const float4*)(g0").count(), 1, "{log}");
+    assert_eq!(log.matches("const float4 v0 = c0[k] = *(const float4*)(g0").count(), 1, "{log}");
+    assert_eq!(log.matches("= c0[k];").count(), 2, "{log}");
+    assert!(log.contains("__launch_bounds__(512, 2)"), "64 registers at most: {log}");
+    // Softmax reads it twice (the division reads the exponentials the sum stored): the
+    // second read finds it in the multiprocessor's cache.
+    let soft = softmax_row_group(DType::F32, 4096, 16384);
+    assert!(!soft.contains("c0[") && soft.contains("__launch_bounds__(512)"), "{soft}");
+    // bf16 rows of 16384 (32 KiB) are short enough to be found there by a third use;
+    // 65536 f32 (32 pieces per thread, 128 registers) is beyond the registers.
+    let bf16 = row_group(DType::BF16, 4096, 16384, true);
+    assert!(!bf16.contains("c0["), "{bf16}");
+    let long = row_group(DType::F32, 4096, 65536, true);
+    assert!(!long.contains("c0["), "{long}");
+    assert_eq!(long.matches("*(const float4*)(g0").count(), 3, "{long}");
 }
 
 #[test]
@@ -466,7 +508,10 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
         representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
     for dtype in [DType::F32, DType::BF16] {
-        sources.push((format!("softmax_row_group_{dtype}"), softmax_row_group(dtype)));
+        for (rows, cols, log) in [(37, 300, false), (4096, 16384, true)] {
+            let name = format!("row_group_{dtype}_{cols}_log_{log}");
+            sources.push((name, row_group(dtype, rows, cols, log)));
+        }
     }
     for (i, (name, src)) in sources.iter().enumerate() {
         // Exactly the options the runtime compiles with for an sm_90 device (NVRTC 13 takes

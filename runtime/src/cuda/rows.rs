@@ -7,7 +7,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaFunction, LaunchConfig};
 use kiln_codegen::cuda::library::LibraryKernel;
 use kiln_codegen::cuda::param_types;
-use kiln_codegen::cuda::rows::{self as codegen, RowMember, RowProgram};
+use kiln_codegen::cuda::rows::{self as codegen, GroupBuffer, RowMember, RowProgram};
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::{Graph, NodeId};
 
@@ -22,11 +22,13 @@ use crate::{Buffer, RunError, RuntimeError};
 /// `blocks_per_sm` blocks per multiprocessor (a grid-stride loop over rows covers the rest).
 /// 512 and 32 (an H200's best of 128 to 1024 and 8 or 32 on softmax and cross-entropy rows)
 /// unless `KILN_CUDA_ROW_THREADS` and `KILN_CUDA_ROW_BLOCKS` say otherwise (for
-/// tuning on a device; the kernel's source does not depend on them).
+/// tuning on a device; a group's source is written for its threads per block).
 #[derive(Clone, Copy)]
 struct Launch {
     threads: u32,
     blocks_per_sm: u64,
+    /// Registers per thread the kernel may keep shared rows in (`KILN_CUDA_ROW_CACHE`).
+    cache_registers: usize,
 }
 
 fn launch_sizes() -> Launch {
@@ -35,6 +37,7 @@ fn launch_sizes() -> Launch {
         Launch {
             threads: Setting::CudaRowThreads.number().unwrap_or(512),
             blocks_per_sm: Setting::CudaRowBlocks.number::<u64>().unwrap_or(32).max(1),
+            cache_registers: Setting::CudaRowCache.number().unwrap_or(codegen::CACHE_REGISTERS),
         }
     });
     *SIZES
@@ -69,11 +72,14 @@ impl GroupKernel {
             let outputs = k.outputs.iter().map(|&n| index_of(n, true, &mut nodes)).collect();
             program_members.push(RowMember { kernel: &k.kernel, inputs, outputs });
         }
-        let buffers = nodes.iter().map(|&(n, w)| (graph.node(n).dtype, w)).collect();
+        let buffers = (nodes.iter())
+            .map(|&(n, written)| GroupBuffer { dtype: graph.node(n).dtype, written })
+            .collect();
         let program = RowProgram { members: program_members, buffers, rows };
         let name = codegen::entry_name(&program);
-        let kernel = LibraryKernel { source: codegen::source(&program), entries: vec![name] };
         let threads = codegen::threads(&program, launch_sizes().threads);
+        let source = codegen::source(&program, threads, launch_sizes().cache_registers);
+        let kernel = LibraryKernel { source, entries: vec![name] };
         GroupKernel { kernel, nodes, threads, rows, function: OnceLock::new() }
     }
 
