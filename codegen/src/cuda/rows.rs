@@ -18,7 +18,7 @@
 //!
 //! A long row that three members or more read (softmax's `x`: the maximum, the sum and the
 //! division) is read from memory once: the first member keeps each thread's 16-byte pieces
-//! of it in registers and the later ones take them from there ([`RowCache`]). Without that,
+//! of it in registers and the later ones take them from there (`RowCache`). Without that,
 //! a row of 64 KB (16384 `f32`) has left the multiprocessor's cache by its third use, and
 //! that member streams it from device memory again.
 
@@ -350,10 +350,10 @@ fn walks(program: &RowProgram<'_>, m: usize) -> (Walk, Walk) {
 /// The name of the flag that says every cache member's pointers are aligned on this row.
 const CACHE_FLAG: &str = "cached_rows";
 
-/// Registers per thread the cache takes by default: 16384 `f32` per row with 512 threads
-/// (eight 16-byte pieces per thread). An H200 measured 64 slower than none on rows that
-/// needed them all: the block then fits on a multiprocessor only once, and its barriers
-/// stall it.
+/// Registers per thread the cache takes by default: one row of 16384 `f32` with 512 threads
+/// (eight 16-byte pieces per thread), which leaves room under the 64 that
+/// `RowCache::launch_bounds` allows. On an H200, 64 was no faster than 32 on any row
+/// (`benches/results/gpu-2026-11-27-cache/sweep.txt`).
 pub const CACHE_REGISTERS: usize = 32;
 
 /// One dense read or store of a buffer by a member's vector loop: two with the same key see
