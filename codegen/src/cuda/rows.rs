@@ -425,6 +425,8 @@ struct RowCache {
 
 impl RowCache {
     fn plan(program: &RowProgram<'_>, threads: u32, budget: usize) -> RowCache {
+        // A buffer the group writes is read only by members after its writer: its first
+        // use is the store when that is a candidate, a load from memory otherwise.
         let mut candidates: Vec<(usize, Port, Read, DType)> = Vec::new();
         for (m, member) in program.members.iter().enumerate() {
             let kernel = member.kernel;
@@ -442,21 +444,6 @@ impl RowCache {
                 candidates.push((m, Port::Output(k), read, dtype));
             }
         }
-        // A buffer the group writes is only worth keeping from its store (a read of it
-        // before the store, were there one, would see memory).
-        let stored_before = |m: usize, read: &Read| {
-            candidates.iter().any(|c| c.0 < m && c.2 == *read && matches!(c.1, Port::Output(_)))
-        };
-        let keep: Vec<bool> = candidates
-            .iter()
-            .map(|(m, port, read, _)| {
-                !program.buffers[read.buffer].written
-                    || matches!(port, Port::Output(_))
-                    || stored_before(*m, read)
-            })
-            .collect();
-        let mut keep = keep.into_iter();
-        candidates.retain(|_| keep.next().unwrap_or(false));
         let mut cache = RowCache { threads, entries: Vec::new(), uses: Vec::new() };
         // Worth registers: a buffer used by three members or more, when its rows are long
         // (by the third use, a long row has left the multiprocessor's cache; a second use
