@@ -29,6 +29,8 @@ struct Handle {
 // From the emulated libcuda.so (this library links against it).
 extern "C" int kiln_emulator_current_device();
 extern "C" int kiln_emulator_device_of(unsigned long long p);
+extern "C" int kiln_emulator_enqueue(void* stream, void (*run)(void*), void* data,
+                                     void (*drop)(void*));
 
 static float half_to_float(uint16_t h) {
   unsigned sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -85,6 +87,47 @@ static cublasStatus_t invalid(const char* why) {
   return CUBLAS_STATUS_INVALID_VALUE;
 }
 
+// One call's arguments, kept until it runs (at once, or in each launch of a captured graph).
+struct Gemm {
+  int ta, tb, m, n, k;
+  const void* A;
+  int at, lda;
+  long long sa;
+  const void* B;
+  int bt, ldb;
+  long long sb;
+  void* C;
+  int ct, ldc;
+  long long sc;
+  int batch;
+  bool f64;
+  double al, be;
+};
+
+static void run_gemm(void* data) {
+  const Gemm& g = *(const Gemm*)data;
+  for (long long b = 0; b < g.batch; b++)
+    for (int j = 0; j < g.n; j++)
+      for (int i = 0; i < g.m; i++) {
+        double acc64 = 0;
+        float acc32 = 0;
+        for (int l = 0; l < g.k; l++) {
+          long long ai = g.ta == CUBLAS_OP_N ? i + (long long)l * g.lda : l + (long long)i * g.lda;
+          long long bi = g.tb == CUBLAS_OP_N ? l + (long long)j * g.ldb : j + (long long)l * g.ldb;
+          double x = get(g.A, g.at, b * g.sa + ai), y = get(g.B, g.bt, b * g.sb + bi);
+          if (g.f64) acc64 += x * y;
+          else acc32 += (float)x * (float)y;
+        }
+        long long ci = b * g.sc + i + (long long)j * g.ldc;
+        double acc = g.f64 ? acc64 : (double)acc32;
+        double v = g.be == 0 ? g.al * acc : g.al * acc + g.be * get(g.C, g.ct, ci);
+        if (!g.f64) v = (float)v;
+        put(g.C, g.ct, ci, v);
+      }
+}
+
+static void drop_gemm(void* data) { delete (Gemm*)data; }
+
 extern "C" {
 
 cublasStatus_t cublasCreate_v2(Handle** h) {
@@ -131,26 +174,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(Handle* h, int ta, int tb, int m, int 
   if (!f64 && compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (at != CUDA_R_32F && at != CUDA_R_64F && at != CUDA_R_16F && at != CUDA_R_16BF)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  double al = f64 ? *(const double*)alpha : *(const float*)alpha;
-  double be = f64 ? *(const double*)beta : *(const float*)beta;
-  for (long long b = 0; b < batch; b++)
-    for (int j = 0; j < n; j++)
-      for (int i = 0; i < m; i++) {
-        double acc64 = 0;
-        float acc32 = 0;
-        for (int l = 0; l < k; l++) {
-          long long ai = ta == CUBLAS_OP_N ? i + (long long)l * lda : l + (long long)i * lda;
-          long long bi = tb == CUBLAS_OP_N ? l + (long long)j * ldb : j + (long long)l * ldb;
-          double x = get(A, at, b * sa + ai), y = get(B, bt, b * sb + bi);
-          if (f64) acc64 += x * y;
-          else acc32 += (float)x * (float)y;
-        }
-        long long ci = b * sc + i + (long long)j * ldc;
-        double acc = f64 ? acc64 : (double)acc32;
-        double v = be == 0 ? al * acc : al * acc + be * get(C, ct, ci);
-        if (!f64) v = (float)v;
-        put(C, ct, ci, v);
-      }
+  Gemm* g = new Gemm{ta, tb, m, n, k, A, at, lda, sa, B, bt, ldb, sb, C, ct, ldc, sc, batch, f64,
+                     f64 ? *(const double*)alpha : *(const float*)alpha,
+                     f64 ? *(const double*)beta : *(const float*)beta};
+  // Queued on the handle's stream: recorded there while it captures a graph.
+  if (kiln_emulator_enqueue(h->stream, run_gemm, g, drop_gemm) != 0) return invalid("queueing");
   return CUBLAS_STATUS_SUCCESS;
 }
 }

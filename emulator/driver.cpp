@@ -16,8 +16,10 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -42,6 +44,8 @@ enum {
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
   CUDA_ERROR_LAUNCH_FAILED = 719,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
 };
 
 namespace {
@@ -106,7 +110,65 @@ struct Function {
   unsigned long long pointers;  // bit i: parameter i is a pointer
   std::string name;
   CUcontext ctx;
+  const unsigned* sizes;  // each parameter's size (null for a library built without them)
 };
+
+// Stream capture and graphs. A capturing stream records its work as nodes instead of running
+// it; an instantiated graph (an "exec") is a copy of the nodes, run in order by each launch.
+// Kernel nodes keep a copy of their arguments, which `cuGraphExecKernelNodeSetParams`
+// replaces. Host nodes are work that another emulated library (cuBLAS) queued.
+struct HostWork {
+  void (*run)(void*);
+  void* data;
+  void (*drop)(void*);
+  ~HostWork() {
+    if (drop) drop(data);
+  }
+};
+struct Node {
+  enum Kind { KERNEL, COPY, SET, HOST } kind;
+  Function* fn = nullptr;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  std::vector<std::vector<char>> args;
+  CUdeviceptr dst = 0, src = 0;
+  size_t n = 0;
+  unsigned char value = 0;
+  std::shared_ptr<HostWork> host;
+};
+struct Graph {
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+struct Exec {
+  std::vector<Node> nodes;
+  std::map<const Node*, size_t> index;  // the captured node each copy came from
+};
+struct Stream {
+  Graph* capture = nullptr;
+  bool invalidated = false;
+  const Node* last = nullptr;  // the node captured last: the capture's dependency
+};
+int capturing_streams = 0;
+
+// The stream `s` if it is capturing (the null stream never is).
+Stream* capturing(void* s) {
+  Stream* st = (Stream*)s;
+  return st && st->capture ? st : nullptr;
+}
+
+// Work that cannot be captured ends the capture as invalid, as the driver does.
+CUresult uncapturable(Stream* st) {
+  if (getenv("KILN_EMULATOR_DEBUG")) fprintf(stderr, "uncapturable\n");
+  st->invalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+Node* record(Stream* st, Node::Kind kind) {
+  st->capture->nodes.emplace_back(new Node{});
+  Node* n = st->capture->nodes.back().get();
+  n->kind = kind;
+  st->last = n;
+  return n;
+}
 
 }  // namespace
 
@@ -142,6 +204,8 @@ CUresult cuGetErrorName(CUresult e, const char** s) {
     case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
     default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -223,18 +287,25 @@ CUresult cuCtxGetDevice(CUdevice* d) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize() { return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult cuCtxSynchronize() {
+  if (capturing_streams > 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
 
 // Streams and events: work runs when it is queued, so there is never anything to wait for.
 CUresult cuStreamCreate(CUstream* s, unsigned) {
-  *s = new int(0);
+  *s = new Stream{};
   return CUDA_SUCCESS;
 }
 CUresult cuStreamDestroy_v2(CUstream s) {
-  delete (int*)s;
+  if (capturing(s)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  delete (Stream*)s;
   return CUDA_SUCCESS;
 }
-CUresult cuStreamSynchronize(CUstream) { return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult cuStreamSynchronize(CUstream s) {
+  if (Stream* st = capturing(s)) return uncapturable(st);
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
 CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
 CUresult cuEventCreate(CUevent* e, unsigned) {
   *e = new int(0);
@@ -303,7 +374,9 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   if (r == CUDA_SUCCESS && n) memcpy((void*)(uintptr_t)dst, src, n);
   return r;
 }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+// A capture takes no copies from or to pageable host memory (all host memory here is).
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  if (Stream* st = capturing(s)) return uncapturable(st);
   return cuMemcpyHtoD_v2(dst, src, n);
 }
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
@@ -311,7 +384,8 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   if (r == CUDA_SUCCESS && n) memcpy(dst, (const void*)(uintptr_t)src, n);
   return r;
 }
-CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream) {
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  if (Stream* st = capturing(s)) return uncapturable(st);
   return cuMemcpyDtoH_v2(dst, src, n);
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -320,7 +394,12 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   if (r == CUDA_SUCCESS && n) memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
   return r;
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  if (Stream* st = capturing(s)) {
+    Node* node = record(st, Node::COPY);
+    node->dst = dst, node->src = src, node->n = n;
+    return CUDA_SUCCESS;
+  }
   return cuMemcpyDtoD_v2(dst, src, n);
 }
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
@@ -328,7 +407,12 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
   if (r == CUDA_SUCCESS && n) memset((void*)(uintptr_t)dst, v, n);
   return r;
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  if (Stream* st = capturing(s)) {
+    Node* node = record(st, Node::SET);
+    node->dst = dst, node->value = v, node->n = n;
+    return CUDA_SUCCESS;
+  }
   return cuMemsetD8_v2(dst, v, n);
 }
 
@@ -375,9 +459,11 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
   void* l = dlsym(h, launch.c_str());
   void* p = dlsym(h, params.c_str());
   void* ptrs = dlsym(h, pointers.c_str());
+  void* sizes = dlsym(h, (std::string("kiln_emulator_sizes_") + name).c_str());
   if (!l || !p || !ptrs) return CUDA_ERROR_NOT_FOUND;
   *f = new Function{(int (*)(void**, const unsigned*, const unsigned*))l, *(const unsigned*)p,
-                    *(const unsigned long long*)ptrs, name, ((Module*)m)->ctx};
+                    *(const unsigned long long*)ptrs, name, ((Module*)m)->ctx,
+                    (const unsigned*)sizes};
   return CUDA_SUCCESS;
 }
 
@@ -386,13 +472,13 @@ CUresult cuFuncGetAttribute(int* v, int, CUfunction) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                        unsigned by, unsigned bz, unsigned shared, CUstream, void** params,
-                        void** extra) {
-  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
-  if (!f) return CUDA_ERROR_INVALID_HANDLE;
-  Function* fn = (Function*)f;
-  if (extra || (fn->params > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+}  // extern "C"
+
+namespace {
+
+// Runs a launch of `fn` with the checks a launch makes: the function's and its pointer
+// arguments' device against the current context's.
+CUresult run_kernel(Function* fn, const unsigned* grid, const unsigned* block, void** params) {
   int device = device_of_context(current);
   if (fn->ctx != current) {
     fprintf(stderr, "kiln emulator: %s was loaded on device %d and launched on device %d\n",
@@ -409,10 +495,171 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
       return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
   }
-  if (shared > 48 * 1024) return CUDA_ERROR_INVALID_VALUE;
-  unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
   int r = fn->launch(params, grid, block);
   if (r == 2) return CUDA_ERROR_INVALID_VALUE;
   return r == 0 ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_FAILED;
+}
+
+// A copy of the arguments `params` points at, by the function's parameter sizes.
+std::vector<std::vector<char>> copy_args(Function* fn, void** params) {
+  std::vector<std::vector<char>> args(fn->params);
+  for (unsigned i = 0; i < fn->params; i++)
+    args[i].assign((const char*)params[i], (const char*)params[i] + fn->sizes[i]);
+  return args;
+}
+
+CUresult run_node(const Node& n) {
+  switch (n.kind) {
+    case Node::KERNEL: {
+      std::vector<void*> params(n.args.size());
+      for (size_t i = 0; i < n.args.size(); i++) params[i] = (void*)n.args[i].data();
+      return run_kernel(n.fn, n.grid, n.block, params.data());
+    }
+    case Node::COPY: return cuMemcpyDtoD_v2(n.dst, n.src, n.n);
+    case Node::SET: return cuMemsetD8_v2(n.dst, n.value, n.n);
+    case Node::HOST: n.host->run(n.host->data); return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, CUstream stream, void** params,
+                        void** extra) {
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  Function* fn = (Function*)f;
+  if (extra || (fn->params > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+  if (shared > 48 * 1024) return CUDA_ERROR_INVALID_VALUE;
+  unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  if (Stream* st = capturing(stream)) {
+    if (fn->ctx != current) return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn->sizes) return uncapturable(st);
+    Node* node = record(st, Node::KERNEL);
+    node->fn = fn;
+    memcpy(node->grid, grid, sizeof grid);
+    memcpy(node->block, block, sizeof block);
+    node->args = copy_args(fn, params);
+    return CUDA_SUCCESS;
+  }
+  return run_kernel(fn, grid, block, params);
+}
+
+// For the emulated cuBLAS: runs `run(data)` now, or records it when `stream` is capturing.
+// `drop(data)` frees the data once nothing will run it again.
+CUresult kiln_emulator_enqueue(CUstream stream, void (*run)(void*), void* data,
+                               void (*drop)(void*)) {
+  std::shared_ptr<HostWork> work(new HostWork{run, data, drop});
+  if (Stream* st = capturing(stream)) {
+    record(st, Node::HOST)->host = work;
+    return CUDA_SUCCESS;
+  }
+  work->run(work->data);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream s, int) {
+  if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream cannot capture
+  Stream* st = (Stream*)s;
+  if (st->capture) return CUDA_ERROR_INVALID_VALUE;
+  st->capture = new Graph{};
+  st->invalidated = false;
+  st->last = nullptr;
+  capturing_streams++;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream s, void** graph) {
+  Stream* st = capturing(s);
+  if (!st) return CUDA_ERROR_INVALID_VALUE;
+  capturing_streams--;
+  Graph* g = st->capture;
+  st->capture = nullptr;
+  if (st->invalidated) {
+    delete g;
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *graph = g;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamIsCapturing(CUstream s, int* status) {
+  Stream* st = capturing(s);
+  *status = !st ? 0 : st->invalidated ? 2 : 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream s, int* status, unsigned long long* id, void** graph,
+                                   const Node* const** deps, const void** edges, size_t* count) {
+  Stream* st = capturing(s);
+  if (status) *status = !st ? 0 : st->invalidated ? 2 : 1;
+  if (id) *id = (unsigned long long)(uintptr_t)st;
+  if (graph) *graph = st ? st->capture : nullptr;
+  if (deps) *deps = st && st->last ? &st->last : nullptr;
+  if (edges) *edges = nullptr;
+  if (count) *count = st && st->last ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(void* graph) {
+  delete (Graph*)graph;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  Exec* e = new Exec{};
+  for (auto& n : ((Graph*)graph)->nodes) {
+    e->index[n.get()] = e->nodes.size();
+    e->nodes.push_back(*n);
+  }
+  *exec = e;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(void* exec) {
+  delete (Exec*)exec;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphUpload(void* exec, CUstream) { return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+// A graph launch runs the nodes in capture order; the first failure is its result.
+CUresult cuGraphLaunch(void* exec, CUstream s) {
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(s)) return uncapturable(capturing(s));
+  for (const Node& n : ((Exec*)exec)->nodes) {
+    CUresult r = run_node(n);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+// CUDA_KERNEL_NODE_PARAMS (v2).
+struct KernelNodeParams {
+  void* func;
+  unsigned grid[3], block[3], shared;
+  void** params;
+  void** extra;
+  void* kern;
+  void* ctx;
+};
+
+CUresult cuGraphExecKernelNodeSetParams_v2(void* exec, const Node* node, const KernelNodeParams* p) {
+  Exec* e = (Exec*)exec;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  auto it = e->index.find(node);
+  if (it == e->index.end()) return CUDA_ERROR_INVALID_VALUE;
+  Node& n = e->nodes[it->second];
+  // As the driver requires: a kernel node keeps its function.
+  if (n.kind != Node::KERNEL || (Function*)p->func != n.fn || p->extra) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(n.grid, p->grid, sizeof n.grid);
+  memcpy(n.block, p->block, sizeof n.block);
+  n.args = copy_args(n.fn, p->params);
+  return CUDA_SUCCESS;
 }
 }

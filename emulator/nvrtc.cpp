@@ -118,6 +118,10 @@ static bool launchers(const std::string& src, std::string& out, std::string& log
            ", body_" + name + ", &e, \"" + name + "\");\n}\n";
     out += "extern \"C\" const unsigned kiln_emulator_params_" + name + " = " +
            std::to_string(types.size()) + ";\n";
+    // Each parameter's size, so that a captured launch can keep a copy of its arguments.
+    out += "extern \"C\" const unsigned kiln_emulator_sizes_" + name + "[] = {";
+    for (size_t i = 0; i < types.size(); i++) out += "sizeof(" + types[i] + "), ";
+    out += "0};\n";
     unsigned long long pointers = 0;
     for (size_t i = 0; i < types.size() && i < 64; i++)
       if (types[i].find('*') != std::string::npos) pointers |= 1ULL << i;

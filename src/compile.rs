@@ -44,11 +44,11 @@ use std::sync::Arc;
 use kiln_ir::pipeline::{Constants, Fusion};
 use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
-use kiln_runtime::exec::Prepared;
+use kiln_runtime::exec::{GraphRun, Prepared};
 
 use crate::error::ok;
 use crate::lazy::LazyNode;
-use crate::realize::{build_graph, capture, output_slots, run_captured};
+use crate::realize::{build_graph, capture, output_slots, run_captured, run_captured_graphed};
 use crate::replay::Recorded;
 use crate::session::record;
 use crate::{Result, Tensor};
@@ -186,6 +186,15 @@ pub struct CompileStats {
     pub recompiles: Vec<Recompile>,
     /// Steps (kernel launches, library calls, reference ops) of the last call's plan.
     pub steps_per_call: usize,
+    /// Calls on a GPU that ran their plan as one CUDA graph launch (the capture's included):
+    /// every replay of a GPU plan, unless [`CompileStats::stepwise`] says why not.
+    pub graph_launches: usize,
+    /// CUDA graphs captured (one per GPU plan, at its first replay).
+    pub graph_captures: usize,
+    /// Why the last replay on a GPU launched its plan's kernels one by one instead of as a
+    /// CUDA graph (host work in the plan, a collective, profiling, `KILN_CUDA_GRAPHS=0`,
+    /// `KILN_CHECK`); `None` when it ran as a graph.
+    pub stepwise: Option<String>,
 }
 
 /// Why a compiled function planned again.
@@ -206,6 +215,12 @@ impl fmt::Display for CompileStats {
         )?;
         if self.unplanned > 0 {
             write!(f, "; {} ran unplanned (eagerly)", self.unplanned)?;
+        }
+        if self.graph_launches > 0 {
+            write!(f, "; {} as one CUDA graph launch", self.graph_launches)?;
+        }
+        if let Some(why) = &self.stepwise {
+            write!(f, "; the last replay launched kernels one by one: {why}")?;
         }
         for r in &self.recompiles {
             write!(f, "\n  call {} planned again: {}", r.call, r.reason)?;
@@ -357,7 +372,20 @@ impl<F> Compiled<F> {
             let Some(why) = why else {
                 let entry = &mut self.entries[i];
                 entry.recorded.rebind(&mut entry.prepared, &captured);
-                run_captured(&mut entry.prepared, &captured, &outputs)?;
+                if device == Device::Cpu {
+                    run_captured(&mut entry.prepared, &captured, &outputs)?;
+                } else {
+                    let run = run_captured_graphed(&mut entry.prepared, &captured, &outputs)?;
+                    self.stats.stepwise = None;
+                    match run {
+                        GraphRun::Captured { .. } => {
+                            self.stats.graph_captures += 1;
+                            self.stats.graph_launches += 1;
+                        }
+                        GraphRun::Replayed { .. } => self.stats.graph_launches += 1,
+                        GraphRun::Stepwise(why) => self.stats.stepwise = Some(why),
+                    }
+                }
                 self.stats.replays += 1;
                 self.stats.steps_per_call = entry.prepared.steps();
                 return Ok(());

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 
 use kiln_ir::pipeline::Constants;
 use kiln_ir::{Graph, NodeId};
-use kiln_runtime::exec::{self, Execution, Prepared};
+use kiln_runtime::exec::{self, Execution, GraphRun, Prepared};
 use kiln_runtime::{Buffer, Device};
 
 use crate::lazy::{LazyNode, State};
@@ -112,6 +112,23 @@ pub(crate) fn run_captured(
     let results = prepared.run(&buffers, crate::execution::check_scale())?;
     write_back(captured, outputs, results);
     Ok(())
+}
+
+/// [`run_captured`] through a CUDA graph on a GPU ([`Prepared::run_graphed`]); a checked
+/// run goes step by step, since the oracle compares every kernel.
+pub(crate) fn run_captured_graphed(
+    prepared: &mut Prepared,
+    captured: &Captured,
+    outputs: &[usize],
+) -> Result<GraphRun> {
+    if crate::execution::check_scale().is_some() {
+        run_captured(prepared, captured, outputs)?;
+        return Ok(GraphRun::Stepwise("KILN_CHECK compares every kernel".into()));
+    }
+    let buffers: Vec<Buffer> = captured.buffers.iter().flatten().cloned().collect();
+    let (results, run) = prepared.run_graphed(&buffers)?;
+    write_back(captured, outputs, results);
+    Ok(run)
 }
 
 /// Stores each output's buffer into its captured node.

@@ -963,3 +963,5 @@ fn a_compiled_step_with_results_on_two_devices_is_counted_unplanned() {
     assert_eq!(next.to_vec::<f32>(), [1.0]);
     assert_eq!(f.stats().unplanned, 1, "{}", f.stats());
 }
+
+mod graphs;

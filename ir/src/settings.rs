@@ -36,11 +36,13 @@ pub enum Setting {
     CudaRowBlocks,
     /// `KILN_CUDA_ROW_CACHE`: registers per thread a GPU row group may keep rows in.
     CudaRowCache,
+    /// `KILN_CUDA_GRAPHS`: whether `compile()`d plans on a GPU replay as CUDA graphs.
+    CudaGraphs,
 }
 
 impl Setting {
     /// Every setting, in the order the documentation lists them.
-    pub const ALL: [Setting; 9] = [
+    pub const ALL: [Setting; 10] = [
         Setting::Check,
         Setting::Debug,
         Setting::Disasm,
@@ -50,6 +52,7 @@ impl Setting {
         Setting::CudaRowThreads,
         Setting::CudaRowBlocks,
         Setting::CudaRowCache,
+        Setting::CudaGraphs,
     ];
 
     /// The environment variable.
@@ -64,6 +67,7 @@ impl Setting {
             Setting::CudaRowThreads => "KILN_CUDA_ROW_THREADS",
             Setting::CudaRowBlocks => "KILN_CUDA_ROW_BLOCKS",
             Setting::CudaRowCache => "KILN_CUDA_ROW_CACHE",
+            Setting::CudaGraphs => "KILN_CUDA_GRAPHS",
         }
     }
 
@@ -100,6 +104,10 @@ impl Setting {
             Setting::CudaRowCache => {
                 "N (default 32, 0 for none): registers per thread a GPU row group's kernel may \
                  keep the rows its members share in"
+            }
+            Setting::CudaGraphs => {
+                "0: `compile()`d plans on a GPU launch their kernels one by one instead of \
+                 replaying a captured CUDA graph (on by default)"
             }
         }
     }

@@ -425,8 +425,16 @@ pub fn try_dropout(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     if p == 1.0 {
         return Ok(input * 0.0);
     }
-    let keep = Tensor::rand(input.shape().clone()).ge(p);
+    let keep = uniform_on(input.shape().clone(), input.device())?.ge(p);
     Tensor::try_where_(&keep, &(input * (1.0 / (1.0 - p))), 0.0)
+}
+
+/// Uniform `f32` values in `[0, 1)` on `device`: a dropout mask's draw, in `f32` whatever the
+/// input's dtype (so the kept positions do not depend on it) and on the input's device.
+fn uniform_on(shape: kiln_ir::Shape, device: crate::Device) -> Result<Tensor> {
+    let key = crate::random::next_key();
+    let op = kiln_ir::Op::Random { dist: kiln_ir::RandomDist::Uniform, key };
+    Tensor::from_leaf_on(op, shape, kiln_ir::DType::F32, device)
 }
 
 /// [`Tensor::silu`] as a function.
@@ -523,7 +531,7 @@ pub fn try_dropout2d(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     let mut mask_shape = input.dims().to_vec();
     let k = mask_shape.len();
     mask_shape[k - 2..].fill(1);
-    let keep = Tensor::try_rand(mask_shape)?.ge(p);
+    let keep = uniform_on(mask_shape.into(), input.device())?.ge(p);
     Tensor::try_where_(&keep, &(input * (1.0 / (1.0 - p))), 0.0)
 }
 

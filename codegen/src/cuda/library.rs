@@ -631,3 +631,31 @@ pub fn random(dist: RandomDist, dtype: DType) -> LibraryKernel {
     body.push_str("  }\n}\n");
     finish("random", body, 1)
 }
+
+/// Entries of one [`copies`] launch.
+pub const COPIES_PER_LAUNCH: usize = 32;
+
+/// Up to [`COPIES_PER_LAUNCH`] device-to-device copies in one launch: block row `y` copies
+/// `bytes[y]` bytes from `src[y]` to `dst[y]` (16 bytes at a time, then the tail), and skips
+/// an entry whose source is its destination. The table is the kernel's one argument, passed
+/// by value, so a captured CUDA graph's copies change with its node's parameters (the copies
+/// into and out of a replayed plan's buffers).
+pub fn copies() -> LibraryKernel {
+    let n = COPIES_PER_LAUNCH;
+    let body = format!(
+        "struct Copies {{ unsigned long long src[{n}]; unsigned long long dst[{n}]; unsigned long long bytes[{n}]; }};
+extern \"C\" __global__ void ENTRY0(Copies t) {{
+  unsigned e = blockIdx.y;
+  const char* s = (const char*)t.src[e];
+  char* d = (char*)t.dst[e];
+  unsigned long long bytes = t.bytes[e];
+  if (s == d) return;
+  unsigned long long vectors = bytes / 16, stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (unsigned long long i = first; i < vectors; i += stride) ((int4*)d)[i] = ((const int4*)s)[i];
+  for (unsigned long long i = vectors * 16 + first; i < bytes; i += stride) d[i] = s[i];
+}}
+"
+    );
+    finish("copies", body, 1)
+}

@@ -140,14 +140,30 @@ pub(crate) fn matmul(
     } else {
         ((&raw const one32).cast(), (&raw const zero32).cast())
     };
+    if super::graph::replaying(gpu) {
+        // The graph's nodes hold this call, with these pointers.
+        return Ok(Some(out));
+    }
     let handle = gpu.blas()?;
     gpu.bind()?;
     let h = handle.0.lock().unwrap_or_else(PoisonError::into_inner);
+    // A capture queues on a stream of its own (see `graph.rs`): the handle follows it for
+    // this call, under its lock.
+    let stream = super::graph::stream(gpu);
+    let redirected = !std::sync::Arc::ptr_eq(&stream, &gpu.stream);
+    let set = |s: &cudarc::driver::CudaStream| {
+        // SAFETY: the handle, locked, and a live stream of its device.
+        unsafe { result::set_stream(*h, s.cu_stream() as _) }
+            .map_err(|e| gpu.error("setting cuBLAS's stream", format!("{e:?}")))
+    };
+    if redirected {
+        set(&stream)?;
+    }
     // SAFETY: the pointers address device buffers holding every element the layouts and
     // batch strides reach (the graph checked the views against their buffers); the output
     // holds `count * m * n` elements written densely (ldc = n, stride m * n); alpha and beta
     // live until the call returns (cuBLAS reads host scalars before returning).
-    unsafe {
+    let ran = unsafe {
         result::gemm_strided_batched_ex(
             *h,
             op(tb),
@@ -174,7 +190,11 @@ pub(crate) fn matmul(
             sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| gpu.error("running a matrix product in cuBLAS", format!("{e:?}")))?;
+    .map_err(|e| gpu.error("running a matrix product in cuBLAS", format!("{e:?}")));
+    if redirected {
+        set(&gpu.stream)?;
+    }
+    ran?;
     Ok(Some(out))
 }
 

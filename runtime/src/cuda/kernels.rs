@@ -6,7 +6,10 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use kiln_codegen::cuda::library::COPIES_PER_LAUNCH;
 use kiln_codegen::cuda as codegen;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
@@ -139,6 +142,7 @@ pub(crate) fn precompile(
 }
 
 /// One kernel argument, kept alive until the launch has read it.
+#[derive(Clone, PartialEq)]
 pub(crate) enum Arg {
     Ptr(u64),
     F32(f32),
@@ -147,6 +151,38 @@ pub(crate) enum Arg {
     I32(i32),
     U8(u8),
     Bool(bool),
+    /// The table of a `copies` kernel (`kiln_codegen::cuda::library::copies`), by value.
+    Copies(Box<CopyTable>),
+}
+
+/// The `Copies` struct of `kiln_codegen::cuda::library::copies`: source, destination and
+/// byte count of each copy; unused entries copy nothing.
+#[repr(C)]
+#[derive(Clone, PartialEq)]
+pub(crate) struct CopyTable {
+    pub(crate) src: [u64; COPIES_PER_LAUNCH],
+    pub(crate) dst: [u64; COPIES_PER_LAUNCH],
+    pub(crate) bytes: [u64; COPIES_PER_LAUNCH],
+}
+
+// SAFETY: a plain `repr(C)` struct of integers, laid out as the kernel's `Copies`.
+unsafe impl DeviceRepr for CopyTable {}
+
+impl Arg {
+    /// The address of the value, as a kernel parameter array holds it.
+    pub(crate) fn as_param(&self) -> *mut c_void {
+        let p: *const c_void = match self {
+            Arg::Ptr(v) => (v as *const u64).cast(),
+            Arg::F32(v) => (v as *const f32).cast(),
+            Arg::F64(v) => (v as *const f64).cast(),
+            Arg::I64(v) => (v as *const i64).cast(),
+            Arg::I32(v) => (v as *const i32).cast(),
+            Arg::U8(v) => (v as *const u8).cast(),
+            Arg::Bool(v) => (v as *const bool).cast(),
+            Arg::Copies(t) => (&raw const **t).cast(),
+        };
+        p.cast_mut()
+    }
 }
 
 impl Arg {
@@ -289,8 +325,12 @@ pub(crate) unsafe fn launch(
     args: &[Arg],
     config: LaunchConfig,
 ) -> Result<(), RuntimeError> {
+    if let Some(updated) = super::graph::update_launch(gpu, function, args, config) {
+        return updated;
+    }
     gpu.bind()?;
-    let mut launch = gpu.stream.launch_builder(function);
+    let stream = super::graph::stream(gpu);
+    let mut launch = stream.launch_builder(function);
     for a in args {
         match a {
             Arg::Ptr(v) => launch.arg(v),
@@ -300,11 +340,12 @@ pub(crate) unsafe fn launch(
             Arg::I32(v) => launch.arg(v),
             Arg::U8(v) => launch.arg(v),
             Arg::Bool(v) => launch.arg(v),
+            Arg::Copies(t) => launch.arg(&**t),
         };
     }
     // SAFETY: the caller's contract.
     unsafe { launch.launch(config) }.map_err(|e| gpu.error("launching a kernel", e))?;
-    Ok(())
+    super::graph::note_launch(gpu, function, args, config)
 }
 
 /// A grid-stride launch over `n` items: blocks of [`BLOCK`] threads, at most 32 blocks per

@@ -10,6 +10,7 @@ use kiln_codegen::cuda::library::{self as source, LibraryKernel, Lines};
 use kiln_ir::{DType, Graph, NodeId, Op, RandomDist, ReduceOp, Shape};
 
 use super::Gpu;
+use super::graph::IndexCheck;
 use super::kernels::{Arg, block_config, grid_config, launch, library_functions, split_chunks};
 use crate::{Buffer, RunError, RuntimeError};
 
@@ -161,7 +162,8 @@ fn attention(
 fn copy(gpu: &'static Gpu, b: &Buffer) -> Result<Buffer, RuntimeError> {
     let out = Buffer::on_gpu(gpu, b.dtype(), b.len())?;
     let bytes = b.len() * b.dtype().size_in_bytes();
-    if bytes > 0 {
+    // A graph being updated holds this copy, between these blocks.
+    if bytes > 0 && !super::graph::replaying(gpu) {
         gpu.bind()?;
         // SAFETY: both blocks hold `bytes` bytes; the copy is ordered on the device's stream.
         unsafe {
@@ -169,7 +171,7 @@ fn copy(gpu: &'static Gpu, b: &Buffer) -> Result<Buffer, RuntimeError> {
                 out.device_ptr(gpu)?,
                 b.device_ptr(gpu)?,
                 bytes,
-                gpu.stream.cu_stream(),
+                super::graph::stream(gpu).cu_stream(),
             )
         }
         .map_err(|e| gpu.error("copying on the device", e))?;
@@ -180,24 +182,59 @@ fn copy(gpu: &'static Gpu, b: &Buffer) -> Result<Buffer, RuntimeError> {
 /// `len` zeros of `dtype` on the device.
 fn zeros(gpu: &'static Gpu, dtype: DType, len: usize) -> Result<Buffer, RuntimeError> {
     let out = Buffer::on_gpu(gpu, dtype, len)?;
-    let bytes = len * dtype.size_in_bytes();
-    if bytes > 0 {
-        gpu.bind()?;
-        // SAFETY: the block holds `bytes` bytes; all-zero bytes are zero in every dtype.
-        unsafe { result::memset_d8_async(out.device_ptr(gpu)?, 0, bytes, gpu.stream.cu_stream()) }
-            .map_err(|e| gpu.error("clearing device memory", e))?;
-    }
+    // All-zero bytes are zero in every dtype.
+    fill_bytes(gpu, &out, 0)?;
     Ok(out)
 }
 
-/// A one-element device flag holding `i64::MAX`, which index kernels lower to the first
-/// position holding an out-of-range index.
-fn error_flag(gpu: &'static Gpu) -> Result<Buffer, RuntimeError> {
-    Buffer::from_slice(&[i64::MAX])?.to_device(gpu.device())
+/// Sets every byte of `out` to `value`, on the device's stream.
+fn fill_bytes(gpu: &'static Gpu, out: &Buffer, value: u8) -> Result<(), RuntimeError> {
+    let bytes = out.len() * out.dtype().size_in_bytes();
+    // A graph being updated holds this fill, of this block.
+    if bytes > 0 && !super::graph::replaying(gpu) {
+        gpu.bind()?;
+        // SAFETY: the block holds `bytes` bytes.
+        let stream = super::graph::stream(gpu);
+        unsafe { result::memset_d8_async(out.device_ptr(gpu)?, value, bytes, stream.cu_stream()) }
+            .map_err(|e| gpu.error("filling device memory", e))?;
+    }
+    Ok(())
 }
 
-/// Fails with the reference executor's error if the flag names a position of `index`.
+/// The value of an error flag with no bad index: every byte `0x7f`, so that a fill on the
+/// device sets it (no copy from the host, which a CUDA graph cannot hold), and above every
+/// position.
+const NO_BAD_INDEX: i64 = i64::from_ne_bytes([0x7f; 8]);
+
+/// A one-element device flag holding [`NO_BAD_INDEX`], which index kernels lower to the first
+/// position holding an out-of-range index.
+fn error_flag(gpu: &'static Gpu) -> Result<Buffer, RuntimeError> {
+    let flag = Buffer::on_gpu(gpu, DType::I64, 1)?;
+    fill_bytes(gpu, &flag, 0x7f)?;
+    Ok(flag)
+}
+
+/// Checks an index kernel's `flag`, as [`check_index`] does.
+///
+/// In a plan being captured in a CUDA graph, the check is kept for after each launch of the
+/// graph (reading the flag is host work).
 fn check_flag(
+    gpu: &'static Gpu,
+    op: &'static str,
+    flag: &Buffer,
+    index: &Buffer,
+    axis: usize,
+    size: usize,
+) -> Result<(), RuntimeError> {
+    let check = IndexCheck { op, flag: flag.clone(), index: index.clone(), axis, size };
+    if super::graph::defer_check(gpu, check) {
+        return Ok(());
+    }
+    check_index(op, flag, index, axis, size)
+}
+
+/// Fails with the reference executor's error if `flag` names a position of `index`.
+pub(crate) fn check_index(
     op: &'static str,
     flag: &Buffer,
     index: &Buffer,
@@ -205,7 +242,7 @@ fn check_flag(
     size: usize,
 ) -> Result<(), RuntimeError> {
     let position = flag.to_device(crate::Device::Cpu)?.get(0).to_i64();
-    if position == i64::MAX {
+    if position == NO_BAD_INDEX {
         return Ok(());
     }
     let host = index.to_device(crate::Device::Cpu)?;
@@ -234,7 +271,7 @@ fn gather(
     // SAFETY: `gather(x, index, out, err, n)`: x holds the dense `x_shape`, the index and the
     // output `n` elements, the flag one i64; every read of x is bounds-checked by the kernel.
     unsafe { run(gpu, &kernel, 0, &args, index.len()) }?;
-    check_flag("gather", &flag, index, axis, x_shape.dims()[axis])?;
+    check_flag(gpu, "gather", &flag, index, axis, x_shape.dims()[axis])?;
     Ok(out)
 }
 
@@ -278,7 +315,7 @@ fn scatter(
         }
     }
     let name = if accumulate { "scatter_add" } else { "scatter" };
-    check_flag(name, &flag, index, axis, base_shape.dims()[axis])?;
+    check_flag(gpu, name, &flag, index, axis, base_shape.dims()[axis])?;
     if float_sum {
         // SAFETY: as above.
         unsafe { run(gpu, &kernel, 2, &args(base.len())?, base.len()) }?;
@@ -413,4 +450,42 @@ fn random(
     // SAFETY: `(out, key, low, range, n)`: out holds `n` elements of `dtype`.
     unsafe { run(gpu, &kernel, 0, &args, n) }?;
     Ok(out)
+}
+
+/// Device-to-device copies of `(source, destination, bytes)`, a [`source::copies`] launch per
+/// [`source::COPIES_PER_LAUNCH`] of them (so their count, not their sizes, sets the launches).
+///
+/// # Safety
+/// Every source and destination must address that many bytes, on `gpu`, 16-byte aligned,
+/// and stay allocated until the stream has run the copies.
+pub(crate) unsafe fn copies(
+    gpu: &'static Gpu,
+    copies: &[(u64, u64, u64)],
+) -> Result<(), RuntimeError> {
+    use super::kernels::CopyTable;
+    const THREADS: u32 = 256;
+    let kernel = source::copies();
+    for chunk in copies.chunks(source::COPIES_PER_LAUNCH) {
+        let mut table = CopyTable {
+            src: [0; source::COPIES_PER_LAUNCH],
+            dst: [0; source::COPIES_PER_LAUNCH],
+            bytes: [0; source::COPIES_PER_LAUNCH],
+        };
+        for (k, &(src, dst, bytes)) in chunk.iter().enumerate() {
+            (table.src[k], table.dst[k], table.bytes[k]) = (src, dst, bytes);
+        }
+        let most = chunk.iter().map(|c| c.2).max().unwrap_or(0);
+        let blocks = most.div_ceil(16 * u64::from(THREADS)).clamp(1, 4 * u64::from(gpu.sms));
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: (u32::try_from(blocks).unwrap_or(1), chunk.len() as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let functions = library_functions(gpu, &kernel)?;
+        let args = [Arg::Copies(Box::new(table))];
+        // SAFETY: `copies(Copies t)`: block row `y` copies entry `y` of the table, whose
+        // addresses the caller vouches for.
+        unsafe { launch(gpu, &functions[0], &args, config) }?;
+    }
+    Ok(())
 }

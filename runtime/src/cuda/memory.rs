@@ -10,11 +10,11 @@
 //! the copy runs at the bus's pinned-memory speed without pinning the user's memory.
 
 use std::collections::BTreeMap;
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{result, sys};
 
-use super::Gpu;
+use super::{Gpu, graph};
 use crate::RuntimeError;
 
 /// Free lists and counters of one device.
@@ -73,9 +73,26 @@ pub(crate) struct DeviceMemory {
     gpu: &'static Gpu,
     ptr: sys::CUdeviceptr,
     bytes: usize,
+    home: Home,
+}
+
+/// Where a block goes back to when its buffer is dropped.
+pub(crate) enum Home {
+    /// The device's cache.
+    Pool,
+    /// A captured CUDA graph's memory (see `graph.rs`), which keeps it for the graph's
+    /// replays.
+    Arena(Arc<graph::Arena>),
+    /// Nowhere: a block of a graph's memory handed out again while the graph's plan is
+    /// walked to update its launches; the graph keeps it.
+    Borrowed,
 }
 
 impl DeviceMemory {
+    pub(crate) fn new(gpu: &'static Gpu, ptr: sys::CUdeviceptr, bytes: usize, home: Home) -> Self {
+        DeviceMemory { gpu, ptr, bytes, home }
+    }
+
     /// The device address (0 for an empty block).
     pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
         self.ptr
@@ -91,26 +108,37 @@ impl Drop for DeviceMemory {
         if self.bytes == 0 {
             return;
         }
-        let mut pool = self.gpu.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        pool.allocated -= self.bytes;
-        pool.cached += self.bytes;
-        pool.free.entry(self.bytes).or_default().push(self.ptr);
+        match &self.home {
+            Home::Pool => self.gpu.give_back(self.bytes, self.ptr),
+            Home::Arena(arena) => arena.release(self.bytes, self.ptr),
+            Home::Borrowed => {}
+        }
     }
 }
 
 impl Gpu {
-    /// Uninitialized device memory for `bytes` bytes.
+    /// Uninitialized device memory for `bytes` bytes: from the graph being captured or
+    /// updated on this thread, if any (see `graph.rs`), else from the device's cache.
     pub(crate) fn alloc(&'static self, bytes: usize) -> Result<DeviceMemory, RuntimeError> {
         if bytes == 0 {
-            return Ok(DeviceMemory { gpu: self, ptr: 0, bytes: 0 });
+            return Ok(DeviceMemory::new(self, 0, 0, Home::Pool));
         }
         let size = rounded(bytes);
+        if let Some(block) = graph::allocate(self, size) {
+            return block;
+        }
+        let ptr = self.take(size)?;
+        Ok(DeviceMemory::new(self, ptr, size, Home::Pool))
+    }
+
+    /// A block of `size` bytes (a rounded size) from the cache, or from the driver.
+    pub(crate) fn take(&'static self, size: usize) -> Result<sys::CUdeviceptr, RuntimeError> {
         {
             let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(ptr) = pool.free.get_mut(&size).and_then(Vec::pop) {
                 pool.cached -= size;
                 pool.allocated += size;
-                return Ok(DeviceMemory { gpu: self, ptr, bytes: size });
+                return Ok(ptr);
             }
         }
         self.bind()?;
@@ -127,7 +155,15 @@ impl Gpu {
             }
         };
         self.pool.lock().unwrap_or_else(PoisonError::into_inner).allocated += size;
-        Ok(DeviceMemory { gpu: self, ptr, bytes: size })
+        Ok(ptr)
+    }
+
+    /// Returns a block of `size` bytes to the cache.
+    pub(crate) fn give_back(&self, size: usize, ptr: sys::CUdeviceptr) {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.allocated -= size;
+        pool.cached += size;
+        pool.free.entry(size).or_default().push(ptr);
     }
 
     /// Frees every cached block.
@@ -149,6 +185,7 @@ impl Gpu {
 
     /// Device memory holding a copy of `host`.
     pub(crate) fn upload(&'static self, host: &[u8]) -> Result<DeviceMemory, RuntimeError> {
+        graph::no_host_work(self, "a copy from the host")?;
         let mem = self.alloc(host.len())?;
         if host.len() > STAGED_ABOVE {
             self.upload_staged(mem.ptr, host)?;
@@ -172,6 +209,7 @@ impl Gpu {
         if host.is_empty() {
             return Ok(());
         }
+        graph::no_host_work(self, "a copy to the host")?;
         if host.len() > STAGED_ABOVE {
             return self.download_staged(ptr, host);
         }

@@ -12,6 +12,7 @@
 //!   ordered after every kernel that read it.
 
 mod blas;
+mod graph;
 mod kernels;
 mod library;
 mod memory;
@@ -27,6 +28,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
+pub(crate) use graph::{Arena, Captured, capture as capture_graph, update as update_graph};
+pub(crate) use library::{check_index, copies};
 pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;
@@ -83,7 +86,8 @@ impl Gpu {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| failed("reading its multiprocessor count", e))?;
-        let stream = ctx.default_stream();
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(|e| failed("creating its stream", e))?;
         Ok(Gpu {
             ordinal,
             ctx,
@@ -109,6 +113,7 @@ impl Gpu {
 
     /// Waits until all work queued on the device has finished.
     pub(crate) fn synchronize(&self) -> Result<(), RuntimeError> {
+        graph::no_host_work(self, "waiting for the device")?;
         self.bind()?;
         self.stream.synchronize().map_err(|e| self.error("waiting for its work", e))
     }

@@ -5,6 +5,8 @@
 //!   (row groups, constant fills).
 //! - `execute`: [`Prepared::run`], the step loop: buffers, frees after the last reader,
 //!   traces.
+//! - `graph`: [`Prepared::run_graphed`], a GPU plan captured once as a CUDA graph and
+//!   replayed with one launch.
 //! - `cpu`: CPU kernels, compiled through the kernel cache and launched on the thread pool.
 //! - `check`: the correctness oracle (`KILN_CHECK`), each kernel against the reference
 //!   executor.
@@ -15,6 +17,7 @@ mod check;
 pub(crate) mod cpu;
 mod dispatch;
 mod execute;
+mod graph;
 mod prepare;
 
 use kiln_ir::Graph;
@@ -24,6 +27,7 @@ pub use check::unchecked_runs;
 pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles};
 pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
+pub use graph::GraphRun;
 pub use prepare::Prepared;
 pub(crate) use prepare::PreparedStep;
 

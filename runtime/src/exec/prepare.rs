@@ -39,6 +39,8 @@ pub struct Prepared {
     /// have written that base: the kernel is skipped and the scatter fills its output with
     /// the kernel's parameter (read at run time, so `compile()` can rebind it).
     pub(super) fills: HashMap<NodeId, usize>,
+    /// The CUDA graph that [`Prepared::run_graphed`] replays, or why there is none.
+    pub(super) cuda_graph: super::graph::GraphState,
 }
 
 /// One step of a prepared plan.
@@ -104,6 +106,7 @@ impl Prepared {
             groups: Vec::new(),
             gpu_groups: Vec::new(),
             fills: HashMap::default(),
+            cuda_graph: super::graph::GraphState::default(),
         };
         prepared.schedule();
         let (gpu_compiling, took) = precompile_gpu(&prepared);

@@ -1,0 +1,114 @@
+//! `compile()`d plans on a GPU replay as CUDA graphs: captured at their first replay, then
+//! one graph launch per call whose kernels take each call's values (new input buffers, a
+//! changed learning rate, Adam's step count, fresh dropout keys), with results in new
+//! buffers; plans that a graph cannot hold run step by step and say why.
+
+use std::cell::Cell;
+
+use kiln::nn::functional as F;
+use kiln::nn::{Embedding, Linear, Module};
+use kiln::optim::{AdamConfig, AdamW, Optimizer};
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// An embedding (a gather, whose index check runs after each graph launch), a linear layer
+/// (cuBLAS), dropout in training mode (a random key per call), cross-entropy and AdamW under
+/// a learning rate that changes every call; each call's batch in buffers of its own.
+fn train(device: Device, calls: usize) -> (Vec<f32>, Vec<f32>, kiln::compile::CompileStats) {
+    kiln::manual_seed(5);
+    let mut embed = Embedding::new(13, 8);
+    let mut linear = Linear::new(8, 5);
+    embed.to(device).expect("embedding to the device");
+    linear.to(device).expect("linear to the device");
+    let mut params = embed.parameters();
+    params.extend(linear.parameters());
+    let mut opt = AdamW::new(params, AdamConfig { lr: 1e-2, ..AdamConfig::default() });
+    let lr = Cell::new(1e-2);
+    let mut step = kiln::compile(|(tokens, target): (&Tensor, &Tensor)| {
+        opt.set_lr(lr.get());
+        opt.zero_grad();
+        let hidden = F::dropout(&embed.forward(tokens), 0.25, true);
+        let loss = F::cross_entropy(&linear.forward(&hidden), target);
+        loss.backward();
+        opt.step();
+        loss
+    });
+    let mut losses = Vec::new();
+    for call in 0..calls {
+        let tokens: Vec<i64> = (0..12).map(|i| ((i * 5 + call * 3) % 13) as i64).collect();
+        let target: Vec<i64> = (0..12).map(|i| ((i + call) % 5) as i64).collect();
+        let tokens = Tensor::from_vec(tokens, [12]).to(device);
+        let target = Tensor::from_vec(target, [12]).to(device);
+        losses.push(step.call((&tokens, &target)));
+        lr.set(lr.get() * 0.8);
+    }
+    // Every call's loss is its own buffer: reading them after the last call sees each value.
+    let losses = losses.iter().map(|l| l.item::<f32>()).collect();
+    (losses, linear.weight.to_vec::<f32>(), step.stats().clone())
+}
+
+#[test]
+fn a_compiled_training_step_replays_as_one_cuda_graph() {
+    let Some((gpu, _memory)) = gpu_or_skip("a_compiled_training_step_replays_as_one_cuda_graph")
+    else {
+        return;
+    };
+    let (cpu_losses, cpu_w, _) = train(Device::Cpu, 6);
+    let (gpu_losses, gpu_w, stats) = train(gpu, 6);
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    assert_close_tol(&f64s(&gpu_losses), &f64s(&cpu_losses), 1e-5, "losses");
+    assert_close_tol(&f64s(&gpu_w), &f64s(&cpu_w), 1e-5, "weights");
+    // The first call plans without the optimizer's moments, the second with them; that plan
+    // is captured at its first replay and launched as a graph from then on.
+    assert_eq!(stats.plans, 2, "{stats}");
+    assert_eq!(stats.graph_captures, 1, "{stats}");
+    assert_eq!(stats.replays, 4, "{stats}");
+    assert_eq!(stats.graph_launches, 4, "every replay is one graph launch: {stats}");
+    assert_eq!(stats.stepwise, None, "{stats}");
+}
+
+/// A gather's bad index inside a replayed graph is the same error as outside one, from the
+/// call that made it.
+#[test]
+fn a_bad_index_in_a_graph_replay_is_an_error_of_that_call() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("a_bad_index_in_a_graph_replay_is_an_error_of_that_call")
+    else {
+        return;
+    };
+    let table = Tensor::randn([7, 3]).to(gpu);
+    let mut f = kiln::compile(|index: &Tensor| table.index_select(0, index).sum());
+    let good = Tensor::from_vec(vec![1i64, 6, 0], [3]).to(gpu);
+    for _ in 0..3 {
+        f.call::<_, Tensor>(&good);
+    }
+    assert_eq!(f.stats().graph_launches, 2, "{}", f.stats());
+    let bad = Tensor::from_vec(vec![1i64, 9, 0], [3]).to(gpu);
+    let err = f.try_call::<_, Tensor>(&bad).unwrap_err().to_string();
+    assert!(err.contains("index 9 is out of bounds"), "{err}");
+    let want = table.index_select(0, &good).sum().item::<f32>();
+    assert_eq!(f.call::<_, Tensor>(&good).item::<f32>(), want, "the graph still replays");
+}
+
+/// Host work cannot be captured: an integer product runs on host copies, so the plan runs
+/// step by step, with the same results, and the stats say why.
+#[test]
+fn a_plan_with_host_work_runs_step_by_step_and_says_why() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("a_plan_with_host_work_runs_step_by_step_and_says_why")
+    else {
+        return;
+    };
+    let a = Tensor::from_vec((0..6).collect::<Vec<i64>>(), [2, 3]).to(gpu);
+    let mut f = kiln::compile(|b: &Tensor| a.matmul(b) + 1);
+    let b = Tensor::from_vec((0..12).collect::<Vec<i64>>(), [3, 4]).to(gpu);
+    let want = (a.cpu().matmul(&b.cpu()) + 1).to_vec::<i64>();
+    for _ in 0..3 {
+        assert_eq!(f.call::<_, Tensor>(&b).to_vec::<i64>(), want);
+    }
+    let stats = f.stats();
+    assert_eq!(stats.graph_launches, 0, "{stats}");
+    let why = stats.stepwise.as_deref().unwrap_or_default();
+    assert!(why.contains("cannot be captured in a CUDA graph"), "{stats}");
+}
