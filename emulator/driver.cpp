@@ -157,7 +157,6 @@ Stream* capturing(void* s) {
 
 // Work that cannot be captured ends the capture as invalid, as the driver does.
 CUresult uncapturable(Stream* st) {
-  if (getenv("KILN_EMULATOR_DEBUG")) fprintf(stderr, "uncapturable\n");
   st->invalidated = true;
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }

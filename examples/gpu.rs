@@ -374,6 +374,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
         compiled.call((&xs4[i % 8], &ys4[i % 8]))
     });
     rows.push(step_row("W4 MLP step", "compiled", ms, 1e3 / ms, "steps/s"));
+    eprintln!("W4 compiled: {}", compiled.stats());
     drop(compiled);
 
     // W7: the GPT of benches/peers/models.py w7 (batch 32, context 64; a small one with
@@ -405,6 +406,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
         compiled.call((&xs[i % 4], &ys[i % 4]))
     });
     rows.push(step_row("W7 GPT step", "compiled", ms, tokens / ms * 1e3, "tokens/s"));
+    eprintln!("W7 compiled: {}", compiled.stats());
     drop(compiled);
     let mut autocast =
         kiln::compile(|(x, y): (&Tensor, &Tensor)| kiln::autocast(DType::BF16, || w7(x, y)));
@@ -413,6 +415,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
         autocast.call((&xs[i % 4], &ys[i % 4]))
     });
     rows.push(step_row("W7 GPT step", "compiled bf16", ms, tokens / ms * 1e3, "tokens/s"));
+    eprintln!("W7 compiled bf16: {}", autocast.stats());
     drop(autocast);
     if std::env::var_os("KILN_GPU_PROFILE").is_some() {
         // Where a step's time goes: the third of three profiled eager steps of each model.

@@ -452,6 +452,11 @@ fn random(
     Ok(out)
 }
 
+/// Compiles and loads the [`copies`] kernel on `gpu`.
+pub(crate) fn load_copies(gpu: &'static Gpu) -> Result<(), RuntimeError> {
+    library_functions(gpu, &source::copies()).map(drop)
+}
+
 /// Device-to-device copies of `(source, destination, bytes)`, a [`source::copies`] launch per
 /// [`source::COPIES_PER_LAUNCH`] of them (so their count, not their sizes, sets the launches).
 ///

@@ -29,7 +29,7 @@ use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
 pub(crate) use graph::{Arena, Captured, capture as capture_graph, update as update_graph};
-pub(crate) use library::{check_index, copies};
+pub(crate) use library::{check_index, copies, load_copies};
 pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use memory::DeviceMemory;

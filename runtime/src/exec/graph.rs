@@ -95,6 +95,8 @@ impl Prepared {
                 }
             }
             GraphState::Untried => {
+                // Compiled and loaded before the capture, which should hold launches only.
+                cuda::load_copies(gpu)?;
                 let arena = cuda::Arena::new(gpu);
                 match cuda::capture_graph(gpu, arena, || self.walk(gpu, inputs, &results)) {
                     Ok(((), captured)) => {
