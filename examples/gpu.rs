@@ -330,15 +330,25 @@ fn main() -> kiln::Result<()> {
 
 /// Milliseconds per step of `step`, timed in blocks of `size.steps` steps that end by
 /// reading the last loss (as a training loop that logs would).
-fn per_step_ms(size: &Sizes, mut step: impl FnMut() -> Tensor) -> f64 {
+fn per_step_ms(size: &Sizes, mut step: impl FnMut() -> Tensor) -> (f64, f64) {
     let steps = size.steps;
-    median_ms(size.reps, || {
-        let mut loss = step();
+    // The host's share: time spent inside the calls (a call returns once its work is queued).
+    let (mut host, mut calls) = (0.0, 0usize);
+    let mut timed = || {
+        let t = Instant::now();
+        let loss = step();
+        host += t.elapsed().as_secs_f64() * 1e3;
+        calls += 1;
+        loss
+    };
+    let ms = median_ms(size.reps, || {
+        let mut loss = timed();
         for _ in 1..steps {
-            loss = step();
+            loss = timed();
         }
         loss.item::<f32>();
-    }) / steps as f64
+    }) / steps as f64;
+    (ms, host / calls as f64)
 }
 
 /// W4 and W7 training steps on the device: eager (lazy, fused) and `compile()`d.
@@ -363,18 +373,18 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
         loss
     };
     let mut i = 0;
-    let ms = per_step_ms(size, || {
+    let (ms, _) = per_step_ms(size, || {
         i += 1;
         w4(&xs4[i % 8], &ys4[i % 8])
     });
     rows.push(step_row("W4 MLP step", "eager", ms, 1e3 / ms, "steps/s"));
     let mut compiled = kiln::compile(|(x, y): (&Tensor, &Tensor)| w4(x, y));
-    let ms = per_step_ms(size, || {
+    let (ms, host) = per_step_ms(size, || {
         i += 1;
         compiled.call((&xs4[i % 8], &ys4[i % 8]))
     });
     rows.push(step_row("W4 MLP step", "compiled", ms, 1e3 / ms, "steps/s"));
-    eprintln!("W4 compiled: {}", compiled.stats());
+    eprintln!("W4 compiled: host {host:.3} ms of {ms:.3} ms per step; {}", compiled.stats());
     drop(compiled);
 
     // W7: the GPT of benches/peers/models.py w7 (batch 32, context 64; a small one with
@@ -391,7 +401,7 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
     let adamw = RefCell::new(AdamW::new(model.parameters(), config));
     let w7 = |x: &Tensor, y: &Tensor| model.train_step(&mut *adamw.borrow_mut(), x, y);
     let tokens = (b * t) as f64;
-    let ms = per_step_ms(size, || {
+    let (ms, _) = per_step_ms(size, || {
         i += 1;
         w7(&xs[i % 4], &ys[i % 4])
     });
@@ -401,21 +411,21 @@ fn training_steps(size: &Sizes, gpu: Device, rows: &mut Rows) -> kiln::Result<()
     compiled.call((&xs[0], &ys[0])).item::<f32>();
     let first_ms = first.elapsed().as_secs_f64() * 1e3;
     rows.push(step_row("W7 GPT step, first compiled call", "compiled", first_ms, 0.0, ""));
-    let ms = per_step_ms(size, || {
+    let (ms, host) = per_step_ms(size, || {
         i += 1;
         compiled.call((&xs[i % 4], &ys[i % 4]))
     });
     rows.push(step_row("W7 GPT step", "compiled", ms, tokens / ms * 1e3, "tokens/s"));
-    eprintln!("W7 compiled: {}", compiled.stats());
+    eprintln!("W7 compiled: host {host:.3} ms of {ms:.3} ms per step; {}", compiled.stats());
     drop(compiled);
     let mut autocast =
         kiln::compile(|(x, y): (&Tensor, &Tensor)| kiln::autocast(DType::BF16, || w7(x, y)));
-    let ms = per_step_ms(size, || {
+    let (ms, host) = per_step_ms(size, || {
         i += 1;
         autocast.call((&xs[i % 4], &ys[i % 4]))
     });
     rows.push(step_row("W7 GPT step", "compiled bf16", ms, tokens / ms * 1e3, "tokens/s"));
-    eprintln!("W7 compiled bf16: {}", autocast.stats());
+    eprintln!("W7 compiled bf16: host {host:.3} ms of {ms:.3} ms per step; {}", autocast.stats());
     drop(autocast);
     if std::env::var_os("KILN_GPU_PROFILE").is_some() {
         // Where a step's time goes: the third of three profiled eager steps of each model.

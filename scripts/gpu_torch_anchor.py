@@ -150,12 +150,18 @@ def w5(dev, row):
 
 def train_rows(row, workload, make, batches, per_step, unit, variants=("eager", "compiled"),
                steps=20):
-    """Eager and torch.compile'd steps (and "... bf16": under torch.autocast to bf16), timed
-    in blocks of `steps` that end by reading the loss, as examples/gpu.rs times kiln's."""
+    """Eager and torch.compile'd steps ("reduce-overhead": with CUDA graphs; "... bf16": under
+    torch.autocast to bf16), timed in blocks of `steps` that end by reading the loss, as
+    examples/gpu.rs times kiln's."""
     for variant in variants:
         torch.manual_seed(0)
         model, opt, loss_of = make()
-        fwd = torch.compile(model) if variant.startswith("compiled") else model
+        if variant.startswith("reduce-overhead"):  # torch.compile with CUDA graphs
+            fwd = torch.compile(model, mode="reduce-overhead")
+        elif variant.startswith("compiled"):
+            fwd = torch.compile(model)
+        else:
+            fwd = model
         bf16 = variant.endswith("bf16")
 
         def step(x, y):
@@ -168,7 +174,7 @@ def train_rows(row, workload, make, batches, per_step, unit, variants=("eager", 
         first = time.perf_counter()
         float(step(*batches[0]).detach())
         first = (time.perf_counter() - first) * 1e3
-        if variant.startswith("compiled"):
+        if variant != "eager" and not variant.startswith("eager "):
             row(f"{workload} step, first compiled call", variant, first)
         state = {"i": 0}
 
@@ -187,7 +193,8 @@ def w4(dev, row):
         return model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy
     batches = [(torch.randn(128, 784, device=dev), torch.randint(0, 10, (128,), device=dev))
                for _ in range(8)]
-    train_rows(row, "W4 MLP", make, batches, 1, "steps/s")
+    train_rows(row, "W4 MLP", make, batches, 1, "steps/s",
+               variants=("eager", "compiled", "reduce-overhead"))
 
 
 def w7(dev, row):

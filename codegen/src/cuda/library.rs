@@ -4,8 +4,9 @@
 //! Each source is specialized to its shapes (as fused kernels are) and computes exactly what
 //! the reference executor computes:
 //! - Index ops check every index; the smallest position holding an out-of-range index is
-//!   recorded with `atomicMin` in `err[0]` (initialized by the caller to `LLONG_MAX`), so the
-//!   error names the same index the reference executor reports.
+//!   recorded with `atomicMin` in `err[0]` (initialized by the caller to [`NO_BAD_INDEX`]), so
+//!   the error names the same index the reference executor reports; [`bad_index`] then copies
+//!   that index into `err[1]`, so one read of `err` tells the whole error.
 //! - `scatter` gives one thread to each line of the index along the axis: positions on
 //!   different lines have different targets, and a thread walks its line in row-major order,
 //!   so "the last write wins" and sums are formed in the reference executor's order, without
@@ -109,6 +110,22 @@ pub(super) fn finish(op: &str, body: String, count: usize) -> LibraryKernel {
         body = body.replace(&format!("ENTRY{k}("), &format!("{e}("));
     }
     LibraryKernel { source: format!("{PRELUDE}{body}"), entries }
+}
+
+/// `err[0]` when no index was out of range: every byte `0x7f` (a byte fill on the device sets
+/// it), above every position.
+pub const NO_BAD_INDEX: i64 = i64::from_ne_bytes([0x7f; 8]);
+
+/// After an index kernel: `err[1] = index[err[0]]` when `err[0]` names a position (one
+/// thread). Arguments: `err`, `index`.
+pub fn bad_index() -> LibraryKernel {
+    let body = format!(
+        "extern \"C\" __global__ void ENTRY0(long long* err, const long long* __restrict__ index) {{
+  if (blockIdx.x == 0 && threadIdx.x == 0 && err[0] != {NO_BAD_INDEX}LL) err[1] = index[err[0]];
+}}
+"
+    );
+    finish("bad_index", body, 1)
 }
 
 /// Records position `p` as holding a bad index (the smallest such position wins).

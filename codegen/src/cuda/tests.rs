@@ -334,6 +334,9 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
             out.push((format!("random_{dist:?}_{dtype}"), library::random(dist, dtype)));
         }
     }
+    // A CUDA graph's copies in and out, and the index kernels' error reading.
+    out.push(("copies".to_string(), library::copies()));
+    out.push(("bad_index".to_string(), library::bad_index()));
     // Attention: odd sizes, W7's heads (32 features), rows longer than a warp, causal and
     // not, both entry sets, every float dtype.
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, result, sys};
 
 use super::Gpu;
+use super::deferred::Deferred;
 use super::kernels::Arg;
 use super::memory::{DeviceMemory, Home};
 use crate::{Buffer, RuntimeError};
@@ -47,8 +48,12 @@ impl Arena {
     /// A block of `size` bytes (a rounded size): a free one of the arena's, else a new one
     /// from the device's cache.
     pub(crate) fn block(self: &Arc<Self>, size: usize) -> Result<DeviceMemory, RuntimeError> {
-        let reused =
-            self.free.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&size).and_then(Vec::pop);
+        let reused = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&size)
+            .and_then(Vec::pop);
         let ptr = match reused {
             Some(ptr) => ptr,
             None => {
@@ -88,11 +93,10 @@ fn same_config(a: &LaunchConfig, b: &LaunchConfig) -> bool {
 }
 
 /// An index check that a captured plan's gather or scatter makes after each launch of the
-/// graph, from the flag its kernel writes (see `library.rs`).
+/// graph, from the flag its kernels write (see `library.rs`).
 pub(crate) struct IndexCheck {
     pub(crate) op: &'static str,
     pub(crate) flag: Buffer,
-    pub(crate) index: Buffer,
     pub(crate) axis: usize,
     pub(crate) size: usize,
 }
@@ -301,6 +305,8 @@ pub(crate) struct Captured {
     exec: sys::CUgraphExec,
     arena: Arc<Arena>,
     record: Record,
+    /// The index checks of the plan's gathers and scatters.
+    checks: Option<Arc<Deferred>>,
 }
 
 // SAFETY: the graph and its executable are used only through `&mut Captured` (one thread at
@@ -308,17 +314,14 @@ pub(crate) struct Captured {
 unsafe impl Send for Captured {}
 
 impl Captured {
-    /// Queues one launch of the graph on the device's stream.
+    /// Queues one launch of the graph on the device's stream, and the copies of its index
+    /// checks behind it; fails with a bad index of the previous launch (see `deferred.rs`).
     pub(crate) fn launch(&self) -> Result<(), RuntimeError> {
         self.gpu.bind()?;
         // SAFETY: an executable graph of this device, launched on its stream.
         unsafe { result::graph::launch(self.exec, self.gpu.stream.cu_stream()) }
-            .map_err(|e| self.gpu.error("launching a CUDA graph", e))
-    }
-
-    /// The index checks to make after each launch.
-    pub(crate) fn checks(&self) -> &[IndexCheck] {
-        &self.record.checks
+            .map_err(|e| self.gpu.error("launching a CUDA graph", e))?;
+        self.checks.as_ref().map_or(Ok(()), |c| c.launched())
     }
 
     /// Kernel launches the graph holds (with the copies into and out of its buffers).
@@ -356,7 +359,13 @@ pub(crate) fn capture<T, E: From<RuntimeError>>(
     // SAFETY: the device's stream, not capturing (captures do not nest: one thread, one sink).
     unsafe { result::stream::begin_capture(stream, relaxed) }
         .map_err(|e| gpu.error("starting a CUDA graph capture", e))?;
-    let sink = Sink { gpu, stream: capturing.clone(), arena, record: Record::default(), mode: Mode::Capture };
+    let sink = Sink {
+        gpu,
+        stream: capturing.clone(),
+        arena,
+        record: Record::default(),
+        mode: Mode::Capture,
+    };
     SINK.with(|s| *s.borrow_mut() = Some(sink));
     let out = body();
     let sink = SINK.with(|s| s.borrow_mut().take()).expect("installed above");
@@ -386,8 +395,13 @@ pub(crate) fn capture<T, E: From<RuntimeError>>(
             return Err(gpu.error("instantiating a CUDA graph", e).into());
         }
     };
-    let Sink { arena, record, .. } = sink;
-    Ok((value, Captured { gpu, graph, exec, arena, record }))
+    let Sink { arena, mut record, .. } = sink;
+    let checks = std::mem::take(&mut record.checks);
+    let mut captured = Captured { gpu, graph, exec, arena, record, checks: None };
+    if !checks.is_empty() {
+        captured.checks = Some(Deferred::new(gpu, checks)?);
+    }
+    Ok((value, captured))
 }
 
 /// Runs `body` (the plan that `captured` holds) as an update of `captured`'s launches (see

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use kiln_codegen::cuda::library::COPIES_PER_LAUNCH;
 use kiln_codegen::cuda as codegen;
+use kiln_codegen::cuda::library::COPIES_PER_LAUNCH;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{DType, Element, Scalar};

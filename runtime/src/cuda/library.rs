@@ -193,31 +193,26 @@ fn fill_bytes(gpu: &'static Gpu, out: &Buffer, value: u8) -> Result<(), RuntimeE
     // A graph being updated holds this fill, of this block.
     if bytes > 0 && !super::graph::replaying(gpu) {
         gpu.bind()?;
-        // SAFETY: the block holds `bytes` bytes.
         let stream = super::graph::stream(gpu);
+        // SAFETY: the block holds `bytes` bytes.
         unsafe { result::memset_d8_async(out.device_ptr(gpu)?, value, bytes, stream.cu_stream()) }
             .map_err(|e| gpu.error("filling device memory", e))?;
     }
     Ok(())
 }
 
-/// The value of an error flag with no bad index: every byte `0x7f`, so that a fill on the
-/// device sets it (no copy from the host, which a CUDA graph cannot hold), and above every
-/// position.
-const NO_BAD_INDEX: i64 = i64::from_ne_bytes([0x7f; 8]);
-
-/// A one-element device flag holding [`NO_BAD_INDEX`], which index kernels lower to the first
-/// position holding an out-of-range index.
+/// A device flag of two `i64`s that index kernels record their first out-of-range position
+/// in (`err[0]`, from [`source::NO_BAD_INDEX`]) and [`source::bad_index`] that index in
+/// (`err[1]`). Filled on the device: no copy from the host, which a CUDA graph cannot hold.
 fn error_flag(gpu: &'static Gpu) -> Result<Buffer, RuntimeError> {
-    let flag = Buffer::on_gpu(gpu, DType::I64, 1)?;
+    let flag = Buffer::on_gpu(gpu, DType::I64, 2)?;
     fill_bytes(gpu, &flag, 0x7f)?;
     Ok(flag)
 }
 
-/// Checks an index kernel's `flag`, as [`check_index`] does.
-///
-/// In a plan being captured in a CUDA graph, the check is kept for after each launch of the
-/// graph (reading the flag is host work).
+/// After the index kernel of `op` wrote `flag`: copies the bad index in, then fails with the
+/// reference executor's error if there is one. In a plan being captured in a CUDA graph,
+/// the check is made after each launch of the graph instead (`graph::defer_check`).
 fn check_flag(
     gpu: &'static Gpu,
     op: &'static str,
@@ -226,27 +221,32 @@ fn check_flag(
     axis: usize,
     size: usize,
 ) -> Result<(), RuntimeError> {
-    let check = IndexCheck { op, flag: flag.clone(), index: index.clone(), axis, size };
+    let functions = library_functions(gpu, &source::bad_index())?;
+    let args = [Arg::Ptr(flag.device_ptr(gpu)?), Arg::Ptr(index.device_ptr(gpu)?)];
+    // SAFETY: `bad_index(err, index)`: the flag holds two i64s, and `err[0]` is a position of
+    // `index` (the index kernel checked it) or `NO_BAD_INDEX`, when nothing is read.
+    unsafe { launch(gpu, &functions[0], &args, grid_config(gpu, 1)) }?;
+    let check = IndexCheck { op, flag: flag.clone(), axis, size };
     if super::graph::defer_check(gpu, check) {
         return Ok(());
     }
-    check_index(op, flag, index, axis, size)
+    let mut read = [0u8; 16];
+    gpu.download(flag.device_ptr(gpu)?, &mut read)?;
+    flag_error(op, read, axis, size)
 }
 
-/// Fails with the reference executor's error if `flag` names a position of `index`.
-pub(crate) fn check_index(
+/// The error a flag's two `i64`s (as bytes) name, if any.
+pub(crate) fn flag_error(
     op: &'static str,
-    flag: &Buffer,
-    index: &Buffer,
+    flag: [u8; 16],
     axis: usize,
     size: usize,
 ) -> Result<(), RuntimeError> {
-    let position = flag.to_device(crate::Device::Cpu)?.get(0).to_i64();
-    if position == NO_BAD_INDEX {
+    let position = i64::from_ne_bytes(flag[..8].try_into().expect("8 bytes"));
+    if position == source::NO_BAD_INDEX {
         return Ok(());
     }
-    let host = index.to_device(crate::Device::Cpu)?;
-    let index = host.get(position as usize).to_i64();
+    let index = i64::from_ne_bytes(flag[8..].try_into().expect("8 bytes"));
     Err(RuntimeError::IndexOutOfRange { op, index, axis, size })
 }
 

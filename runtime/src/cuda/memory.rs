@@ -312,7 +312,8 @@ impl Gpu {
                 issue(c + 2, st)?;
             }
         }
-        Ok(())
+        // The last copy ran after everything queued before it.
+        self.settle_deferred()
     }
 }
 

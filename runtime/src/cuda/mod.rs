@@ -12,6 +12,7 @@
 //!   ordered after every kernel that read it.
 
 mod blas;
+mod deferred;
 mod graph;
 mod kernels;
 mod library;
@@ -21,7 +22,7 @@ mod nvrtc;
 mod probe;
 mod rows;
 
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -29,9 +30,9 @@ use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
 pub(crate) use graph::{Arena, Captured, capture as capture_graph, update as update_graph};
-pub(crate) use library::{check_index, copies, load_copies};
 pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
+pub(crate) use library::{copies, load_copies};
 pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;
 pub(crate) use nccl::{Nccl, Queued};
@@ -54,6 +55,8 @@ pub(crate) struct Gpu {
     staging: Mutex<Option<memory::Staging>>,
     kernels: Mutex<kernels::Cache>,
     blas: OnceLock<Result<blas::Handle, String>>,
+    /// Replayed graphs' index checks, read whenever the device is waited for.
+    deferred: Mutex<Vec<Weak<deferred::Deferred>>>,
 }
 
 static GPUS: LazyLock<Vec<OnceLock<Result<&'static Gpu, RuntimeError>>>> =
@@ -98,6 +101,7 @@ impl Gpu {
             staging: Mutex::new(None),
             kernels: Mutex::new(kernels::Cache::default()),
             blas: OnceLock::new(),
+            deferred: Mutex::default(),
         })
     }
 
@@ -111,11 +115,13 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(|e| self.error("binding its context", e))
     }
 
-    /// Waits until all work queued on the device has finished.
+    /// Waits until all work queued on the device has finished; fails with an index error
+    /// that a replayed graph found meanwhile (see `deferred.rs`).
     pub(crate) fn synchronize(&self) -> Result<(), RuntimeError> {
         graph::no_host_work(self, "waiting for the device")?;
         self.bind()?;
-        self.stream.synchronize().map_err(|e| self.error("waiting for its work", e))
+        self.stream.synchronize().map_err(|e| self.error("waiting for its work", e))?;
+        self.settle_deferred()
     }
 
     fn error(&self, what: &str, e: impl std::fmt::Display) -> RuntimeError {

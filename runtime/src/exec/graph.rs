@@ -46,18 +46,21 @@ impl Prepared {
     /// # Errors
     /// As [`Prepared::run`].
     pub fn run_graphed(&mut self, inputs: &[Buffer]) -> Result<(Vec<Buffer>, GraphRun), RunError> {
-        let stepwise = |why: &str| GraphRun::Stepwise(why.to_string());
         let Device::Cuda(ordinal) = self.device else {
-            return Ok((self.run(inputs, None)?, stepwise("the plan runs on the CPU")));
+            let why = "the plan runs on the CPU".to_string();
+            return Ok((self.run(inputs, None)?, GraphRun::Stepwise(why)));
         };
         let why = if Setting::CudaGraphs.text().is_some_and(|v| v.trim() == "0") {
             Some("KILN_CUDA_GRAPHS=0".to_string())
         } else if trace::enabled() {
             Some("profiling times each step".to_string())
-        } else if self.graph.topo_order().iter().any(|&n| matches!(self.graph.node(n).op, Op::Collective(_))) {
+        } else if self
+            .graph
+            .topo_order()
+            .iter()
+            .any(|&n| matches!(self.graph.node(n).op, Op::Collective(_)))
+        {
             Some("the plan communicates (collectives run outside graphs)".to_string())
-        } else if let GraphState::Unavailable(why) = &self.cuda_graph {
-            Some(why.clone())
         } else {
             None
         };
@@ -82,41 +85,38 @@ impl Prepared {
                 Buffer::on_gpu(gpu, node.dtype, node.shape.numel())
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let state = std::mem::take(&mut self.cuda_graph);
-        let (state, run) = match state {
+        let walked = match std::mem::take(&mut self.cuda_graph) {
             GraphState::Ready(mut captured) => {
-                match cuda::update_graph(&mut captured, || self.walk(gpu, inputs, &results)) {
-                    Ok(((), updated)) => {
-                        captured.launch()?;
-                        check_indices(&captured)?;
-                        (GraphState::Ready(captured), GraphRun::Replayed { updated })
-                    }
-                    Err(e) => (GraphState::Unavailable(e.to_string()), stepwise("")),
-                }
+                cuda::update_graph(&mut captured, || self.walk(gpu, inputs, &results))
+                    .map(|((), updated)| (captured, GraphRun::Replayed { updated }))
+                    .map_err(|e| e.to_string())
             }
             GraphState::Untried => {
                 // Compiled and loaded before the capture, which should hold launches only.
                 cuda::load_copies(gpu)?;
                 let arena = cuda::Arena::new(gpu);
-                match cuda::capture_graph(gpu, arena, || self.walk(gpu, inputs, &results)) {
-                    Ok(((), captured)) => {
-                        captured.launch()?;
-                        check_indices(&captured)?;
+                cuda::capture_graph(gpu, arena, || self.walk(gpu, inputs, &results))
+                    .map(|((), captured)| {
                         let launches = captured.launches();
-                        (GraphState::Ready(Box::new(captured)), GraphRun::Captured { launches })
-                    }
-                    Err(e) => (GraphState::Unavailable(e.to_string()), stepwise("")),
-                }
+                        (Box::new(captured), GraphRun::Captured { launches })
+                    })
+                    .map_err(|e| e.to_string())
             }
-            GraphState::Unavailable(why) => (GraphState::Unavailable(why), stepwise("")),
+            GraphState::Unavailable(why) => Err(why),
         };
-        self.cuda_graph = state;
-        if let GraphState::Unavailable(why) = &self.cuda_graph {
-            // Nothing ran: the capture or update failed before the graph was launched.
-            let why = why.clone();
-            return Ok((self.run(inputs, None)?, GraphRun::Stepwise(why)));
+        match walked {
+            Ok((captured, run)) => {
+                let launched = captured.launch();
+                self.cuda_graph = GraphState::Ready(captured);
+                launched?;
+                Ok((results, run))
+            }
+            Err(why) => {
+                // Nothing was launched: the plan runs step by step, now and from now on.
+                self.cuda_graph = GraphState::Unavailable(why.clone());
+                Ok((self.run(inputs, None)?, GraphRun::Stepwise(why)))
+            }
         }
-        Ok((results, run))
     }
 
     /// The plan as a graph holds it: `inputs` copied into buffers of the graph's own, the
@@ -151,14 +151,5 @@ fn copy_all(gpu: &'static cuda::Gpu, from: &[Buffer], to: &[Buffer]) -> Result<(
     // until the stream has run the copies, since freed blocks are reused only by later work
     // on the same stream (a graph's own blocks, by its later launches).
     unsafe { cuda::copies(gpu, &copies) }?;
-    Ok(())
-}
-
-/// The index checks of the graph's gathers and scatters, after its launch.
-fn check_indices(captured: &cuda::Captured) -> Result<(), RunError> {
-    for c in captured.checks() {
-        cuda::check_index(c.op, &c.flag, &c.index, c.axis, c.size)
-            .map_err(|error| RunError { error, op: Some(c.op), origin: None })?;
-    }
     Ok(())
 }
