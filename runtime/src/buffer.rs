@@ -313,6 +313,27 @@ impl Buffer {
         Ok(Buffer(Arc::new(Block { memory, len, dtype })))
     }
 
+    /// A handle on a block of a CUDA graph's memory (see `cuda/graph.rs`): `bytes` bytes at
+    /// `ptr`, holding `len` elements of `dtype`, which the graph keeps (nothing is freed when
+    /// the handle drops).
+    pub(crate) fn borrowed_on_gpu(
+        gpu: &'static crate::cuda::Gpu,
+        (ptr, bytes): (u64, usize),
+        dtype: DType,
+        len: usize,
+    ) -> Buffer {
+        let memory = crate::cuda::DeviceMemory::new(gpu, ptr, bytes, crate::cuda::Home::Borrowed);
+        Buffer(Arc::new(Block { memory: Memory::Cuda(memory), len, dtype }))
+    }
+
+    /// The device block holding a CUDA buffer: its address and size in bytes.
+    pub(crate) fn device_block(&self) -> Option<(u64, usize)> {
+        match &self.0.memory {
+            Memory::Cuda(m) => Some((m.ptr(), m.bytes())),
+            Memory::Host { .. } => None,
+        }
+    }
+
     /// The device address of the first element on `gpu`.
     ///
     /// # Errors

@@ -24,6 +24,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, result, sys};
+use kiln_ir::DType;
+use rustc_hash::FxHashMap;
 
 use super::Gpu;
 use super::deferred::Deferred;
@@ -107,6 +109,26 @@ struct Record {
     allocations: Vec<(usize, sys::CUdeviceptr)>,
     launches: Vec<Launch>,
     checks: Vec<IndexCheck>,
+    /// Where each step of the plan (by its index; a row group by its first) started in
+    /// `allocations` and `launches`, and what it left for later steps; one more entry for the
+    /// plan's end. An update skips a step whose values did not change.
+    steps: FxHashMap<usize, StepRecord>,
+}
+
+/// One captured step: the cursors where it started, and its results' blocks.
+struct StepRecord {
+    allocation: usize,
+    launch: usize,
+    outputs: Vec<StepOutput>,
+}
+
+/// A buffer a captured step left: its node (an index of the plan's graph), block, dtype and
+/// length.
+pub(crate) struct StepOutput {
+    pub(crate) node: usize,
+    pub(crate) block: (u64, usize),
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
 }
 
 enum Mode {
@@ -201,6 +223,60 @@ pub(crate) fn defer_check(gpu: &Gpu, check: IndexCheck) -> bool {
         }
     })
     .is_some()
+}
+
+/// Whether this thread is capturing a plan on `gpu` (steps then note what they leave).
+pub(crate) fn capturing(gpu: &Gpu) -> bool {
+    with_sink(gpu, |sink| matches!(sink.mode, Mode::Capture)).unwrap_or(false)
+}
+
+/// While capturing: step `step` of the plan starts (or, at the plan's step count, the plan
+/// ends).
+pub(crate) fn step_starts(gpu: &Gpu, step: usize) {
+    with_sink(gpu, |sink| {
+        if matches!(sink.mode, Mode::Capture) {
+            let (allocation, launch) = (sink.record.allocations.len(), sink.record.launches.len());
+            let outputs = Vec::new();
+            sink.record.steps.insert(step, StepRecord { allocation, launch, outputs });
+        }
+    });
+}
+
+/// While capturing: step `step` left `outputs` for the steps after it.
+pub(crate) fn step_left(gpu: &Gpu, step: usize, outputs: Vec<StepOutput>) {
+    with_sink(gpu, |sink| {
+        if let (Mode::Capture, Some(record)) = (&sink.mode, sink.record.steps.get_mut(&step)) {
+            record.outputs = outputs;
+        }
+    });
+}
+
+/// While updating: skips the steps from `step` to `end` (their arguments did not change), as
+/// if they ran: moves the cursors past them and returns what they left, on the graph's own
+/// blocks. `None` when not updating.
+pub(crate) fn skip_steps(
+    gpu: &'static Gpu,
+    step: usize,
+    end: usize,
+) -> Option<Result<Vec<(usize, Buffer)>, RuntimeError>> {
+    with_sink(gpu, |sink| {
+        let Mode::Update { allocation, launch, .. } = &mut sink.mode else { return None };
+        let (Some(from), Some(to)) = (sink.record.steps.get(&step), sink.record.steps.get(&end))
+        else {
+            return Some(Err(mismatch(gpu, format!("step {step} was not captured"))));
+        };
+        if (*allocation, *launch) != (from.allocation, from.launch) {
+            let what = format!("step {step} starts at another allocation or launch");
+            return Some(Err(mismatch(gpu, what)));
+        }
+        (*allocation, *launch) = (to.allocation, to.launch);
+        let left = from
+            .outputs
+            .iter()
+            .map(|o| (o.node, Buffer::borrowed_on_gpu(sink.gpu, o.block, o.dtype, o.len)));
+        Some(Ok(left.collect()))
+    })
+    .flatten()
 }
 
 /// While updating: the launch of `function` with `args` updates its node (when they

@@ -101,6 +101,11 @@ impl DeviceMemory {
     pub(crate) fn gpu(&self) -> &'static Gpu {
         self.gpu
     }
+
+    /// The block's size in bytes (a rounded size).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Drop for DeviceMemory {

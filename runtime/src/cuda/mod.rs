@@ -29,12 +29,16 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::{Device, RuntimeError};
 
 pub(crate) use blas::matmul;
-pub(crate) use graph::{Arena, Captured, capture as capture_graph, update as update_graph};
+pub(crate) use graph::{
+    Arena, Captured, StepOutput, capture as capture_graph, capturing as graph_capturing,
+    skip_steps as skip_graph_steps, step_left as graph_step_left, step_starts as graph_step_starts,
+    update as update_graph,
+};
 pub(crate) use kernels::{precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use library::{copies, load_copies};
-pub(crate) use memory::DeviceMemory;
 pub use memory::copy_bandwidth;
+pub(crate) use memory::{DeviceMemory, Home};
 pub(crate) use nccl::{Nccl, Queued};
 pub use nccl::{nccl_group, nccl_unique_id, nccl_version};
 pub use probe::{device_count, unavailable_reason};

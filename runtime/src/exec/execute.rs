@@ -34,7 +34,8 @@ impl Prepared {
             moved = on_device(inputs, self.device)?;
             &moved[..]
         };
-        let Prepared { graph, steps, groups, gpu_groups, fills, readers, outputs, .. } = self;
+        let Prepared { graph, steps, groups, gpu_groups, fills, readers, outputs, dirty, .. } =
+            self;
         let tracing = trace::enabled();
         let mut run = Run {
             graph,
@@ -42,7 +43,7 @@ impl Prepared {
             tracing,
             check,
             memory: tracing.then(MemoryPeak::default),
-            bufs: Bufs(vec![None; readers.len()]),
+            bufs: Bufs { slots: vec![None; readers.len()], log: None },
             readers: readers.clone(),
             in_flight: Vec::new(),
         };
@@ -51,7 +52,7 @@ impl Prepared {
         }
         // Whatever failed, no collective is left in flight: the group's next one must find
         // this rank's sequence where the other ranks' is.
-        let ran = run.steps(steps, groups, gpu_groups, fills);
+        let ran = run.steps(steps, (groups, gpu_groups, fills), dirty);
         let landed = run.land_all();
         ran?;
         landed?;
@@ -126,53 +127,90 @@ impl Run<'_> {
     }
 
     /// The plan's steps in order; a step that reads a collective's result first waits for it.
+    /// While a CUDA graph is captured, each step notes where it started and what it left;
+    /// while one is updated, a step that is not `dirty` (none of its values changed) is
+    /// skipped, its results taken from the capture (see `cuda/graph.rs`).
     fn steps(
         &mut self,
         steps: &mut [PreparedStep],
-        groups: &[rows::RowGroup],
-        gpu_groups: &[Arc<cuda::GroupKernel>],
-        fills: &FxHashMap<NodeId, usize>,
+        schedule: (&[rows::RowGroup], &[Arc<cuda::GroupKernel>], &FxHashMap<NodeId, usize>),
+        dirty: &[bool],
     ) -> Result<(), RunError> {
-        let graph = self.graph;
+        let capturing = self.gpu.filter(|&g| cuda::graph_capturing(g));
         let mut index = 0;
         while index < steps.len() {
-            if let Some(g) = groups.iter().position(|g| g.start == index) {
-                let group = &groups[g];
-                for s in &steps[group.start..group.end] {
-                    if let PreparedStep::Kernel { step, .. } = s {
-                        self.land(&step.inputs)?;
-                    }
+            let group = schedule.0.iter().position(|g| g.start == index);
+            let end = group.map_or(index + 1, |g| schedule.0[g].end);
+            if let Some(gpu) = self.gpu
+                && !dirty[index..end].contains(&true)
+                && let Some(left) = cuda::skip_graph_steps(gpu, index, end)
+            {
+                for (n, b) in left? {
+                    self.bufs.insert(NodeId::new(n), b);
                 }
-                self.row_group(&mut steps[group.start..group.end], group, gpu_groups.get(g))?;
-                index = group.end;
+                index = end;
                 continue;
             }
-            if fills.values().any(|&k| k == index) {
-                // A constant base: the scatter that reads it fills its own output.
-                index += 1;
-                continue;
+            if let Some(gpu) = capturing {
+                cuda::graph_step_starts(gpu, index);
+                self.bufs.log = Some(Vec::new());
             }
-            let fill = match &steps[index] {
-                PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
-                _ => None,
-            };
-            match &mut steps[index] {
-                PreparedStep::Node(n) => {
-                    self.land(graph.arg_slice(*n))?;
-                    self.node(*n, fill)?;
-                }
-                PreparedStep::Library(node, operands) => {
-                    self.land(&operands.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
-                    self.library(*node, operands)?;
-                }
-                PreparedStep::Kernel { step, kernel, compile } => {
-                    self.land(&step.inputs)?;
-                    self.kernel(step, kernel.as_ref(), compile.take())?;
-                }
+            self.step(steps, index, group, schedule)?;
+            if let Some(gpu) = capturing {
+                cuda::graph_step_left(gpu, index, self.bufs.left());
             }
-            index += 1;
+            index = end;
+        }
+        if let Some(gpu) = capturing {
+            cuda::graph_step_starts(gpu, steps.len());
         }
         Ok(())
+    }
+
+    /// Step `index` (the row group `group`, when it starts one).
+    fn step(
+        &mut self,
+        steps: &mut [PreparedStep],
+        index: usize,
+        group: Option<usize>,
+        (groups, gpu_groups, fills): (
+            &[rows::RowGroup],
+            &[Arc<cuda::GroupKernel>],
+            &FxHashMap<NodeId, usize>,
+        ),
+    ) -> Result<(), RunError> {
+        let graph = self.graph;
+        if let Some(g) = group {
+            let group = &groups[g];
+            for s in &steps[group.start..group.end] {
+                if let PreparedStep::Kernel { step, .. } = s {
+                    self.land(&step.inputs)?;
+                }
+            }
+            return self.row_group(&mut steps[group.start..group.end], group, gpu_groups.get(g));
+        }
+        if fills.values().any(|&k| k == index) {
+            // A constant base: the scatter that reads it fills its own output.
+            return Ok(());
+        }
+        let fill = match &steps[index] {
+            PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
+            _ => None,
+        };
+        match &mut steps[index] {
+            PreparedStep::Node(n) => {
+                self.land(graph.arg_slice(*n))?;
+                self.node(*n, fill)
+            }
+            PreparedStep::Library(node, operands) => {
+                self.land(&operands.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
+                self.library(*node, operands)
+            }
+            PreparedStep::Kernel { step, kernel, compile } => {
+                self.land(&step.inputs)?;
+                self.kernel(step, kernel.as_ref(), compile.take())
+            }
+        }
     }
 
     /// Issues a collective to its engine, to run while the steps after it do, until one
@@ -524,31 +562,50 @@ impl Run<'_> {
 }
 
 /// The live buffers of a run, by node index.
-pub(crate) struct Bufs(Vec<Option<Buffer>>);
+pub(crate) struct Bufs {
+    slots: Vec<Option<Buffer>>,
+    /// The nodes given buffers since the log was started (a step being captured).
+    log: Option<Vec<NodeId>>,
+}
 
 impl Bufs {
     fn insert(&mut self, n: NodeId, b: Buffer) {
-        self.0[n.index()] = Some(b);
+        if let Some(log) = &mut self.log {
+            log.push(n);
+        }
+        self.slots[n.index()] = Some(b);
     }
 
     fn remove(&mut self, n: &NodeId) {
-        self.0[n.index()] = None;
+        self.slots[n.index()] = None;
     }
 
     fn take(&mut self, n: NodeId) -> Option<Buffer> {
-        self.0[n.index()].take()
+        self.slots[n.index()].take()
     }
 
     /// The live buffers.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeId, &Buffer)> {
-        self.0.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (NodeId::new(i), b)))
+        self.slots.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (NodeId::new(i), b)))
+    }
+
+    /// Ends the log: the logged nodes still live, with their device blocks.
+    fn left(&mut self) -> Vec<cuda::StepOutput> {
+        let log = self.log.take().unwrap_or_default();
+        log.into_iter()
+            .filter_map(|n| {
+                let b = self.slots[n.index()].as_ref()?;
+                let block = b.device_block()?;
+                Some(cuda::StepOutput { node: n.index(), block, dtype: b.dtype(), len: b.len() })
+            })
+            .collect()
     }
 }
 
 impl std::ops::Index<&NodeId> for Bufs {
     type Output = Buffer;
     fn index(&self, n: &NodeId) -> &Buffer {
-        self.0[n.index()]
+        self.slots[n.index()]
             .as_ref()
             .expect("a step reads only buffers computed before it and not yet freed")
     }

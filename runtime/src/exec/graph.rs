@@ -106,6 +106,8 @@ impl Prepared {
         };
         match walked {
             Ok((captured, run)) => {
+                // The graph holds every value now.
+                self.dirty.fill(false);
                 let launched = captured.launch();
                 self.cuda_graph = GraphState::Ready(captured);
                 launched?;

@@ -41,6 +41,11 @@ pub struct Prepared {
     pub(super) fills: HashMap<NodeId, usize>,
     /// The CUDA graph that [`Prepared::run_graphed`] replays, or why there is none.
     pub(super) cuda_graph: super::graph::GraphState,
+    /// The step computing each node that is a step of its own (a random fill, a gather).
+    node_step: HashMap<NodeId, usize>,
+    /// Steps whose values changed ([`Prepared::rebind`]) since the graph's launches were
+    /// last updated: an update walks only these.
+    pub(super) dirty: Vec<bool>,
 }
 
 /// One step of a prepared plan.
@@ -65,6 +70,7 @@ impl Prepared {
         let bound = plan.graph.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
         let mut readers = vec![0u32; bound];
         let mut params_of: HashMap<NodeId, Vec<(usize, usize)>> = HashMap::default();
+        let mut node_step = HashMap::default();
         let mut steps = Vec::with_capacity(plan.steps.len());
         for (i, step) in plan.steps.into_iter().enumerate() {
             let mut read = |n: NodeId| readers[n.index()] += 1;
@@ -83,6 +89,7 @@ impl Prepared {
                 }
                 Step::Node(n) => {
                     plan.graph.arg_slice(n).iter().for_each(|&a| read(a));
+                    node_step.insert(n, i);
                     PreparedStep::Node(n)
                 }
                 Step::Library { node, operands } => {
@@ -107,7 +114,10 @@ impl Prepared {
             gpu_groups: Vec::new(),
             fills: HashMap::default(),
             cuda_graph: super::graph::GraphState::default(),
+            node_step,
+            dirty: Vec::new(),
         };
+        prepared.dirty = vec![false; prepared.steps.len()];
         prepared.schedule();
         let (gpu_compiling, took) = precompile_gpu(&prepared);
         // Each kernel's compile time, reported by its first run.
@@ -204,8 +214,12 @@ impl Prepared {
             for &(s, j) in uses {
                 if let PreparedStep::Kernel { step, .. } = &mut self.steps[s] {
                     step.params[j] = *v;
+                    self.dirty[s] = true;
                 }
             }
+        }
+        if let Some(&s) = self.node_step.get(&n) {
+            self.dirty[s] = true;
         }
         self.graph.rebind_leaf(n, op.clone());
     }
