@@ -332,23 +332,23 @@ fn main() -> kiln::Result<()> {
 /// reading the last loss (as a training loop that logs would).
 fn per_step_ms(size: &Sizes, mut step: impl FnMut() -> Tensor) -> (f64, f64) {
     let steps = size.steps;
-    // The host's share: time spent inside the calls (a call returns once its work is queued).
-    let (mut host, mut calls) = (0.0, 0usize);
-    let mut timed = || {
-        let t = Instant::now();
-        let loss = step();
-        host += t.elapsed().as_secs_f64() * 1e3;
-        calls += 1;
-        loss
-    };
+    // The host's share: time spent inside the calls (a call returns once its work is queued),
+    // over the timed blocks (the first, which compiles, is left out).
+    let (mut host, mut calls, mut blocks) = (0.0, 0usize, 0usize);
     let ms = median_ms(size.reps, || {
-        let mut loss = timed();
-        for _ in 1..steps {
-            loss = timed();
+        let mut loss = None;
+        for _ in 0..steps {
+            let t = Instant::now();
+            loss = Some(step());
+            if blocks > 0 {
+                host += t.elapsed().as_secs_f64() * 1e3;
+                calls += 1;
+            }
         }
-        loss.item::<f32>();
+        blocks += 1;
+        loss.expect("at least one step").item::<f32>();
     }) / steps as f64;
-    (ms, host / calls as f64)
+    (ms, host / calls.max(1) as f64)
 }
 
 /// W4 and W7 training steps on the device: eager (lazy, fused) and `compile()`d.

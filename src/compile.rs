@@ -48,7 +48,9 @@ use kiln_runtime::exec::{GraphRun, Prepared};
 
 use crate::error::ok;
 use crate::lazy::LazyNode;
-use crate::realize::{build_graph, capture, output_slots, run_captured, run_captured_graphed};
+use crate::realize::{
+    build_graph, capture_sized, output_slots, run_captured, run_captured_graphed,
+};
 use crate::replay::Recorded;
 use crate::session::record;
 use crate::{Result, Tensor};
@@ -327,7 +329,9 @@ impl<F> Compiled<F> {
             }
             return crate::realize::realize(targets);
         };
-        let mut captured = capture(targets);
+        // Room for the program last planned: a replay records as many nodes.
+        let hint = self.entries.last().map_or(64, |e| e.recorded.len());
+        let mut captured = capture_sized(targets, hint);
         // Values recorded before the call (an in-place write made outside) are not part of
         // the function: compute them first, so the plan sees them as inputs.
         let older: Vec<Arc<LazyNode>> = captured
@@ -340,7 +344,7 @@ impl<F> Compiled<F> {
             .collect();
         if !older.is_empty() {
             crate::realize::realize(&older)?;
-            captured = capture(targets);
+            captured = capture_sized(targets, hint);
         }
         if captured.pending == 0 {
             self.stats.empty += 1;

@@ -200,51 +200,55 @@ impl std::hash::Hasher for PtrHasher {
 }
 
 /// Iterative post-order walk from `targets` over pending nodes; realized nodes are leaves.
-/// Each node's state is read once.
 pub(crate) fn capture(targets: &[Arc<LazyNode>]) -> Captured {
+    capture_sized(targets, 64)
+}
+
+/// [`capture`], with room for about `hint` nodes (a replayed plan's size).
+pub(crate) fn capture_sized(targets: &[Arc<LazyNode>], hint: usize) -> Captured {
     let mut c = Captured {
-        nodes: Vec::new(),
-        buffers: Vec::new(),
-        args: Vec::new(),
-        arg_start: vec![0],
-        uses: Vec::new(),
-        index: HashMap::with_capacity_and_hasher(64, PtrHash),
+        nodes: Vec::with_capacity(hint),
+        buffers: Vec::with_capacity(hint),
+        args: Vec::with_capacity(2 * hint),
+        arg_start: Vec::with_capacity(hint + 1),
+        uses: Vec::with_capacity(hint),
+        index: HashMap::with_capacity_and_hasher(hint, PtrHash),
         pending: 0,
     };
-    // (node, its inputs once they have been pushed)
-    type Visit = (Arc<LazyNode>, Option<Vec<Arc<LazyNode>>>);
-    let mut stack: Vec<Visit> = targets.iter().rev().map(|t| (t.clone(), None)).collect();
+    c.arg_start.push(0);
+    // (node, whether its inputs have been pushed)
+    let mut stack: Vec<(Arc<LazyNode>, bool)> =
+        targets.iter().rev().map(|t| (t.clone(), false)).collect();
     while let Some((node, expanded)) = stack.pop() {
         let key = Arc::as_ptr(&node);
         if c.index.contains_key(&key) {
             continue;
         }
-        if let Some(inputs) = expanded {
-            for input in &inputs {
-                let slot = c.index[&Arc::as_ptr(input)];
-                c.args.push(slot as u32);
-                c.uses[slot] += 1;
+        // Read under the node's lock each time: a node realized meanwhile (by another
+        // thread) is a leaf, whichever visit sees it.
+        let state = node.state();
+        match &*state {
+            State::Realized(b) => {
+                let buffer = b.clone();
+                drop(state);
+                c.push(key, node, Some(buffer));
             }
-            c.pending += 1;
-            c.push(key, node, None);
-            continue;
-        }
-        let state = match &*node.state() {
-            State::Realized(b) => Err(b.clone()),
-            State::Pending(inputs) => Ok(inputs.clone()),
-        };
-        match state {
-            Err(buffer) => c.push(key, node, Some(buffer)),
-            Ok(inputs) => {
+            State::Pending(inputs) if expanded => {
+                for input in inputs {
+                    let slot = c.index[&Arc::as_ptr(input)];
+                    c.args.push(slot as u32);
+                    c.uses[slot] += 1;
+                }
+                drop(state);
+                c.pending += 1;
+                c.push(key, node.clone(), None);
+            }
+            State::Pending(inputs) => {
                 // The node goes below its inputs, so that they are all placed before it.
-                let at = stack.len();
-                let n = inputs.len();
-                stack.push((node, Some(inputs)));
-                for k in (0..n).rev() {
-                    let Some(inputs) = &stack[at].1 else { unreachable!("pushed with inputs") };
-                    let input = inputs[k].clone();
-                    if !c.index.contains_key(&Arc::as_ptr(&input)) {
-                        stack.push((input, None));
+                stack.push((node.clone(), true));
+                for input in inputs.iter().rev() {
+                    if !c.index.contains_key(&Arc::as_ptr(input)) {
+                        stack.push((input.clone(), false));
                     }
                 }
             }

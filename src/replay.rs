@@ -57,6 +57,11 @@ impl Recorded {
         Recorded { keys, outputs: outputs.to_vec(), rebind }
     }
 
+    /// How many nodes the program has.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
     /// `None` when `captured` (with `outputs` kept) is this program up to the values of its
     /// constants and random keys; otherwise why not.
     pub(crate) fn mismatch(&self, captured: &Captured, outputs: &[usize]) -> Option<String> {
