@@ -4,11 +4,13 @@
 //! Inside a graph that wait would stop the host from preparing the next call while the
 //! device runs this one, so after each launch the flags are copied into pinned host memory
 //! behind the graph, and read once those copies have run: when the next launch of the same
-//! graph has been queued (the device stays busy), or when anything waits for the device
-//! ([`Gpu::synchronize`], every read of a value). An out-of-range index is then reported by
-//! that call or that read, with the same error as outside a graph; the results of the call
-//! that held it are not to be trusted, as with PyTorch's device-side asserts.
+//! graph has been queued (the device stays busy), or when the thread that launched it waits
+//! for the device ([`Gpu::synchronize`], every read of a value). An out-of-range index is
+//! then reported by that call or that read, with the same error as outside a graph (another
+//! thread's work never reports it); the results of the call that held it are not to be
+//! trusted, as with PyTorch's device-side asserts.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cudarc::driver::{result, sys};
@@ -19,6 +21,11 @@ use crate::RuntimeError;
 
 /// Bytes of one flag: the position and the index (see `library.rs`).
 const FLAG: usize = 16;
+
+thread_local! {
+    /// The graphs this thread launched whose checks may be pending.
+    static LAUNCHED: RefCell<Vec<Weak<Deferred>>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The flags of one graph, copied into two pinned slots in turn (one launch's copies may
 /// land while the previous launch's are read).
@@ -44,8 +51,7 @@ unsafe impl Send for Deferred {}
 unsafe impl Sync for Deferred {}
 
 impl Deferred {
-    /// The checks of a captured graph, registered with its device so that waiting for the
-    /// device reads them.
+    /// The checks of a captured graph.
     pub(crate) fn new(
         gpu: &'static Gpu,
         checks: Vec<IndexCheck>,
@@ -62,19 +68,22 @@ impl Deferred {
             events[k] = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(|e| gpu.error("creating an event", e))?;
         }
-        let deferred = Arc::new(Deferred { gpu, checks, slots, events, state: Mutex::default() });
-        let mut all = gpu.deferred.lock().unwrap_or_else(PoisonError::into_inner);
-        all.retain(|d| d.strong_count() > 0);
-        all.push(Arc::downgrade(&deferred));
-        Ok(deferred)
+        Ok(Arc::new(Deferred { gpu, checks, slots, events, state: Mutex::default() }))
     }
 
-    /// After a launch of the graph: queues the copies of its flags, then reads the previous
-    /// launch's (waiting for them, not for this launch).
+    /// After a launch of the graph on this thread: queues the copies of its flags, then
+    /// reads the previous launch's (waiting for them, not for this launch).
     ///
     /// # Errors
     /// The previous launch's bad index; the driver's errors.
-    pub(crate) fn launched(&self) -> Result<(), RuntimeError> {
+    pub(crate) fn launched(self: &Arc<Self>) -> Result<(), RuntimeError> {
+        LAUNCHED.with(|l| {
+            let mut l = l.borrow_mut();
+            l.retain(|d| d.strong_count() > 0);
+            if !l.iter().any(|d| std::ptr::eq(d.as_ptr(), Arc::as_ptr(self))) {
+                l.push(Arc::downgrade(self));
+            }
+        });
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = state.pending.take();
         let slot = state.next;
@@ -144,14 +153,13 @@ impl Drop for Deferred {
 }
 
 impl Gpu {
-    /// Reads every graph's index checks not read yet, once the device's work has finished
-    /// (called by [`Gpu::synchronize`]).
+    /// Reads the index checks not read yet of the graphs this thread launched on this device,
+    /// once the device's work has finished (called by [`Gpu::synchronize`]).
     pub(crate) fn settle_deferred(&self) -> Result<(), RuntimeError> {
-        let live: Vec<Arc<Deferred>> = {
-            let mut all = self.deferred.lock().unwrap_or_else(PoisonError::into_inner);
-            all.retain(|d| d.strong_count() > 0);
-            all.iter().filter_map(Weak::upgrade).collect()
-        };
+        let live: Vec<Arc<Deferred>> = LAUNCHED.with(|l| {
+            let l = l.borrow();
+            l.iter().filter_map(Weak::upgrade).filter(|d| std::ptr::eq(d.gpu, self)).collect()
+        });
         let mut first = Ok(());
         for d in live {
             let read = d.settle();

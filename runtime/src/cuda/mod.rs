@@ -22,7 +22,7 @@ mod nvrtc;
 mod probe;
 mod rows;
 
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -59,8 +59,6 @@ pub(crate) struct Gpu {
     staging: Mutex<Option<memory::Staging>>,
     kernels: Mutex<kernels::Cache>,
     blas: OnceLock<Result<blas::Handle, String>>,
-    /// Replayed graphs' index checks, read whenever the device is waited for.
-    deferred: Mutex<Vec<Weak<deferred::Deferred>>>,
 }
 
 static GPUS: LazyLock<Vec<OnceLock<Result<&'static Gpu, RuntimeError>>>> =
@@ -105,7 +103,6 @@ impl Gpu {
             staging: Mutex::new(None),
             kernels: Mutex::new(kernels::Cache::default()),
             blas: OnceLock::new(),
-            deferred: Mutex::default(),
         })
     }
 
