@@ -19,6 +19,16 @@
 //! need a realization in the middle of the plan: it is an error ([`Error::Compile`](crate::Error::Compile)), a
 //! *graph break*; return the tensor and read it after the call.
 //!
+//! On a GPU, a replayed plan is a CUDA graph: captured at the plan's first replay, then
+//! launched once per call after kiln updates the launches whose values changed (the
+//! learning rate, Adam's step, dropout keys, the copies into the graph's own input buffers
+//! and out to the call's new result buffers). Each call's results are buffers of their own,
+//! as without graphs. A gather's or scatter's index error in a graph is reported by the next
+//! call or the next read of a value on the same thread. A plan with host work or a
+//! collective, a profiled call, `KILN_CHECK` and `KILN_CUDA_GRAPHS=0` launch step by step:
+//! [`CompileStats::stepwise`] says why, [`CompileStats::graph_launches`] counts the graphed
+//! calls.
+//!
 //! ```
 //! use kiln::prelude::*;
 //!
