@@ -60,6 +60,9 @@ pub struct KernelStats {
     pub launches: usize,
     /// Total time over its launches (compile time excluded).
     pub total: Duration,
+    /// On a GPU, the part of `total` the host spent waiting for the device after queuing
+    /// the launches; the rest is issuing them (see [`Profile::issue_time`]).
+    pub waited: Duration,
     /// Bytes read over its launches.
     pub bytes_read: u64,
     /// Bytes written over its launches.
@@ -111,6 +114,7 @@ impl Profile {
                     shape: e.shape.clone(),
                     launches: 0,
                     total: Duration::ZERO,
+                    waited: Duration::ZERO,
                     bytes_read: 0,
                     bytes_written: 0,
                     compile: Duration::ZERO,
@@ -123,6 +127,7 @@ impl Profile {
             let k = &mut order[i];
             k.launches += 1;
             k.total += e.duration;
+            k.waited += e.waited;
             k.bytes_read += e.bytes_read;
             k.bytes_written += e.bytes_written;
             match e.compile {
@@ -143,6 +148,22 @@ impl Profile {
     /// Time in steps, compile time excluded.
     pub fn step_time(&self) -> Duration {
         self.steps().map(|e| e.duration).sum()
+    }
+
+    /// On a GPU: the host's time issuing the steps (arguments, allocations, launch calls),
+    /// apart from waiting for the device. A profiled GPU step waits for its kernels before
+    /// the next is issued, so this is the launch overhead a CUDA graph removes. Zero on the CPU.
+    pub fn issue_time(&self) -> Duration {
+        self.steps()
+            .filter(|e| e.device != crate::Device::Cpu)
+            .map(|e| e.duration - e.waited.min(e.duration))
+            .sum()
+    }
+
+    /// On a GPU: the time spent waiting for the device after issuing each step (the kernels'
+    /// run plus the wait's latency). Zero on the CPU.
+    pub fn device_wait_time(&self) -> Duration {
+        self.steps().map(|e| e.waited).sum()
     }
 
     /// Time spent planning realizations (graph passes and fusion).
@@ -376,6 +397,18 @@ impl fmt::Display for Profile {
             mb(self.bytes_moved()),
             percent(gbps, ceiling),
         )?;
+        if device != crate::Device::Cpu {
+            let launches =
+                self.steps().filter(|e| e.device != crate::Device::Cpu && !e.joined).count();
+            let issue = self.issue_time();
+            writeln!(
+                f,
+                "on {device}: {:.3} ms issuing {launches} steps on the host ({:.1} us each), {:.3} ms waiting for the device",
+                ms(issue),
+                issue.as_secs_f64() * 1e6 / launches.max(1) as f64,
+                ms(self.device_wait_time()),
+            )?;
+        }
         let peak = self.peak_memory();
         write!(f, "peak memory {:.2} MB", mb(peak.peak_bytes))?;
         if !peak.largest.is_empty() {

@@ -965,3 +965,4 @@ fn a_compiled_step_with_results_on_two_devices_is_counted_unplanned() {
 }
 
 mod graphs;
+mod profile;

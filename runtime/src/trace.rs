@@ -47,6 +47,10 @@ pub struct Event {
     pub start: Duration,
     /// How long it ran (compile time excluded).
     pub duration: Duration,
+    /// On a GPU, the part of `duration` spent waiting for the device after the step was
+    /// queued (the kernels' run plus the wait's own latency); the rest is the host's work of
+    /// issuing it (arguments, allocations, the launch calls). Zero on the CPU.
+    pub waited: Duration,
     /// Bytes of the input buffers it read.
     pub bytes_read: u64,
     /// Bytes it wrote.
@@ -252,6 +256,7 @@ pub(crate) fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) 
         shape: String::new(),
         start: Duration::ZERO,
         duration: Duration::ZERO,
+        waited: Duration::ZERO,
         bytes_read: 0,
         bytes_written: 0,
         compile: None,

@@ -158,7 +158,9 @@ pub(crate) fn run_group(
     unsafe { launch(gpu, &function, &args, config) }.map_err(at)?;
     let mut events = Vec::new();
     if tracing {
+        let waiting = std::time::Instant::now();
         gpu.synchronize().map_err(at)?;
+        let waited = waiting.elapsed();
         let wall = started.elapsed();
         let bytes = |n: &NodeId| match produced.iter().find(|(m, _)| m == n) {
             Some((_, b)) => trace::bytes(b),
@@ -174,12 +176,14 @@ pub(crate) fn run_group(
         for (i, (k, &(read, written))) in members.iter().zip(&moved).enumerate() {
             let info =
                 KernelRun { compiled: None, generated: true, compile: compile.filter(|_| i == 0) };
-            let share = if total > 0 {
-                wall.mul_f64((read + written) as f64 / total as f64)
+            let fraction = if total > 0 {
+                (read + written) as f64 / total as f64
             } else {
-                wall / u32::try_from(members.len()).unwrap_or(1)
+                1.0 / members.len() as f64
             };
+            let share = wall.mul_f64(fraction);
             let mut e = trace::kernel_event(graph, k, info, read, written, share);
+            e.waited = waited.mul_f64(fraction);
             e.cut = format!(
                 "{}; one launch with its row group of {} kernels (time shared by bytes moved)",
                 e.cut,

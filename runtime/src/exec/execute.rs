@@ -46,6 +46,7 @@ impl Prepared {
             bufs: Bufs { slots: vec![None; readers.len()], log: None },
             readers: readers.clone(),
             in_flight: Vec::new(),
+            waited: Duration::ZERO,
         };
         for (&n, b) in graph.inputs().iter().zip(inputs) {
             run.bufs.insert(n, b.clone());
@@ -75,6 +76,8 @@ struct Run<'a> {
     readers: Vec<u32>,
     /// Collectives issued to their groups' threads, in issue order, not yet waited for.
     in_flight: Vec<InFlight>,
+    /// How long the last traced GPU step waited for the device (`settle`).
+    waited: Duration,
 }
 
 /// A collective communicating while later steps run.
@@ -102,14 +105,20 @@ impl Run<'_> {
         }
     }
 
-    /// GPU work is queued, not done: a traced step waits for it so its time is its own.
-    fn settle(&self, at: &Node) -> Result<(), RunError> {
+    /// GPU work is queued, not done: a traced step waits for it so its time is its own, and
+    /// the wait is noted for the step's event.
+    fn settle(&mut self, at: &Node) -> Result<(), RunError> {
         match self.gpu {
-            Some(g) if self.tracing => g.synchronize().map_err(|error| RunError {
-                error,
-                op: Some(at.op.name()),
-                origin: at.origin,
-            }),
+            Some(g) if self.tracing => {
+                let started = Instant::now();
+                let waited = g.synchronize();
+                self.waited = started.elapsed();
+                waited.map_err(|error| RunError {
+                    error,
+                    op: Some(at.op.name()),
+                    origin: at.origin,
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -122,6 +131,7 @@ impl Run<'_> {
         new: Option<(NodeId, &Buffer)>,
     ) {
         event.device = self.gpu.map_or(Device::Cpu, |g| g.device());
+        event.waited = std::mem::take(&mut self.waited);
         trace::record(started, event);
         trace::track_memory(self.memory.as_mut(), self.graph, self.bufs.iter(), new);
     }
