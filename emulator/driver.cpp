@@ -1,7 +1,8 @@
 // libcuda.so of kiln's emulated CUDA device: the driver API entry points kiln uses, over host
 // memory. `KILN_EMULATOR_DEVICES` devices (default 2, at most 8: "kiln emulated CUDA device",
 // compute capability 9.0, 4 multiprocessors), one primary context each; every stream runs its
-// work at once, in order, so events and synchronization are immediate. Device memory is host
+// work at once, in order, so events and synchronization are immediate, unless it is capturing
+// a CUDA graph (then its work is recorded, and each launch of the graph runs it in order). Device memory is host
 // memory with a guard page after every allocation, so a kernel that writes past the end of a
 // buffer faults at once; copies and memsets are checked against the allocations they touch.
 // Each allocation, module and function belongs to the device whose context was current when
@@ -15,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -147,7 +149,7 @@ struct Stream {
   bool invalidated = false;
   const Node* last = nullptr;  // the node captured last: the capture's dependency
 };
-int capturing_streams = 0;
+std::atomic<int> capturing_streams{0};
 
 // The stream `s` if it is capturing (the null stream never is).
 Stream* capturing(void* s) {

@@ -27,7 +27,9 @@
 //! call or the next read of a value on the same thread. A plan with host work or a
 //! collective, a profiled call, `KILN_CHECK` and `KILN_CUDA_GRAPHS=0` launch step by step:
 //! [`CompileStats::stepwise`] says why, [`CompileStats::graph_launches`] counts the graphed
-//! calls.
+//! calls. A graph keeps the memory of its plan's intermediates and its own input buffers for
+//! as long as the compiled function keeps the plan (up to 16 plans); dropping the function
+//! returns it to the device's cache.
 //!
 //! ```
 //! use kiln::prelude::*;
