@@ -2,9 +2,10 @@
 // memory. `KILN_EMULATOR_DEVICES` devices (default 2, at most 8: "kiln emulated CUDA device",
 // compute capability 9.0, 4 multiprocessors), one primary context each; every stream runs its
 // work at once, in order, so events and synchronization are immediate, unless it is capturing
-// a CUDA graph (then its work is recorded, and each launch of the graph runs it in order). Device memory is host
-// memory with a guard page after every allocation, so a kernel that writes past the end of a
-// buffer faults at once; copies and memsets are checked against the allocations they touch.
+// a CUDA graph (then its work is recorded, and each launch of the graph runs it in order).
+// Device memory is host memory with a guard page after every allocation, so a kernel that
+// writes past the end of a buffer faults at once; copies and memsets are checked against the
+// allocations they touch.
 // Each allocation, module and function belongs to the device whose context was current when
 // it was made: a kernel launched from another device's context, or given another device's
 // memory, fails as it would on real GPUs without peer access.
