@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kiln_ir::{DType, Op, Shape};
 use kiln_runtime::{Buffer, Device};
+use smallvec::SmallVec;
 
 /// One recorded op. It holds its inputs until it is realized; then it holds its buffer and
 /// lets its history go, so memory is bounded by what user handles can still reach.
@@ -48,15 +49,18 @@ pub(crate) fn next_serial() -> u64 {
     SERIAL.load(Ordering::Relaxed)
 }
 
+/// A node's inputs: most ops have one or two, kept inline (no allocation per node).
+pub(crate) type Inputs = SmallVec<[Arc<LazyNode>; 2]>;
+
 pub(crate) enum State {
-    Pending(Vec<Arc<LazyNode>>),
+    Pending(Inputs),
     Realized(Buffer),
 }
 
 impl LazyNode {
     pub(crate) fn pending(
         op: Op,
-        inputs: Vec<Arc<LazyNode>>,
+        inputs: Inputs,
         shape: Shape,
         dtype: DType,
         device: Device,
@@ -113,15 +117,15 @@ impl Drop for LazyNode {
     // Freeing a long chain recursively would overflow the stack (PyTorch issue #5534), so
     // inputs whose last handle this node holds are unlinked onto an explicit stack.
     fn drop(&mut self) {
-        let mut stack = match self.state.get_mut() {
-            Ok(State::Pending(inputs)) => std::mem::take(inputs),
+        let mut stack: Vec<Arc<LazyNode>> = match self.state.get_mut() {
+            Ok(State::Pending(inputs)) => std::mem::take(inputs).into_vec(),
             _ => return,
         };
         while let Some(node) = stack.pop() {
             if let Some(mut inner) = Arc::into_inner(node)
                 && let Ok(State::Pending(inputs)) = inner.state.get_mut()
             {
-                stack.append(inputs);
+                stack.extend(inputs.drain(..));
             }
         }
     }

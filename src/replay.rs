@@ -86,7 +86,10 @@ impl Recorded {
                     recorded, node.origin, node.shape, node.dtype, planned, key.shape, key.dtype
                 ))
             };
-            if node.shape != key.shape || node.dtype != key.dtype {
+            // An op's shape and dtype follow from its inputs', checked at earlier positions:
+            // only leaves and realized values need theirs compared.
+            let derived = key.op.as_ref().is_some_and(|op| !op.is_leaf());
+            if !derived && (node.shape != key.shape || node.dtype != key.dtype) {
                 return differs();
             }
             let same = match (&captured.buffers[slot], &key.op) {

@@ -96,7 +96,7 @@ impl Tensor {
         } else {
             LazyNode::pending(
                 Op::Assign(self.layout().clone()),
-                vec![base.clone(), new.node()],
+                smallvec::smallvec![base.clone(), new.node()],
                 base.shape.clone(),
                 base.dtype,
                 base.device,

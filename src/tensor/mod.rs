@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kiln_ir::{DType, Op, Shape, View};
 use kiln_runtime::{Buffer, Device};
+use smallvec::SmallVec;
 
 pub use arith::Operand;
 pub use einsum::{einsum, try_einsum};
@@ -27,7 +28,7 @@ pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
 
 use crate::autograd::AutogradMeta;
-use crate::lazy::LazyNode;
+use crate::lazy::{Inputs, LazyNode};
 use crate::{Error, Result};
 
 /// An n-dimensional array of one dtype on one device, recorded lazily.
@@ -182,7 +183,7 @@ impl Tensor {
         let (dtype, device) = (base.dtype, base.device);
         LazyNode::pending(
             Op::View(self.0.view.clone()),
-            vec![base],
+            smallvec::smallvec![base],
             self.0.view.shape().clone(),
             dtype,
             device,
@@ -196,7 +197,7 @@ impl Tensor {
         let device = check_same_device(op.name(), inputs)?;
         // A loop, not a closure: `#[track_caller]` does not pass through closures, and a
         // view node made here must record the user's line.
-        let mut nodes: Vec<Arc<LazyNode>> = Vec::with_capacity(inputs.len());
+        let mut nodes = Inputs::with_capacity(inputs.len());
         // Constants recorded again on the device: autograd must save these, not the
         // originals, or the backward graph would mix devices (`x.pow(2.5)` on a GPU).
         let mut moved: Vec<Tensor> = Vec::new();
@@ -209,8 +210,11 @@ impl Tensor {
                 moved.push(r);
             }
         }
-        let typed: Vec<(&Shape, DType)> = nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
-        let (shape, dtype) = op.infer(&typed)?;
+        let (shape, dtype) = {
+            let typed: SmallVec<[(&Shape, DType); 4]> =
+                nodes.iter().map(|n| (&n.shape, n.dtype)).collect();
+            op.infer(&typed)?
+        };
         shape.check_size(op.name(), dtype)?;
         let grad_op = crate::autograd::wants_grad(&op, dtype, inputs).then(|| op.clone());
         let out = Tensor::from_node(LazyNode::pending(
@@ -261,7 +265,7 @@ impl Tensor {
         shape.check_size(op.name(), dtype)?;
         Ok(Tensor::from_node(LazyNode::pending(
             op,
-            Vec::new(),
+            Inputs::new(),
             shape,
             dtype,
             device,
@@ -283,7 +287,7 @@ impl Tensor {
         let base = self.storage().node();
         let leaf = LazyNode::pending(
             base.op.clone(),
-            Vec::new(),
+            Inputs::new(),
             base.shape.clone(),
             base.dtype,
             device,
