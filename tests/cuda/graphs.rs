@@ -120,3 +120,42 @@ fn a_plan_with_host_work_runs_step_by_step_and_says_why() {
     let why = stats.stepwise.as_deref().unwrap_or_default();
     assert!(why.contains("cannot be captured in a CUDA graph"), "{stats}");
 }
+
+/// Each plan of a compiled function has its own graph: calls with another shape plan and
+/// capture again, and the two plans' graphs then replay in turn, each with its own results.
+/// A profiled call and a checked call launch step by step and say why, and the graphs replay
+/// again after them.
+#[test]
+fn each_plan_has_its_own_graph_and_profiling_or_checking_goes_step_by_step() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("each_plan_has_its_own_graph_and_profiling_or_checking_goes_step_by_step")
+    else {
+        return;
+    };
+    let w = Tensor::randn([5, 3]).to(gpu);
+    let mut f = kiln::compile(|x: &Tensor| (x.matmul(&w).tanh() * 2.0).sum_dim(0, false));
+    let small = Tensor::randn([4, 5]).to(gpu);
+    let large = Tensor::randn([9, 5]).to(gpu);
+    let want =
+        |x: &Tensor| (x.cpu().matmul(&w.cpu()).tanh() * 2.0).sum_dim(0, false).to_vec::<f32>();
+    let close = |got: Vec<f32>, want: Vec<f32>| {
+        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{got:?} {want:?}");
+    };
+    for _ in 0..3 {
+        close(f.call::<_, Tensor>(&small).to_vec(), want(&small));
+        close(f.call::<_, Tensor>(&large).to_vec(), want(&large));
+    }
+    let stats = f.stats().clone();
+    assert_eq!((stats.plans, stats.graph_captures, stats.graph_launches), (2, 2, 4), "{stats}");
+    let (out, _) = kiln::profile(|| f.call::<_, Tensor>(&small));
+    close(out.to_vec(), want(&small));
+    let why = f.stats().stepwise.clone().unwrap_or_default();
+    assert!(why.contains("profiling"), "{}", f.stats());
+    let out = kiln::with_check_scale(1.0, || f.call::<_, Tensor>(&large));
+    close(out.to_vec(), want(&large));
+    let why = f.stats().stepwise.clone().unwrap_or_default();
+    assert!(why.contains("KILN_CHECK"), "{}", f.stats());
+    close(f.call::<_, Tensor>(&small).to_vec(), want(&small));
+    assert_eq!(f.stats().stepwise, None, "{}", f.stats());
+    assert_eq!(f.stats().graph_launches, 5, "{}", f.stats());
+}
