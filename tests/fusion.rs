@@ -537,7 +537,7 @@ fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
     let err = kiln::with_check_scale(0.0, || y.try_realize()).unwrap_err();
     let text = err.to_string();
     assert!(text.starts_with("check: fused kernel k_"), "{text}");
-    assert!(text.contains("(full view mul exp)"), "{text}");
+    assert!(text.contains("(full mul exp)"), "{text}");
     assert!(text.contains(&format!("fusion.rs:{line}")), "{text}");
     assert!(matches!(
         err,

@@ -74,7 +74,8 @@ impl Tensor {
         };
         let rhs = match rhs {
             Operand::Tensor(t) => t.into_owned(),
-            Operand::Scalar(s) => Tensor::full_dtype((), s, dtype),
+            // A scalar is a fill of the result's shape: one node, no broadcast view.
+            Operand::Scalar(s) => Tensor::try_full_dtype(self.shape().clone(), s, dtype)?,
         };
         let (a, b) = if reversed { (&rhs, self) } else { (self, &rhs) };
         let shape = a.shape().broadcast(b.shape(), op.name())?;
