@@ -1,5 +1,6 @@
 //! Shapes, dimension normalization and NumPy broadcasting.
 
+use smallvec::SmallVec;
 use std::fmt;
 
 use crate::{DType, IrError};
@@ -17,12 +18,16 @@ use crate::{DType, IrError};
 /// assert_eq!(Shape::from(()).numel(), 1);
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(Dims);
+
+/// A shape's dimensions: up to four inline (every shape kiln records is one per op, and most
+/// have four or fewer), more on the heap.
+type Dims = SmallVec<[usize; 4]>;
 
 impl Shape {
     /// A shape from its dimensions.
     pub fn new(dims: Vec<usize>) -> Shape {
-        Shape(dims)
+        Shape(Dims::from_vec(dims))
     }
 
     /// The dimensions, outermost first.
@@ -107,7 +112,7 @@ impl Shape {
     /// aligned from the right, and each pair must be equal or contain a 1.
     pub fn broadcast(&self, other: &Shape, op: &'static str) -> Result<Shape, IrError> {
         let rank = self.rank().max(other.rank());
-        let mut dims = vec![0; rank];
+        let mut dims: Dims = smallvec::smallvec![0; rank];
         for (i, d) in dims.iter_mut().enumerate() {
             let a = self.dim_from_right(rank - 1 - i);
             let b = other.dim_from_right(rank - 1 - i);
@@ -167,43 +172,43 @@ impl fmt::Debug for Shape {
 
 impl From<()> for Shape {
     fn from(_: ()) -> Shape {
-        Shape(Vec::new())
+        Shape(Dims::new())
     }
 }
 
 impl From<usize> for Shape {
     fn from(d: usize) -> Shape {
-        Shape(vec![d])
+        Shape(smallvec::smallvec![d])
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(d: [usize; N]) -> Shape {
-        Shape(d.to_vec())
+        Shape(Dims::from_slice(&d))
     }
 }
 
 impl<const N: usize> From<&[usize; N]> for Shape {
     fn from(d: &[usize; N]) -> Shape {
-        Shape(d.to_vec())
+        Shape(Dims::from_slice(d))
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(d: &[usize]) -> Shape {
-        Shape(d.to_vec())
+        Shape(Dims::from_slice(d))
     }
 }
 
 impl From<Vec<usize>> for Shape {
     fn from(d: Vec<usize>) -> Shape {
-        Shape(d)
+        Shape(Dims::from_vec(d))
     }
 }
 
 impl From<&Vec<usize>> for Shape {
     fn from(d: &Vec<usize>) -> Shape {
-        Shape(d.clone())
+        Shape(Dims::from_slice(d))
     }
 }
 
