@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::prepare::{PreparedStep, fill_value};
-use super::{Prepared, check, cpu, dispatch, on_device};
+use super::{Prepared, all_on_device, check, cpu, dispatch};
 use crate::trace::{self, KernelRun, MemoryPeak, StepKind};
 use crate::{Buffer, Device, RunError, collective, cuda, native, rows};
 
@@ -27,13 +27,7 @@ impl Prepared {
             Device::Cpu => None,
             Device::Cuda(i) => Some(cuda::gpu(i)?),
         };
-        let moved;
-        let inputs = if inputs.iter().all(|b| b.device() == self.device) {
-            inputs
-        } else {
-            moved = on_device(inputs, self.device)?;
-            &moved[..]
-        };
+        let inputs = &*all_on_device(inputs, self.device)?;
         let Prepared { graph, steps, groups, gpu_groups, fills, readers, outputs, dirty, .. } =
             self;
         let tracing = trace::enabled();

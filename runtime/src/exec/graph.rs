@@ -6,7 +6,7 @@
 use kiln_ir::Op;
 use kiln_ir::settings::Setting;
 
-use super::{Prepared, on_device};
+use super::{Prepared, all_on_device};
 use crate::{Buffer, Device, RunError, cuda, trace};
 
 /// How [`Prepared::run_graphed`] ran a plan.
@@ -54,27 +54,18 @@ impl Prepared {
             Some("KILN_CUDA_GRAPHS=0".to_string())
         } else if trace::enabled() {
             Some("profiling times each step".to_string())
-        } else if self
-            .graph
-            .topo_order()
-            .iter()
-            .any(|&n| matches!(self.graph.node(n).op, Op::Collective(_)))
-        {
-            Some("the plan communicates (collectives run outside graphs)".to_string())
         } else {
             None
         };
+        if matches!(self.cuda_graph, GraphState::Untried) && self.communicates() {
+            let why = "the plan communicates (collectives run outside graphs)";
+            self.cuda_graph = GraphState::Unavailable(why.to_string());
+        }
         if let Some(why) = why {
             return Ok((self.run(inputs, None)?, GraphRun::Stepwise(why)));
         }
         let gpu = cuda::gpu(ordinal)?;
-        let moved;
-        let inputs = if inputs.iter().all(|b| b.device() == self.device) {
-            inputs
-        } else {
-            moved = on_device(inputs, self.device)?;
-            &moved[..]
-        };
+        let inputs = &*all_on_device(inputs, self.device)?;
         // The results: new buffers from the device's cache on every call, which the graph's
         // last launches copy the plan's outputs into.
         let results = self
@@ -119,6 +110,12 @@ impl Prepared {
                 Ok((self.run(inputs, None)?, GraphRun::Stepwise(why)))
             }
         }
+    }
+
+    /// Whether the plan has a collective.
+    fn communicates(&self) -> bool {
+        let graph = &self.graph;
+        graph.topo_order().iter().any(|&n| matches!(graph.node(n).op, Op::Collective(_)))
     }
 
     /// The plan as a graph holds it: `inputs` copied into buffers of the graph's own, the

@@ -20,6 +20,8 @@ mod execute;
 mod graph;
 mod prepare;
 
+use std::borrow::Cow;
+
 use kiln_ir::Graph;
 use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
@@ -88,4 +90,13 @@ pub fn run(
 /// `buffers` on `device` (copies of those elsewhere).
 fn on_device(buffers: &[Buffer], device: Device) -> Result<Vec<Buffer>, RunError> {
     buffers.iter().map(|b| b.to_device(device).map_err(RunError::from)).collect()
+}
+
+/// `buffers` themselves when they are all on `device`, else [`on_device`]'s copies.
+fn all_on_device(buffers: &[Buffer], device: Device) -> Result<Cow<'_, [Buffer]>, RunError> {
+    if buffers.iter().all(|b| b.device() == device) {
+        Ok(Cow::Borrowed(buffers))
+    } else {
+        on_device(buffers, device).map(Cow::Owned)
+    }
 }
