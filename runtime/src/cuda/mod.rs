@@ -9,7 +9,8 @@
 //! - NCCL groups ([`nccl_group`]) run collectives on device memory, on the same stream.
 //! - Because everything on a device runs on its one stream, a buffer returned to the
 //!   allocator's cache can be handed out again at once: the next kernel that writes it is
-//!   ordered after every kernel that read it.
+//!   ordered after every kernel that read it. (A CUDA graph is captured on a stream of its own,
+//!   which runs nothing, and launched on the device's: `graph.rs`.)
 
 mod blas;
 mod deferred;
