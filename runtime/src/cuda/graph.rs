@@ -11,8 +11,9 @@
 //! **Update** ([`update`]). Each replay walks the plan on the host again: allocation `k` gets
 //! the block it got at capture, so every pointer is the one the graph holds; device work is
 //! not queued; and a launch whose arguments differ from its node's (a learning rate, a random
-//! key, the copies into and out of the plan's buffers) updates that node's parameters. The
-//! graph is then launched once.
+//! key, the copies into and out of the plan's buffers) updates that node's parameters. A
+//! step none of whose values changed is skipped ([`skip_steps`]): the cursors move past it and
+//! its results are the blocks the capture noted. The graph is then launched once.
 //!
 //! A capture runs on a stream of its own, so work that other threads queue on the device
 //! meanwhile runs as usual and stays out of the graph; the graph is launched on the device's

@@ -1,7 +1,8 @@
 //! A GPU plan replayed as a CUDA graph (see `cuda::graph`): the first call captures the plan
 //! with copies into its own input buffers before it and out of its output buffers after it;
-//! every later call walks the plan on the host to update the launches whose arguments
-//! changed (the copies' addresses, constants, random keys) and launches the graph once.
+//! every later call walks the plan's changed steps on the host to update the launches whose
+//! arguments changed (the copies' addresses, constants, random keys) and launches the graph
+//! once.
 
 use kiln_ir::Op;
 use kiln_ir::settings::Setting;
