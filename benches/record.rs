@@ -15,7 +15,7 @@ fn record(c: &mut Criterion) {
     g.bench_function("add", |b| b.iter(|| black_box(&x + &y)));
     // A unary op.
     g.bench_function("exp", |b| b.iter(|| black_box(x.exp())));
-    // A binary op with a scalar literal: a fill node and a broadcast view as well.
+    // A binary op with a scalar literal: a fill node of the result's shape as well.
     g.bench_function("mul_scalar", |b| b.iter(|| black_box(&x * 2.0)));
     // A broadcasting op with type promotion (a cast, a view and the op).
     let row = Tensor::randn([64]).to_dtype(DType::F16);
