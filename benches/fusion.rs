@@ -16,7 +16,11 @@ fn elementwise(c: &mut Criterion) {
     let mut g = c.benchmark_group("w1b_1m");
     g.bench_function("fused", |b| b.iter(|| black_box(chain(&x).realize().clone())));
     g.bench_function("unfused", |b| {
-        b.iter(|| kiln::with_fusion(false, || black_box(chain(&x).realize().clone())));
+        b.iter(|| {
+            kiln::with_execution(kiln::Execution::Unfused, || {
+                black_box(chain(&x).realize().clone())
+            })
+        });
     });
     g.finish();
 }
@@ -27,7 +31,11 @@ fn softmax(c: &mut Criterion) {
     let mut g = c.benchmark_group("softmax_1024x1024");
     g.bench_function("fused", |b| b.iter(|| black_box(x.softmax(1).realize().clone())));
     g.bench_function("unfused", |b| {
-        b.iter(|| kiln::with_fusion(false, || black_box(x.softmax(1).realize().clone())));
+        b.iter(|| {
+            kiln::with_execution(kiln::Execution::Unfused, || {
+                black_box(x.softmax(1).realize().clone())
+            })
+        });
     });
     g.finish();
 }

@@ -120,8 +120,10 @@ fn w7(rows: &mut Vec<(String, &'static str, f64, String)>) {
         });
         eprintln!("bf16 autocast:\n{profile}");
     }
-    for (variant, fused) in [("fused", true), ("unfused", false)] {
-        let ms = kiln::with_fusion(fused, || {
+    for (variant, mode) in
+        [("fused", kiln::Execution::Fused), ("unfused", kiln::Execution::Unfused)]
+    {
+        let ms = kiln::with_execution(mode, || {
             median_ms(3, 2, || {
                 step(&xs[i % 4], &ys[i % 4]).realize();
                 i += 1;
@@ -233,8 +235,10 @@ fn w8(rows: &mut Vec<(String, &str, f64, String)>) {
         format!("{:.0} images/s (first call {first_ms:.0} ms)", BATCH as f64 / ms * 1e3),
     ));
     drop(compiled);
-    for (variant, fused) in [("fused", true), ("unfused", false)] {
-        let ms = kiln::with_fusion(fused, || {
+    for (variant, mode) in
+        [("fused", kiln::Execution::Fused), ("unfused", kiln::Execution::Unfused)]
+    {
+        let ms = kiln::with_execution(mode, || {
             median_ms(7, 5, || {
                 step(&xs[i % 4], &ys[i % 4]).realize();
                 i += 1;

@@ -27,12 +27,12 @@ fn main() -> kiln::Result<()> {
         loss
     };
     // Warm up both ways (compiles every kernel), then profile one step each.
-    for fused in [true, false] {
-        kiln::with_fusion(fused, &mut step);
-        kiln::with_fusion(fused, &mut step);
+    for mode in [kiln::Execution::Fused, kiln::Execution::Unfused] {
+        kiln::with_execution(mode, &mut step);
+        kiln::with_execution(mode, &mut step);
     }
     let (_, fused) = kiln::profile(&mut step);
-    let (_, unfused) = kiln::with_fusion(false, || kiln::profile(&mut step));
+    let (_, unfused) = kiln::with_execution(kiln::Execution::Unfused, || kiln::profile(&mut step));
 
     println!("one Adam step of a 512-512-10 MLP with LayerNorm and GELU, batch 256\n");
     println!("fused:\n{fused}\n");

@@ -138,8 +138,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One training step profiled fused (the default) and unfused (one kernel per op).
     let (x, y) = (test_x.narrow(0, 0, batch_size), test_y.narrow(0, 0, batch_size));
     model.train();
-    let profile_step = |fused: bool| {
-        kiln::with_fusion(fused, || {
+    let profile_step = |mode: kiln::Execution| {
+        kiln::with_execution(mode, || {
             let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.0, ..Default::default() });
             let mut run = || {
                 opt.zero_grad();
@@ -151,7 +151,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kiln::profile(run).1
         })
     };
-    let (fused, unfused) = (profile_step(true), profile_step(false));
+    let (fused, unfused) =
+        (profile_step(kiln::Execution::Fused), profile_step(kiln::Execution::Unfused));
     println!("\none training step, fused:\n{fused}\n");
     println!("{}", kiln::Profile::compare(&fused, &unfused));
     Ok(())

@@ -37,8 +37,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One training step (forward, loss, backward, SGD update), profiled fused (the default)
     // and unfused (one kernel per op), on the same batch, after a warm-up that compiles.
     let (x, y) = &report.sample;
-    let step = |fused: bool| {
-        kiln::with_fusion(fused, || {
+    let step = |mode: kiln::Execution| {
+        kiln::with_execution(mode, || {
             let mut opt =
                 Sgd::new(report.model.parameters(), SgdConfig { lr: 0.0, ..Default::default() });
             let mut run = || {
@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kiln::profile(run).1
         })
     };
-    let (fused, unfused) = (step(true), step(false));
+    let (fused, unfused) = (step(kiln::Execution::Fused), step(kiln::Execution::Unfused));
     println!("\none training step, fused:\n{fused}\n");
     println!("{}", kiln::Profile::compare(&fused, &unfused));
     // Outputs go to `target/` (created if the build used another target directory).

@@ -8,7 +8,7 @@
 use std::cell::Cell;
 
 use crate::error::ok;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result};
 
 thread_local! {
     static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
@@ -69,22 +69,4 @@ pub fn try_autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
 /// The 16-bit type this thread's autocast runs products in, if it is on.
 pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(Cell::get)
-}
-
-/// An operand of a product under autocast: f32/f64 cast to the autocast type.
-#[track_caller]
-pub(crate) fn lower(t: &Tensor) -> Tensor {
-    match autocast_dtype() {
-        Some(low) if matches!(t.dtype(), DType::F32 | DType::F64) => t.to_dtype(low),
-        _ => t.clone(),
-    }
-}
-
-/// An input of a precision-sensitive op under autocast: 16-bit floats widened to f32.
-#[track_caller]
-pub(crate) fn widen(t: &Tensor) -> Tensor {
-    match autocast_dtype() {
-        Some(_) if matches!(t.dtype(), DType::BF16 | DType::F16) => t.to_dtype(DType::F32),
-        _ => t.clone(),
-    }
 }

@@ -58,13 +58,13 @@ use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
 use kiln_runtime::exec::{GraphRun, Prepared};
 
-use crate::error::ok;
-use crate::lazy::LazyNode;
-use crate::realize::{
+use crate::engine::lazy::LazyNode;
+use crate::engine::realize::{
     build_graph, capture_sized, output_slots, run_captured, run_captured_graphed,
 };
-use crate::replay::Recorded;
-use crate::session::record;
+use crate::engine::replay::Recorded;
+use crate::engine::session::record;
+use crate::error::ok;
 use crate::{Result, Tensor};
 
 /// Arguments a compiled function can take: `&Tensor`, tuples of up to four `&Tensor`s,
@@ -324,7 +324,7 @@ impl<F> Compiled<F> {
         first_serial: u64,
     ) -> Result<()> {
         let device = targets.first().map_or(Device::Cpu, |t| t.device);
-        let options = crate::execution::plan_options(Constants::Rebindable, device);
+        let options = crate::engine::execution::plan_options(Constants::Rebindable, device);
         let other = targets.iter().map(|t| t.device).find(|&d| d != device);
         let (Some(options), None) = (options, other) else {
             // The reference executor runs unplanned; a step whose results live on several
@@ -339,7 +339,7 @@ impl<F> Compiled<F> {
                      on the GPU, and move it after the call)"
                 );
             }
-            return crate::realize::realize(targets);
+            return crate::engine::realize::realize(targets);
         };
         // Room for the program last planned: a replay records as many nodes.
         let hint = self.entries.last().map_or(64, |e| e.recorded.len());
@@ -355,7 +355,7 @@ impl<F> Compiled<F> {
             .cloned()
             .collect();
         if !older.is_empty() {
-            crate::realize::realize(&older)?;
+            crate::engine::realize::realize(&older)?;
             captured = capture_sized(targets, hint);
         }
         if captured.pending == 0 {

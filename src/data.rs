@@ -270,7 +270,7 @@ impl<'a, D: Dataset> DataLoader<'a, D> {
         }
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if let Some(seed) = self.seed {
-            shuffle(&mut order, seed, self.epoch.get());
+            crate::random::shuffle(&mut order, seed, self.epoch.get());
         }
         order
     }
@@ -328,13 +328,3 @@ impl<D: Dataset> Iterator for Batches<'_, D> {
 }
 
 impl<D: Dataset> ExactSizeIterator for Batches<'_, D> {}
-
-/// Fisher–Yates over the counter-based generator, keyed by `(seed, epoch)`: the same order
-/// on every machine.
-pub(crate) fn shuffle(order: &mut [usize], seed: u64, epoch: u64) {
-    let key = kiln_ir::random::mix64(seed ^ kiln_ir::random::mix64(epoch));
-    for i in (1..order.len()).rev() {
-        let j = kiln_ir::random::int(key, i as u64, 0, i as i64 + 1) as usize;
-        order.swap(i, j);
-    }
-}

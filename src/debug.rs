@@ -42,7 +42,7 @@ pub use kiln_runtime::rows::with_row_group_sizes;
 /// ```
 pub fn graph_dot(tensors: &[&Tensor]) -> String {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    match crate::realize::pending_graph(&nodes) {
+    match crate::engine::realize::pending_graph(&nodes) {
         Ok(g) => g.to_dot(),
         Err(e) => format!(
             "digraph kiln {{\n    error [label=\"{}\"];\n}}\n",
@@ -67,7 +67,7 @@ pub struct PlanSummary {
 }
 
 /// The plan that computing `tensors` would run now under the current execution mode (see
-/// [`crate::with_fusion`]), without running it.
+/// [`crate::with_execution`]), without running it.
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -75,12 +75,12 @@ pub struct PlanSummary {
 /// x.realize();
 /// let y = ((&x * 2.0).exp() + 1.0).sqrt();
 /// assert_eq!(kiln::debug::plan_summary(&[&y]).kernels, 1);
-/// assert_eq!(kiln::with_fusion(false, || kiln::debug::plan_summary(&[&y])).kernels, 4);
+/// assert_eq!(kiln::with_execution(kiln::Execution::Unfused, || kiln::debug::plan_summary(&[&y])).kernels, 4);
 /// ```
 pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
     use kiln_ir::fuse::Step;
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    let Ok(captured) = crate::realize::pending_graph(&nodes) else {
+    let Ok(captured) = crate::engine::realize::pending_graph(&nodes) else {
         return PlanSummary::default();
     };
     let plan = plan(&captured, tensors);
@@ -183,7 +183,7 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
 
     use kiln_ir::fuse::Step;
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    let plan = match crate::realize::pending_graph(&nodes) {
+    let plan = match crate::engine::realize::pending_graph(&nodes) {
         Ok(g) => plan(&g, tensors),
         Err(e) => {
             return format!(
@@ -245,7 +245,7 @@ fn escape(s: &str) -> String {
 fn options(tensors: &[&Tensor]) -> kiln_ir::pipeline::PlanOptions {
     use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
     let device = tensors.first().map_or(crate::Device::Cpu, |t| t.device());
-    crate::execution::plan_options(Constants::Fold, device).unwrap_or(PlanOptions {
+    crate::engine::execution::plan_options(Constants::Fold, device).unwrap_or(PlanOptions {
         fusion: Fusion::Fused,
         constants: Constants::Fold,
         target: device.target(),
@@ -283,7 +283,7 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 /// ```
 pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
     let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-    let Ok(captured) = crate::realize::pending_graph(&nodes) else { return Vec::new() };
+    let Ok(captured) = crate::engine::realize::pending_graph(&nodes) else { return Vec::new() };
     let mut stages = Vec::new();
     kiln_ir::pipeline::Planner::default().plan_observed(
         &captured,

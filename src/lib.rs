@@ -89,7 +89,7 @@
 //! names the line that recorded the failing op.
 //!
 //! At realization the graph is partitioned into fused kernels, which Cranelift compiles to
-//! machine code (cached, and split across threads); see [`with_fusion`], [`with_execution`],
+//! machine code (cached, and split across threads); see [`with_execution`],
 //! [`with_check`] and `ARCHITECTURE.md`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -102,19 +102,13 @@ pub mod cuda;
 pub mod data;
 pub mod debug;
 pub mod distributed;
+mod engine;
 mod error;
-mod execution;
-mod lazy;
 pub mod nn;
 pub mod optim;
-mod origin;
-mod plans;
 mod profile;
 mod random;
-mod realize;
-mod replay;
 pub mod serialize;
-mod session;
 mod tensor;
 
 pub use autocast::{autocast, autocast_dtype, try_autocast};
@@ -123,10 +117,8 @@ pub use autograd::{
     inference_mode, is_grad_enabled, no_grad, try_grad,
 };
 pub use compile::{Compiled, compile};
+pub use engine::execution::{Execution, execution, with_check, with_check_scale, with_execution};
 pub use error::{Error, Result};
-pub use execution::{
-    Execution, execution, with_check, with_check_scale, with_execution, with_fusion,
-};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
 pub use profile::{

@@ -8,7 +8,7 @@
 //! x.realize();
 //! let program = || ((&x * 2.0).exp() + 1.0).sum_dim(1, false);
 //! let (y, fused) = kiln::profile(|| program().realize().clone());
-//! let (_, unfused) = kiln::with_fusion(false, || kiln::profile(|| program().realize().clone()));
+//! let (_, unfused) = kiln::with_execution(kiln::Execution::Unfused, || kiln::profile(|| program().realize().clone()));
 //! assert_eq!(fused.launches(), 1);       // one kernel: mul, exp, add and the row sum
 //! assert_eq!(unfused.launches(), 4);
 //! println!("{fused}");                   // the per-kernel table

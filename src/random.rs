@@ -74,3 +74,13 @@ pub(crate) fn next_key() -> u64 {
         mix64(seed ^ mix64(count + 1))
     })
 }
+
+/// Fisher–Yates over the counter-based generator, keyed by `(seed, epoch)`: the same order
+/// on every machine.
+pub(crate) fn shuffle(order: &mut [usize], seed: u64, epoch: u64) {
+    let key = mix64(seed ^ mix64(epoch));
+    for i in (1..order.len()).rev() {
+        let j = kiln_ir::random::int(key, i as u64, 0, i as i64 + 1) as usize;
+        order.swap(i, j);
+    }
+}

@@ -141,8 +141,9 @@ fn a_scatter_onto_a_constant_reads_the_constant_afresh() {
             kiln::debug::kernels(|| scatter_onto(3.0, dtype, &index, &src).to_vec::<f64>());
         let ops: Vec<&str> = kernels.iter().map(|k| k.ops.as_str()).collect();
         assert!(ops.iter().all(|o| !o.trim().is_empty()), "{dtype:?}: {ops:?}");
-        let want =
-            kiln::with_fusion(false, || scatter_onto(3.0, dtype, &index, &src).to_vec::<f64>());
+        let want = kiln::with_execution(kiln::Execution::Unfused, || {
+            scatter_onto(3.0, dtype, &index, &src).to_vec::<f64>()
+        });
         assert_eq!(got, want, "{dtype:?}");
         assert_eq!(got, [4.0, 3.0, 8.0, 3.0, 7.0, 3.0], "{dtype:?}");
     }
@@ -265,7 +266,7 @@ fn compiled_calls_honor_the_execution_mode_and_the_oracle() {
     let want = (x.matmul(&w).tanh() + 1.0).sum_dim(1, false).to_vec::<f32>();
     let mut f = kiln::compile(|x: &Tensor| (x.matmul(&w).tanh() + 1.0).sum_dim(1, false));
     // One kernel per op, the reference executor, and every kernel checked against it.
-    let unfused = kiln::with_fusion(false, || f.call(&x)).to_vec::<f32>();
+    let unfused = kiln::with_execution(kiln::Execution::Unfused, || f.call(&x)).to_vec::<f32>();
     let reference = kiln::with_execution(kiln::Execution::Reference, || f.call(&x)).to_vec::<f32>();
     let checked = kiln::with_check(|| f.call(&x)).to_vec::<f32>();
     let fused = f.call(&x).to_vec::<f32>();

@@ -364,7 +364,7 @@ fn kernel_counts() {
     let z = (&x * &col + 1.0).relu() - &x / 2.0;
     assert_eq!(plan_summary(&[&z]).kernels, 1);
     // Unfused, every op is its own kernel.
-    let unfused = kiln::with_fusion(false, || plan_summary(&[&z]));
+    let unfused = kiln::with_execution(kiln::Execution::Unfused, || plan_summary(&[&z]));
     assert_eq!(unfused.kernels, 5);
     // A softmax: three passes over the rows. The max, a tiny kernel that makes the shift
     // safe for infinite maxima, the sum of exp(x - max) that also writes exp(x - max) (it is

@@ -44,7 +44,9 @@ fn profile_counts_kernels_bytes_and_compiles() {
     // Peak memory counts x, the row sums and y at least.
     assert!(fused.peak_memory().peak_bytes >= ((2 * n + 64) * f32b) as u64);
 
-    let (_, unfused) = kiln::with_fusion(false, || kiln::profile(|| program(&x).realize().clone()));
+    let (_, unfused) = kiln::with_execution(kiln::Execution::Unfused, || {
+        kiln::profile(|| program(&x).realize().clone())
+    });
     assert_eq!(unfused.launches(), 6, "{unfused}");
     let table = Profile::compare(&fused, &unfused).to_string();
     assert!(table.contains("launches") && table.contains("speed-up"), "{table}");
@@ -116,7 +118,7 @@ fn kernels_returns_each_generated_kernel_once() {
     let dot = kiln::debug::fused_dot(&[&y]);
     assert_eq!(dot.matches("subgraph cluster_").count(), 2, "{dot}");
     assert!(dot.contains(&ks[0].name), "{dot}");
-    let unfused = kiln::with_fusion(false, || kiln::debug::fused_dot(&[&y]));
+    let unfused = kiln::with_execution(kiln::Execution::Unfused, || kiln::debug::fused_dot(&[&y]));
     assert_eq!(unfused.matches("subgraph cluster_").count(), 6, "{unfused}");
 }
 

@@ -572,16 +572,19 @@ fn log_softmax_is_precise_on(device: Device) {
     for magnitude in [1.0, 10.0, 100.0, 1e3, 1e4] {
         let (data, shape) = logit_rows(&mut rng, magnitude);
         let want = log_softmax_reference(&data, shape[1]);
-        for (mode, fused) in [("fused", true), ("unfused", false)] {
-            let context = format!("magnitude {magnitude}, {mode}");
+        for (name, mode) in
+            [("fused", kiln::Execution::Fused), ("unfused", kiln::Execution::Unfused)]
+        {
+            let context = format!("magnitude {magnitude}, {name}");
             let x = tensor(&data, &shape, DType::F32).to(device).requires_grad_(true);
-            let logp =
-                kiln::with_fusion(fused, || kiln::with_check(|| x.log_softmax(-1).to_vec::<f64>()));
+            let logp = kiln::with_execution(mode, || {
+                kiln::with_check(|| x.log_softmax(-1).to_vec::<f64>())
+            });
             assert_within_result_ulps(&logp, &want, &context);
             // The gradient of sum(w * log_softmax(x)) is w - softmax(x) * sum(w).
             let w: Vec<f64> = (0..data.len()).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let wt = tensor(&w, &shape, DType::F32).to(device);
-            let grad = kiln::with_fusion(fused, || {
+            let grad = kiln::with_execution(mode, || {
                 (x.log_softmax(-1) * &wt).sum().backward();
                 x.grad().expect("a gradient").to_vec::<f64>()
             });

@@ -159,8 +159,8 @@ fn layer_norm_and_its_gradients_in_row_groups_match_one_kernel_per_op() {
     let b_data = values(&mut rng, shape[2], DType::F64);
     let g_data = values(&mut rng, n, DType::F64);
     for layout in LAYOUTS {
-        let run = |fused: bool| {
-            kiln::with_fusion(fused, || {
+        let run = |mode: kiln::Execution| {
+            kiln::with_execution(mode, || {
                 let x = make(&data, &shape, DType::F64, layout).requires_grad_(true);
                 let w = tensor(&w_data, &shape[2..], DType::F64).requires_grad_(true);
                 let b = tensor(&b_data, &shape[2..], DType::F64).requires_grad_(true);
@@ -171,8 +171,8 @@ fn layer_norm_and_its_gradients_in_row_groups_match_one_kernel_per_op() {
                 (y.to_vec::<f64>(), grads, grouped(&profile))
             })
         };
-        let (y, grads, groups) = run(true);
-        let (want_y, want_grads, none) = run(false);
+        let (y, grads, groups) = run(kiln::Execution::Fused);
+        let (want_y, want_grads, none) = run(kiln::Execution::Unfused);
         assert!(groups >= 2, "{layout:?}: the backward ran no row group");
         assert_eq!(none, 0, "one kernel per op never groups");
         assert_close_tol(&y, &want_y, 1e-10, &format!("{layout:?} forward"));
@@ -203,8 +203,8 @@ fn cross_entropy_and_its_gradient_in_row_groups_match_one_kernel_per_op() {
     let n: usize = SHAPE.iter().product();
     let data = values(&mut rng, n, DType::F32);
     let targets: Vec<i64> = (0..SHAPE[0]).map(|_| rng.int(0, SHAPE[1] as i64)).collect();
-    let run = |fused: bool| {
-        kiln::with_fusion(fused, || {
+    let run = |mode: kiln::Execution| {
+        kiln::with_execution(mode, || {
             let x = tensor(&data, &SHAPE, DType::F32).requires_grad_(true);
             let t = Tensor::from_vec(targets.clone(), [SHAPE[0]]);
             let loss = F::cross_entropy(&x, &t);
@@ -212,7 +212,8 @@ fn cross_entropy_and_its_gradient_in_row_groups_match_one_kernel_per_op() {
             (loss.item::<f32>(), x.grad().expect("a gradient").to_vec::<f32>())
         })
     };
-    let ((loss, grad), (want_loss, want_grad)) = (run(true), run(false));
+    let ((loss, grad), (want_loss, want_grad)) =
+        (run(kiln::Execution::Fused), run(kiln::Execution::Unfused));
     assert!((loss - want_loss).abs() <= 1e-5 * want_loss.abs(), "{loss} vs {want_loss}");
     let (grad, want_grad): (Vec<f64>, Vec<f64>) = (
         grad.iter().map(|&v| f64::from(v)).collect(),

@@ -5,11 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::meta;
+use crate::tensor::history::{GradHook, meta};
 use crate::{Result, Tensor};
-
-/// A post-accumulate-grad hook.
-pub(crate) type GradHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 static NEXT_HOOK: AtomicU64 = AtomicU64::new(0);
 

@@ -63,7 +63,7 @@ impl DistributedSampler {
     pub fn indices(&self, len: usize, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..len).collect();
         if let Some(seed) = self.seed {
-            crate::data::shuffle(&mut order, seed, epoch);
+            crate::random::shuffle(&mut order, seed, epoch);
         }
         let total = self.len(len) * self.world;
         if order.is_empty() {

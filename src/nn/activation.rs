@@ -18,7 +18,7 @@ macro_rules! activation {
         impl Module for $name {
             #[track_caller]
             fn try_forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let _at = crate::origin::enter();
+                let _at = crate::engine::origin::enter();
                 $body
             }
         }
@@ -86,7 +86,7 @@ macro_rules! parameterized_activation {
         impl Module for $name {
             #[track_caller]
             fn try_forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let _at = crate::origin::enter();
+                let _at = crate::engine::origin::enter();
                 let $s = self;
                 Ok($body)
             }
@@ -113,7 +113,7 @@ impl Parameters for GELU {
 impl Module for GELU {
     #[track_caller]
     fn try_forward(&self, x: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         Ok(x.gelu())
     }
 }

@@ -97,10 +97,9 @@ pub fn try_scaled_dot_product_attention_with(
     options: AttentionOptions<'_>,
 ) -> Result<Tensor> {
     const OP: &str = "scaled_dot_product_attention";
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in its 16-bit type (`crate::autocast`).
-    let (q, k, v) =
-        (&crate::autocast::lower(q), &crate::autocast::lower(k), &crate::autocast::lower(v));
+    let (q, k, v) = (&q.autocast_lowered(), &k.autocast_lowered(), &v.autocast_lowered());
     let shapes = || format!("q {}, k {}, v {}", q.shape(), k.shape(), v.shape());
     if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
         return Err(Error::shape(OP, format!("needs [.., L, E] operands, got {}", shapes())));
@@ -309,7 +308,7 @@ impl MultiheadAttention {
         is_causal: bool,
     ) -> Result<Tensor> {
         const OP: &str = "MultiheadAttention";
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let unbatched = query.ndim() == 2;
         let batch = |t: &Tensor| if unbatched { t.try_unsqueeze(0) } else { Ok(t.clone()) };
         let (q, k, v) = (batch(query)?, batch(key)?, batch(value)?);

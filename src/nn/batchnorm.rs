@@ -63,7 +63,7 @@ pub fn batch_norm(
     bias: Option<&Tensor>,
     options: BatchNormOptions,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_batch_norm(input, running_mean, running_var, weight, bias, options))
 }
 
@@ -83,9 +83,9 @@ pub fn try_batch_norm(
     bias: Option<&Tensor>,
     options: BatchNormOptions,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     normalize(input, running_mean, running_var, weight, bias, options, None)
 }
 
@@ -229,7 +229,7 @@ fn update_running(
         };
         let new = running.try_add(&step)?;
         running.try_copy_(&new)?;
-        crate::realize::ride_along(running);
+        crate::engine::realize::ride_along(running.storage());
         Ok(())
     })
 }
@@ -409,7 +409,7 @@ impl<const D: usize> Parameters for BatchNorm<D> {
 impl<const D: usize> Module for BatchNorm<D> {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let ok_rank = if D == 1 { matches!(input.ndim(), 2 | 3) } else { input.ndim() == D + 2 };
         if !ok_rank {
             let want = if D == 1 { "[N, C] or [N, C, L]" } else { "[N, C, H, W]" };
@@ -431,7 +431,7 @@ impl<const D: usize> Module for BatchNorm<D> {
         }
         if self.training {
             crate::no_grad(|| self.num_batches_tracked.try_add_(1))?;
-            crate::realize::ride_along(&self.num_batches_tracked);
+            crate::engine::realize::ride_along(self.num_batches_tracked.storage());
         }
         let cumulative = self.momentum.is_none() && self.training;
         normalize(

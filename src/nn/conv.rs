@@ -238,7 +238,7 @@ pub fn conv2d(
     bias: Option<&Tensor>,
     options: Conv2dOptions,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_conv2d(input, weight, bias, options))
 }
 
@@ -255,7 +255,7 @@ pub fn try_conv2d(
     bias: Option<&Tensor>,
     options: Conv2dOptions,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     let op = "conv2d";
     check_image(op, input)?;
     let Conv2dOptions { stride, dilation, groups, .. } = options;
@@ -412,7 +412,7 @@ crate::parameters!(Conv2d { weight, bias });
 impl Module for Conv2d {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         try_conv2d(input, &self.weight, self.bias.as_ref(), self.options)
     }
 }
@@ -482,7 +482,7 @@ pub fn conv1d(
     bias: Option<&Tensor>,
     options: Conv1dOptions,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_conv1d(input, weight, bias, options))
 }
 
@@ -497,7 +497,7 @@ pub fn try_conv1d(
     bias: Option<&Tensor>,
     options: Conv1dOptions,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     if input.ndim() != 3 {
         return Err(Error::shape(
             "conv1d",
@@ -577,7 +577,7 @@ crate::parameters!(Conv1d { weight, bias });
 impl Module for Conv1d {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         try_conv1d(input, &self.weight, self.bias.as_ref(), self.options)
     }
 }

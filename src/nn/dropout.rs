@@ -60,7 +60,7 @@ impl Parameters for Dropout {
 impl Module for Dropout {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         functional::try_dropout(input, self.p, self.training)
     }
 }

@@ -51,7 +51,7 @@ crate::parameters!(Embedding { weight });
 impl Module for Embedding {
     #[track_caller]
     fn try_forward(&self, indices: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         lookup("Embedding", indices, &self.weight)
     }
 }
@@ -86,7 +86,7 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
 #[track_caller]
 pub fn try_embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
     // An index out of range surfaces when the rows are computed: name the caller's line.
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     lookup("embedding", indices, weight)
 }
 

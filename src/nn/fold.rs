@@ -44,7 +44,7 @@ impl FoldOptions {
 /// ```
 #[track_caller]
 pub fn unfold(input: &Tensor, options: FoldOptions) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_unfold(input, options))
 }
 
@@ -55,7 +55,7 @@ pub fn unfold(input: &Tensor, options: FoldOptions) -> Tensor {
 /// for non-float input.
 #[track_caller]
 pub fn try_unfold(input: &Tensor, options: FoldOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "unfold";
     check_image(OP, input)?;
     let [ph, pw] = options.padding;
@@ -91,7 +91,7 @@ pub fn try_unfold(input: &Tensor, options: FoldOptions) -> Result<Tensor> {
 /// ```
 #[track_caller]
 pub fn fold(input: &Tensor, output_size: [usize; 2], options: FoldOptions) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_fold(input, output_size, options))
 }
 
@@ -102,7 +102,7 @@ pub fn fold(input: &Tensor, output_size: [usize; 2], options: FoldOptions) -> Te
 /// that fit `output_size`; [`Error::DType`] for non-float input.
 #[track_caller]
 pub fn try_fold(input: &Tensor, output_size: [usize; 2], options: FoldOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "fold";
     let FoldOptions { kernel_size: [kh, kw], dilation, padding: [ph, pw], stride } = options;
     if input.ndim() != 3 {
@@ -230,7 +230,7 @@ pub fn conv_transpose2d(
     bias: Option<&Tensor>,
     options: ConvTranspose2dOptions,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_conv_transpose2d(input, weight, bias, options))
 }
 
@@ -248,7 +248,7 @@ pub fn try_conv_transpose2d(
     bias: Option<&Tensor>,
     options: ConvTranspose2dOptions,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "conv_transpose2d";
     check_image(OP, input)?;
     let ConvTranspose2dOptions { stride, padding, output_padding, groups, dilation } = options;
@@ -385,7 +385,7 @@ crate::parameters!(ConvTranspose2d { weight, bias });
 impl Module for ConvTranspose2d {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         try_conv_transpose2d(input, &self.weight, self.bias.as_ref(), self.options)
     }
 }

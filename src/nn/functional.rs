@@ -77,7 +77,7 @@ pub struct CrossEntropyOptions {
 #[track_caller]
 #[must_use]
 pub fn softmax(input: &Tensor, dim: i64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.softmax(dim)
 }
 
@@ -85,7 +85,7 @@ pub fn softmax(input: &Tensor, dim: i64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn log_softmax(input: &Tensor, dim: i64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.log_softmax(dim)
 }
 
@@ -98,7 +98,7 @@ pub fn log_softmax(input: &Tensor, dim: i64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn cross_entropy(input: &Tensor, target: &Tensor) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_cross_entropy_with(input, target, CrossEntropyOptions::default()))
 }
 
@@ -121,7 +121,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn cross_entropy_with(input: &Tensor, target: &Tensor, options: CrossEntropyOptions) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_cross_entropy_with(input, target, options))
 }
 
@@ -138,9 +138,9 @@ pub fn try_cross_entropy_with(
     target: &Tensor,
     options: CrossEntropyOptions,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     const OP: &str = "cross_entropy";
     let eps = options.label_smoothing;
     if !(0.0..=1.0).contains(&eps) {
@@ -168,7 +168,7 @@ pub fn try_cross_entropy_with(
 #[track_caller]
 #[must_use]
 pub fn nll_loss(input: &Tensor, target: &Tensor) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_nll_loss_with(input, target, Reduction::Mean, None))
 }
 
@@ -184,7 +184,7 @@ pub fn nll_loss_with(
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_nll_loss_with(input, target, reduction, ignore_index))
 }
 
@@ -199,9 +199,9 @@ pub fn try_nll_loss_with(
     reduction: Reduction,
     ignore_index: Option<i64>,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     const OP: &str = "nll_loss";
     let class_dim = check_class_target(OP, input, target)?;
     let options = CrossEntropyOptions { reduction, label_smoothing: 0.0, ignore_index };
@@ -302,7 +302,7 @@ fn nll_from_log_probs(
 #[track_caller]
 #[must_use]
 pub fn mse_loss(input: &Tensor, target: &Tensor) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_mse_loss_with(input, target, Reduction::Mean))
 }
 
@@ -313,7 +313,7 @@ pub fn mse_loss(input: &Tensor, target: &Tensor) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_mse_loss_with(input, target, reduction))
 }
 
@@ -324,10 +324,10 @@ pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> T
 /// almost always a bug, so kiln asks for an explicit `expand`).
 #[track_caller]
 pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
-    let target = &crate::autocast::widen(target);
+    let input = &input.autocast_widened();
+    let target = &target.autocast_widened();
     same_shape("mse_loss", input, target)?;
     reduction.apply(&input.try_sub(target)?.square())
 }
@@ -349,7 +349,7 @@ pub fn try_mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) 
 #[track_caller]
 #[must_use]
 pub fn binary_cross_entropy_with_logits(logits: &Tensor, target: &Tensor) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_binary_cross_entropy_with_logits(logits, target, Reduction::Mean))
 }
 
@@ -363,7 +363,7 @@ pub fn try_binary_cross_entropy_with_logits(
     target: &Tensor,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "binary_cross_entropy_with_logits";
     same_shape(OP, logits, target)?;
     if !logits.dtype().is_float() {
@@ -399,7 +399,7 @@ fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
 #[track_caller]
 #[must_use]
 pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_dropout(input, p, training))
 }
 
@@ -409,7 +409,7 @@ pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
 /// [`Error::Value`] when `p` is not in `[0, 1]`; [`Error::DType`] for a non-float input.
 #[track_caller]
 pub fn try_dropout(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     if !(0.0..=1.0).contains(&p) {
         return Err(Error::value("dropout", format!("p must be in [0, 1], got {p}")));
     }
@@ -441,7 +441,7 @@ fn uniform_on(shape: kiln_ir::Shape, device: crate::Device) -> Result<Tensor> {
 #[track_caller]
 #[must_use]
 pub fn silu(input: &Tensor) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.silu()
 }
 
@@ -450,7 +450,7 @@ pub fn silu(input: &Tensor) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn gelu(input: &Tensor, tanh_approximation: bool) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     if tanh_approximation { input.gelu_tanh() } else { input.gelu() }
 }
 
@@ -458,7 +458,7 @@ pub fn gelu(input: &Tensor, tanh_approximation: bool) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn softplus(input: &Tensor, beta: f64, threshold: f64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.softplus(beta, threshold)
 }
 
@@ -466,7 +466,7 @@ pub fn softplus(input: &Tensor, beta: f64, threshold: f64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn leaky_relu(input: &Tensor, negative_slope: f64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.leaky_relu(negative_slope)
 }
 
@@ -474,7 +474,7 @@ pub fn leaky_relu(input: &Tensor, negative_slope: f64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn elu(input: &Tensor, alpha: f64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     input.elu(alpha)
 }
 
@@ -495,7 +495,7 @@ pub fn elu(input: &Tensor, alpha: f64) -> Tensor {
 #[track_caller]
 #[must_use]
 pub fn dropout2d(input: &Tensor, p: f64, training: bool) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_dropout2d(input, p, training))
 }
 
@@ -506,7 +506,7 @@ pub fn dropout2d(input: &Tensor, p: f64, training: bool) -> Tensor {
 /// 3- or 4-dimensional; [`Error::DType`] for a non-float input.
 #[track_caller]
 pub fn try_dropout2d(input: &Tensor, p: f64, training: bool) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     if !matches!(input.ndim(), 3 | 4) {
         return Err(Error::shape(
             "dropout2d",
@@ -549,7 +549,7 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_layer_norm(input, normalized_shape, weight, bias, eps))
 }
 
@@ -566,9 +566,9 @@ pub fn try_layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     const OP: &str = "layer_norm";
     let dims = super::norm::normalized_dims(
         OP,

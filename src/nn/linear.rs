@@ -157,7 +157,7 @@ crate::parameters!(Linear { weight, bias });
 impl Module for Linear {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         check_features("Linear", input, self.in_features())?;
         // The transposed weight is a view: the matmul reads it through strides.
         let y = input.try_matmul(&self.weight.try_t()?)?;

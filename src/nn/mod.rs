@@ -356,7 +356,7 @@ impl<T: Parameters + ?Sized> Parameters for Box<T> {
 impl<T: Module + ?Sized> Module for Box<T> {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         (**self).try_forward(input)
     }
 }

@@ -84,7 +84,7 @@ crate::parameters!(LayerNorm { weight, bias });
 impl Module for LayerNorm {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         functional::try_layer_norm(
             input,
             &self.normalized_shape,
@@ -119,7 +119,7 @@ pub fn group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_group_norm(input, num_groups, weight, bias, eps))
 }
 
@@ -137,9 +137,9 @@ pub fn try_group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     const OP: &str = "group_norm";
     if input.ndim() < 2 {
         return Err(Error::shape(
@@ -262,7 +262,7 @@ crate::parameters!(GroupNorm { weight, bias });
 impl Module for GroupNorm {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         if input.ndim() < 2 || input.dims()[1] != self.num_channels {
             return Err(Error::shape(
                 "GroupNorm",
@@ -299,7 +299,7 @@ pub fn rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_rms_norm(input, normalized_shape, weight, eps))
 }
 
@@ -316,9 +316,9 @@ pub fn try_rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     // Under autocast, in f32 (`crate::autocast`).
-    let input = &crate::autocast::widen(input);
+    let input = &input.autocast_widened();
     const OP: &str = "rms_norm";
     let dims = normalized_dims(OP, input, normalized_shape, &[("weight", weight)])?;
     let eps = match eps {
@@ -448,7 +448,7 @@ crate::parameters!(RmsNorm { weight });
 impl Module for RmsNorm {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         try_rms_norm(input, &self.normalized_shape, self.weight.as_ref(), self.eps)
     }
 }

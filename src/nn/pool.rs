@@ -166,7 +166,7 @@ fn pooled_windows(
 /// ```
 #[track_caller]
 pub fn max_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_max_pool2d(input, options))
 }
 
@@ -177,7 +177,7 @@ pub fn max_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
 /// kernel (as PyTorch refuses), or no window fits; [`Error::DType`] for non-float input.
 #[track_caller]
 pub fn try_max_pool2d(input: &Tensor, options: Pool2dOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     let (win, _) = pooled_windows("max_pool2d", input, &options, f64::NEG_INFINITY)?;
     win.try_amax([4i64, 5].as_slice(), false)
 }
@@ -199,7 +199,7 @@ pub fn try_max_pool2d(input: &Tensor, options: Pool2dOptions) -> Result<Tensor> 
 /// ```
 #[track_caller]
 pub fn max_pool2d_with_indices(input: &Tensor, options: Pool2dOptions) -> (Tensor, Tensor) {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_max_pool2d_with_indices(input, options))
 }
 
@@ -212,7 +212,7 @@ pub fn try_max_pool2d_with_indices(
     input: &Tensor,
     options: Pool2dOptions,
 ) -> Result<(Tensor, Tensor)> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     let (win, [sh, sw]) =
         pooled_windows("max_pool2d_with_indices", input, &options, f64::NEG_INFINITY)?;
     let d = win.dims().to_vec();
@@ -260,7 +260,7 @@ pub fn try_max_pool2d_with_indices(
 /// ```
 #[track_caller]
 pub fn avg_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_avg_pool2d(input, options))
 }
 
@@ -270,7 +270,7 @@ pub fn avg_pool2d(input: &Tensor, options: Pool2dOptions) -> Tensor {
 /// As [`try_max_pool2d`]; a dilation other than 1 is refused (PyTorch has none).
 #[track_caller]
 pub fn try_avg_pool2d(input: &Tensor, options: Pool2dOptions) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "avg_pool2d";
     if options.dilation != [1, 1] {
         return Err(Error::shape(OP, "average pooling has no dilation"));
@@ -342,7 +342,7 @@ fn check_adaptive(op: &'static str, input: &Tensor, output_size: [usize; 2]) -> 
 /// ```
 #[track_caller]
 pub fn adaptive_avg_pool2d(input: &Tensor, output_size: [usize; 2]) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_adaptive_avg_pool2d(input, output_size))
 }
 
@@ -353,7 +353,7 @@ pub fn adaptive_avg_pool2d(input: &Tensor, output_size: [usize; 2]) -> Tensor {
 /// for non-float input.
 #[track_caller]
 pub fn try_adaptive_avg_pool2d(input: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     check_adaptive("adaptive_avg_pool2d", input, output_size)?;
     let (h, w) = (input.dims()[2], input.dims()[3]);
     let [oh, ow] = output_size;
@@ -391,7 +391,7 @@ pub fn try_adaptive_avg_pool2d(input: &Tensor, output_size: [usize; 2]) -> Resul
 /// ```
 #[track_caller]
 pub fn adaptive_max_pool2d(input: &Tensor, output_size: [usize; 2]) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_adaptive_max_pool2d(input, output_size))
 }
 
@@ -401,7 +401,7 @@ pub fn adaptive_max_pool2d(input: &Tensor, output_size: [usize; 2]) -> Tensor {
 /// As [`try_adaptive_avg_pool2d`].
 #[track_caller]
 pub fn try_adaptive_max_pool2d(input: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     check_adaptive("adaptive_max_pool2d", input, output_size)?;
     let (h, w) = (input.dims()[2], input.dims()[3]);
     let [oh, ow] = output_size;
@@ -464,7 +464,7 @@ macro_rules! pool_modules {
         impl Module for $t {
             #[track_caller]
             fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-                let _at = crate::origin::enter();
+                let _at = crate::engine::origin::enter();
                 $f(input, self.0)
             }
         }

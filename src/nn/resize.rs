@@ -44,7 +44,7 @@ pub enum PadMode {
 /// ```
 #[track_caller]
 pub fn pad(input: &Tensor, padding: &[i64], mode: PadMode, value: f64) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_pad(input, padding, mode, value))
 }
 
@@ -56,7 +56,7 @@ pub fn pad(input: &Tensor, padding: &[i64], mode: PadMode, value: f64) -> Tensor
 /// `circular`: at most the size), or an amount is negative outside `Constant` mode.
 #[track_caller]
 pub fn try_pad(input: &Tensor, padding: &[i64], mode: PadMode, value: f64) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "pad";
     if !padding.len().is_multiple_of(2) || padding.len() / 2 > input.ndim() {
         return Err(Error::shape(
@@ -223,7 +223,7 @@ pub fn interpolate(
     mode: InterpolateMode,
     align_corners: bool,
 ) -> Tensor {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     ok(try_interpolate(input, size, mode, align_corners))
 }
 
@@ -240,7 +240,7 @@ pub fn try_interpolate(
     mode: InterpolateMode,
     align_corners: bool,
 ) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     const OP: &str = "interpolate";
     super::conv::check_image(OP, input)?;
     if align_corners && mode == InterpolateMode::Nearest {
@@ -350,7 +350,7 @@ impl Parameters for Flatten {
 impl Module for Upsample {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         try_interpolate(input, self.size, self.mode, self.align_corners)
     }
 }
@@ -358,7 +358,7 @@ impl Module for Upsample {
 impl Module for Flatten {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let n = input.dims().first().copied().unwrap_or(1) as i64;
         input.try_reshape(&[n, -1])
     }

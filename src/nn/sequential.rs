@@ -91,7 +91,7 @@ impl Parameters for Sequential {
 impl Module for Sequential {
     #[track_caller]
     fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let mut x = input.clone();
         for layer in &self.layers {
             x = layer.try_forward(&x)?;

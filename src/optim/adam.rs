@@ -118,13 +118,13 @@ macro_rules! adam_like {
         impl Optimizer for $name {
             #[track_caller]
             fn try_step(&mut self) -> Result<()> {
-                let _at = crate::origin::enter();
+                let _at = crate::engine::origin::enter();
                 self.inner.step(None)
             }
 
             #[track_caller]
             fn try_step_unless(&mut self, skip: &Tensor) -> Result<bool> {
-                let _at = crate::origin::enter();
+                let _at = crate::engine::origin::enter();
                 let saved = (self.inner.moments.clone(), self.inner.step);
                 self.inner.step(Some(skip))?;
                 if skip.try_item::<bool>()? {

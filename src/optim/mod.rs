@@ -141,7 +141,7 @@ pub trait Optimizer {
 /// ```
 #[track_caller]
 pub fn clip_grad_norm(parameters: &[Tensor], max_norm: f64) -> Result<Tensor> {
-    let _at = crate::origin::enter();
+    let _at = crate::engine::origin::enter();
     if max_norm.is_nan() || max_norm < 0.0 {
         return Err(Error::value(
             "clip_grad_norm",

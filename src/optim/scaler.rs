@@ -129,7 +129,7 @@ impl GradScaler {
     /// As [`Optimizer::try_step_unless`].
     #[track_caller]
     pub fn try_step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let inverse = 1.0 / self.scale;
         let skip = crate::no_grad(|| {
             let mut skip: Option<Tensor> = None;

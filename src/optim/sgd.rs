@@ -133,13 +133,13 @@ impl Sgd {
 impl Optimizer for Sgd {
     #[track_caller]
     fn try_step(&mut self) -> Result<()> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         self.update(None)
     }
 
     #[track_caller]
     fn try_step_unless(&mut self, skip: &Tensor) -> Result<bool> {
-        let _at = crate::origin::enter();
+        let _at = crate::engine::origin::enter();
         let saved = self.momentum_buffers.clone();
         self.update(Some(skip))?;
         if skip.try_item::<bool>()? {

@@ -30,7 +30,8 @@ impl fmt::Display for Tensor {
         // A large tensor is cut down to the elements shown before it is read, so printing a
         // GPU tensor copies those alone, and a lazy one computes little more.
         let summarize = self.numel() > THRESHOLD;
-        let shown = if summarize { crate::no_grad(|| summary(self)) } else { self.clone() };
+        let shown =
+            if summarize { super::grad_mode::no_grad(|| summary(self)) } else { self.clone() };
         let dims = self.dims();
         let body = match self.dtype().category() {
             Category::Float => shown

@@ -9,8 +9,8 @@
 use kiln_ir::{Op, Scalar};
 
 use super::{Operand, Tensor};
+use crate::engine::lazy::LazyNode;
 use crate::error::ok;
-use crate::lazy::LazyNode;
 use crate::{Error, Result};
 
 impl Tensor {
@@ -21,7 +21,7 @@ impl Tensor {
         op: &'static str,
         value: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let grad_on = crate::is_grad_enabled();
+        let grad_on = super::grad_mode::is_grad_enabled();
         if grad_on && self.is_leaf() && self.requires_grad() {
             return Err(Error::Autograd {
                 op,
@@ -100,13 +100,13 @@ impl Tensor {
                 base.shape.clone(),
                 base.dtype,
                 base.device,
-                crate::origin::caller(),
+                crate::engine::origin::caller(),
             )
         };
         self.storage().replace(node);
-        crate::session::note_write(self);
+        crate::engine::session::note_write(self.storage());
         if grad_on {
-            crate::autograd::adopt_history(self, &new);
+            super::history::adopt_history(self, &new);
         }
         Ok(self.clone())
     }
@@ -117,7 +117,7 @@ impl Tensor {
     #[track_caller]
     pub fn copy(&self) -> Tensor {
         let out = Tensor::from_node(self.node());
-        crate::autograd::record(
+        super::history::record(
             &out,
             || Op::View(kiln_ir::View::contiguous(self.shape().clone())),
             &[self],

@@ -38,7 +38,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         // Under autocast, in its 16-bit type (`crate::autocast`).
-        let (lhs, rhs) = (&crate::autocast::lower(self), &crate::autocast::lower(rhs));
+        let (lhs, rhs) = (&self.autocast_lowered(), &rhs.autocast_lowered());
         let (ra, rb) = (lhs.ndim(), rhs.ndim());
         if ra == 0 || rb == 0 {
             return Err(Error::shape(

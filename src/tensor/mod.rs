@@ -1,9 +1,12 @@
 //! The tensor handle and its attributes.
 
 mod arith;
+mod autocast;
 mod create;
 mod display;
 mod einsum;
+pub(crate) mod grad_mode;
+pub(crate) mod history;
 mod index;
 mod inplace;
 mod linalg;
@@ -15,8 +18,7 @@ mod select;
 mod sort;
 mod special;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use kiln_ir::{DType, Op, Shape, View};
 use kiln_runtime::{Buffer, Device};
@@ -27,9 +29,10 @@ pub use einsum::{einsum, try_einsum};
 pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
 
-use crate::autograd::AutogradMeta;
-use crate::lazy::{Inputs, LazyNode};
+use crate::engine::lazy::{Inputs, LazyNode};
+use crate::engine::storage::Storage;
 use crate::{Error, Result};
+use history::AutogradMeta;
 
 /// An n-dimensional array of one dtype on one device, recorded lazily.
 ///
@@ -61,75 +64,6 @@ pub(crate) struct TensorInner {
     pub(crate) autograd: Mutex<AutogradMeta>,
 }
 
-/// The data that views share: the node that produces it, dense and row-major.
-///
-/// In-place ops replace the node with a functional update of it (so every view sees the new
-/// values, lazily) and bump `version`, which autograd checks for the tensors it saved.
-pub(crate) struct Storage {
-    node: Mutex<Arc<LazyNode>>,
-    version: AtomicU64,
-    /// The in-place writes under autograd that gave a handle of this storage a new
-    /// history: how many, and where the last one was made.
-    /// (Read on every op recorded under autograd: an atomic; the line only when stale.)
-    history_writes: AtomicU64,
-    last_history_write: Mutex<Option<&'static std::panic::Location<'static>>>,
-    dtype: DType,
-    device: Device,
-}
-
-impl Storage {
-    fn new(node: Arc<LazyNode>) -> Arc<Storage> {
-        Arc::new(Storage {
-            dtype: node.dtype,
-            device: node.device,
-            node: Mutex::new(node),
-            version: AtomicU64::new(0),
-            history_writes: AtomicU64::new(0),
-            last_history_write: Mutex::new(None),
-        })
-    }
-
-    pub(crate) fn node(&self) -> Arc<LazyNode> {
-        self.node.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Installs the node of an in-place write and bumps the version.
-    pub(crate) fn replace(&self, node: Arc<LazyNode>) {
-        let old =
-            std::mem::replace(&mut *self.node.lock().unwrap_or_else(PoisonError::into_inner), node);
-        self.version.fetch_add(1, Ordering::SeqCst);
-        drop(old);
-    }
-
-    /// How many in-place writes gave a handle of this storage a new history.
-    pub(crate) fn history_writes(&self) -> u64 {
-        self.history_writes.load(Ordering::SeqCst)
-    }
-
-    /// Where the last history-changing write was made, if it came after `seen` of them.
-    pub(crate) fn history_write_after(
-        &self,
-        seen: u64,
-    ) -> Option<&'static std::panic::Location<'static>> {
-        if self.history_writes() <= seen {
-            return None;
-        }
-        *self.last_history_write.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts a history-changing write made at `origin`.
-    pub(crate) fn note_history_write(&self, origin: &'static std::panic::Location<'static>) {
-        let mut last = self.last_history_write.lock().unwrap_or_else(PoisonError::into_inner);
-        *last = Some(origin);
-        self.history_writes.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// How many in-place writes the storage has seen.
-    pub(crate) fn version(&self) -> u64 {
-        self.version.load(Ordering::SeqCst)
-    }
-}
-
 impl Tensor {
     /// A tensor owning the result of a new node, viewed densely.
     pub(crate) fn from_node(node: Arc<LazyNode>) -> Tensor {
@@ -144,7 +78,7 @@ impl Tensor {
     /// A tensor over an already computed buffer.
     #[track_caller]
     pub(crate) fn from_buffer(buffer: Buffer, shape: Shape) -> Tensor {
-        Tensor::from_node(LazyNode::realized(buffer, shape, crate::origin::caller()))
+        Tensor::from_node(LazyNode::realized(buffer, shape, crate::engine::origin::caller()))
     }
 
     /// Another view of the same storage, with no autograd history.
@@ -160,7 +94,7 @@ impl Tensor {
     /// same node in a storage of its own, with this tensor's autograd history.
     pub(crate) fn snapshot(&self) -> Tensor {
         let storage = Storage::new(self.0.storage.node());
-        let autograd = Mutex::new(crate::autograd::snapshot_meta(self));
+        let autograd = Mutex::new(history::snapshot_meta(self));
         Tensor(Arc::new(TensorInner { storage, view: self.0.view.clone(), autograd }))
     }
 
@@ -187,7 +121,7 @@ impl Tensor {
             self.0.view.shape().clone(),
             dtype,
             device,
-            crate::origin::caller(),
+            crate::engine::origin::caller(),
         )
     }
 
@@ -216,18 +150,18 @@ impl Tensor {
             op.infer(&typed)?
         };
         shape.check_size(op.name(), dtype)?;
-        let grad_op = crate::autograd::wants_grad(&op, dtype, inputs).then(|| op.clone());
+        let grad_op = history::wants_grad(&op, dtype, inputs).then(|| op.clone());
         let out = Tensor::from_node(LazyNode::pending(
             op,
             nodes,
             shape,
             dtype,
             device,
-            crate::origin::caller(),
+            crate::engine::origin::caller(),
         ));
         if let Some(op) = grad_op {
             if moved.is_empty() {
-                crate::autograd::attach(&out, op, inputs);
+                history::attach(&out, op, inputs);
             } else {
                 let mut moved = moved.iter();
                 let saved: Vec<&Tensor> =
@@ -241,7 +175,7 @@ impl Tensor {
                             }
                         })
                         .collect();
-                crate::autograd::attach(&out, op, &saved);
+                history::attach(&out, op, &saved);
             }
         }
         Ok(out)
@@ -269,7 +203,7 @@ impl Tensor {
             shape,
             dtype,
             device,
-            crate::origin::caller(),
+            crate::engine::origin::caller(),
         )))
     }
 
@@ -325,12 +259,12 @@ impl Tensor {
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        self.0.storage.dtype
+        self.0.storage.dtype()
     }
 
     /// The device holding the data.
     pub fn device(&self) -> Device {
-        self.0.storage.device
+        self.0.storage.device()
     }
 
     /// The step, in elements, between neighbours along each dimension of the storage, as

@@ -12,7 +12,7 @@ impl Tensor {
     #[track_caller]
     pub(crate) fn restrided(&self, f: impl Fn(&View) -> View) -> Tensor {
         let out = self.with_view(f(self.layout()));
-        crate::autograd::record(
+        super::history::record(
             &out,
             || Op::View(f(&View::contiguous(self.shape().clone()))),
             &[self],
@@ -47,7 +47,7 @@ impl Tensor {
             return self.clone();
         }
         let out = Tensor::from_node(self.node());
-        crate::autograd::record(&out, || Op::View(View::contiguous(self.shape().clone())), &[self]);
+        super::history::record(&out, || Op::View(View::contiguous(self.shape().clone())), &[self]);
         out
     }
 

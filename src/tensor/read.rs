@@ -81,13 +81,13 @@ impl Tensor {
         }
         // The node whose dense result is exactly this tensor's elements.
         let node = self.node();
-        crate::session::check_read(&node)?;
-        crate::realize::realize(std::slice::from_ref(&node))?;
+        crate::engine::session::check_read(&node)?;
+        crate::engine::realize::realize(std::slice::from_ref(&node))?;
         let buffer =
             node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))?;
         let moved = buffer.to_device(device).map_err(kiln_runtime::RunError::from)?;
         let out = Tensor::from_buffer(moved, self.shape().clone());
-        crate::autograd::record_copy(&out, self);
+        super::history::record_copy(&out, self);
         Ok(out)
     }
 
@@ -114,7 +114,7 @@ impl Tensor {
     /// [`Error::Runtime`] when the computation fails.
     pub fn try_realize_all(tensors: &[&Tensor]) -> Result<()> {
         let nodes: Vec<_> = tensors.iter().map(|t| t.storage().node()).collect();
-        crate::realize::realize(&nodes)
+        crate::engine::realize::realize(&nodes)
     }
 
     /// The storage's buffer in host memory (a copy of a GPU tensor's), computing it if needed.
@@ -129,8 +129,8 @@ impl Tensor {
         if let Some(b) = node.buffer() {
             return Ok(b);
         }
-        crate::session::check_read(&node)?;
-        crate::realize::realize(std::slice::from_ref(&node))?;
+        crate::engine::session::check_read(&node)?;
+        crate::engine::realize::realize(std::slice::from_ref(&node))?;
         node.buffer().ok_or_else(|| Error::Internal("a realized node has no buffer".into()))
     }
 

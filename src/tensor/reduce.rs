@@ -254,7 +254,7 @@ impl Tensor {
     ) -> Result<(Tensor, Tensor)> {
         let axis = normalize_axis(op, dim, self.ndim())?;
         let indices = self.reduce(index, vec![axis], true)?;
-        let values = if self.requires_grad() && crate::is_grad_enabled() {
+        let values = if self.requires_grad() && super::grad_mode::is_grad_enabled() {
             let mut positions_shape = vec![1; self.ndim()];
             positions_shape[axis] = self.dims()[axis];
             let positions = Tensor::arange(0i64, self.dims()[axis] as i64, 1)
@@ -524,7 +524,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_softmax(&self, dim: i64) -> Result<Tensor> {
         let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
-        let x = crate::autocast::widen(&x);
+        let x = x.autocast_widened();
         let axis = normalize_axis("softmax", dim, x.ndim())?;
         if x.numel() == 0 {
             return Ok(x);
@@ -572,7 +572,7 @@ impl Tensor {
     #[track_caller]
     pub fn try_log_softmax(&self, dim: i64) -> Result<Tensor> {
         let x = if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) };
-        let x = crate::autocast::widen(&x);
+        let x = x.autocast_widened();
         let axis = normalize_axis("log_softmax", dim, x.ndim())?;
         if x.numel() == 0 {
             return Ok(x);

@@ -90,9 +90,3 @@ pub fn with_execution<T>(mode: Execution, f: impl FnOnce() -> T) -> T {
     let _restore = Restore(MODE.with(|m| m.replace(mode)));
     f()
 }
-
-/// Runs `f` with fusion on or off: off runs one generated kernel per op, the unfused
-/// baseline that the profiler compares against.
-pub fn with_fusion<T>(fuse: bool, f: impl FnOnce() -> T) -> T {
-    with_execution(if fuse { Execution::Fused } else { Execution::Unfused }, f)
-}

@@ -6,9 +6,9 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::lazy::LazyNode;
-use crate::tensor::Storage;
-use crate::{Error, Result, Tensor};
+use super::lazy::LazyNode;
+use super::storage::Storage;
+use crate::{Error, Result};
 
 /// What one compiled call records: realizations asked for, storages written.
 pub(crate) struct Session {
@@ -51,12 +51,12 @@ pub(crate) fn check_read(node: &Arc<LazyNode>) -> Result<()> {
 
 /// Inside a compiled call, an in-place write makes the storage's new value a result of the
 /// call.
-pub(crate) fn note_write(t: &Tensor) {
+pub(crate) fn note_write(storage: &Arc<Storage>) {
     SESSION.with(|s| {
         if let Some(session) = &mut *s.borrow_mut()
-            && !session.written.iter().any(|w| Arc::ptr_eq(w, t.storage()))
+            && !session.written.iter().any(|w| Arc::ptr_eq(w, storage))
         {
-            session.written.push(t.storage().clone());
+            session.written.push(storage.clone());
         }
     });
 }
@@ -80,7 +80,7 @@ pub(crate) fn record<T>(f: impl FnOnce() -> T) -> Result<(T, Session)> {
         *s.borrow_mut() = Some(Session {
             deferred: Vec::new(),
             written: Vec::new(),
-            first_serial: crate::lazy::next_serial(),
+            first_serial: super::lazy::next_serial(),
         });
     });
     let end = End;

@@ -10,15 +10,15 @@ use kiln_ir::{Graph, NodeId};
 use kiln_runtime::exec::{self, Execution, GraphRun, Prepared};
 use kiln_runtime::{Buffer, Device};
 
-use crate::lazy::{LazyNode, State};
-use crate::tensor::Storage;
-use crate::{Result, Tensor};
+use super::lazy::{LazyNode, State};
+use super::storage::Storage;
+use crate::Result;
 
 /// Computes `targets`, and every captured node that something outside the captured graph
 /// still refers to (a user's tensor, a pending consumer), so nothing is computed twice.
 /// Everything else computed on the way is freed when this returns.
 pub(crate) fn realize(targets: &[Arc<LazyNode>]) -> Result<()> {
-    if crate::session::defer(targets) {
+    if super::session::defer(targets) {
         return Ok(());
     }
     let riders = take_riders(targets.first().map_or(Device::Cpu, |t| t.device));
@@ -35,16 +35,16 @@ thread_local! {
     static RIDERS: RefCell<Vec<Weak<Storage>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Makes `t`'s pending value part of the next realization on its device, as a write in
+/// Makes `storage`'s pending value part of the next realization on its device, as a write in
 /// eager PyTorch would have happened by then. Batch norm's running statistics use it: their
 /// update reads the batch statistics the forward pass computes anyway, so it rides along
 /// with that realization instead of growing a chain of pending updates step after step.
 /// Inside a compiled call the write is an output of the call already.
-pub(crate) fn ride_along(t: &Tensor) {
+pub(crate) fn ride_along(storage: &Arc<Storage>) {
     RIDERS.with(|r| {
         let mut r = r.borrow_mut();
-        if !r.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(t.storage()))) {
-            r.push(Arc::downgrade(t.storage()));
+        if !r.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(storage))) {
+            r.push(Arc::downgrade(storage));
         }
     });
 }
@@ -88,11 +88,11 @@ fn realize_now(targets: &[Arc<LazyNode>]) -> Result<()> {
     if captured.pending == 0 {
         return Ok(());
     }
-    match crate::execution::plan_options(Constants::Fold, device) {
-        Some(options) => crate::plans::realize(&captured, targets, options, device),
+    match super::execution::plan_options(Constants::Fold, device) {
+        Some(options) => super::plans::realize(&captured, targets, options, device),
         None => {
             let built = build_graph(&captured, targets)?;
-            let check = crate::execution::check_scale();
+            let check = super::execution::check_scale();
             let results =
                 exec::run(&built.graph, &built.buffers, Execution::Reference, check, device)?;
             write_back(&captured, &built.outputs, results);
@@ -109,7 +109,7 @@ pub(crate) fn run_captured(
     outputs: &[usize],
 ) -> Result<()> {
     let buffers: Vec<Buffer> = captured.buffers.iter().flatten().cloned().collect();
-    let results = prepared.run(&buffers, crate::execution::check_scale())?;
+    let results = prepared.run(&buffers, super::execution::check_scale())?;
     write_back(captured, outputs, results);
     Ok(())
 }
@@ -121,7 +121,7 @@ pub(crate) fn run_captured_graphed(
     captured: &Captured,
     outputs: &[usize],
 ) -> Result<GraphRun> {
-    if crate::execution::check_scale().is_some() {
+    if super::execution::check_scale().is_some() {
         run_captured(prepared, captured, outputs)?;
         return Ok(GraphRun::Stepwise("KILN_CHECK compares every kernel".into()));
     }

@@ -1,10 +1,10 @@
 //! What a cached plan was built from, and whether a new capture is the same program: shared
-//! by `compile()` and the eager plan cache (`crate::plans`).
+//! by `compile()` and the eager plan cache (`engine::plans`).
 
 use kiln_ir::{DType, NodeId, Op, Shape};
 use kiln_runtime::exec::Prepared;
 
-use crate::realize::Captured;
+use super::realize::Captured;
 
 /// One captured node as the plan expects it.
 #[derive(Clone, Debug)]

@@ -26,10 +26,10 @@ use kiln_runtime::Device;
 use kiln_runtime::exec::Prepared;
 use kiln_runtime::rows::RowGroupSizes;
 
+use super::lazy::LazyNode;
+use super::realize::{Captured, build_graph, output_slots, run_captured};
+use super::replay::Recorded;
 use crate::Result;
-use crate::lazy::LazyNode;
-use crate::realize::{Captured, build_graph, output_slots, run_captured};
-use crate::replay::Recorded;
 
 /// Programs kept per thread, most recently run first to go last.
 pub(crate) const CAPACITY: usize = 32;

@@ -18,8 +18,9 @@ thread_local! {
 
 /// Whether `location` is a line of kiln's own source (this crate's `src/`).
 fn in_kiln(location: &Location<'_>) -> bool {
+    // This file is `<crate>/src/engine/origin.rs`: the crate's `src/` is two levels up.
     let here = file!();
-    let root = &here[..here.len() - "origin.rs".len()];
+    let root = &here[..here.len() - "engine/origin.rs".len()];
     location.file().starts_with(root)
 }
 
