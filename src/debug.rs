@@ -56,7 +56,8 @@ pub fn graph_dot(tensors: &[&Tensor]) -> String {
 pub struct PlanSummary {
     /// Generated kernels.
     pub kernels: usize,
-    /// Ops that run on their own (reductions, matmul, gather, ...).
+    /// Other steps: ops that run on their own (matmul, gather, scatter, ...), reshapes that
+    /// reuse a buffer, in-place assignments.
     pub other_ops: usize,
     /// For each kernel: its name, the ops it fuses, and why its result is stored.
     pub kernel_notes: Vec<String>,
@@ -102,7 +103,11 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
                     .clif
                     .push(kiln_runtime::exec::clif(&k.kernel).unwrap_or_else(|e| format!("; {e}")));
             }
-            Step::Node(_) | Step::Library { .. } => summary.other_ops += 1,
+            Step::Node(_)
+            | Step::Library { .. }
+            | Step::Alias { .. }
+            | Step::AssignInPlace { .. }
+            | Step::ScatterOntoFill { .. } => summary.other_ops += 1,
         }
     }
     summary
@@ -214,7 +219,11 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
                 }
                 out.push_str("    }\n");
             }
-            Step::Node(n) | Step::Library { node: n, .. } => {
+            Step::Node(n)
+            | Step::Library { node: n, .. }
+            | Step::Alias { node: n, .. }
+            | Step::AssignInPlace { node: n, .. }
+            | Step::ScatterOntoFill { node: n, .. } => {
                 drawn.insert(*n);
                 let _ =
                     writeln!(out, "    n{} [label=\"{}\", style=filled];", n.index(), label(*n));
@@ -275,7 +284,7 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 ///         "precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first",
 ///         "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values",
 ///         "partition.kept_results", "partition.into_reductions",
-///         "partition.casts_into_producers", "lower"
+///         "partition.casts_into_producers", "lower", "reuse_buffers"
 ///     ]
 /// );
 /// assert!(stages[4].1.contains("mul"));   // before simplify: x * 1

@@ -143,12 +143,57 @@ fn planner_stage_snapshots() {
             "partition.kept_results",
             "partition.into_reductions",
             "partition.casts_into_producers",
-            "lower"
+            "lower",
+            "reuse_buffers"
         ]
     );
     for (name, text) in &stages {
         insta::assert_snapshot!(format!("stage_{name}"), text);
     }
+}
+
+/// The plan's buffer reuses, decided by the `reuse_buffers` stage (the executor only
+/// obeys): a scatter onto zeros that nothing else reads fills its own output (the zeros'
+/// kernel is no step), and an assignment whose base nothing after it reads writes into the
+/// base's buffer. (A reshape of a whole stored buffer is an `alias` step from `lower` on:
+/// `stage_lower.snap`.)
+#[test]
+fn buffer_reuse_stage_snapshot() {
+    let x = Tensor::from_vec((0..12).map(|i| i as f32).collect::<Vec<_>>(), [3, 4]);
+    let index = Tensor::from_vec(vec![2i64, 0, 1, 3, 3, 0], [3, 2]);
+    Tensor::try_realize_all(&[&x, &index]).unwrap();
+    let build = || {
+        let alias = x.exp().reshape(&[4, 3]);
+        let scattered = Tensor::zeros([3, 4]).scatter_add(1, &index, &x.narrow(1, 0, 2));
+        let assigned = Tensor::cat(&[&x.exp(), &x.sin()], 0);
+        (alias, scattered, assigned)
+    };
+    let (alias, scattered, assigned) = build();
+    let stages = kiln::debug::passes(&[&alias, &scattered, &assigned]);
+    let (_, lowered) = stages.iter().find(|(n, _)| n == "lower").unwrap();
+    let (_, reused) = stages.iter().find(|(n, _)| n == "reuse_buffers").unwrap();
+    assert!(reused.contains("scatter onto fill %"), "{reused}");
+    assert!(reused.contains("assign in place %"), "{reused}");
+    assert!(reused.matches("kernel ").count() < lowered.matches("kernel ").count());
+    insta::assert_snapshot!("buffer_reuse", reused);
+    // The values are the reference executor's, which runs every op as written.
+    let values = |(a, s, c): (Tensor, Tensor, Tensor)| {
+        Tensor::try_realize_all(&[&a, &s, &c]).unwrap();
+        (a.to_vec::<f32>(), s.to_vec::<f32>(), c.to_vec::<f32>())
+    };
+    let want = kiln::with_execution(kiln::Execution::Reference, || values(build()));
+    let mut want_scatter = vec![0.0f32; 12];
+    for (k, &i) in [2usize, 0, 1, 3, 3, 0].iter().enumerate() {
+        want_scatter[k / 2 * 4 + i] += (k / 2 * 4 + k % 2) as f32;
+    }
+    assert_eq!(want.1, want_scatter);
+    let got = values((alias, scattered, assigned));
+    assert_eq!(got.1, want_scatter);
+    // exp and sin are generated polynomials, a few ULP from the reference's.
+    let close = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6 * y.abs().max(1.0))
+    };
+    assert!(close(&got.0, &want.0) && close(&got.2, &want.2), "{got:?} against {want:?}");
 }
 
 /// The Cranelift IR of each CPU loop strategy: vectorized rows, strips over a transposed

@@ -101,6 +101,62 @@ pub enum Step {
         /// Each operand's buffer and the view of it the op reads.
         operands: Vec<(NodeId, View)>,
     },
+    /// A reshape of a whole stored buffer: the node's value is `of`'s buffer under its own
+    /// shape, with no work.
+    Alias {
+        /// The reshape's node.
+        node: NodeId,
+        /// The node whose buffer it is.
+        of: NodeId,
+    },
+    /// An `Assign` whose base no later step or output reads: the values are written into
+    /// the base's buffer, which becomes the result (where
+    /// [`crate::target::Target::writes_in_place`]; the executor copies instead when the
+    /// buffer is shared, as a graph input the caller holds is).
+    AssignInPlace {
+        /// The assignment's node.
+        node: NodeId,
+        /// The base it writes into.
+        base: NodeId,
+        /// The values' buffer and the view of it the assignment reads.
+        values: (NodeId, View),
+    },
+    /// A scatter whose base is one value everywhere, read by nothing else: the scatter fills
+    /// its own output with the value of the `Full` node `fill` (read when it runs, so a
+    /// rebound constant is seen) and scatters into it; the kernel that would have filled the
+    /// base is not a step (where [`crate::target::Target::writes_in_place`]).
+    ScatterOntoFill {
+        /// The scatter's node.
+        node: NodeId,
+        /// The `Full` node holding the base's value.
+        fill: NodeId,
+    },
+}
+
+impl Step {
+    /// The nodes whose buffers the step reads, once per read.
+    pub fn reads(&self, graph: &Graph) -> Vec<NodeId> {
+        match self {
+            Step::Kernel(k) => k.inputs.clone(),
+            Step::Node(n) => graph.arg_slice(*n).to_vec(),
+            Step::Library { operands, .. } => operands.iter().map(|(n, _)| *n).collect(),
+            Step::Alias { of, .. } => vec![*of],
+            Step::AssignInPlace { base, values, .. } => vec![*base, values.0],
+            Step::ScatterOntoFill { node, .. } => graph.arg_slice(*node)[1..].to_vec(),
+        }
+    }
+
+    /// The nodes whose values the step writes.
+    pub fn writes(&self) -> Vec<NodeId> {
+        match self {
+            Step::Kernel(k) => k.outputs.clone(),
+            Step::Node(n)
+            | Step::Library { node: n, .. }
+            | Step::Alias { node: n, .. }
+            | Step::AssignInPlace { node: n, .. }
+            | Step::ScatterOntoFill { node: n, .. } => vec![*n],
+        }
+    }
 }
 
 /// Which values of a graph are stored (kernel boundaries), and why: the partition stage's
@@ -298,8 +354,7 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             && !written_by.contains_key(&n)
             && shares_buffer(graph, n, stored)
         {
-            // The executor hands the argument's buffer on under the new shape.
-            steps.push(Step::Node(n));
+            steps.push(Step::Alias { node: n, of: graph.arg_slice(n)[0] });
         } else if let Some(&cut) = stored.get(&n) {
             steps.push(kernel(match written_by.get(&n) {
                 Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
@@ -559,8 +614,11 @@ impl Builder<'_> {
     }
 }
 
+mod buffers;
 mod refine;
 mod schedule;
+
+pub use buffers::reuse_buffers;
 
 use refine::Refining;
 pub use refine::{REFINEMENTS, Refinement};

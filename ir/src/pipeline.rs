@@ -23,7 +23,7 @@
 //! use kiln_ir::pipeline::{Constants, Fusion, PlanOptions, Planner};
 //! use kiln_ir::target::{OpCosts, Target};
 //! use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};
-//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], library_reads_views: true, reductions_store_inputs: true, fused_logsumexp: true };
+//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], library_reads_views: true, reductions_store_inputs: true, fused_logsumexp: true, writes_in_place: true };
 //! let mut g = Graph::new();
 //! let x = g.input(Shape::from([8]), DType::F32);
 //! let e = g.push(Op::Unary(UnaryOp::Exp), &[x])?;
@@ -33,7 +33,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values", "partition.kept_results", "partition.into_reductions", "partition.casts_into_producers", "lower"]);
+//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values", "partition.kept_results", "partition.into_reductions", "partition.casts_into_producers", "lower", "reuse_buffers"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
@@ -237,6 +237,27 @@ impl std::fmt::Display for Stage<'_> {
                                 .collect();
                             writeln!(f, "{op} %{} = {}", names[node], operands.join(between))?;
                         }
+                        Step::Alias { node, of } => {
+                            writeln!(
+                                f,
+                                "alias %{} = %{} as {}",
+                                names[node],
+                                names[of],
+                                g.node(*node).shape
+                            )?;
+                        }
+                        Step::AssignInPlace { node, base, values: (v, view) } => writeln!(
+                            f,
+                            "assign in place %{} = %{} <- %{} {view:?}",
+                            names[node], names[base], names[v]
+                        )?,
+                        Step::ScatterOntoFill { node, fill } => writeln!(
+                            f,
+                            "scatter onto fill %{} = {} onto %{}",
+                            names[node],
+                            g.node(*node).op,
+                            names[fill]
+                        )?,
                     }
                 }
                 Ok(())
@@ -270,12 +291,14 @@ impl Planner {
         observe: &mut dyn FnMut(&str, Stage<'_>),
     ) -> Plan {
         let Rewrite { graph: optimized, map } = self.pipeline.run(graph, &options, observe);
-        let outputs = graph.outputs().iter().map(|o| map[o]).collect();
+        let outputs: Vec<NodeId> = graph.outputs().iter().map(|o| map[o]).collect();
         let partition = fuse::partition_observed(&optimized, &options, &mut |name, p| {
             observe(name, Stage::Partition(&optimized, p));
         });
         let steps = fuse::lower(&optimized, &partition, &options);
         observe("lower", Stage::Steps(&optimized, &steps));
+        let steps = fuse::reuse_buffers(&optimized, steps, &outputs, &options);
+        observe("reuse_buffers", Stage::Steps(&optimized, &steps));
         Plan { graph: optimized, map, outputs, steps, options }
     }
 }

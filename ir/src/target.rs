@@ -30,6 +30,12 @@ pub struct Target {
     /// not, the planner writes it as max, exp, sum and log
     /// ([`crate::passes::ExpandLogSumExp`]).
     pub fused_logsumexp: bool,
+    /// Whether the executor may overwrite a stored buffer that no later step reads: an
+    /// `Assign` then writes into its base's buffer, and a scatter onto a constant fills its
+    /// own output instead of reading a filled one ([`crate::fuse::Step::AssignInPlace`],
+    /// [`crate::fuse::Step::ScatterOntoFill`]). A GPU plan's buffers may belong to a CUDA
+    /// graph's captured launches, so there it is off.
+    pub writes_in_place: bool,
 }
 
 /// Relative per-element costs of elementwise ops. The fuser recomputes a shared value in
@@ -87,5 +93,6 @@ pub(crate) mod testing {
         library_reads_views: true,
         reductions_store_inputs: true,
         fused_logsumexp: true,
+        writes_in_place: true,
     };
 }

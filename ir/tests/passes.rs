@@ -18,6 +18,7 @@ const CPU: Target = Target {
     library_reads_views: true,
     reductions_store_inputs: true,
     fused_logsumexp: true,
+    writes_in_place: true,
 };
 
 const CUDA: Target = Target {
@@ -27,6 +28,7 @@ const CUDA: Target = Target {
     library_reads_views: false,
     reductions_store_inputs: false,
     fused_logsumexp: false,
+    writes_in_place: false,
 };
 
 /// The text's lines without comments and blank lines, each trimmed.

@@ -326,6 +326,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     library_reads_views: true,
     reductions_store_inputs: true,
     fused_logsumexp: true,
+    writes_in_place: true,
 };
 
 /// The host's ISA, detected and configured once per process (an `Arc`: each kernel's JIT

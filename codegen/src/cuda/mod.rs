@@ -53,6 +53,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     library_reads_views: false,
     reductions_store_inputs: false,
     fused_logsumexp: false,
+    writes_in_place: false,
 };
 
 /// The options NVRTC compiles kiln's CUDA C with, for `arch` (`sm_90` for a device NVRTC

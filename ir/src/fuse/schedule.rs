@@ -8,17 +8,6 @@ use rustc_hash::FxHashMap as HashMap;
 use super::Step;
 use crate::{Graph, NodeId, Op};
 
-/// The nodes a step reads and the nodes it writes.
-fn reads_writes<'s>(graph: &'s Graph, step: &'s Step) -> (Vec<NodeId>, Vec<NodeId>) {
-    match step {
-        Step::Kernel(k) => (k.inputs.clone(), k.outputs.clone()),
-        Step::Node(n) => (graph.arg_slice(*n).to_vec(), vec![*n]),
-        Step::Library { node, operands } => {
-            (operands.iter().map(|(n, _)| *n).collect(), vec![*node])
-        }
-    }
-}
-
 /// `steps` (in dependency order) reordered so that every collective, with the steps whose
 /// only readers are collectives or such steps, comes right after the last step it depends
 /// on. Every other step keeps its relative order, and the result is still in dependency
@@ -33,7 +22,7 @@ pub(super) fn collectives_early(graph: &Graph, steps: Vec<Step>) -> Vec<Step> {
     let mut deps: Vec<Vec<usize>> = Vec::with_capacity(steps.len());
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
     for (i, step) in steps.iter().enumerate() {
-        let (reads, writes) = reads_writes(graph, step);
+        let (reads, writes) = (step.reads(graph), step.writes());
         let mut d: Vec<usize> = reads.iter().filter_map(|n| producer.get(n).copied()).collect();
         d.sort_unstable();
         d.dedup();

@@ -15,6 +15,7 @@ const GPU: Target = Target {
     library_reads_views: true,
     reductions_store_inputs: false,
     fused_logsumexp: false,
+    writes_in_place: false,
 };
 
 /// The steps of `graph` partitioned and lowered.
@@ -303,11 +304,7 @@ fn a_collective_runs_as_soon_as_its_input_is_ready() {
         let at = |n: NodeId| {
             plan.steps
                 .iter()
-                .position(|s| match s {
-                    Step::Node(m) => *m == n,
-                    Step::Library { node, .. } => *node == n,
-                    Step::Kernel(k) => k.outputs.contains(&n),
-                })
+                .position(|s| s.writes().contains(&n))
                 .unwrap_or_else(|| panic!("{n:?} has no step in {plan:?}"))
         };
         let first_product = plan.steps.iter().position(|s| matches!(s, Step::Library { .. }));

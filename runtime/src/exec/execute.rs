@@ -6,14 +6,13 @@ use std::time::Instant;
 use kiln_codegen::cpu::CpuKernel;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::{Collective, Graph, Node, NodeId, Op, Scalar};
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::prepare::{PreparedStep, fill_value};
+use super::prepare::PreparedStep;
 use super::{Prepared, all_on_device, check, cpu, dispatch};
 use crate::trace::{self, KernelRun, MemoryPeak, StepKind};
-use crate::{Buffer, Device, RunError, collective, cuda, native, rows};
+use crate::{Buffer, Device, RunError, RuntimeError, collective, cuda, native, rows};
 
 impl Prepared {
     /// Runs the plan with `inputs` bound to the graph's `Input` nodes, in order; returns the
@@ -28,8 +27,7 @@ impl Prepared {
             Device::Cuda(i) => Some(cuda::gpu(i)?),
         };
         let inputs = &*all_on_device(inputs, self.device)?;
-        let Prepared { graph, steps, groups, gpu_groups, fills, readers, outputs, dirty, .. } =
-            self;
+        let Prepared { graph, steps, groups, gpu_groups, readers, outputs, dirty, .. } = self;
         let tracing = trace::enabled();
         let mut run = Run {
             graph,
@@ -47,7 +45,7 @@ impl Prepared {
         }
         // Whatever failed, no collective is left in flight: the group's next one must find
         // this rank's sequence where the other ranks' is.
-        let ran = run.steps(steps, (groups, gpu_groups, fills), dirty);
+        let ran = run.steps(steps, (groups, gpu_groups), dirty);
         let landed = run.land_all();
         ran?;
         landed?;
@@ -137,7 +135,7 @@ impl Run<'_> {
     fn steps(
         &mut self,
         steps: &mut [PreparedStep],
-        schedule: (&[rows::RowGroup], &[Arc<cuda::GroupKernel>], &FxHashMap<NodeId, usize>),
+        schedule: (&[rows::RowGroup], &[Arc<cuda::GroupKernel>]),
         dirty: &[bool],
     ) -> Result<(), RunError> {
         let capturing = self.gpu.filter(|&g| cuda::graph_capturing(g));
@@ -177,11 +175,7 @@ impl Run<'_> {
         steps: &mut [PreparedStep],
         index: usize,
         group: Option<usize>,
-        (groups, gpu_groups, fills): (
-            &[rows::RowGroup],
-            &[Arc<cuda::GroupKernel>],
-            &FxHashMap<NodeId, usize>,
-        ),
+        (groups, gpu_groups): (&[rows::RowGroup], &[Arc<cuda::GroupKernel>]),
     ) -> Result<(), RunError> {
         let graph = self.graph;
         if let Some(g) = group {
@@ -193,18 +187,30 @@ impl Run<'_> {
             }
             return self.row_group(&mut steps[group.start..group.end], group, gpu_groups.get(g));
         }
-        if fills.values().any(|&k| k == index) {
-            // A constant base: the scatter that reads it fills its own output.
-            return Ok(());
-        }
-        let fill = match &steps[index] {
-            PreparedStep::Node(n) => fills.get(n).map(|&k| fill_value(&steps[k])),
-            _ => None,
-        };
         match &mut steps[index] {
             PreparedStep::Node(n) => {
                 self.land(graph.arg_slice(*n))?;
-                self.node(*n, fill)
+                self.node(*n, None)
+            }
+            PreparedStep::Alias(node, of) => {
+                self.land(&[*of])?;
+                let shared = self.bufs[&*of].clone();
+                self.done_reading(*of);
+                self.bufs.insert(*node, shared);
+                Ok(())
+            }
+            PreparedStep::AssignInPlace { node, base, values } => {
+                self.land(&[*base, values.0])?;
+                self.assign(*node, *base, (values.0, &values.1))
+            }
+            PreparedStep::ScatterOntoFill(node, fill) => {
+                self.land(&graph.arg_slice(*node)[1..])?;
+                let Op::Full(value) = graph.node(*fill).op else {
+                    return Err(RunError::from(RuntimeError::Graph(
+                        kiln_ir::IrError::InvalidGraph("a scatter's fill is not a constant".into()),
+                    )));
+                };
+                self.node(*node, Some(value))
             }
             PreparedStep::Library(node, operands) => {
                 self.land(&operands.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
@@ -312,22 +318,6 @@ impl Run<'_> {
         {
             return Ok(());
         }
-        if let Op::Assign(view) = &graph.node(n).op
-            && self.gpu.is_none()
-            && self.readers[args[0].index()] == 1
-            && self.assign_in_place(n, view, args[0], (args[1], &dense(graph, args[1])))
-        {
-            return Ok(());
-        }
-        if let Op::View(view) = &graph.node(n).op
-            && view.is_dense_over(graph.node(args[0]).shape.numel())
-        {
-            // A reshape of a whole buffer (the planner's `shares_buffer`): the same memory.
-            let shared = self.bufs[&args[0]].clone();
-            self.done_reading(args[0]);
-            self.bufs.insert(n, shared);
-            return Ok(());
-        }
         let (out, kind, bytes_read) = {
             let (arg_bufs, (out, kind)) = match fill {
                 Some(value) => {
@@ -355,9 +345,53 @@ impl Run<'_> {
             e.duration = started.elapsed();
             self.traced(started, e, Some((n, &out)));
         }
-        for &a in args {
+        // A scatter onto a fill never read its base (no step wrote it).
+        let read = if fill.is_some() { &args[1..] } else { args };
+        for &a in read {
             self.done_reading(a);
         }
+        self.bufs.insert(n, out);
+        Ok(())
+    }
+
+    /// An `Assign` the plan writes into its base's buffer ([`PreparedStep::AssignInPlace`]):
+    /// in place, or into a copy when the buffer is shared (a graph input the caller holds).
+    fn assign(
+        &mut self,
+        n: NodeId,
+        base: NodeId,
+        (values, src): (NodeId, &kiln_ir::View),
+    ) -> Result<(), RunError> {
+        let node = self.graph.node(n);
+        let at = |error| RunError { error, op: Some(node.op.name()), origin: node.origin };
+        let Op::Assign(view) = &node.op else {
+            return Err(at(RuntimeError::Graph(kiln_ir::IrError::InvalidGraph(
+                "an in-place assign of another op".into(),
+            ))));
+        };
+        if self.gpu.is_some() {
+            return Err(at(RuntimeError::Graph(kiln_ir::IrError::InvalidGraph(
+                "an in-place assign in a GPU plan".into(),
+            ))));
+        }
+        if self.assign_in_place(n, view, base, (values, src)) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let out =
+            native::assign_from(&self.bufs[&base], view, &self.bufs[&values], src).map_err(at)?;
+        if self.tracing {
+            let mut e =
+                trace::plain_event("assign", StepKind::Library, "assign".into(), String::new());
+            e.shape = node.shape.to_string();
+            e.bytes_read = trace::bytes(&self.bufs[&base]) + trace::bytes(&self.bufs[&values]);
+            e.bytes_written = trace::bytes(&out);
+            e.sources = node.origin.into_iter().collect();
+            e.duration = started.elapsed();
+            self.traced(started, e, Some((n, &out)));
+        }
+        self.done_reading(base);
+        self.done_reading(values);
         self.bufs.insert(n, out);
         Ok(())
     }
@@ -420,11 +454,6 @@ impl Run<'_> {
                 native::unview_from(&self.bufs[x], src, view, shape.numel()).map_err(at)?
             }
             (Op::Assign(view), [(base, _), (values, src)]) => {
-                if self.readers[base.index()] == 1
-                    && self.assign_in_place(node, view, *base, (*values, src))
-                {
-                    return Ok(());
-                }
                 native::assign_from(&self.bufs[base], view, &self.bufs[values], src).map_err(at)?
             }
             _ => {
@@ -613,9 +642,4 @@ impl std::ops::Index<&NodeId> for Bufs {
             .as_ref()
             .expect("a step reads only buffers computed before it and not yet freed")
     }
-}
-
-/// The dense view of node `n`'s value.
-fn dense(graph: &Graph, n: NodeId) -> kiln_ir::View {
-    kiln_ir::View::contiguous(graph.node(n).shape.clone())
 }

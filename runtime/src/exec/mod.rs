@@ -2,7 +2,7 @@
 //! the kernel cache, and runs the plan.
 //!
 //! - `prepare`: [`Prepared::new`], a plan made ready to run: planned, compiled, scheduled
-//!   (row groups, constant fills).
+//!   (row groups).
 //! - `execute`: [`Prepared::run`], the step loop: buffers, frees after the last reader,
 //!   traces.
 //! - `graph`: [`Prepared::run_graphed`], a GPU plan captured once as a CUDA graph and

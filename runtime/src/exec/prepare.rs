@@ -1,14 +1,14 @@
 //! A plan made ready to run: planned by the pipeline, its kernels compiled, its schedule
-//! decided (row groups, constant fills).
+//! decided (row groups).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_codegen::cpu::CpuKernel;
 use kiln_ir::fuse::{KernelStep, Step};
-use kiln_ir::kernel::{ExprKind, Kernel};
+use kiln_ir::kernel::Kernel;
 use kiln_ir::pipeline::{Fusion, NodeMap, PlanOptions, Planner, Stage};
-use kiln_ir::{Graph, NodeId, Op, Scalar};
+use kiln_ir::{Graph, NodeId, Op};
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::trace::{self, StepKind};
@@ -35,10 +35,6 @@ pub struct Prepared {
     pub(super) groups: Vec<rows::RowGroup>,
     /// A GPU plan's kernel for each of `groups`.
     pub(super) gpu_groups: Vec<Arc<cuda::GroupKernel>>,
-    /// Scatters whose base is one value everywhere, with the step of the kernel that would
-    /// have written that base: the kernel is skipped and the scatter fills its output with
-    /// the kernel's parameter (read at run time, so `compile()` can rebind it).
-    pub(super) fills: HashMap<NodeId, usize>,
     /// The CUDA graph that [`Prepared::run_graphed`] replays, or why there is none.
     pub(super) cuda_graph: super::graph::GraphState,
     /// The step computing each node that is a step of its own (a random fill, a gather).
@@ -59,6 +55,16 @@ pub(crate) enum PreparedStep {
     Node(NodeId),
     /// A matrix product or fused attention reading its operands through views.
     Library(NodeId, Vec<(NodeId, kiln_ir::View)>),
+    /// [`Step::Alias`]: (node, the node whose buffer it is).
+    Alias(NodeId, NodeId),
+    /// [`Step::AssignInPlace`].
+    AssignInPlace {
+        node: NodeId,
+        base: NodeId,
+        values: (NodeId, kiln_ir::View),
+    },
+    /// [`Step::ScatterOntoFill`]: (scatter, the `Full` node of its base's value).
+    ScatterOntoFill(NodeId, NodeId),
 }
 
 impl Prepared {
@@ -73,10 +79,9 @@ impl Prepared {
         let mut node_step = HashMap::default();
         let mut steps = Vec::with_capacity(plan.steps.len());
         for (i, step) in plan.steps.into_iter().enumerate() {
-            let mut read = |n: NodeId| readers[n.index()] += 1;
+            step.reads(&plan.graph).iter().for_each(|n| readers[n.index()] += 1);
             steps.push(match step {
                 Step::Kernel(k) => {
-                    k.inputs.iter().for_each(|&n| read(n));
                     for (j, &n) in k.param_nodes.iter().enumerate() {
                         params_of.entry(n).or_default().push((i, j));
                     }
@@ -88,13 +93,18 @@ impl Prepared {
                     PreparedStep::Kernel { step: k, kernel, compile }
                 }
                 Step::Node(n) => {
-                    plan.graph.arg_slice(n).iter().for_each(|&a| read(a));
                     node_step.insert(n, i);
                     PreparedStep::Node(n)
                 }
-                Step::Library { node, operands } => {
-                    operands.iter().for_each(|(n, _)| read(*n));
-                    PreparedStep::Library(node, operands)
+                Step::Library { node, operands } => PreparedStep::Library(node, operands),
+                Step::Alias { node, of } => PreparedStep::Alias(node, of),
+                Step::AssignInPlace { node, base, values } => {
+                    PreparedStep::AssignInPlace { node, base, values }
+                }
+                Step::ScatterOntoFill { node, fill } => {
+                    // A rebound fill value changes what the scatter writes.
+                    node_step.insert(fill, i);
+                    PreparedStep::ScatterOntoFill(node, fill)
                 }
             });
         }
@@ -112,7 +122,6 @@ impl Prepared {
             params_of,
             groups: Vec::new(),
             gpu_groups: Vec::new(),
-            fills: HashMap::default(),
             cuda_graph: super::graph::GraphState::default(),
             node_step,
             dirty: Vec::new(),
@@ -155,14 +164,14 @@ impl Prepared {
         trace::record(planning, e);
     }
 
-    /// Row groups and constant fills: they change the schedule, not the kernels, so one
-    /// kernel per op (the unfused baseline) keeps its one-pass-per-op schedule.
+    /// Row groups: they change the schedule, not the kernels, so one kernel per op (the
+    /// unfused baseline) keeps its one-pass-per-op schedule.
     fn schedule(&mut self) {
         if self.options.fusion == Fusion::Unfused {
             return;
         }
         if let Device::Cuda(_) = self.device {
-            // Every kernel of a GPU plan may join a group (fills are a CPU schedule).
+            // Every kernel of a GPU plan may join a group (a CPU plan's, compiled ones).
             let kernels: Vec<Option<&KernelStep>> = self
                 .steps
                 .iter()
@@ -181,22 +190,15 @@ impl Prepared {
                 .collect();
             return;
         }
-        let fills = constant_scatter_bases(&self.graph, &self.steps, &self.readers);
         let kernels: Vec<Option<&KernelStep>> = self
             .steps
             .iter()
-            .enumerate()
-            .map(|(i, s)| match s {
-                PreparedStep::Kernel { step, kernel: Some(_), .. }
-                    if !fills.values().any(|&k| k == i) =>
-                {
-                    Some(&**step)
-                }
+            .map(|s| match s {
+                PreparedStep::Kernel { step, kernel: Some(_), .. } => Some(&**step),
                 _ => None,
             })
             .collect();
         self.groups = rows::find(&kernels, &self.readers, rows::Grouping::Cpu);
-        self.fills = fills;
     }
 
     /// Gives the `Full` or `Random` node `node` of the graph this was prepared from a new
@@ -264,46 +266,4 @@ fn precompile_gpu(prepared: &Prepared) -> (Duration, Vec<Option<Duration>>) {
     let groups: Vec<_> = prepared.gpu_groups.iter().map(|g| g.library_kernel().clone()).collect();
     let took = cuda::precompile(gpu, &kernels, &groups);
     (started.elapsed(), took)
-}
-
-/// The scatters of a CPU plan whose base only a constant kernel writes and only they read
-/// (the gradient of a gather scatters into zeros): scatter node -> the kernel's step.
-fn constant_scatter_bases(
-    graph: &Graph,
-    steps: &[PreparedStep],
-    readers: &[u32],
-) -> HashMap<NodeId, usize> {
-    let mut writer: HashMap<NodeId, usize> = HashMap::default();
-    for (i, s) in steps.iter().enumerate() {
-        if let PreparedStep::Kernel { step, .. } = s
-            && let [out] = step.outputs[..]
-            && step.kernel.inputs.is_empty()
-            && let ExprKind::Param(_) = step.kernel.exprs[step.kernel.outputs[0]].kind
-            && step.kernel.reduce.is_none()
-        {
-            writer.insert(out, i);
-        }
-    }
-    let mut fills = HashMap::default();
-    for s in steps {
-        if let PreparedStep::Node(n) = s
-            && let Op::Scatter { .. } = graph.node(*n).op
-            && let Some(&k) = writer.get(&graph.arg_slice(*n)[0])
-            && readers[graph.arg_slice(*n)[0].index()] == 1
-        {
-            fills.insert(*n, k);
-        }
-    }
-    fills
-}
-
-/// The value a constant kernel (see [`constant_scatter_bases`]) writes.
-pub(super) fn fill_value(step: &PreparedStep) -> Scalar {
-    let PreparedStep::Kernel { step, .. } = step else {
-        unreachable!("fills come from kernel steps")
-    };
-    let ExprKind::Param(p) = step.kernel.exprs[step.kernel.outputs[0]].kind else {
-        unreachable!("a constant kernel stores a parameter")
-    };
-    step.params[p]
 }
