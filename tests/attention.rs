@@ -480,3 +480,52 @@ fn gradients_of_gradients_through_fused_attention_are_an_error_that_names_the_fi
     let g = kiln::grad(&[&y], &[&q], true).remove(0);
     assert!(kiln::try_grad(&[&g.sum()], &[&q], false).is_ok());
 }
+
+device_test!(
+    fused_attention_matches_the_reference,
+    super::fused_attention_matches_the_reference_on
+);
+
+/// Fused attention and its gradients on `device` in every float dtype, causal or not, with
+/// rows longer than a warp, against the reference executor; they run as the device's own
+/// library steps, not host copies.
+fn fused_attention_matches_the_reference_on(device: Device) {
+    use kiln::nn::functional as F;
+    let mut rng = Rng::new(810);
+    // Every float dtype (16-bit ones widened on the device and rounded once, as on the CPU),
+    // and rows longer than a warp's 32 lanes (e = 40, ev = 70).
+    for (dtype, causal, tol, [e, ev]) in [
+        (DType::F64, true, 1e-12, [4, 3]),
+        (DType::F64, false, 1e-12, [40, 70]),
+        (DType::F32, true, 2e-5, [4, 3]),
+        // Dot products of 40 and 70 terms summed in another order; `dp - D` cancels.
+        (DType::F32, true, 2e-4, [40, 70]),
+        (DType::F16, false, 4e-3, [40, 3]),
+        (DType::BF16, true, 3e-2, [4, 70]),
+    ] {
+        let q = tensor(&values(&mut rng, 2 * 9 * e, DType::F64), &[2, 9, e], dtype);
+        let k = tensor(&values(&mut rng, 2 * 11 * e, DType::F64), &[2, 11, e], dtype);
+        let v = tensor(&values(&mut rng, 2 * 11 * ev, DType::F64), &[2, 11, ev], dtype);
+        let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
+            let (q, k, v) =
+                (q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true));
+            let y = F::scaled_dot_product_attention(&q, &k, &v, None, causal);
+            let g = kiln::grad(&[&y.square().sum()], &[&q, &k, &v], false);
+            [y.to_vec::<f64>(), g[0].to_vec::<f64>(), g[1].to_vec::<f64>(), g[2].to_vec::<f64>()]
+        };
+        let want = kiln::with_execution(kiln::Execution::Reference, || run(&q, &k, &v));
+        let (qg, kg, vg) = (q.to(device).detach(), k.to(device).detach(), v.to(device).detach());
+        let (got, profile) = kiln::profile(|| run(&qg, &kg, &vg));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close_tol(g, w, tol, &format!("{dtype:?} causal {causal} part {i}"));
+        }
+        // The device's own kernels, not host copies.
+        let kernels = profile.kernels();
+        let attention: Vec<_> =
+            kernels.iter().filter(|k| k.name.starts_with("attention")).collect();
+        assert_eq!(attention.len(), 2, "attention and attention_grad");
+        for k in attention {
+            assert_eq!(k.kind, kiln::StepKind::Library, "{}", k.name);
+        }
+    }
+}

@@ -12,9 +12,9 @@ thread_local! {
     static DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
 }
 
-/// Runs `check` with its inputs on `device`: the CUDA tests run this file's gradchecks on a
-/// GPU.
-pub(crate) fn on_device(device: Device, check: fn()) {
+/// Runs `check` with its inputs on `device`: each gradcheck of this file runs on every
+/// device (`device_test!`).
+fn on_device(device: Device, check: fn()) {
     let before = DEVICE.with(|d| d.replace(device));
     check();
     DEVICE.with(|d| d.set(before));
@@ -37,8 +37,12 @@ fn index(values: Vec<i64>, shape: &[usize], like: &Tensor) -> Tensor {
 
 type F = fn(&[Tensor]) -> Tensor;
 
-#[test]
-pub(crate) fn unary_ops_pass_gradcheck() {
+device_test!(unary_ops_pass_gradcheck, |device| super::on_device(
+    device,
+    super::unary_ops_pass_gradcheck
+));
+
+fn unary_ops_pass_gradcheck() {
     let mut rng = Rng::new(41);
     let cases: Vec<(&str, F, bool)> = vec![
         ("neg", |x| -&x[0], false),
@@ -76,8 +80,12 @@ pub(crate) fn unary_ops_pass_gradcheck() {
     }
 }
 
-#[test]
-pub(crate) fn binary_ops_pass_gradcheck_with_broadcasting() {
+device_test!(binary_ops_pass_gradcheck_with_broadcasting, |device| super::on_device(
+    device,
+    super::binary_ops_pass_gradcheck_with_broadcasting
+));
+
+fn binary_ops_pass_gradcheck_with_broadcasting() {
     let mut rng = Rng::new(42);
     let cases: Vec<(&str, F)> = vec![
         ("add", |x| &x[0] + &x[1]),
@@ -109,8 +117,12 @@ pub(crate) fn binary_ops_pass_gradcheck_with_broadcasting() {
     }
 }
 
-#[test]
-pub(crate) fn reductions_and_movement_pass_gradcheck() {
+device_test!(reductions_and_movement_pass_gradcheck, |device| super::on_device(
+    device,
+    super::reductions_and_movement_pass_gradcheck
+));
+
+fn reductions_and_movement_pass_gradcheck() {
     let mut rng = Rng::new(43);
     let cases: Vec<(&str, F)> = vec![
         ("sum", |x| x[0].sum()),
@@ -153,8 +165,12 @@ impl TLast for Tensor {
     }
 }
 
-#[test]
-pub(crate) fn matmul_passes_gradcheck_in_every_form() {
+device_test!(matmul_passes_gradcheck_in_every_form, |device| super::on_device(
+    device,
+    super::matmul_passes_gradcheck_in_every_form
+));
+
+fn matmul_passes_gradcheck_in_every_form() {
     let mut rng = Rng::new(44);
     let shapes: [(&[usize], &[usize]); 6] = [
         (&[3, 4], &[4, 2]),
@@ -174,8 +190,12 @@ pub(crate) fn matmul_passes_gradcheck_in_every_form() {
     }
 }
 
-#[test]
-pub(crate) fn second_derivatives_of_math_and_matmul() {
+device_test!(second_derivatives_of_math_and_matmul, |device| super::on_device(
+    device,
+    super::second_derivatives_of_math_and_matmul
+));
+
+fn second_derivatives_of_math_and_matmul() {
     let mut rng = Rng::new(45);
     // gradcheck of the gradient: d/dx of (d/dx sum f(x)).
     let cases: Vec<(&str, F)> = vec![
@@ -356,8 +376,12 @@ fn where_and_pow_edge_cases_pass_gradcheck() {
     assert_eq!(z.grad().unwrap().to_vec::<f64>(), vec![0.0], "no gradient through a zero exponent");
 }
 
-#[test]
-pub(crate) fn selection_ops_pass_gradcheck() {
+device_test!(selection_ops_pass_gradcheck, |device| super::on_device(
+    device,
+    super::selection_ops_pass_gradcheck
+));
+
+fn selection_ops_pass_gradcheck() {
     let mut rng = Rng::new(47);
     let cases: Vec<(&str, F)> = vec![
         ("i(..)", |x| x[0].i((1.., 1..3)).exp()),
@@ -397,8 +421,12 @@ pub(crate) fn selection_ops_pass_gradcheck() {
     }
 }
 
-#[test]
-pub(crate) fn composite_reductions_pass_gradcheck() {
+device_test!(composite_reductions_pass_gradcheck, |device| super::on_device(
+    device,
+    super::composite_reductions_pass_gradcheck
+));
+
+fn composite_reductions_pass_gradcheck() {
     let mut rng = Rng::new(48);
     let cases: Vec<(&str, F)> = vec![
         ("softmax", |x| x[0].softmax(1) * &x[0]),
@@ -426,15 +454,15 @@ pub(crate) fn composite_reductions_pass_gradcheck() {
     // prod with zeros: exactly one zero gets the product of the others, two zeros give 0.
     let x = Tensor::from_vec(vec![2.0f64, 0.0, 3.0, 0.0, 0.0, 5.0], [2, 3]).requires_grad_(true);
     x.prod_dim(1, false).sum().backward();
-    assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![0.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!(x.grad().expect("a gradient").to_vec::<f64>(), vec![0.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
     gradcheck(|x| x[0].prod(), &[Tensor::from_vec(vec![2.0f64, 0.0, 3.0], [3])], 1e-6, 1e-6)
-        .unwrap();
+        .expect("prod through a zero");
     // Second derivatives of softmax.
     let x = input(&mut rng, &[2, 3], Layout::Permuted);
     let first = |xs: &[Tensor]| {
         kiln::grad(&[&(xs[0].softmax(1) * &xs[0]).sum()], &[&xs[0]], true).remove(0)
     };
-    gradcheck(first, &[x], 1e-6, 1e-5).unwrap();
+    gradcheck(first, &[x], 1e-6, 1e-5).expect("second derivatives of softmax");
 }
 
 /// gradcheck differentiates through the caller's layout: `f` sees the permuted or sliced
@@ -602,4 +630,25 @@ fn slices_of_one_tensor_get_their_gradients_side_by_side() {
         1e-6,
     )
     .unwrap();
+}
+
+device_test!(gradients_pass_gradcheck_in_f64, super::gradients_pass_gradcheck_in_f64_on);
+
+/// A product, tanh, log-softmax and sigmoid, and a second derivative, through `gradcheck`
+/// with the inputs on `device`.
+fn gradients_pass_gradcheck_in_f64_on(device: Device) {
+    let mut rng = Rng::new(9);
+    let x = tensor(&values(&mut rng, 12, DType::F64), &[3, 4], DType::F64).to(device);
+    let w = tensor(&values(&mut rng, 20, DType::F64), &[4, 5], DType::F64).to(device);
+    let f = |xs: &[Tensor]| {
+        let h = (xs[0].matmul(&xs[1]) * 0.5 + 0.1).tanh();
+        (h.log_softmax(1) * h.sigmoid()).sum_dim(0, false)
+    };
+    kiln::autograd::gradcheck(f, &[x.clone(), w.clone()], 1e-6, 1e-6).expect("first derivatives");
+    // Higher order: the gradient of a gradient, on the device.
+    let g = |xs: &[Tensor]| {
+        let y = (xs[0].tanh() * &xs[0]).sum();
+        kiln::autograd::grad(&[&y], &[&xs[0]], true).remove(0)
+    };
+    kiln::autograd::gradcheck(g, &[x], 1e-6, 1e-6).expect("second derivatives");
 }

@@ -7,6 +7,8 @@ use kiln::nn::{Dropout, Linear, Module, Parameters, functional as F};
 use kiln::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 
+use crate::common::{assert_close_tol, device_test};
+
 fn program(x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
     let h = (x.matmul(w) + 0.5).tanh();
     (h.softmax(1), (&h * &h).sum_dim(0, false))
@@ -293,4 +295,42 @@ fn calls_that_run_unplanned_are_counted() {
     let stats = f.stats();
     assert_eq!((stats.calls, stats.plans, stats.unplanned), (1, 0, 1), "{stats}");
     assert!(stats.to_string().contains("1 ran unplanned"), "{stats}");
+}
+
+device_test!(
+    a_compiled_training_step_matches_the_reference,
+    super::a_compiled_training_step_matches_the_reference_on
+);
+
+/// Five compiled Adam steps with the data and the parameter on `device`: the losses and the
+/// weights the reference executor computes.
+fn a_compiled_training_step_matches_the_reference_on(device: Device) {
+    kiln::manual_seed(2);
+    let x = Tensor::randn([16, 8]);
+    let w0 = Tensor::randn([8, 4]);
+    let target = Tensor::randint(0, 4, [16]);
+    let train = |device: Device| {
+        // Its own storage: `to(Device::Cpu)` of a CPU tensor is the tensor itself, and the
+        // optimizer updates the parameter in place.
+        let w = w0.to(device).copy().detach().requires_grad_(true);
+        let (x, target) = (x.to(device), target.to(device));
+        // Adam's state (zeros_like of the parameter) lives on the parameter's device.
+        let mut opt = Adam::new(vec![w.clone()], AdamConfig { lr: 1e-2, ..Default::default() });
+        let mut step = kiln::compile(|()| {
+            opt.zero_grad();
+            let loss = F::cross_entropy(&x.matmul(&w), &target);
+            loss.backward();
+            opt.step();
+            loss
+        });
+        let losses: Vec<f32> = (0..5).map(|_| step.call(()).item::<f32>()).collect();
+        assert_eq!(w.device(), device);
+        (losses, w.to_vec::<f32>())
+    };
+    let (want_losses, want_w) =
+        kiln::with_execution(kiln::Execution::Reference, || train(Device::Cpu));
+    let (losses, w) = train(device);
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    assert_close_tol(&f64s(&losses), &f64s(&want_losses), 1e-5, "losses");
+    assert_close_tol(&f64s(&w), &f64s(&want_w), 1e-5, "weights");
 }

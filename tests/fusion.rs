@@ -545,10 +545,7 @@ fn the_check_oracle_passes_correct_kernels_and_reports_a_divergent_one() {
     ));
 }
 
-#[test]
-fn native_index_ops_agree_with_the_reference() {
-    index_ops_agree_with_the_reference_on(Device::Cpu);
-}
+device_test!(index_ops_agree_with_the_reference, super::index_ops_agree_with_the_reference_on);
 
 /// Random fills, the adjoint of a view (the gradient of a slice, and of an overlapping
 /// view) and bf16 and integer products run natively on the CPU; they give what the reference
@@ -604,7 +601,7 @@ fn native_fills_unviews_and_products_agree_with_the_reference() {
 /// Random tensors with ties and NaNs, every axis, several dtypes and layouts, indices with
 /// repeats: the native loops (or device kernels) for gather, scatter, scatter_add, cumsum,
 /// assign, argmax and argmin give exactly what the reference executor gives.
-pub(crate) fn index_ops_agree_with_the_reference_on(device: Device) {
+fn index_ops_agree_with_the_reference_on(device: Device) {
     let mut rng = Rng::new(77);
     for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::I64, DType::U8] {
         for (l, layout) in LAYOUTS.into_iter().enumerate() {

@@ -409,3 +409,37 @@ fn bf16_products_match_the_loop_on_every_path() {
         assert_eq!(hardware, portable, "the portable tile against the instruction");
     }
 }
+
+device_test!(products_match_the_loop, super::products_match_the_loop_on);
+
+/// Batched products on `device` in every float dtype and layout, a transposed operand and a
+/// batch broadcast, against plain f64 loops.
+fn products_match_the_loop_on(device: Device) {
+    let mut rng = Rng::new(11);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for &(batch, m, k, n) in
+            &[(1, 1, 1, 1), (1, 3, 17, 5), (2, 33, 7, 65), (3, 64, 128, 32), (1, 129, 1, 3)]
+        {
+            let a = values(&mut rng, batch * m * k, dtype);
+            let b = values(&mut rng, batch * k * n, dtype);
+            let want = batched_mm_ref(&a, &b, batch, m, k, n);
+            for layout in LAYOUTS {
+                let ta = make_on(&a, &[batch, m, k], dtype, layout, device);
+                let tb = make_on(&b, &[batch, k, n], dtype, layout, device);
+                let got = ta.matmul(&tb);
+                assert_eq!(got.device(), device);
+                let tol = 4.0 * tolerance(dtype) * (k as f64).sqrt();
+                assert_close_tol(&got.to_vec::<f64>(), &want, tol, &format!("{dtype} {layout:?}"));
+            }
+            // A transposed operand (`x @ w.t()`), and a batch broadcast against one matrix.
+            let wt =
+                make_on(&b[..k * n], &[k, n], dtype, Layout::Contiguous, device).t().contiguous();
+            let x = make_on(&a, &[batch, m, k], dtype, Layout::Contiguous, device);
+            let got = x.matmul(&wt.t());
+            let b1: Vec<f64> = (0..batch).flat_map(|_| b[..k * n].iter().copied()).collect();
+            let want = batched_mm_ref(&a, &b1, batch, m, k, n);
+            let tol = 4.0 * tolerance(dtype) * (k as f64).sqrt();
+            assert_close_tol(&got.to_vec::<f64>(), &want, tol, &format!("{dtype} broadcast"));
+        }
+    }
+}

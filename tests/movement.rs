@@ -166,3 +166,59 @@ fn gradients_of_large_permutations_place_every_element() {
         }
     }
 }
+
+device_test!(assorted_ops_match_the_reference, super::assorted_ops_match_the_reference_on);
+
+/// Ops that are not simple elementwise chains on `device`, over odd sizes and non-contiguous
+/// views, against the reference executor.
+fn assorted_ops_match_the_reference_on(device: Device) {
+    type Op = fn(&Tensor) -> Tensor;
+    let ops: Vec<(&str, Op)> = vec![
+        ("cumsum long rows", |x| x.cumsum(1)),
+        ("cumsum over rows", |x| x.cumsum(0)),
+        ("argmax", |x| x.argmax(1, false)),
+        ("argmin dim 0", |x| x.argmin(0, true)),
+        ("logsumexp", |x| x.logsumexp(1, false)),
+        ("std", |x| x.std_dim(0, true)),
+        ("all/any", |x| Tensor::stack(&[&x.gt(0.0).all(), &x.lt(-3.0).any()], 0)),
+        ("cat", |x| Tensor::cat(&[x, &x.exp(), &x.narrow(0, 1, 2)], 0)),
+        ("stack transposed", |x| Tensor::stack(&[&x.t(), &x.t().sin()], 1)),
+        ("flip", |x| x.flip(&[0, 1])),
+        ("repeat", |x| x.repeat(&[2, 1])),
+        ("chunk", |x| x.chunk(3, 1)[1].tanh()),
+        ("masked_fill", |x| x.masked_fill(&x.gt(0.5), -1.0)),
+        ("clamp and where", |x| Tensor::where_(&x.gt(0.0), x.clamp(0.1, 0.9), x * 3.0)),
+        ("tril", |x| x.tril(1)),
+        ("einsum", |x| kiln::einsum("ij,kj->ik", &[x, &x.narrow(0, 0, 3)])),
+        ("matmul f16", |x| x.half().matmul(&x.t().half()).float()),
+        ("matmul bf16", |x| x.bfloat16().matmul(&x.t().bfloat16()).float()),
+        ("bmm of views", |x| {
+            x.narrow(1, 0, 60).reshape(&[5, 16, 15]).bmm(&x.narrow(1, 0, 60).reshape(&[5, 15, 16]))
+        }),
+        ("integer ops", |x| ((x * 10.0).to_dtype(DType::I32) * 7 + 3).cumsum(1)),
+        ("u8 sums", |x| (x.abs() * 40.0).to_dtype(DType::U8).sum_dim(1, false)),
+        ("in-place", |x| {
+            let y = x.copy();
+            y.narrow(1, 2, 5).mul_(x.narrow(1, 0, 5));
+            y.add_(1.0);
+            y
+        }),
+    ];
+    let mut rng = Rng::new(17);
+    let data = values(&mut rng, 20 * 67, DType::F32);
+    for layout in LAYOUTS {
+        let x = make(&data, &[20, 67], DType::F32, layout);
+        for (name, op) in &ops {
+            let run = |x: &Tensor| {
+                let y = op(x);
+                (y.device(), y.dims().to_vec(), y.dtype(), y.to_vec::<f64>())
+            };
+            let want = kiln::with_execution(kiln::Execution::Reference, || run(&x));
+            let got = run(&x.to(device));
+            assert_eq!(got.0, device, "{name}");
+            assert_eq!((&got.1, got.2), (&want.1, want.2), "{name}");
+            let tol = if name.contains("16") { 1e-2 } else { 1e-5 };
+            assert_close_tol(&got.3, &want.3, tol, &format!("{name} {layout:?}"));
+        }
+    }
+}

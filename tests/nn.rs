@@ -9,7 +9,7 @@ use kiln::nn::{
 };
 use kiln::prelude::*;
 
-use crate::common::{Rng, assert_close_tol, values};
+use crate::common::{Rng, assert_close_tol, device_test, values};
 
 fn f64_tensor(rng: &mut Rng, shape: &[usize]) -> (Vec<f64>, Tensor) {
     let n = shape.iter().product();
@@ -431,4 +431,53 @@ fn embedding_looks_up_rows_and_accumulates_gradients() {
     assert_eq!(grad, counts.iter().flat_map(|&c| [c; 3]).collect::<Vec<_>>());
     let e = emb.try_forward(&Tensor::zeros([2])).unwrap_err();
     assert!(matches!(e, kiln::Error::DType { op: "Embedding", .. }), "{e}");
+}
+
+device_test!(modules_train_as_in_the_reference, super::modules_train_as_in_the_reference_on);
+
+/// A model of kiln's layers, moved to `device` with `Parameters::to`, trains as the reference
+/// executor computes it: embedding, layer norm, linear layers, GELU, dropout (in eval mode),
+/// cross-entropy and AdamW, eagerly and with `f16` activations.
+fn modules_train_as_in_the_reference_on(device: Device) {
+    use kiln::nn::{Dropout, Embedding, GELU, LayerNorm, Linear, Module, Parameters, Sequential};
+    use kiln::optim::{AdamConfig, AdamW};
+    let tokens = Tensor::from_vec((0..24).map(|i| (i * 7 % 11) as i64).collect::<Vec<_>>(), [24]);
+    let target = Tensor::from_vec((0..24).map(|i| (i % 5) as i64).collect::<Vec<_>>(), [24]);
+    let train = |device: Device| {
+        kiln::manual_seed(13);
+        let embed = Embedding::new(11, 16);
+        let mut body = Sequential::new()
+            .with(LayerNorm::new(&[16]))
+            .with(Linear::new(16, 32))
+            .with(GELU)
+            .with(Dropout::new(0.25))
+            .with(Linear::new(32, 5));
+        let mut embed = embed;
+        body.eval();
+        embed.to(device).expect("embedding to the device");
+        body.to(device).expect("layers to the device");
+        let mut params = embed.parameters();
+        params.extend(body.parameters());
+        assert!(params.iter().all(|p| p.device() == device && p.is_leaf()));
+        let mut opt = AdamW::new(params, AdamConfig { lr: 1e-2, ..AdamConfig::adamw() });
+        let (tokens, target) = (tokens.to(device), target.to(device));
+        let mut losses = Vec::new();
+        for _ in 0..4 {
+            opt.zero_grad();
+            let h = embed.forward(&tokens);
+            let logits = body.forward(&h.half()).float();
+            let loss = F::cross_entropy(&logits, &target);
+            loss.backward();
+            opt.step();
+            losses.push(loss.item::<f64>());
+        }
+        (losses, body.parameters()[2].to_vec::<f64>())
+    };
+    let (want_losses, want_w) =
+        kiln::with_execution(kiln::Execution::Reference, || train(Device::Cpu));
+    let (losses, w) = train(device);
+    assert!(losses[3] < losses[0], "the model learns: {losses:?}");
+    // f16 activations: both round the same values, but sums may differ in order.
+    assert_close_tol(&losses, &want_losses, 2e-3, "losses");
+    assert_close_tol(&w, &want_w, 2e-3, "a weight after four steps");
 }

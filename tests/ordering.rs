@@ -414,3 +414,35 @@ fn the_new_ops_agree_with_pytorch_float64() {
     assert_eq!(a.sort(1, true).1.to_vec::<i64>(), get("sort.indices").to_vec::<i64>());
     assert_eq!(a.topk(3, 0, false).1.to_vec::<i64>(), get("topk.indices").to_vec::<i64>());
 }
+
+device_test!(
+    ordering_sampling_and_norms_match_the_reference,
+    super::ordering_sampling_and_norms_match_the_reference_on
+);
+
+/// topk, cumprod, roll, vector norms and their gradients, and multinomial draws from one seed
+/// on `device`, against the reference executor.
+fn ordering_sampling_and_norms_match_the_reference_on(device: Device) {
+    let mut rng = Rng::new(809);
+    let data = values(&mut rng, 5 * 8, DType::F64);
+    let x = tensor(&data, &[5, 8], DType::F64);
+    let run = |x: &Tensor, seed: u64| {
+        let x = x.requires_grad_(true);
+        let (top, idx) = x.topk(3, 1, true);
+        let y = top.sum()
+            + x.cumprod(1).sum()
+            + x.roll(&[2], &[1]).atan().sum()
+            + x.vector_norm(2.0, [1], false).sum();
+        let g = kiln::grad(&[&y], &[&x], false).remove(0);
+        kiln::manual_seed(seed);
+        let draws = x.detach().abs().multinomial(6, true);
+        (y.to_vec::<f64>(), g.to_vec::<f64>(), idx.to_vec::<i64>(), draws.to_vec::<i64>())
+    };
+    let (want, want_g, want_i, want_d) =
+        kiln::with_execution(kiln::Execution::Reference, || run(&x, 3));
+    let (got, got_g, got_i, got_d) = run(&x.to(device).detach(), 3);
+    assert_close_tol(&got, &want, 1e-12, "values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "gradients");
+    assert_eq!(got_i, want_i);
+    assert_eq!(got_d, want_d, "the same seed draws the same samples");
+}

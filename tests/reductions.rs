@@ -612,3 +612,141 @@ fn log_softmax_is_precise_on(device: Device) {
         assert_within_result_ulps(&loss.to_vec::<f64>(), &want_loss, &format!("{magnitude}: loss"));
     }
 }
+
+device_test!(row_reductions_match_the_reference, super::row_reductions_match_the_reference_on);
+
+/// Softmax, log-softmax, max, sums, variances and cross-entropy over short and long rows
+/// (split across blocks on a GPU) on `device`, against the reference executor.
+fn row_reductions_match_the_reference_on(device: Device) {
+    kiln::manual_seed(5);
+    // Long rows (few of them) are split across blocks and merged.
+    for &(rows, cols) in &[(1, 1), (3, 17), (37, 203), (8, 1025), (2, 4099), (300, 257), (2, 30001)]
+    {
+        let x = Tensor::randn([rows, cols]);
+        let target = Tensor::randint(0, cols as i64, [rows]);
+        let run = |x: &Tensor, target: &Tensor| {
+            [
+                x.softmax(1),
+                x.log_softmax(1),
+                x.max_dim(1, false).0,
+                x.sum_dim(0, true),
+                x.var_dim(1, false),
+                // Over rows: one thread per output once there are many outputs.
+                x.var_dim(0, false),
+                x.amax(0, true),
+                x.t().softmax(1),
+                F::cross_entropy(x, target),
+            ]
+            .map(|r| (r.device(), r.to_vec::<f64>()))
+        };
+        let want = kiln::with_execution(kiln::Execution::Reference, || run(&x, &target));
+        let got = run(&x.to(device), &target.to(device));
+        for (i, ((at, got), (_, want))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(*at, device);
+            assert_close_tol(got, want, 1e-5, &format!("reduction {i} on {rows}x{cols}"));
+        }
+    }
+}
+
+device_test!(long_reductions_match_the_reference, super::long_reductions_match_the_reference_on);
+
+/// Reductions, arg-reductions and running sums over 40,003 elements (split across blocks on a
+/// GPU) in five dtypes on `device`, and a mean-squared error with its gradient, against the
+/// reference executor.
+fn long_reductions_match_the_reference_on(device: Device) {
+    let mut rng = Rng::new(23);
+    let n = 40_003;
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::U8] {
+        let data = values(&mut rng, n, dtype);
+        let layouts: &[Layout] = if matches!(dtype, DType::F32 | DType::I32) {
+            &[Layout::Contiguous, Layout::Sliced]
+        } else {
+            &[Layout::Contiguous]
+        };
+        for &layout in layouts {
+            let x = make(&data, &[n], dtype, layout);
+            type Op = fn(&Tensor) -> Tensor;
+            let ops: [(&str, Op); 19] = [
+                ("sum", |x| x.sum()),
+                ("max", |x| x.max()),
+                ("min", |x| x.min()),
+                // Powers of two, exact in any order, so a lost or repeated element shows (on
+                // floats in [-3, 3], whose partial products stay inside f32's range).
+                ("prod", |x| {
+                    let f = |m: &Tensor| m.to_dtype(DType::F32);
+                    (f(&x.gt(2.9)) - f(&x.lt(-2.9)) * 0.5 + 1.0).prod()
+                }),
+                ("any/all", |x| Tensor::stack(&[&x.gt(2.5).any(), &x.ne(1000.0).all()], 0)),
+                // Long columns, few outputs: chunks of each column, then merged in order.
+                ("sum down long columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[250, 160]).sum_dim(0, false)
+                }),
+                ("max down long columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[250, 160]).amax(0, true)
+                }),
+                ("sum over the rows of 3-d blocks", |x| {
+                    x.narrow(0, 0, 39_936).reshape(&[13, 24, 128]).sum_dim(&[0, 1][..], false)
+                }),
+                ("sum over a short axis", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).sum_dim(1, false)
+                }),
+                // Ties (integers) pick the first; chunks of a line, then lines of a block.
+                ("argmax", |x| x.argmax(0, false)),
+                ("argmin", |x| x.argmin(0, true)),
+                ("argmax of 2 long rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).argmax(1, false)
+                }),
+                ("argmin down columns", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).argmin(0, false)
+                }),
+                ("argmin of 200 rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[200, 200]).argmin(1, false)
+                }),
+                ("cumsum", |x| x.cumsum(0)),
+                ("cumsum of 2 long rows", |x| {
+                    x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).cumsum(1)
+                }),
+                ("cumsum down columns", |x| x.narrow(0, 0, 40_000).reshape(&[2, 20_000]).cumsum(0)),
+                ("cumsum of 20 rows", |x| x.narrow(0, 0, 40_000).reshape(&[20, 2000]).cumsum(1)),
+                ("argmax with NaNs", |x| {
+                    let x = x.to_dtype(DType::F64);
+                    x.masked_fill(&x.gt(2.99), f64::NAN).argmax(0, false)
+                }),
+            ];
+            for (name, op) in ops {
+                if name == "prod" && !dtype.is_float() {
+                    continue;
+                }
+                let want =
+                    kiln::with_execution(kiln::Execution::Reference, || op(&x).to_vec::<f64>());
+                let got = op(&x.to(device)).to_vec::<f64>();
+                // f32 sums accumulate in f32 on a GPU (in f64 in the reference).
+                let tol = if name.starts_with("arg") || !dtype.is_float() {
+                    0.0
+                } else if matches!(dtype, DType::F16 | DType::BF16) {
+                    1e-2
+                } else {
+                    1e-4
+                };
+                let at = format!("{name} of {n} {dtype} {layout:?}");
+                assert_close_tol(&got, &want, tol, &at);
+            }
+        }
+    }
+    // The gradient of a mean-squared error over a long vector, and the mean itself.
+    let data = values(&mut rng, 2 * n, DType::F64);
+    let (a, b) = (
+        make(&data[..n], &[n], DType::F64, Layout::Contiguous),
+        make(&data[n..], &[n], DType::F64, Layout::Contiguous),
+    );
+    let mse = |a: &Tensor, b: &Tensor| {
+        let a = a.detach().requires_grad_(true);
+        let loss = (&a - b).pow(2.0).mean();
+        loss.backward();
+        (loss.to_vec::<f64>(), a.grad().expect("a gradient").to_vec::<f64>())
+    };
+    let (want, want_grad) = kiln::with_execution(kiln::Execution::Reference, || mse(&a, &b));
+    let (got, got_grad) = mse(&a.to(device), &b.to(device));
+    assert_close_tol(&got, &want, 1e-12, "mse");
+    assert_close_tol(&got_grad, &want_grad, 1e-12, "mse gradient");
+}

@@ -196,3 +196,36 @@ fn init_functions_draw_the_documented_distributions() {
     assert!(init::normal_(&Tensor::from_vec(vec![0i64, 0], [2]), 0.0, 1.0).is_err());
     assert!((init::calculate_gain(Nonlinearity::Tanh) - 5.0 / 3.0).abs() < 1e-15);
 }
+
+device_test!(
+    activations_and_rms_norm_match_the_reference,
+    super::activations_and_rms_norm_match_the_reference_on
+);
+
+/// The composite activations and special functions, and RMS norm, with their gradients on
+/// `device`, against the reference executor.
+fn activations_and_rms_norm_match_the_reference_on(device: Device) {
+    use kiln::nn::functional as F;
+    let mut rng = Rng::new(124);
+    let mut data = values(&mut rng, 6 * 9, DType::F64);
+    data[..3].copy_from_slice(&[1e-12, -25.0, 25.0]);
+    let x = tensor(&data, &[6, 9], DType::F64);
+    let run = |x: &Tensor| {
+        let x = x.requires_grad_(true);
+        let y = x.silu()
+            + x.gelu_tanh()
+            + x.softplus(1.0, 20.0)
+            + x.leaky_relu(0.1)
+            + x.elu(1.0)
+            + x.abs().log1p()
+            + x.clamp_max(5.0).expm1()
+            + F::rms_norm(&x, &[9], None, None);
+        let g = kiln::grad(&[&y.sum()], &[&x], false).remove(0);
+        (y.to_vec::<f64>(), g.to_vec::<f64>(), x.sign().to_vec::<f64>())
+    };
+    let (want, want_g, want_s) = kiln::with_execution(kiln::Execution::Reference, || run(&x));
+    let (got, got_g, got_s) = run(&x.to(device).detach());
+    assert_close_tol(&got, &want, 1e-12, "values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "gradients");
+    assert_eq!(got_s, want_s);
+}

@@ -720,3 +720,101 @@ fn every_op_agrees_with_pytorch_float64() {
         "running var",
     );
 }
+
+device_test!(
+    convolution_and_pooling_match_the_reference,
+    super::convolution_and_pooling_match_the_reference_on
+);
+
+/// A grouped, strided convolution, max and average pooling and the input gradient on
+/// `device`, in f64, against the reference executor.
+fn convolution_and_pooling_match_the_reference_on(device: Device) {
+    use kiln::nn::functional::{self as F, Conv2dOptions, Pool2dOptions};
+    let mut rng = Rng::new(84);
+    let x = tensor(&values(&mut rng, 2 * 4 * 7 * 6, DType::F64), &[2, 4, 7, 6], DType::F64);
+    let w = tensor(&values(&mut rng, 6 * 2 * 3 * 3, DType::F64), &[6, 2, 3, 3], DType::F64);
+    let o = Conv2dOptions { stride: [2, 1], padding: [1, 1], groups: 2, ..Default::default() };
+    let p = Pool2dOptions { stride: Some([1, 1]), padding: [1, 1], ..Pool2dOptions::new([3, 3]) };
+    let run = |x: &Tensor, w: &Tensor| {
+        let x = x.requires_grad_(true);
+        let y = F::max_pool2d(&F::conv2d(&x, w, None, o), p) + F::avg_pool2d(&x, p).sum();
+        let g = kiln::grad(&[&y.sum()], &[&x], false).remove(0);
+        (y.to_vec::<f64>(), g.to_vec::<f64>())
+    };
+    let (want, want_g) = kiln::with_execution(kiln::Execution::Reference, || run(&x, &w));
+    let (got, got_g) = run(&x.to(device).detach(), &w.to(device));
+    assert_close_tol(&got, &want, 1e-12, "conv and pool values");
+    assert_close_tol(&got_g, &want_g, 1e-12, "conv and pool gradients");
+}
+
+device_test!(
+    vision_ops_and_batch_norm_match_the_reference,
+    super::vision_ops_and_batch_norm_match_the_reference_on
+);
+
+/// The rest of the convolutional vocabulary on `device`: transposed convolution (col2im),
+/// padding modes, interpolation, adaptive pooling, pooling indices, group norm, and a batch
+/// norm layer moved to the device with its buffers, updating them there; against the
+/// reference executor.
+fn vision_ops_and_batch_norm_match_the_reference_on(device: Device) {
+    use kiln::nn::functional::{
+        self as F, ConvTranspose2dOptions, InterpolateMode, PadMode, Pool2dOptions, Resize,
+    };
+    use kiln::nn::{BatchNorm2d, Module, Parameters};
+    let mut rng = Rng::new(85);
+    let x = tensor(&values(&mut rng, 2 * 4 * 5 * 6, DType::F64), &[2, 4, 5, 6], DType::F64);
+    let w = tensor(&values(&mut rng, 4 * 3 * 3 * 2, DType::F64), &[4, 3, 3, 2], DType::F64);
+    let run = |x: &Tensor, w: &Tensor| {
+        let x = x.requires_grad_(true);
+        let t = ConvTranspose2dOptions {
+            stride: [2, 2],
+            padding: [1, 0],
+            output_padding: [1, 1],
+            ..Default::default()
+        };
+        let parts = [
+            F::conv_transpose2d(&x, w, None, t).square().sum(),
+            F::pad(&x, &[2, 1, 1, 2], PadMode::Reflect, 0.0).sin().sum(),
+            F::interpolate(&x, Resize::Size([7, 9]), InterpolateMode::Bilinear, false)
+                .square()
+                .sum(),
+            F::adaptive_max_pool2d(&x, [3, 4]).sum()
+                + F::adaptive_avg_pool2d(&x, [2, 4]).square().sum(),
+            F::max_pool2d_with_indices(&x, Pool2dOptions::new([2, 2]).ceil_mode(true)).0.sum(),
+            F::group_norm(&x, 2, None, None, 1e-5).square().mean(),
+        ];
+        let total = parts[1..].iter().fold(parts[0].clone(), |a, p| a + p);
+        let g = kiln::grad(&[&total], &[&x], false).remove(0);
+        let idx = F::max_pool2d_with_indices(&x.detach(), Pool2dOptions::new([2, 2])).1;
+        (total.item::<f64>(), g.to_vec::<f64>(), idx.to_vec::<i64>())
+    };
+    let (want, want_g, want_i) = kiln::with_execution(kiln::Execution::Reference, || run(&x, &w));
+    let (got, got_g, got_i) = run(&x.to(device).detach(), &w.to(device));
+    assert_close_tol(&[got], &[want], 1e-10, "vision values");
+    assert_close_tol(&got_g, &want_g, 1e-10, "vision gradients");
+    assert_eq!(got_i, want_i);
+
+    // A batch norm layer on the device: buffers move with it and update there.
+    kiln::manual_seed(2);
+    let cpu_bn = BatchNorm2d::new(4);
+    let mut gpu_bn = BatchNorm2d::new(4);
+    gpu_bn.to(device).expect("batch norm to the device");
+    assert!(gpu_bn.buffers().iter().all(|b| b.device() == device));
+    let xf = x.float();
+    let a =
+        kiln::with_execution(kiln::Execution::Reference, || cpu_bn.forward(&xf).to_vec::<f32>());
+    let b = gpu_bn.forward(&xf.to(device)).to_vec::<f32>();
+    assert_close_tol(
+        &b.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        &a.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        1e-5,
+        "batch norm",
+    );
+    assert_close_tol(
+        &read(&gpu_bn.running_var, DType::F32),
+        &read(&cpu_bn.running_var, DType::F32),
+        1e-6,
+        "running variance",
+    );
+    assert_eq!(gpu_bn.num_batches_tracked.item::<i64>(), 1);
+}

@@ -68,11 +68,12 @@ pub fn gpu_alone_or_skip(test: &str) -> Option<(Device, MemoryLock)> {
 }
 
 /// One test body, run on every device: `device_test!(name, body)` makes the module `name`
-/// with the tests `on_cpu` (the body on [`Device::Cpu`]) and `on_cuda` (on CUDA device 0
+/// with the tests `on_cpu` (`body`, a function or closure of a [`Device`], on
+/// [`Device::Cpu`]) and `on_cuda` (on CUDA device 0
 /// with a shared hold on its allocator, skipping visibly through [`gpu_or_skip`] where there
 /// is none). `emulator/run-tests` runs every `on_cuda` test on the emulated device.
 macro_rules! device_test {
-    ($name:ident, $body:path) => {
+    ($name:ident, $body:expr) => {
         mod $name {
             #[test]
             fn on_cpu() {
