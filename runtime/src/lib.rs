@@ -31,6 +31,7 @@ mod device;
 mod error;
 pub mod exec;
 mod matmul;
+pub mod mmap;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod native;

@@ -1,0 +1,309 @@
+//! A Hugging Face checkpoint folder's weights: `model.safetensors`, or the shards that
+//! `model.safetensors.index.json` lists, memory-mapped, every tensor's header checked against
+//! its file before anything is read. A model takes its tensors by name through a [`Loader`],
+//! which converts each to the requested dtype and device and collects every problem
+//! (missing, mismatched, unexpected), so one error lists them all, as PyTorch's
+//! `load_state_dict` does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use kiln::{DType, Device, Error, Result, Tensor};
+use kiln_runtime::mmap::MappedFile;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+/// How [`crate::gpt2::Gpt2::from_pretrained`] and friends place the weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadOptions {
+    /// The dtype of the model's parameters (weights stored in another float type are
+    /// converted on load).
+    pub dtype: DType,
+    /// The device the parameters live on.
+    pub device: Device,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        LoadOptions { dtype: DType::F32, device: Device::Cpu }
+    }
+}
+
+/// One tensor's entry in a file's header.
+#[derive(Clone, Debug)]
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// The byte range of its data within the file.
+    bytes: std::ops::Range<usize>,
+}
+
+/// The weights of a checkpoint folder, mapped and indexed by name.
+pub struct Checkpoint {
+    dir: PathBuf,
+    files: Vec<(PathBuf, MappedFile)>,
+    entries: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Checkpoint({}, {} tensors in {} files)",
+            self.dir.display(),
+            self.entries.len(),
+            self.files.len()
+        )
+    }
+}
+
+fn io(detail: String) -> Error {
+    Error::Io { op: "from_pretrained", detail }
+}
+
+impl Checkpoint {
+    /// Maps `dir/model.safetensors`, or every shard `dir/model.safetensors.index.json`
+    /// names, and reads their headers.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file: none of the two present, an unreadable or invalid
+    /// index, a shard it names that is missing or holds none of the tensors the index puts
+    /// there, a file that is not valid safetensors or is shorter than its header says.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let (names, expected) = if index.exists() {
+            let (files, expected) = read_index(&index)?;
+            (files, Some(expected))
+        } else if single.exists() {
+            (vec!["model.safetensors".to_string()], None)
+        } else {
+            return Err(io(format!(
+                "{} holds neither model.safetensors nor model.safetensors.index.json",
+                dir.display()
+            )));
+        };
+        let mut checkpoint =
+            Checkpoint { dir: dir.to_path_buf(), files: Vec::new(), entries: BTreeMap::new() };
+        for name in names {
+            let path = dir.join(&name);
+            let map = MappedFile::open(&path)
+                .map_err(|e| io(format!("cannot map {}: {e}", path.display())))?;
+            checkpoint.add_file(path, map)?;
+        }
+        if let Some(expected) = expected {
+            for (tensor, file) in expected {
+                let Some(entry) = checkpoint.entries.get(&tensor) else {
+                    return Err(io(format!(
+                        "{}: the index puts {tensor:?} in {file}, which does not hold it",
+                        index.display()
+                    )));
+                };
+                let holder = &checkpoint.files[entry.file].0;
+                if holder.file_name().and_then(|n| n.to_str()) != Some(file.as_str()) {
+                    return Err(io(format!(
+                        "{}: the index puts {tensor:?} in {file}, but it is in {}",
+                        index.display(),
+                        holder.display()
+                    )));
+                }
+            }
+        }
+        Ok(checkpoint)
+    }
+
+    /// Reads one file's header: every tensor's dtype, shape and byte range, checked by
+    /// safetensors against the file's length.
+    fn add_file(&mut self, path: PathBuf, map: MappedFile) -> Result<()> {
+        let bytes = map.bytes();
+        let file = SafeTensors::deserialize(bytes)
+            .map_err(|e| io(format!("{} is not a valid safetensors file: {e}", path.display())))?;
+        let index = self.files.len();
+        for (name, view) in file.tensors() {
+            let start = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
+            let entry = Entry {
+                file: index,
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                bytes: start..start + view.data().len(),
+            };
+            if self.entries.insert(name.clone(), entry).is_some() {
+                return Err(io(format!(
+                    "{}: the tensor {name:?} is in two files",
+                    self.dir.display()
+                )));
+            }
+        }
+        self.files.push((path, map));
+        Ok(())
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every tensor's name, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// Whether the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// The stored shape of `name`.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
+    /// The tensor `name` as stored (its own dtype), on the CPU.
+    ///
+    /// # Errors
+    /// [`Error::Load`] when it is missing; [`Error::Io`] when its dtype is not a float or
+    /// integer type kiln has.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let entry = self.entries.get(name).ok_or_else(|| Error::Load {
+            detail: format!("missing: {name} (not in {})", self.dir.display()),
+        })?;
+        let data = &self.files[entry.file].1.bytes()[entry.bytes.clone()];
+        decode(entry.dtype, &entry.shape, data).ok_or_else(|| {
+            io(format!(
+                "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32 and u8 it does)",
+                self.files[entry.file].0.display(),
+                entry.dtype
+            ))
+        })
+    }
+}
+
+/// The shard files an index names, in order, and where it puts each tensor.
+fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| io(format!("cannot read {}: {e}", path.display())))?;
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| io(format!("{} is not valid JSON: {e}", path.display())))?;
+    let Some(map) = value.get("weight_map").and_then(Value::as_object) else {
+        return Err(io(format!("{} has no \"weight_map\" object", path.display())));
+    };
+    let mut files = Vec::new();
+    let mut expected = BTreeMap::new();
+    for (tensor, file) in map {
+        let Some(file) = file.as_str().filter(|f| !f.contains('/') && !f.contains('\\')) else {
+            return Err(io(format!(
+                "{}: the weight_map entry of {tensor:?} should be a file name in the folder, found {file}",
+                path.display()
+            )));
+        };
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+        }
+        expected.insert(tensor.clone(), file.to_string());
+    }
+    files.sort();
+    Ok((files, expected))
+}
+
+/// A tensor from its little-endian bytes (`None` for a dtype kiln does not have).
+fn decode(dtype: Dtype, shape: &[usize], data: &[u8]) -> Option<Tensor> {
+    fn words<const N: usize, T>(data: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        data.chunks_exact(N).map(|c| f(c.try_into().expect("chunks of N bytes"))).collect()
+    }
+    let shape = shape.to_vec();
+    Some(match dtype {
+        Dtype::F32 => Tensor::from_vec(words(data, f32::from_le_bytes), shape),
+        Dtype::F64 => Tensor::from_vec(words(data, f64::from_le_bytes), shape),
+        Dtype::F16 => {
+            Tensor::from_vec(words(data, |b| half::f16::from_bits(u16::from_le_bytes(b))), shape)
+        }
+        Dtype::BF16 => {
+            Tensor::from_vec(words(data, |b| half::bf16::from_bits(u16::from_le_bytes(b))), shape)
+        }
+        Dtype::I64 => Tensor::from_vec(words(data, i64::from_le_bytes), shape),
+        Dtype::I32 => Tensor::from_vec(words(data, i32::from_le_bytes), shape),
+        Dtype::U8 => Tensor::from_vec(data.to_vec(), shape),
+        _ => return None,
+    })
+}
+
+/// Takes a model's tensors out of a [`Checkpoint`] by name, converting each to the
+/// options' dtype and device, and collects every problem for one error at the end.
+pub struct Loader<'a> {
+    checkpoint: &'a Checkpoint,
+    options: LoadOptions,
+    taken: BTreeSet<String>,
+    problems: Vec<String>,
+}
+
+impl<'a> Loader<'a> {
+    /// A loader over `checkpoint`.
+    pub fn new(checkpoint: &'a Checkpoint, options: LoadOptions) -> Loader<'a> {
+        Loader { checkpoint, options, taken: BTreeSet::new(), problems: Vec::new() }
+    }
+
+    /// The checkpoint.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        self.checkpoint
+    }
+
+    /// The tensor `name`, which the model expects of shape `shape`, as a parameter (the
+    /// options' dtype and device). A problem is noted and zeros of `shape` stand in, so
+    /// that loading goes on and [`Loader::finish`] reports every problem at once.
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Tensor {
+        self.taken.insert(name.to_string());
+        let stand_in =
+            || Tensor::zeros(shape.to_vec()).to_dtype(self.options.dtype).to(self.options.device);
+        let Some(stored) = self.checkpoint.shape(name) else {
+            self.problems.push(format!("missing: {name} (the model expects {shape:?})"));
+            return stand_in();
+        };
+        if stored != shape {
+            self.problems.push(format!(
+                "{name}: the checkpoint holds shape {stored:?}, the model (config.json) expects {shape:?}"
+            ));
+            return stand_in();
+        }
+        match self.checkpoint.tensor(name) {
+            Ok(t) if t.dtype().is_float() => {
+                t.to_dtype(self.options.dtype).to(self.options.device).detach()
+            }
+            Ok(t) => {
+                self.problems
+                    .push(format!("{name}: stored as {}, a float parameter expected", t.dtype()));
+                stand_in()
+            }
+            Err(e) => {
+                self.problems.push(e.to_string());
+                stand_in()
+            }
+        }
+    }
+
+    /// Marks `name` as known but not a parameter (a buffer transformers saves, such as
+    /// GPT-2's causal mask): it is neither loaded nor reported as unexpected.
+    pub fn skip(&mut self, name: &str) {
+        self.taken.insert(name.to_string());
+    }
+
+    /// Ends loading: every problem noted, and every tensor of the checkpoint the model did
+    /// not take, in one [`Error::Load`].
+    ///
+    /// # Errors
+    /// [`Error::Load`], one line per problem, when there were any.
+    pub fn finish(self) -> Result<()> {
+        let mut problems = self.problems;
+        for name in self.checkpoint.names() {
+            if !self.taken.contains(name) {
+                problems.push(format!("unexpected: {name} (in the checkpoint, not in the model)"));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Load {
+            detail: format!("{}:\n{}", self.checkpoint.dir().display(), problems.join("\n")),
+        })
+    }
+}

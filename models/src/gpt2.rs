@@ -1,0 +1,218 @@
+//! GPT-2 (`GPT2LMHeadModel`): learned positions, pre-norm blocks, the tanh GELU, and the
+//! output head tied to the token embedding. Its projections are `Conv1D`s, weights stored
+//! `[in, out]` (the transpose of a `Linear`'s): kept that way, so every parameter has the
+//! checkpoint's name and shape, and a projection is `x @ w + b`.
+
+use std::path::Path;
+
+use kiln::nn::Parameters;
+use kiln::nn::functional as F;
+use kiln::{Result, Tensor};
+
+use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
+use crate::config::{Config, Gpt2Config};
+
+/// GPT-2 with its language-model head.
+///
+/// ```no_run
+/// use kiln::prelude::*;
+/// use kiln_models::{LoadOptions, gpt2::Gpt2};
+/// let model = Gpt2::from_pretrained("gpt2-folder".as_ref(), LoadOptions::default())?;
+/// let ids = Tensor::from_vec(vec![464i64, 3290, 318], [1, 3]);
+/// let logits = model.forward(&ids)?; // [1, 3, 50257]
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Gpt2 {
+    config: Gpt2Config,
+    /// `transformer.` in checkpoints saved from `GPT2LMHeadModel`, empty in those of
+    /// `GPT2Model` (the original OpenAI upload).
+    prefix: String,
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: (Tensor, Tensor),
+}
+
+#[derive(Debug)]
+struct Block {
+    ln_1: (Tensor, Tensor),
+    c_attn: (Tensor, Tensor),
+    attn_proj: (Tensor, Tensor),
+    ln_2: (Tensor, Tensor),
+    c_fc: (Tensor, Tensor),
+    mlp_proj: (Tensor, Tensor),
+}
+
+impl Gpt2 {
+    /// Loads the model in the Hugging Face folder `dir` (`config.json` and its safetensors
+    /// weights).
+    ///
+    /// # Errors
+    /// [`kiln::Error::Io`] for an unreadable folder, config or file, or a config of
+    /// another architecture; [`kiln::Error::Load`] listing every missing, unexpected or
+    /// mis-shaped tensor.
+    pub fn from_pretrained(dir: &Path, options: LoadOptions) -> Result<Gpt2> {
+        let config = match Config::from_dir(dir)? {
+            Config::Gpt2(c) => c,
+            other => {
+                return Err(kiln::Error::Io {
+                    op: "from_pretrained",
+                    detail: format!(
+                        "{}: config.json describes {other:?}, not GPT-2",
+                        dir.display()
+                    ),
+                });
+            }
+        };
+        let checkpoint = Checkpoint::open(dir)?;
+        Gpt2::load(config, &checkpoint, options)
+    }
+
+    /// Builds the model of `config` from `checkpoint`'s tensors.
+    ///
+    /// # Errors
+    /// As [`Gpt2::from_pretrained`].
+    pub fn load(config: Gpt2Config, checkpoint: &Checkpoint, options: LoadOptions) -> Result<Gpt2> {
+        let prefix =
+            if checkpoint.contains("transformer.wte.weight") { "transformer." } else { "" }
+                .to_string();
+        let mut l = Loader::new(checkpoint, options);
+        let (e, inner) = (config.n_embd, config.n_inner);
+        let p = |name: &str| format!("{prefix}{name}");
+        let wte = l.take(&p("wte.weight"), &[config.vocab_size, e]);
+        let wpe = l.take(&p("wpe.weight"), &[config.n_positions, e]);
+        let pair = |l: &mut Loader<'_>, name: String, w: &[usize], b: usize| {
+            (l.take(&format!("{name}.weight"), w), l.take(&format!("{name}.bias"), &[b]))
+        };
+        let blocks = (0..config.n_layer)
+            .map(|i| {
+                let h = p(&format!("h.{i}"));
+                // The causal mask buffers older checkpoints saved.
+                l.skip(&format!("{h}.attn.bias"));
+                l.skip(&format!("{h}.attn.masked_bias"));
+                let shapes: [(&[usize], usize); 6] = [
+                    (&[e], e),
+                    (&[e, 3 * e], 3 * e),
+                    (&[e, e], e),
+                    (&[e], e),
+                    (&[e, inner], inner),
+                    (&[inner, e], e),
+                ];
+                let [ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj] = std::array::from_fn(|j| {
+                    pair(&mut l, format!("{h}.{}", BLOCK_PAIRS[j]), shapes[j].0, shapes[j].1)
+                });
+                Block { ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj }
+            })
+            .collect();
+        let ln_f = pair(&mut l, p("ln_f"), &[e], e);
+        // The head is the token embedding; a file may still carry a copy of it.
+        l.skip("lm_head.weight");
+        l.finish()?;
+        Ok(Gpt2 { config, prefix, wte, wpe, blocks, ln_f })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Gpt2Config {
+        &self.config
+    }
+
+    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Shape`] when `ids` is not 2-D or longer than `n_positions`;
+    /// [`kiln::Error::Index`] for an id outside the vocabulary.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (batch, len) = match ids.dims() {
+            &[b, t] if t <= self.config.n_positions => (b, t),
+            _ => {
+                return Err(kiln::Error::Shape {
+                    op: "Gpt2::forward",
+                    detail: format!(
+                        "takes token ids [batch, len] with len <= n_positions {}, got {}",
+                        self.config.n_positions,
+                        ids.shape()
+                    ),
+                });
+            }
+        };
+        let (e, heads) = (self.config.n_embd, self.config.n_head);
+        let positions = Tensor::arange(0i64, len as i64, 1).to(self.wpe.device());
+        let mut h = F::try_embedding(ids, &self.wte)? + F::try_embedding(&positions, &self.wpe)?;
+        let eps = self.config.layer_norm_epsilon;
+        let norm = |x: &Tensor, (w, b): &(Tensor, Tensor)| {
+            F::try_layer_norm(x, &[e], Some(w), Some(b), eps)
+        };
+        let conv =
+            |x: &Tensor, (w, b): &(Tensor, Tensor)| -> Result<Tensor> { Ok(x.try_matmul(w)? + b) };
+        let split = |x: Tensor| {
+            x.reshape(&[batch as i64, len as i64, heads as i64, (e / heads) as i64]).transpose(1, 2)
+        };
+        for block in &self.blocks {
+            let qkv = conv(&norm(&h, &block.ln_1)?, &block.c_attn)?;
+            let (q, k, v) = (
+                split(qkv.narrow(-1, 0, e)),
+                split(qkv.narrow(-1, e, e)),
+                split(qkv.narrow(-1, 2 * e, e)),
+            );
+            let y = F::scaled_dot_product_attention(&q, &k, &v, None, true);
+            let y = y.transpose(1, 2).reshape(&[batch as i64, len as i64, e as i64]);
+            h = h + conv(&y, &block.attn_proj)?;
+            let m = conv(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();
+            h = h + conv(&m, &block.mlp_proj)?;
+        }
+        norm(&h, &self.ln_f)?.try_matmul(&self.wte.t())
+    }
+}
+
+/// A block's parameter pairs (`.weight`, `.bias`), named as in the checkpoint, in the
+/// order of [`Block::pairs`] and [`Block::pairs_mut`].
+const BLOCK_PAIRS: [&str; 6] =
+    ["ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"];
+
+impl Block {
+    fn pairs(&self) -> [&(Tensor, Tensor); 6] {
+        [&self.ln_1, &self.c_attn, &self.attn_proj, &self.ln_2, &self.c_fc, &self.mlp_proj]
+    }
+
+    fn pairs_mut(&mut self) -> [&mut (Tensor, Tensor); 6] {
+        [
+            &mut self.ln_1,
+            &mut self.c_attn,
+            &mut self.attn_proj,
+            &mut self.ln_2,
+            &mut self.c_fc,
+            &mut self.mlp_proj,
+        ]
+    }
+}
+
+impl Parameters for Gpt2 {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        let p = format!("{prefix}{}", self.prefix);
+        f(&format!("{p}wte.weight"), &self.wte);
+        f(&format!("{p}wpe.weight"), &self.wpe);
+        for (i, block) in self.blocks.iter().enumerate() {
+            for (name, (w, b)) in BLOCK_PAIRS.iter().zip(block.pairs()) {
+                f(&format!("{p}h.{i}.{name}.weight"), w);
+                f(&format!("{p}h.{i}.{name}.bias"), b);
+            }
+        }
+        f(&format!("{p}ln_f.weight"), &self.ln_f.0);
+        f(&format!("{p}ln_f.bias"), &self.ln_f.1);
+    }
+
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        let p = format!("{prefix}{}", self.prefix);
+        f(&format!("{p}wte.weight"), &mut self.wte);
+        f(&format!("{p}wpe.weight"), &mut self.wpe);
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            for (name, (w, b)) in BLOCK_PAIRS.iter().zip(block.pairs_mut()) {
+                f(&format!("{p}h.{i}.{name}.weight"), w);
+                f(&format!("{p}h.{i}.{name}.bias"), b);
+            }
+        }
+        f(&format!("{p}ln_f.weight"), &mut self.ln_f.0);
+        f(&format!("{p}ln_f.bias"), &mut self.ln_f.1);
+    }
+}

@@ -1,0 +1,25 @@
+//! Pretrained transformers for kiln: Hugging Face checkpoint folders loaded and run.
+//!
+//! Point [`gpt2::Gpt2::from_pretrained`] or [`llama::Llama::from_pretrained`] at a local
+//! folder (`config.json` and `model.safetensors`, or shards with
+//! `model.safetensors.index.json`; nothing is downloaded): the weights are memory-mapped,
+//! converted to the [`LoadOptions`]' dtype and device, and checked by name and shape against
+//! the config, every problem listed in one error. Parameter names are the checkpoint's, so
+//! `named_parameters()` lines up with the files.
+//!
+//! Architectures: GPT-2, and the Llama family in one implementation (Llama 2 and 3,
+//! TinyLlama, SmolLM, Qwen2): RMS norm, rotary embeddings (default, `linear` and `llama3`
+//! scaling), grouped-query attention, the SwiGLU MLP, tied or untied heads, optional
+//! biases. Their logits match transformers' (tests against fixtures it wrote).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod config;
+pub mod gpt2;
+pub mod llama;
+pub mod rope;
+
+pub use checkpoint::{Checkpoint, LoadOptions, Loader};
+pub use config::Config;

@@ -1,0 +1,252 @@
+//! The Llama family (`LlamaForCausalLM`, `Qwen2ForCausalLM`): RMS norms, rotary
+//! positions, grouped-query attention, the SwiGLU MLP, a tied or untied head, and the
+//! config's bias switches. Parameter names and shapes are the checkpoint's (projections
+//! `[out, in]`, applied as `x @ wᵀ`).
+
+use std::path::Path;
+
+use kiln::nn::Parameters;
+use kiln::nn::functional as F;
+use kiln::{Result, Tensor};
+
+use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
+use crate::config::{Config, LlamaConfig};
+use crate::rope;
+
+/// A Llama-family model with its language-model head.
+///
+/// ```no_run
+/// use kiln::prelude::*;
+/// use kiln_models::{LoadOptions, llama::Llama};
+/// let model = Llama::from_pretrained("tinyllama-folder".as_ref(), LoadOptions::default())?;
+/// let logits = model.forward(&Tensor::from_vec(vec![1i64, 450, 4996], [1, 3]))?;
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<Tensor>,
+}
+
+/// A projection: its weight `[out, in]` and optional bias.
+#[derive(Debug)]
+struct Proj {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Proj {
+    fn load(l: &mut Loader<'_>, name: &str, out: usize, inp: usize, bias: bool) -> Proj {
+        Proj {
+            weight: l.take(&format!("{name}.weight"), &[out, inp]),
+            bias: bias.then(|| l.take(&format!("{name}.bias"), &[out])),
+        }
+    }
+
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.try_matmul(&self.weight.t())?;
+        Ok(match &self.bias {
+            Some(b) => y + b,
+            None => y,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_layernorm: Tensor,
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`, in the
+    /// order of [`PROJS`].
+    projs: [Proj; 7],
+    post_attention_layernorm: Tensor,
+}
+
+/// Each projection's name under its layer.
+const PROJS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+impl Llama {
+    /// Loads the model in the Hugging Face folder `dir`.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Io`] for an unreadable folder, config or file, or a config of
+    /// another architecture; [`kiln::Error::Load`] listing every missing, unexpected or
+    /// mis-shaped tensor.
+    pub fn from_pretrained(dir: &Path, options: LoadOptions) -> Result<Llama> {
+        let config = match Config::from_dir(dir)? {
+            Config::Llama(c) => c,
+            other => {
+                return Err(kiln::Error::Io {
+                    op: "from_pretrained",
+                    detail: format!(
+                        "{}: config.json describes {other:?}, not a Llama-family model",
+                        dir.display()
+                    ),
+                });
+            }
+        };
+        let checkpoint = Checkpoint::open(dir)?;
+        Llama::load(config, &checkpoint, options)
+    }
+
+    /// Builds the model of `config` from `checkpoint`'s tensors.
+    ///
+    /// # Errors
+    /// As [`Llama::from_pretrained`].
+    pub fn load(
+        config: LlamaConfig,
+        checkpoint: &Checkpoint,
+        options: LoadOptions,
+    ) -> Result<Llama> {
+        let mut l = Loader::new(checkpoint, options);
+        let c = &config;
+        let (e, d) = (c.hidden_size, c.head_dim);
+        let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let embed_tokens = l.take("model.embed_tokens.weight", &[c.vocab_size, e]);
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let at = format!("model.layers.{i}");
+                // (out, in, bias) of each projection, in the order of PROJS.
+                let sizes = [
+                    (q, e, c.qkv_bias),
+                    (kv, e, c.qkv_bias),
+                    (kv, e, c.qkv_bias),
+                    (e, q, c.o_bias),
+                    (c.intermediate_size, e, c.mlp_bias),
+                    (c.intermediate_size, e, c.mlp_bias),
+                    (e, c.intermediate_size, c.mlp_bias),
+                ];
+                l.skip(&format!("{at}.self_attn.rotary_emb.inv_freq"));
+                Layer {
+                    input_layernorm: l.take(&format!("{at}.input_layernorm.weight"), &[e]),
+                    projs: std::array::from_fn(|j| {
+                        let (out, inp, bias) = sizes[j];
+                        Proj::load(&mut l, &format!("{at}.{}", PROJS[j]), out, inp, bias)
+                    }),
+                    post_attention_layernorm: l
+                        .take(&format!("{at}.post_attention_layernorm.weight"), &[e]),
+                }
+            })
+            .collect();
+        let norm = l.take("model.norm.weight", &[e]);
+        let lm_head = if c.tie_word_embeddings {
+            // Some tied checkpoints still carry the head's copy.
+            l.skip("lm_head.weight");
+            None
+        } else {
+            Some(l.take("lm_head.weight", &[c.vocab_size, e]))
+        };
+        l.finish()?;
+        Ok(Llama { config, embed_tokens, layers, norm, lm_head })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Shape`] when `ids` is not 2-D; [`kiln::Error::Index`] for an id
+    /// outside the vocabulary.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let &[batch, len] = ids.dims() else {
+            return Err(kiln::Error::Shape {
+                op: "Llama::forward",
+                detail: format!("takes token ids [batch, len], got {}", ids.shape()),
+            });
+        };
+        let c = &self.config;
+        let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
+        let (cos, sin) = rope::tables(&c.rope, d, len, dtype, device);
+        let (b, t) = (batch as i64, len as i64);
+        let split = |x: Tensor, n: usize| x.reshape(&[b, t, n as i64, d as i64]).transpose(1, 2);
+        // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
+        let widen = |x: Tensor| {
+            let rep = (heads / kv_heads) as i64;
+            if rep == 1 {
+                return x;
+            }
+            x.unsqueeze(2).expand(&[b, kv_heads as i64, rep, t, d as i64]).reshape(&[
+                b,
+                heads as i64,
+                t,
+                d as i64,
+            ])
+        };
+        let norm = |x: &Tensor, w: &Tensor| {
+            F::try_rms_norm(x, &[c.hidden_size], Some(w), Some(c.rms_norm_eps))
+        };
+        let mut h = F::try_embedding(ids, &self.embed_tokens)?;
+        for layer in &self.layers {
+            let [q_proj, k_proj, v_proj, o_proj, gate, up, down] = &layer.projs;
+            let x = norm(&h, &layer.input_layernorm)?;
+            let q = rope::apply(&split(q_proj.apply(&x)?, heads), &cos, &sin);
+            let k = rope::apply(&split(k_proj.apply(&x)?, kv_heads), &cos, &sin);
+            let v = split(v_proj.apply(&x)?, kv_heads);
+            let y = F::scaled_dot_product_attention(&q, &widen(k), &widen(v), None, true);
+            let y = y.transpose(1, 2).reshape(&[b, t, (heads * d) as i64]);
+            h = h + o_proj.apply(&y)?;
+            let x = norm(&h, &layer.post_attention_layernorm)?;
+            h = h + down.apply(&(gate.apply(&x)?.silu() * up.apply(&x)?))?;
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        norm(&h, &self.norm)?.try_matmul(&head.t())
+    }
+}
+
+impl Parameters for Llama {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&format!("{prefix}model.embed_tokens.weight"), &self.embed_tokens);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let at = format!("{prefix}model.layers.{i}");
+            f(&format!("{at}.input_layernorm.weight"), &layer.input_layernorm);
+            for (name, proj) in PROJS.iter().zip(&layer.projs) {
+                f(&format!("{at}.{name}.weight"), &proj.weight);
+                if let Some(bias) = &proj.bias {
+                    f(&format!("{at}.{name}.bias"), bias);
+                }
+            }
+            f(&format!("{at}.post_attention_layernorm.weight"), &layer.post_attention_layernorm);
+        }
+        f(&format!("{prefix}model.norm.weight"), &self.norm);
+        if let Some(head) = &self.lm_head {
+            f(&format!("{prefix}lm_head.weight"), head);
+        }
+    }
+
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+        f(&format!("{prefix}model.embed_tokens.weight"), &mut self.embed_tokens);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let at = format!("{prefix}model.layers.{i}");
+            f(&format!("{at}.input_layernorm.weight"), &mut layer.input_layernorm);
+            for (name, proj) in PROJS.iter().zip(&mut layer.projs) {
+                f(&format!("{at}.{name}.weight"), &mut proj.weight);
+                if let Some(bias) = &mut proj.bias {
+                    f(&format!("{at}.{name}.bias"), bias);
+                }
+            }
+            f(
+                &format!("{at}.post_attention_layernorm.weight"),
+                &mut layer.post_attention_layernorm,
+            );
+        }
+        f(&format!("{prefix}model.norm.weight"), &mut self.norm);
+        if let Some(head) = &mut self.lm_head {
+            f(&format!("{prefix}lm_head.weight"), head);
+        }
+    }
+}
