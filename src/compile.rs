@@ -75,7 +75,7 @@ pub trait Inputs {
 }
 
 /// Results a compiled function can return: `Tensor`, tuples of up to four, `Vec<Tensor>`,
-/// and `()` (for a step that only updates parameters in place).
+/// `()` (for a step that only updates parameters in place), and `Result` of any of them.
 pub trait Outputs {
     /// The tensors, in order.
     fn tensors(&self) -> Vec<&Tensor>;
@@ -120,6 +120,17 @@ impl Outputs for Tensor {
 impl Outputs for Vec<Tensor> {
     fn tensors(&self) -> Vec<&Tensor> {
         self.iter().collect()
+    }
+}
+
+/// A closure that can fail returns its error through the call: `try_call` then gives
+/// `Ok(Err(e))` (in-place writes it recorded before failing still take effect).
+impl<O: Outputs> Outputs for Result<O> {
+    fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            Ok(o) => o.tensors(),
+            Err(_) => Vec::new(),
+        }
     }
 }
 

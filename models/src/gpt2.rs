@@ -9,6 +9,7 @@ use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
+use crate::cache::KvCache;
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
 use crate::config::{Config, Gpt2Config};
 
@@ -117,12 +118,44 @@ impl Gpt2 {
         &self.config
     }
 
-    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`.
+    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`, every token
+    /// attending to those before it.
     ///
     /// # Errors
     /// [`kiln::Error::Shape`] when `ids` is not 2-D or longer than `n_positions`;
     /// [`kiln::Error::Index`] for an id outside the vocabulary.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.run(ids, None)
+    }
+
+    /// A key/value cache for `batch` sequences of up to `max_len` tokens (at most
+    /// `n_positions`), in the model's dtype on its device.
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    pub fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
+        let c = &self.config;
+        let max_len = max_len.min(c.n_positions);
+        let shape = [batch, c.n_head, max_len, c.n_embd / c.n_head];
+        KvCache::new(c.n_layer, shape, self.wte.dtype(), self.wte.device())
+    }
+
+    /// Logits `[batch, len, vocab]` for the tokens `ids` (`[batch, len]`) at `positions`
+    /// (an i64 tensor `[len]`), their keys and values written into `cache` and each token
+    /// attending to the cache up to its position.
+    ///
+    /// # Errors
+    /// As [`Gpt2::forward`]; a position past the cache's length is an index error.
+    pub fn forward_cached(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        self.run(ids, Some((cache, positions)))
+    }
+
+    fn run(&self, ids: &Tensor, cached: Option<(&KvCache, &Tensor)>) -> Result<Tensor> {
         let (batch, len) = match ids.dims() {
             &[b, t] if t <= self.config.n_positions => (b, t),
             _ => {
@@ -137,7 +170,10 @@ impl Gpt2 {
             }
         };
         let (e, heads) = (self.config.n_embd, self.config.n_head);
-        let positions = Tensor::arange(0i64, len as i64, 1).to(self.wpe.device());
+        let (positions, mask) = match cached {
+            None => (Tensor::arange(0i64, len as i64, 1).to(self.wpe.device()), None),
+            Some((cache, positions)) => (positions.clone(), Some(cache.mask(positions)?)),
+        };
         let mut h = F::try_embedding(ids, &self.wte)? + F::try_embedding(&positions, &self.wpe)?;
         let eps = self.config.layer_norm_epsilon;
         let norm = |x: &Tensor, (w, b): &(Tensor, Tensor)| {
@@ -148,14 +184,22 @@ impl Gpt2 {
         let split = |x: Tensor| {
             x.reshape(&[batch as i64, len as i64, heads as i64, (e / heads) as i64]).transpose(1, 2)
         };
-        for block in &self.blocks {
+        for (i, block) in self.blocks.iter().enumerate() {
             let qkv = conv(&norm(&h, &block.ln_1)?, &block.c_attn)?;
             let (q, k, v) = (
                 split(qkv.narrow(-1, 0, e)),
                 split(qkv.narrow(-1, e, e)),
                 split(qkv.narrow(-1, 2 * e, e)),
             );
-            let y = F::scaled_dot_product_attention(&q, &k, &v, None, true);
+            let y = match cached {
+                None => F::scaled_dot_product_attention(&q, &k, &v, None, true),
+                Some((cache, positions)) => {
+                    let (k, v) = cache.write(i, positions, &k, &v)?;
+                    let options =
+                        F::AttentionOptions { attn_mask: mask.as_ref(), ..Default::default() };
+                    F::try_scaled_dot_product_attention_with(&q, &k, &v, options)?
+                }
+            };
             let y = y.transpose(1, 2).reshape(&[batch as i64, len as i64, e as i64]);
             h = h + conv(&y, &block.attn_proj)?;
             let m = conv(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();

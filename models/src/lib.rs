@@ -15,11 +15,15 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod generate;
 pub mod gpt2;
 pub mod llama;
 pub mod rope;
 
+pub use cache::KvCache;
 pub use checkpoint::{Checkpoint, LoadOptions, Loader};
 pub use config::Config;
+pub use generate::{CausalLm, GenerateOptions, Generation, generate};

@@ -9,6 +9,7 @@ use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
+use crate::cache::KvCache;
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
 use crate::config::{Config, LlamaConfig};
 use crate::rope;
@@ -156,12 +157,51 @@ impl Llama {
         &self.config
     }
 
-    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`.
+    /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`, every token
+    /// attending to those before it.
     ///
     /// # Errors
     /// [`kiln::Error::Shape`] when `ids` is not 2-D; [`kiln::Error::Index`] for an id
     /// outside the vocabulary.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.run(ids, None)
+    }
+
+    /// A key/value cache for `batch` sequences of up to `max_len` tokens, in the model's
+    /// dtype on its device, with the rotary tables of its positions.
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    pub fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
+        let c = &self.config;
+        let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
+        let (cos, sin) = rope::tables(&c.rope, c.head_dim, max_len, dtype, device);
+        KvCache::new(
+            c.num_hidden_layers,
+            [batch, c.num_key_value_heads, max_len, c.head_dim],
+            dtype,
+            device,
+        )?
+        .with_rope(cos, sin)
+    }
+
+    /// Logits `[batch, len, vocab]` for the tokens `ids` (`[batch, len]`) at `positions`
+    /// (an i64 tensor `[len]`), their keys and values written into `cache` and each token
+    /// attending to the cache up to its position. Positions are data, so every decode step
+    /// records the same program.
+    ///
+    /// # Errors
+    /// As [`Llama::forward`]; a position past the cache's length is an index error.
+    pub fn forward_cached(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        self.run(ids, Some((cache, positions)))
+    }
+
+    fn run(&self, ids: &Tensor, cached: Option<(&KvCache, &Tensor)>) -> Result<Tensor> {
         let &[batch, len] = ids.dims() else {
             return Err(kiln::Error::Shape {
                 op: "Llama::forward",
@@ -171,7 +211,10 @@ impl Llama {
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
-        let (cos, sin) = rope::tables(&c.rope, d, len, dtype, device);
+        let ((cos, sin), mask) = match cached {
+            None => (rope::tables(&c.rope, d, len, dtype, device), None),
+            Some((cache, positions)) => (cache.rope_at(positions)?, Some(cache.mask(positions)?)),
+        };
         let (b, t) = (batch as i64, len as i64);
         let split = |x: Tensor, n: usize| x.reshape(&[b, t, n as i64, d as i64]).transpose(1, 2);
         // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
@@ -180,10 +223,12 @@ impl Llama {
             if rep == 1 {
                 return x;
             }
-            x.unsqueeze(2).expand(&[b, kv_heads as i64, rep, t, d as i64]).reshape(&[
+            let dims = x.dims().to_vec();
+            let s = dims[2] as i64;
+            x.unsqueeze(2).expand(&[b, kv_heads as i64, rep, s, d as i64]).reshape(&[
                 b,
                 heads as i64,
-                t,
+                s,
                 d as i64,
             ])
         };
@@ -191,13 +236,24 @@ impl Llama {
             F::try_rms_norm(x, &[c.hidden_size], Some(w), Some(c.rms_norm_eps))
         };
         let mut h = F::try_embedding(ids, &self.embed_tokens)?;
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
             let [q_proj, k_proj, v_proj, o_proj, gate, up, down] = &layer.projs;
             let x = norm(&h, &layer.input_layernorm)?;
             let q = rope::apply(&split(q_proj.apply(&x)?, heads), &cos, &sin);
             let k = rope::apply(&split(k_proj.apply(&x)?, kv_heads), &cos, &sin);
             let v = split(v_proj.apply(&x)?, kv_heads);
-            let y = F::scaled_dot_product_attention(&q, &widen(k), &widen(v), None, true);
+            let y = match cached {
+                None => F::scaled_dot_product_attention(&q, &widen(k), &widen(v), None, true),
+                Some((cache, positions)) => {
+                    let (k, v) = cache.write(i, positions, &k, &v)?;
+                    F::try_scaled_dot_product_attention_with(
+                        &q,
+                        &widen(k),
+                        &widen(v),
+                        F::AttentionOptions { attn_mask: mask.as_ref(), ..Default::default() },
+                    )?
+                }
+            };
             let y = y.transpose(1, 2).reshape(&[b, t, (heads * d) as i64]);
             h = h + o_proj.apply(&y)?;
             let x = norm(&h, &layer.post_attention_layernorm)?;

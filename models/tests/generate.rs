@@ -1,0 +1,133 @@
+//! Generation against transformers' greedy `generate` (the fixtures' `greedy`), with the
+//! key/value cache and without; the decode step planned once; sampling options.
+
+use std::path::{Path, PathBuf};
+
+use kiln::prelude::*;
+use kiln_models::{CausalLm, GenerateOptions, LoadOptions, generate, gpt2::Gpt2, llama::Llama};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// The fixture's prompts and transformers' greedy continuations of them.
+fn prompts_and_greedy(dir: &Path) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let saved = kiln::serialize::load(dir.join("expected.safetensors"))
+        .expect("the fixture's expectations");
+    let rows = |name: &str| {
+        let t = &saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1;
+        let width = t.dims()[1];
+        t.to_vec::<i64>().chunks(width).map(<[i64]>::to_vec).collect::<Vec<_>>()
+    };
+    (rows("input_ids"), rows("greedy"))
+}
+
+fn greedy_matches_transformers(model: &impl CausalLm, name: &str) {
+    let (prompts, want) = prompts_and_greedy(&fixture(name));
+    let options = GenerateOptions { max_new_tokens: 8, ..GenerateOptions::default() };
+    let mut streamed = vec![Vec::new(); prompts.len()];
+    let cached = generate(model, &prompts, &options, |i, t| streamed[i].push(t)).expect("generation with the cache");
+    assert_eq!(cached.tokens, want, "{name}: greedy with the cache");
+    assert_eq!(streamed, want, "{name}: the tokens streamed as they came");
+    // The decode step is planned at its first call and replayed for every later token.
+    let stats = cached.stats.expect("compiled decode statistics");
+    assert_eq!((stats.plans, stats.replays), (1, 6), "{name}: {stats}");
+    assert!(stats.recompiles.is_empty(), "{name}: {stats}");
+    assert_eq!(cached.decode_steps, 7);
+    let uncached =
+        generate(model, &prompts, &GenerateOptions { use_cache: false, ..options }, |_, _| {})
+            .expect("generation without a cache");
+    assert_eq!(uncached.tokens, want, "{name}: greedy without a cache");
+}
+
+#[test]
+fn greedy_decoding_matches_transformers_with_and_without_the_cache() {
+    let gpt2 = Gpt2::from_pretrained(&fixture("gpt2"), LoadOptions::default()).unwrap();
+    greedy_matches_transformers(&gpt2, "gpt2");
+    for name in ["llama", "qwen2", "llama-bf16-sharded"] {
+        let model = Llama::from_pretrained(&fixture(name), LoadOptions::default()).unwrap();
+        greedy_matches_transformers(&model, name);
+    }
+}
+
+/// The prefill and decode plans pass the oracle: every fused kernel against the reference
+/// executor.
+#[test]
+fn decode_and_prefill_plans_pass_kiln_check() {
+    let model = Llama::from_pretrained(&fixture("llama"), LoadOptions::default()).unwrap();
+    let (prompts, want) = prompts_and_greedy(&fixture("llama"));
+    let options = GenerateOptions { max_new_tokens: 8, ..GenerateOptions::default() };
+    let checked = kiln::with_check(|| generate(&model, &prompts, &options, |_, _| {})).unwrap();
+    assert_eq!(checked.tokens, want);
+}
+
+#[test]
+fn sampling_follows_its_options_and_its_seed() {
+    let model = Llama::from_pretrained(&fixture("llama"), LoadOptions::default()).unwrap();
+    let (prompts, greedy) = prompts_and_greedy(&fixture("llama"));
+    let run =
+        |options: GenerateOptions| generate(&model, &prompts, &options, |_, _| {}).unwrap().tokens;
+    let sampled = GenerateOptions {
+        max_new_tokens: 8,
+        temperature: 1.0,
+        seed: 7,
+        ..GenerateOptions::default()
+    };
+    // One candidate left: sampling is greedy.
+    assert_eq!(run(GenerateOptions { top_k: Some(1), ..sampled.clone() }), greedy);
+    assert_eq!(run(GenerateOptions { top_p: Some(1e-9), ..sampled.clone() }), greedy);
+    // A seed decides the draws.
+    let a = run(sampled.clone());
+    assert_eq!(a, run(sampled.clone()));
+    let others: Vec<_> =
+        (8..12).map(|seed| run(GenerateOptions { seed, ..sampled.clone() })).collect();
+    assert!(others.iter().any(|o| *o != a), "four other seeds drew the same tokens: {a:?}");
+    // A stop token ends its sequence, and only that one.
+    let stop = greedy[0][2];
+    let stopped = run(GenerateOptions {
+        max_new_tokens: 8,
+        stop_tokens: vec![stop],
+        ..GenerateOptions::default()
+    });
+    assert_eq!(stopped[0], greedy[0][..3]);
+    assert!(stopped[1].len() <= 8 && stopped[1].starts_with(&greedy[1][..1]));
+    // A repetition penalty changes what greedy picks once a token repeats.
+    let penalized = run(GenerateOptions {
+        max_new_tokens: 8,
+        repetition_penalty: 50.0,
+        ..GenerateOptions::default()
+    });
+    for seq in &penalized {
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            seq.iter().all(|t| seen.insert(*t)),
+            "a heavily penalized sequence repeats: {seq:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_prompts_and_options_are_errors() {
+    let model = Gpt2::from_pretrained(&fixture("gpt2"), LoadOptions::default()).unwrap();
+    let error = |prompts: &[Vec<i64>], options: GenerateOptions| {
+        generate(&model, prompts, &options, |_, _| {}).unwrap_err().to_string()
+    };
+    let e = error(&[vec![1, 2, 3], vec![1, 2]], GenerateOptions::default());
+    assert!(e.contains("prompts of 3 and 2 tokens"), "{e}");
+    assert!(error(&[], GenerateOptions::default()).contains("no prompts"));
+    assert!(error(&[vec![]], GenerateOptions::default()).contains("empty prompt"));
+    let e = error(&[vec![1]], GenerateOptions { temperature: -1.0, ..GenerateOptions::default() });
+    assert!(e.contains("temperature"), "{e}");
+    let e = error(&[vec![1]], GenerateOptions { top_k: Some(0), ..GenerateOptions::default() });
+    assert!(e.contains("top_k"), "{e}");
+    let e = error(&[vec![1, 500]], GenerateOptions::default());
+    assert!(e.contains("prompt 0 holds token 500, outside the vocabulary of 97"), "{e}");
+    // Straight to the model, an id outside the vocabulary is the gather's index error.
+    let e = model
+        .forward(&Tensor::from_vec(vec![500i64], [1, 1]))
+        .unwrap()
+        .try_to_vec::<f32>()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("index 500 is out of bounds"), "{e}");
+}
