@@ -22,8 +22,10 @@ pub mod generate;
 pub mod gpt2;
 pub mod llama;
 pub mod rope;
+pub mod tokenizer;
 
 pub use cache::KvCache;
 pub use checkpoint::{Checkpoint, LoadOptions, Loader};
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Generation, generate};
+pub use tokenizer::{PaddingSide, Tokenizer};

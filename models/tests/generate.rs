@@ -26,7 +26,8 @@ fn greedy_matches_transformers(model: &impl CausalLm, name: &str) {
     let (prompts, want) = prompts_and_greedy(&fixture(name));
     let options = GenerateOptions { max_new_tokens: 8, ..GenerateOptions::default() };
     let mut streamed = vec![Vec::new(); prompts.len()];
-    let cached = generate(model, &prompts, &options, |i, t| streamed[i].push(t)).expect("generation with the cache");
+    let cached = generate(model, &prompts, &options, |i, t| streamed[i].push(t))
+        .expect("generation with the cache");
     assert_eq!(cached.tokens, want, "{name}: greedy with the cache");
     assert_eq!(streamed, want, "{name}: the tokens streamed as they came");
     // The decode step is planned at its first call and replayed for every later token.

@@ -1,0 +1,157 @@
+//! `tokenizer.json`: the tokenizers pretrained models ship (byte-level BPE as in GPT-2,
+//! SentencePiece-style BPE with byte fallback as in Llama, WordPiece as in BERT), run by
+//! Hugging Face's own Rust implementation, so ids agree with transformers'.
+
+use std::path::Path;
+
+use kiln::{Device, Error, Result, Tensor};
+
+/// A model's tokenizer.
+///
+/// ```no_run
+/// use kiln_models::Tokenizer;
+/// let tokenizer = Tokenizer::from_dir("gpt2-folder".as_ref())?;
+/// let ids = tokenizer.encode("Hello there", false)?;
+/// assert_eq!(tokenizer.decode(&ids, true)?, "Hello there");
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokenizer({} tokens)", self.vocab_size())
+    }
+}
+
+/// Where [`Tokenizer::encode_padded`] puts the padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaddingSide {
+    /// After each sequence (for encoders and training).
+    Right,
+    /// Before each sequence, so that every prompt ends at the last position (for
+    /// generation).
+    Left,
+}
+
+fn failed(op: &'static str, e: impl std::fmt::Display) -> Error {
+    Error::Value { op, detail: e.to_string() }
+}
+
+impl Tokenizer {
+    /// Reads a `tokenizer.json`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file when it cannot be read or parsed.
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Io {
+            op: "Tokenizer::from_file",
+            detail: format!("{}: {e}", path.display()),
+        })?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Reads `dir/tokenizer.json`.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::from_file`].
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        Tokenizer::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The ids of `text`; `add_special_tokens` adds what the tokenizer's post-processor
+    /// adds (a BOS token, BERT's `[CLS]` and `[SEP]`).
+    ///
+    /// # Errors
+    /// [`Error::Value`] with the tokenizer's reason.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
+        let encoding =
+            self.inner.encode(text, add_special_tokens).map_err(|e| failed("encode", e))?;
+        Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
+    }
+
+    /// [`Tokenizer::encode`] of each text.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::encode`].
+    pub fn encode_batch(&self, texts: &[&str], add_special_tokens: bool) -> Result<Vec<Vec<i64>>> {
+        texts.iter().map(|t| self.encode(t, add_special_tokens)).collect()
+    }
+
+    /// The texts encoded and padded with `pad_id` to the longest: ids `[batch, len]` (i64)
+    /// and the attention mask `[batch, len]` (bool, `true` on real tokens), on `device`.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::encode`].
+    pub fn encode_padded(
+        &self,
+        texts: &[&str],
+        add_special_tokens: bool,
+        pad_id: i64,
+        side: PaddingSide,
+        device: Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let encoded = self.encode_batch(texts, add_special_tokens)?;
+        let len = encoded.iter().map(Vec::len).max().unwrap_or(0);
+        let (mut ids, mut mask) = (Vec::new(), Vec::new());
+        for seq in &encoded {
+            let pad = len - seq.len();
+            let (before, after) = match side {
+                PaddingSide::Left => (pad, 0),
+                PaddingSide::Right => (0, pad),
+            };
+            ids.extend(
+                std::iter::repeat_n(pad_id, before)
+                    .chain(seq.iter().copied())
+                    .chain(std::iter::repeat_n(pad_id, after)),
+            );
+            mask.extend(
+                std::iter::repeat_n(false, before)
+                    .chain(std::iter::repeat_n(true, seq.len()))
+                    .chain(std::iter::repeat_n(false, after)),
+            );
+        }
+        let shape = [encoded.len(), len];
+        Ok((Tensor::from_vec(ids, shape).to(device), Tensor::from_vec(mask, shape).to(device)))
+    }
+
+    /// The text of `ids`; `skip_special_tokens` leaves out BOS, EOS, padding and the like.
+    ///
+    /// # Errors
+    /// [`Error::Value`] for an id outside the vocabulary, with the tokenizer's reason.
+    pub fn decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
+        let ids = ids
+            .iter()
+            .map(|&id| {
+                u32::try_from(id).ok().filter(|&id| (id as usize) < self.vocab_size()).ok_or_else(
+                    || {
+                        failed(
+                            "decode",
+                            format!(
+                                "token {id} is outside the vocabulary of {}",
+                                self.vocab_size()
+                            ),
+                        )
+                    },
+                )
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        self.inner.decode(&ids, skip_special_tokens).map_err(|e| failed("decode", e))
+    }
+
+    /// The id of a token of the vocabulary (`"<|endoftext|>"`, `"</s>"`).
+    pub fn token_to_id(&self, token: &str) -> Option<i64> {
+        self.inner.token_to_id(token).map(i64::from)
+    }
+
+    /// The token of an id.
+    pub fn id_to_token(&self, id: i64) -> Option<String> {
+        u32::try_from(id).ok().and_then(|id| self.inner.id_to_token(id))
+    }
+}
