@@ -122,7 +122,7 @@ fn bad_prompts_and_options_are_errors() {
     let e = error(&[vec![1]], GenerateOptions { top_k: Some(0), ..GenerateOptions::default() });
     assert!(e.contains("top_k"), "{e}");
     let e = error(&[vec![1, 500]], GenerateOptions::default());
-    assert!(e.contains("prompt 0 holds token 500, outside the vocabulary of 97"), "{e}");
+    assert!(e.contains("prompt 0 holds token 500, outside the vocabulary of 300"), "{e}");
     // Straight to the model, an id outside the vocabulary is the gather's index error.
     let e = model
         .forward(&Tensor::from_vec(vec![500i64], [1, 1]))

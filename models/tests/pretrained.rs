@@ -162,17 +162,17 @@ fn a_missing_tensor_and_a_lying_config_are_named_with_their_shapes() {
 fn broken_files_and_indexes_are_errors_that_name_the_file() {
     // A shard cut short.
     let scratch = Scratch::of("llama-bf16-sharded", "truncated");
-    let shard = scratch.0.join("model-00003-of-00005.safetensors");
+    let shard = scratch.0.join("model-00002-of-00003.safetensors");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
     let e = load_error(&scratch.0);
-    assert!(e.contains("model-00003-of-00005.safetensors is not a valid safetensors file"), "{e}");
+    assert!(e.contains("model-00002-of-00003.safetensors is not a valid safetensors file"), "{e}");
 
     // An index naming a file that is not there.
     let scratch = Scratch::of("llama-bf16-sharded", "index");
-    std::fs::remove_file(scratch.0.join("model-00002-of-00005.safetensors")).unwrap();
+    std::fs::remove_file(scratch.0.join("model-00003-of-00003.safetensors")).unwrap();
     let e = load_error(&scratch.0);
-    assert!(e.contains("cannot map") && e.contains("model-00002-of-00005.safetensors"), "{e}");
+    assert!(e.contains("cannot map") && e.contains("model-00003-of-00003.safetensors"), "{e}");
 
     // An index that is not JSON, and one that puts a tensor in the wrong file.
     let scratch = Scratch::of("llama-bf16-sharded", "json");

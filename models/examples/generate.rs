@@ -1,0 +1,132 @@
+//! Generates text with a local Hugging Face model folder (GPT-2 or the Llama family), streaming
+//! the tokens, and ends with the prefill and decode speed.
+//!
+//! ```text
+//! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
+//!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
+//!     [--dtype f32|bf16] [--cuda]
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kiln::{DType, Device};
+use kiln_models::gpt2::Gpt2;
+use kiln_models::llama::Llama;
+use kiln_models::{
+    CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
+};
+
+const HOW_TO_GET_A_MODEL: &str = "\
+generate needs --model DIR: a local Hugging Face folder with config.json, model.safetensors
+(or shards and model.safetensors.index.json) and tokenizer.json. kiln downloads nothing; get
+one with git (git lfs install; git clone https://huggingface.co/openai-community/gpt2) or
+`huggingface-cli download HuggingFaceTB/SmolLM2-135M --local-dir smollm2`, then:
+
+    cargo run --release -p kiln-models --example generate -- --model gpt2 --prompt \"Hello\"
+
+GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run.";
+
+struct Args {
+    model: Option<PathBuf>,
+    prompt: String,
+    options: GenerateOptions,
+    load: LoadOptions,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        model: None,
+        prompt: "The".into(),
+        options: GenerateOptions { max_new_tokens: 64, ..GenerateOptions::default() },
+        load: LoadOptions::default(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<f64>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--model" => args.model = Some(PathBuf::from(value()?)),
+            "--prompt" => args.prompt = value()?,
+            "--max-new-tokens" => args.options.max_new_tokens = number(value()?)? as usize,
+            "--temperature" => args.options.temperature = number(value()?)?,
+            "--top-k" => args.options.top_k = Some(number(value()?)? as usize),
+            "--top-p" => args.options.top_p = Some(number(value()?)?),
+            "--repetition-penalty" => args.options.repetition_penalty = number(value()?)?,
+            "--seed" => args.options.seed = number(value()?)? as u64,
+            "--no-cache" => args.options.use_cache = false,
+            "--cuda" => args.load.device = Device::Cuda(0),
+            "--dtype" => {
+                args.load.dtype = match value()?.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    "f16" => DType::F16,
+                    other => return Err(format!("--dtype {other}: f32, bf16 or f16")),
+                }
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn run(model: &impl CausalLm, tokenizer: &Tokenizer, args: &Args) -> kiln::Result<Generation> {
+    let prompt = tokenizer.encode(&args.prompt, true)?;
+    print!("{}", args.prompt);
+    let mut ids: Vec<i64> = Vec::new();
+    let mut shown = 0;
+    // Decode all the new tokens each time and print what was added: a token may complete a
+    // character another one began.
+    let generation = generate(model, &[prompt], &args.options, |_, token| {
+        ids.push(token);
+        if let Ok(text) = tokenizer.decode(&ids, true)
+            && text.len() > shown
+            && text.is_char_boundary(shown)
+        {
+            print!("{}", &text[shown..]);
+            shown = text.len();
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    println!();
+    Ok(generation)
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{e}\n\n{HOW_TO_GET_A_MODEL}");
+            std::process::exit(2);
+        }
+    };
+    let Some(dir) = args.model.clone() else {
+        println!("{HOW_TO_GET_A_MODEL}");
+        return;
+    };
+    let result = (|| {
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        let generation = match Config::from_dir(&dir)? {
+            Config::Gpt2(_) => run(&Gpt2::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
+            Config::Llama(_) => run(&Llama::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
+        };
+        eprintln!(
+            "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s){}",
+            generation.prompt_len,
+            generation.prefill.as_secs_f64() * 1e3,
+            generation.prefill_tokens_per_second(),
+            generation.decode_steps,
+            generation.decode.as_secs_f64() * 1e3,
+            generation.decode_tokens_per_second(),
+            generation
+                .stats
+                .map(|s| format!("; decode plans built: {}", s.plans))
+                .unwrap_or_default()
+        );
+        Ok::<(), kiln::Error>(())
+    })();
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
