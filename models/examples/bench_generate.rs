@@ -1,0 +1,75 @@
+//! Decode and prefill speed of a local model folder, batch 1, as the peers' script measures
+//! them (`benches/peers/generate.py`): a 32-token prompt then `--new` greedy tokens (decode
+//! tokens/s over the steps after the first), and a 512-token prompt's prefill (tokens/s),
+//! each the median of `--reps` runs after a warm-up.
+//!
+//! ```text
+//! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE]
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kiln::{DType, Device};
+use kiln_models::gpt2::Gpt2;
+use kiln_models::llama::Llama;
+use kiln_models::{CausalLm, Config, GenerateOptions, LoadOptions, generate};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Decode tokens/s and prefill tokens/s, medians over `reps`.
+fn measure(model: &impl CausalLm, new: usize, reps: usize) -> kiln::Result<(f64, f64)> {
+    let vocab = model.vocab_size() as i64;
+    let prompt = |len: usize| vec![(0..len as i64).map(|i| (i * 7919 + 13) % vocab).collect::<Vec<_>>()];
+    let decode = GenerateOptions { max_new_tokens: new, ..GenerateOptions::default() };
+    let prefill = GenerateOptions { max_new_tokens: 1, ..GenerateOptions::default() };
+    generate(model, &prompt(32), &decode, |_, _| {})?;
+    generate(model, &prompt(512), &prefill, |_, _| {})?;
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        d.push(generate(model, &prompt(32), &decode, |_, _| {})?.decode_tokens_per_second());
+        p.push(generate(model, &prompt(512), &prefill, |_, _| {})?.prefill_tokens_per_second());
+    }
+    Ok((median(d), median(p)))
+}
+
+fn main() -> kiln::Result<()> {
+    let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
+        (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_default();
+        match flag.as_str() {
+            "--model" => dir = Some(PathBuf::from(value)),
+            "--dtype" => dtype = if value == "bf16" { DType::BF16 } else { DType::F32 },
+            "--new" => new = value.parse().unwrap_or(32),
+            "--reps" => reps = value.parse().unwrap_or(3),
+            "--json" => json = Some(PathBuf::from(value)),
+            "--cuda" => device = Device::Cuda(0),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("bench_generate needs --model DIR (see examples/generate.rs for how to get one)");
+        std::process::exit(2);
+    };
+    let options = LoadOptions { dtype, device };
+    let (decode, prefill) = match Config::from_dir(&dir)? {
+        Config::Gpt2(_) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
+        Config::Llama(_) => measure(&Llama::from_pretrained(&dir, options)?, new, reps)?,
+    };
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    println!("{name} {dtype}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s");
+    if let Some(path) = json {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("the JSON file");
+        writeln!(
+            f,
+            "{{\"framework\":\"kiln\",\"model\":\"{name}\",\"dtype\":\"{dtype}\",\"decode_tokens_per_s\":{decode:.2},\"prefill_tokens_per_s\":{prefill:.2}}}"
+        )
+        .expect("a write");
+    }
+    Ok(())
+}
