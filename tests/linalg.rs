@@ -319,6 +319,10 @@ fn bf16_products_match_the_loop_on_every_path() {
         (1, 300, 64, 70),
         (1, 130, 2048, 40),
         (1, 64, 300, 512),
+        // Rows of a decode step: dot products along `k` where the operands allow.
+        (1, 1, 768, 70),
+        (2, 3, 33, 40),
+        (1, 2, 1025, 9),
     ];
     let layouts = [
         (Layout::Contiguous, Layout::Contiguous),
@@ -407,6 +411,19 @@ fn bf16_products_match_the_loop_on_every_path() {
         let portable = read(&a.matmul(&b), dtype);
         kiln::debug::portable_bf16_dot_products(was);
         assert_eq!(hardware, portable, "the portable tile against the instruction");
+        // A row against columns along `k` (`x @ wᵀ`): the dot products' lanes too.
+        for (m, k, n) in [(1, 301, 45), (3, 64, 7), (2, 1000, 33)] {
+            let a = tensor(&values(&mut rng, m * k, dtype), &[m, k], dtype);
+            let w = tensor(&values(&mut rng, n * k, dtype), &[n, k], dtype);
+            let hardware = read(&a.matmul(&w.t()), dtype);
+            let was = kiln::debug::portable_bf16_dot_products(true);
+            let portable = read(&a.matmul(&w.t()), dtype);
+            kiln::debug::portable_bf16_dot_products(was);
+            assert_eq!(
+                hardware, portable,
+                "the portable dot products against the instruction, {m}x{k}x{n}"
+            );
+        }
     }
 }
 

@@ -4,8 +4,10 @@
 //! each the median of `--reps` runs after a warm-up.
 //!
 //! ```text
-//! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE]
+//! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
 //! ```
+//!
+//! `--profile` prints kiln's profile of one decode step (after a warm-up) instead.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,7 +25,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Decode tokens/s and prefill tokens/s, medians over `reps`.
 fn measure(model: &impl CausalLm, new: usize, reps: usize) -> kiln::Result<(f64, f64)> {
     let vocab = model.vocab_size() as i64;
-    let prompt = |len: usize| vec![(0..len as i64).map(|i| (i * 7919 + 13) % vocab).collect::<Vec<_>>()];
+    let prompt =
+        |len: usize| vec![(0..len as i64).map(|i| (i * 7919 + 13) % vocab).collect::<Vec<_>>()];
     let decode = GenerateOptions { max_new_tokens: new, ..GenerateOptions::default() };
     let prefill = GenerateOptions { max_new_tokens: 1, ..GenerateOptions::default() };
     generate(model, &prompt(32), &decode, |_, _| {})?;
@@ -36,11 +39,33 @@ fn measure(model: &impl CausalLm, new: usize, reps: usize) -> kiln::Result<(f64,
     Ok((median(d), median(p)))
 }
 
+/// kiln's profile of the last decode step of a 32-token prompt's generation.
+fn profile(model: &impl CausalLm) -> kiln::Result<()> {
+    let prompt =
+        vec![(0..32i64).map(|i| (i * 7919 + 13) % model.vocab_size() as i64).collect::<Vec<_>>()];
+    let options = GenerateOptions { max_new_tokens: 4, ..GenerateOptions::default() };
+    generate(model, &prompt, &options, |_, _| {})?;
+    let mut steps = 0;
+    let (generation, profile) = kiln::profile(|| {
+        generate(model, &prompt, &GenerateOptions { max_new_tokens: 2, ..options }, |_, _| {
+            steps += 1
+        })
+    });
+    generation?;
+    println!("prefill and one decode step ({steps} tokens):\n{profile}");
+    Ok(())
+}
+
 fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
+    let mut profiling = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--profile" {
+            profiling = true;
+            continue;
+        }
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--model" => dir = Some(PathBuf::from(value)),
@@ -57,6 +82,12 @@ fn main() -> kiln::Result<()> {
         std::process::exit(2);
     };
     let options = LoadOptions { dtype, device };
+    if profiling {
+        return match Config::from_dir(&dir)? {
+            Config::Gpt2(_) => profile(&Gpt2::from_pretrained(&dir, options)?),
+            Config::Llama(_) => profile(&Llama::from_pretrained(&dir, options)?),
+        };
+    }
     let (decode, prefill) = match Config::from_dir(&dir)? {
         Config::Gpt2(_) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
         Config::Llama(_) => measure(&Llama::from_pretrained(&dir, options)?, new, reps)?,
@@ -64,7 +95,11 @@ fn main() -> kiln::Result<()> {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     println!("{name} {dtype}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s");
     if let Some(path) = json {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("the JSON file");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("the JSON file");
         writeln!(
             f,
             "{{\"framework\":\"kiln\",\"model\":\"{name}\",\"dtype\":\"{dtype}\",\"decode_tokens_per_s\":{decode:.2},\"prefill_tokens_per_s\":{prefill:.2}}}"

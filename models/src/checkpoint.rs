@@ -235,12 +235,20 @@ pub struct Loader<'a> {
     options: LoadOptions,
     taken: BTreeSet<String>,
     problems: Vec<String>,
+    /// The parameters handed out, computed (converted, moved) together by `finish`.
+    loaded: Vec<Tensor>,
 }
 
 impl<'a> Loader<'a> {
     /// A loader over `checkpoint`.
     pub fn new(checkpoint: &'a Checkpoint, options: LoadOptions) -> Loader<'a> {
-        Loader { checkpoint, options, taken: BTreeSet::new(), problems: Vec::new() }
+        Loader {
+            checkpoint,
+            options,
+            taken: BTreeSet::new(),
+            problems: Vec::new(),
+            loaded: Vec::new(),
+        }
     }
 
     /// The checkpoint.
@@ -267,7 +275,9 @@ impl<'a> Loader<'a> {
         }
         match self.checkpoint.tensor(name) {
             Ok(t) if t.dtype().is_float() => {
-                t.to_dtype(self.options.dtype).to(self.options.device).detach()
+                let t = t.to_dtype(self.options.dtype).to(self.options.device).detach();
+                self.loaded.push(t.clone());
+                t
             }
             Ok(t) => {
                 self.problems
@@ -288,10 +298,12 @@ impl<'a> Loader<'a> {
     }
 
     /// Ends loading: every problem noted, and every tensor of the checkpoint the model did
-    /// not take, in one [`Error::Load`].
+    /// not take, in one [`Error::Load`]; otherwise the parameters are computed (converted
+    /// and moved), so that a model's first call finds them stored, as every later one does.
     ///
     /// # Errors
-    /// [`Error::Load`], one line per problem, when there were any.
+    /// [`Error::Load`], one line per problem, when there were any; the conversion's errors
+    /// (out of memory).
     pub fn finish(self) -> Result<()> {
         let mut problems = self.problems;
         for name in self.checkpoint.names() {
@@ -300,7 +312,8 @@ impl<'a> Loader<'a> {
             }
         }
         if problems.is_empty() {
-            return Ok(());
+            let loaded: Vec<&Tensor> = self.loaded.iter().collect();
+            return Tensor::try_realize_all(&loaded);
         }
         Err(Error::Load {
             detail: format!("{}:\n{}", self.checkpoint.dir().display(), problems.join("\n")),

@@ -54,6 +54,12 @@ pub(crate) enum DotPath {
     Portable,
 }
 
+/// Left operands of fewer rows than this, read along `k` in place, with a right operand
+/// whose columns lie along `k` too (`x @ wᵀ` with `w` row-major: every `Linear`, a decode
+/// step's products), take dot products row by column ([`gemv`]) instead of packing: each
+/// weight row is read once, where it is.
+const GEMV_ROWS: usize = 4;
+
 /// The most bytes of packing a thread keeps between products; a larger product's packing
 /// (about the size of its bf16 operands) is freed when it ends.
 const KEEP_BYTES: usize = 8 << 20;
@@ -82,6 +88,16 @@ pub(super) unsafe fn product(
     let Problem { m, n, k } = pr;
     let kp = k.div_ceil(2);
     let (a, b, dst) = (a.cast::<u16>(), b.cast::<u16>(), dst.cast::<u16>());
+    if m < GEMV_ROWS && a_cs == 1 && b_rs == 1 {
+        for i in 0..m {
+            // SAFETY: row `i` of the left operand, every column of the right one and row `i`
+            // of `dst` are inside their buffers (the caller's contract).
+            unsafe {
+                gemv(path, a.offset(i as isize * a_rs), (b, b_cs), n, k, dst.add(i * dst_rs))
+            };
+        }
+        return;
+    }
     PACKED.with_borrow_mut(|(pa, pb)| {
         // SAFETY: the caller's contract: column `j < n` of the right operand, element `kk <
         // k`, is at `b + j * b_cs + kk * b_rs`.
@@ -272,6 +288,116 @@ unsafe fn tile_portable(
             unsafe { *dst.add(r * dst_rs + c) = bf16::from_f32(v).to_bits() };
         }
     }
+}
+
+/// `dst[j] = row · column j` for `j < n`, each column `k` contiguous values at `b + j * b_cs`,
+/// rounded once to bf16. Lane `l` of 16 sums the pairs `l`, `l + 16`, ... of `k` (as one
+/// `vdpbf16ps` per 32 values does), then the lanes are added in a fixed tree, so both paths
+/// give the same bits.
+///
+/// # Safety
+/// As [`product`], for one row of the left operand.
+unsafe fn gemv(
+    path: DotPath,
+    row: *const u16,
+    (b, b_cs): (*const u16, isize),
+    n: usize,
+    k: usize,
+    dst: *mut u16,
+) {
+    let column = |j: usize| b.wrapping_offset(j as isize * b_cs);
+    let mut j = 0;
+    while j < n {
+        // Four columns at a time on the instruction: four independent sums hide its latency.
+        let count = if path == DotPath::Instructions { (n - j).min(4) } else { 1 };
+        let mut lanes = [[0f32; 16]; 4];
+        // SAFETY: the caller's contract: `k` values from `row` and from columns `j..j + count`.
+        unsafe {
+            match path {
+                DotPath::Instructions => {
+                    let cols = [
+                        column(j),
+                        column(j + 1.min(count - 1)),
+                        column(j + 2.min(count - 1)),
+                        column(j + 3.min(count - 1)),
+                    ];
+                    lanes = dot_lanes4(row, cols, k);
+                }
+                DotPath::Portable => {
+                    lanes[0] = dot_lanes_portable(
+                        std::slice::from_raw_parts(row, k),
+                        std::slice::from_raw_parts(column(j), k),
+                    );
+                }
+            }
+        }
+        for (c, l) in lanes.into_iter().take(count).enumerate() {
+            // SAFETY: `j + c < n` lies in the row of `dst` (the contract).
+            unsafe { *dst.add(j + c) = bf16::from_f32(reduce_lanes(l)).to_bits() };
+        }
+        j += count;
+    }
+}
+
+/// The 16 lanes' sums, added pairwise at distances 8, 4, 2, 1.
+fn reduce_lanes(mut lanes: [f32; 16]) -> f32 {
+    for half in [8, 4, 2, 1] {
+        for l in 0..half {
+            lanes[l] += lanes[l + half];
+        }
+    }
+    lanes[0]
+}
+
+/// Four dot products' 16 lane sums on `vdpbf16ps` (`row` against each of `cols`), 32 values
+/// per instruction, the tail masked. A column repeated gives the same sums twice.
+///
+/// # Safety
+/// The CPU has the features [`available`] checks; `row` and every column hold `k` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn dot_lanes4(row: *const u16, cols: [*const u16; 4], k: usize) -> [[f32; 16]; 4] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < k {
+        let left = k - i;
+        let mask: __mmask32 = if left >= 32 { u32::MAX } else { (1u32 << left) - 1 };
+        // SAFETY: the masked lanes read only values `i..k` of each operand.
+        unsafe {
+            let va = bh(_mm512_maskz_loadu_epi16(mask, row.add(i).cast()));
+            for (sum, col) in acc.iter_mut().zip(cols) {
+                *sum = _mm512_dpbf16_ps(
+                    *sum,
+                    va,
+                    bh(_mm512_maskz_loadu_epi16(mask, col.add(i).cast())),
+                );
+            }
+        }
+        i += 32;
+    }
+    let mut lanes = [[0f32; 16]; 4];
+    for (out, sum) in lanes.iter_mut().zip(acc) {
+        // SAFETY: 16 f32 lanes into 16 f32s.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
+    }
+    lanes
+}
+
+/// One column of [`dot_lanes4`] without the instruction, with its numerics (as
+/// [`tile_portable`]).
+fn dot_lanes_portable(a: &[u16], b: &[u16]) -> [f32; 16] {
+    let wide = |bits: u16| {
+        let v = f32::from_bits(u32::from(bits) << 16);
+        if v.is_subnormal() { 0.0 } else { v }
+    };
+    let flush = |v: f32| if v.is_subnormal() { 0.0 } else { v };
+    let mut lanes = [0f32; 16];
+    for (q, (pa, pb)) in a.chunks(2).zip(b.chunks(2)).enumerate() {
+        let sum = &mut lanes[q % 16];
+        let (hi_a, hi_b) = (pa.get(1).copied().unwrap_or(0), pb.get(1).copied().unwrap_or(0));
+        *sum = flush(*sum + wide(hi_a) * wide(hi_b));
+        *sum = flush(*sum + wide(pa[0]) * wide(pb[0]));
+    }
+    lanes
 }
 
 /// The same 512 bits as 32 bf16 values.
