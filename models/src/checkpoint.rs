@@ -291,6 +291,14 @@ impl<'a> Loader<'a> {
         }
     }
 
+    /// [`Loader::take`] of a matrix stored `[rows, cols]`, returned transposed and
+    /// contiguous (`[cols, rows]`): GPT-2's `Conv1D` weights become `Linear` ones.
+    pub fn take_transposed(&mut self, name: &str, stored: [usize; 2]) -> Tensor {
+        let t = self.take(name, &stored).t().contiguous();
+        self.loaded.push(t.clone());
+        t
+    }
+
     /// Marks `name` as known but not a parameter (a buffer transformers saves, such as
     /// GPT-2's causal mask): it is neither loaded nor reported as unexpected.
     pub fn skip(&mut self, name: &str) {

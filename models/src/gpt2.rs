@@ -1,7 +1,9 @@
 //! GPT-2 (`GPT2LMHeadModel`): learned positions, pre-norm blocks, the tanh GELU, and the
 //! output head tied to the token embedding. Its projections are `Conv1D`s, weights stored
-//! `[in, out]` (the transpose of a `Linear`'s): kept that way, so every parameter has the
-//! checkpoint's name and shape, and a projection is `x @ w + b`.
+//! `[in, out]` (the transpose of a `Linear`'s): they are transposed on load, so every
+//! projection is `x @ wᵀ + b` as a `Linear`'s, whose product reads each weight row in place
+//! (a decode step's bf16 dot products). Parameters keep the checkpoint's names; those four
+//! weights have the transposed shape `[out, in]`.
 
 use std::path::Path;
 
@@ -83,8 +85,15 @@ impl Gpt2 {
         let p = |name: &str| format!("{prefix}{name}");
         let wte = l.take(&p("wte.weight"), &[config.vocab_size, e]);
         let wpe = l.take(&p("wpe.weight"), &[config.n_positions, e]);
-        let pair = |l: &mut Loader<'_>, name: String, w: &[usize], b: usize| {
-            (l.take(&format!("{name}.weight"), w), l.take(&format!("{name}.bias"), &[b]))
+        // A norm's (weight, bias), or a Conv1D's (weight transposed to [out, in], bias).
+        let norm = |l: &mut Loader<'_>, name: &str| {
+            (l.take(&format!("{name}.weight"), &[e]), l.take(&format!("{name}.bias"), &[e]))
+        };
+        let conv = |l: &mut Loader<'_>, name: &str, inp: usize, out: usize| {
+            (
+                l.take_transposed(&format!("{name}.weight"), [inp, out]),
+                l.take(&format!("{name}.bias"), &[out]),
+            )
         };
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -92,21 +101,17 @@ impl Gpt2 {
                 // The causal mask buffers older checkpoints saved.
                 l.skip(&format!("{h}.attn.bias"));
                 l.skip(&format!("{h}.attn.masked_bias"));
-                let shapes: [(&[usize], usize); 6] = [
-                    (&[e], e),
-                    (&[e, 3 * e], 3 * e),
-                    (&[e, e], e),
-                    (&[e], e),
-                    (&[e, inner], inner),
-                    (&[inner, e], e),
-                ];
-                let [ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj] = std::array::from_fn(|j| {
-                    pair(&mut l, format!("{h}.{}", BLOCK_PAIRS[j]), shapes[j].0, shapes[j].1)
-                });
-                Block { ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj }
+                Block {
+                    ln_1: norm(&mut l, &format!("{h}.ln_1")),
+                    c_attn: conv(&mut l, &format!("{h}.attn.c_attn"), e, 3 * e),
+                    attn_proj: conv(&mut l, &format!("{h}.attn.c_proj"), e, e),
+                    ln_2: norm(&mut l, &format!("{h}.ln_2")),
+                    c_fc: conv(&mut l, &format!("{h}.mlp.c_fc"), e, inner),
+                    mlp_proj: conv(&mut l, &format!("{h}.mlp.c_proj"), inner, e),
+                }
             })
             .collect();
-        let ln_f = pair(&mut l, p("ln_f"), &[e], e);
+        let ln_f = norm(&mut l, &p("ln_f"));
         // The head is the token embedding; a file may still carry a copy of it.
         l.skip("lm_head.weight");
         l.finish()?;
@@ -179,13 +184,14 @@ impl Gpt2 {
         let norm = |x: &Tensor, (w, b): &(Tensor, Tensor)| {
             F::try_layer_norm(x, &[e], Some(w), Some(b), eps)
         };
-        let conv =
-            |x: &Tensor, (w, b): &(Tensor, Tensor)| -> Result<Tensor> { Ok(x.try_matmul(w)? + b) };
+        let linear = |x: &Tensor, (w, b): &(Tensor, Tensor)| -> Result<Tensor> {
+            Ok(x.try_matmul(&w.t())? + b)
+        };
         let split = |x: Tensor| {
             x.reshape(&[batch as i64, len as i64, heads as i64, (e / heads) as i64]).transpose(1, 2)
         };
         for (i, block) in self.blocks.iter().enumerate() {
-            let qkv = conv(&norm(&h, &block.ln_1)?, &block.c_attn)?;
+            let qkv = linear(&norm(&h, &block.ln_1)?, &block.c_attn)?;
             let (q, k, v) = (
                 split(qkv.narrow(-1, 0, e)),
                 split(qkv.narrow(-1, e, e)),
@@ -201,9 +207,9 @@ impl Gpt2 {
                 }
             };
             let y = y.transpose(1, 2).reshape(&[batch as i64, len as i64, e as i64]);
-            h = h + conv(&y, &block.attn_proj)?;
-            let m = conv(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();
-            h = h + conv(&m, &block.mlp_proj)?;
+            h = h + linear(&y, &block.attn_proj)?;
+            let m = linear(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();
+            h = h + linear(&m, &block.mlp_proj)?;
         }
         norm(&h, &self.ln_f)?.try_matmul(&self.wte.t())
     }
