@@ -48,7 +48,7 @@ fn profile(model: &impl CausalLm) -> kiln::Result<()> {
     let mut steps = 0;
     let (generation, profile) = kiln::profile(|| {
         generate(model, &prompt, &GenerateOptions { max_new_tokens: 2, ..options }, |_, _| {
-            steps += 1
+            steps += 1;
         })
     });
     generation?;

@@ -93,8 +93,8 @@ pub(super) unsafe fn product(
             // SAFETY: row `i` of the left operand, every column of the right one and row `i`
             // of `dst` are inside their buffers (the caller's contract).
             unsafe {
-                gemv(path, a.offset(i as isize * a_rs), (b, b_cs), n, k, dst.add(i * dst_rs))
-            };
+                gemv(path, a.offset(i as isize * a_rs), (b, b_cs), n, k, dst.add(i * dst_rs));
+            }
         }
         return;
     }
