@@ -5,7 +5,9 @@
 //! `positions` and attends over the whole cache with a mask that hides the keys after each
 //! query's position. So every decode step records the same program, and a compiled decode
 //! step is planned once and replayed for every later token (as transformers' static cache
-//! under `torch.compile`).
+//! under `torch.compile`). A left-padded batch marks each sequence's padding
+//! ([`KvCache::set_padding`]): its positions count from its first real token and no query
+//! reads a padding slot.
 
 use kiln::{DType, Device, Result, Tensor};
 
@@ -17,6 +19,10 @@ pub struct KvCache {
     /// A rotary model's `cos` and `sin` for every position of the cache, `[max_len,
     /// head_dim]`: a step gathers its positions' rows.
     rope: Option<(Tensor, Tensor)>,
+    /// Left padding: how many slots each sequence's prompt starts after (`[batch]`, i64), so
+    /// that its tokens' positions count from its first real token and no query reads its
+    /// padding.
+    padding: Option<Tensor>,
 }
 
 impl KvCache {
@@ -36,7 +42,7 @@ impl KvCache {
         let layers: Vec<(Tensor, Tensor)> = (0..layers).map(|_| (zeros(), zeros())).collect();
         let all: Vec<&Tensor> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
         Tensor::try_realize_all(&all)?;
-        Ok(KvCache { layers, max_len, rope: None })
+        Ok(KvCache { layers, max_len, rope: None, padding: None })
     }
 
     /// The cache with a rotary model's tables for its positions (`[max_len, head_dim]`),
@@ -50,7 +56,48 @@ impl KvCache {
         Ok(self)
     }
 
-    /// The rotary tables' rows at `positions`: `cos` and `sin`, `[len, head_dim]`.
+    /// Marks sequence `b`'s first `pads[b]` slots as padding (a left-padded batch of prompts):
+    /// its tokens' positions count from slot `pads[b]`, and no query reads a padding slot.
+    ///
+    /// # Errors
+    /// When the batch does not match the cache's, or a padding is not shorter than the cache.
+    pub fn set_padding(&mut self, pads: &[usize]) -> Result<()> {
+        let (batch, device) = match self.layers.first() {
+            Some((k, _)) => (k.dims()[0], k.device()),
+            None => (pads.len(), Device::Cpu),
+        };
+        if pads.len() != batch || pads.iter().any(|&p| p >= self.max_len) {
+            return Err(kiln::Error::Value {
+                op: "KvCache::set_padding",
+                detail: format!(
+                    "{} paddings {pads:?} for a cache of {batch} sequences of {} slots",
+                    pads.len(),
+                    self.max_len
+                ),
+            });
+        }
+        let pads = Tensor::from_vec(pads.iter().map(|&p| p as i64).collect::<Vec<_>>(), [batch])
+            .to(device);
+        pads.try_realize()?;
+        self.padding = Some(pads);
+        Ok(())
+    }
+
+    /// The positions of the tokens in the slots `slots` (`[len]`): the slots themselves,
+    /// or, with padding, each sequence's slots less its padding (`[batch, len]`, padding
+    /// slots at 0).
+    ///
+    /// # Errors
+    /// When `slots` is not a 1-D integer tensor.
+    pub fn position_ids(&self, slots: &Tensor) -> Result<Tensor> {
+        match &self.padding {
+            None => Ok(slots.clone()),
+            Some(pads) => Ok((slots.try_unsqueeze(0)? - pads.try_unsqueeze(1)?).clamp_min(0.0)),
+        }
+    }
+
+    /// The rotary tables' rows at `positions` (from [`KvCache::position_ids`]): `cos` and
+    /// `sin`, `[len, head_dim]`, or `[batch, 1, len, head_dim]` with padding.
     ///
     /// # Errors
     /// When the cache has no tables (a model without rotary embeddings made it).
@@ -62,10 +109,11 @@ impl KvCache {
                     .into(),
             });
         };
-        Ok((
-            kiln::nn::functional::try_embedding(positions, cos)?,
-            kiln::nn::functional::try_embedding(positions, sin)?,
-        ))
+        let rows = |table: &Tensor| -> Result<Tensor> {
+            let rows = kiln::nn::functional::try_embedding(positions, table)?;
+            if positions.ndim() == 2 { rows.try_unsqueeze(1) } else { Ok(rows) }
+        };
+        Ok((rows(cos)?, rows(sin)?))
     }
 
     /// The longest sequence (prompt and generated tokens) it holds.
@@ -95,14 +143,22 @@ impl KvCache {
         Ok((keys.clone(), values.clone()))
     }
 
-    /// Which cached keys each query at `positions` (`[len]`) may attend to: `[len, max_len]`,
-    /// `true` for the keys at or before its position (causal, aligned to the absolute
-    /// positions, so a query of a decode step sees the whole prefix).
+    /// Which cached keys each query in the slots `slots` (`[len]`) may attend to:
+    /// `[len, max_len]`, `true` for the keys at or before its slot (causal, aligned to the
+    /// absolute slots, so a query of a decode step sees the whole prefix). With padding,
+    /// `[batch, 1, len, max_len]`, without each sequence's padding slots; a padding query
+    /// reads only itself, so that no row is empty.
     ///
     /// # Errors
-    /// When `positions` is not a 1-D integer tensor.
-    pub fn mask(&self, positions: &Tensor) -> Result<Tensor> {
-        let keys = Tensor::arange(0i64, self.max_len as i64, 1).to(positions.device());
-        Ok(keys.try_unsqueeze(0)?.le(&positions.try_unsqueeze(1)?))
+    /// When `slots` is not a 1-D integer tensor.
+    pub fn mask(&self, slots: &Tensor) -> Result<Tensor> {
+        let keys =
+            Tensor::arange(0i64, self.max_len as i64, 1).to(slots.device()).try_unsqueeze(0)?;
+        let queries = slots.try_unsqueeze(1)?;
+        let causal = keys.le(&queries);
+        let Some(pads) = &self.padding else { return Ok(causal) };
+        let started = keys.try_unsqueeze(0)?.ge(&pads.try_reshape(&[-1, 1, 1])?);
+        let own = keys.eq(&queries);
+        causal.try_unsqueeze(0)?.logical_and(&started).logical_or(&own).try_unsqueeze(1)
     }
 }

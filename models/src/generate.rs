@@ -118,7 +118,7 @@ impl Default for GenerateOptions {
 pub struct Generation {
     /// The new tokens of each prompt (ending with its stop token, when one came).
     pub tokens: Vec<Vec<i64>>,
-    /// Tokens in each prompt.
+    /// Tokens in the longest prompt (the others are padded to it).
     pub prompt_len: usize,
     /// The prompt's forward pass, including the choice of the first token.
     pub prefill: Duration,
@@ -143,14 +143,14 @@ impl Generation {
     }
 }
 
-/// Continues each of `prompts` (token ids, all of one length) with up to
-/// `options.max_new_tokens` tokens; `on_token(sequence, token)` is called with each new
-/// token as soon as it is chosen (for streaming).
+/// Continues each of `prompts` (token ids) with up to `options.max_new_tokens` tokens;
+/// `on_token(sequence, token)` is called with each new token as soon as it is chosen (for
+/// streaming). Prompts of different lengths are padded on the left, and each sequence's
+/// positions count from its own first token, as transformers does with an attention mask.
 ///
 /// # Errors
-/// [`Error::Value`] for no prompts, an empty one, prompts of different lengths (left
-/// padding is not supported yet), a token outside the vocabulary, or invalid options; the
-/// model's errors.
+/// [`Error::Value`] for no prompts, an empty one, prompts of different lengths without the
+/// cache, a token outside the vocabulary, or invalid options; the model's errors.
 pub fn generate(
     model: &impl CausalLm,
     prompts: &[Vec<i64>],
@@ -161,7 +161,14 @@ pub fn generate(
     let batch = prompts.len();
     let device = model.device();
     let mut sampler = Sampler::new(options);
-    let mut seqs: Vec<Vec<i64>> = prompts.to_vec();
+    // Shorter prompts are padded on the left (with their own first token; the cache's
+    // padding keeps every query off those slots), so that all end at the last position.
+    let pads: Vec<usize> = prompts.iter().map(|p| len - p.len()).collect();
+    let mut seqs: Vec<Vec<i64>> = prompts
+        .iter()
+        .zip(&pads)
+        .map(|(p, &pad)| std::iter::repeat_n(p[0], pad).chain(p.iter().copied()).collect())
+        .collect();
     let mut done = vec![false; batch];
     let mut new: Vec<Vec<i64>> = vec![Vec::new(); batch];
     let ids_of = |tokens: Vec<i64>, t: usize| Tensor::from_vec(tokens, [batch, t]).to(device);
@@ -169,7 +176,11 @@ pub fn generate(
         Tensor::from_vec((start..start + t).map(|p| p as i64).collect::<Vec<_>>(), [t]).to(device)
     };
     let cache = if options.use_cache {
-        Some(model.new_cache(batch, len + options.max_new_tokens)?)
+        let mut cache = model.new_cache(batch, len + options.max_new_tokens)?;
+        if pads.iter().any(|&p| p > 0) {
+            cache.set_padding(&pads)?;
+        }
+        Some(cache)
     } else {
         None
     };
@@ -236,17 +247,19 @@ pub fn generate(
 /// The prompts' common length, after checking them and the options.
 fn check(prompts: &[Vec<i64>], options: &GenerateOptions, vocab: usize) -> Result<usize> {
     let value = |detail: String| Error::Value { op: "generate", detail };
-    let Some(len) = prompts.first().map(Vec::len) else {
+    let Some(len) = prompts.iter().map(Vec::len).max() else {
         return Err(value("no prompts: pass at least one sequence of token ids".into()));
     };
-    if len == 0 {
+    if prompts.iter().any(Vec::is_empty) {
         return Err(value(
             "an empty prompt: start it with at least one token (a BOS token)".into(),
         ));
     }
-    if let Some(other) = prompts.iter().find(|p| p.len() != len) {
+    if !options.use_cache
+        && let Some(other) = prompts.iter().find(|p| p.len() != len)
+    {
         return Err(value(format!(
-            "prompts of {len} and {} tokens: batched prompts must have one length (left padding with an attention mask is not supported yet)",
+            "prompts of {len} and {} tokens without the cache: a left-padded batch needs it (use_cache: true)",
             other.len()
         )));
     }

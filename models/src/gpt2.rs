@@ -177,7 +177,7 @@ impl Gpt2 {
         let (e, heads) = (self.config.n_embd, self.config.n_head);
         let (positions, mask) = match cached {
             None => (Tensor::arange(0i64, len as i64, 1).to(self.wpe.device()), None),
-            Some((cache, positions)) => (positions.clone(), Some(cache.mask(positions)?)),
+            Some((cache, slots)) => (cache.position_ids(slots)?, Some(cache.mask(slots)?)),
         };
         let mut h = F::try_embedding(ids, &self.wte)? + F::try_embedding(&positions, &self.wpe)?;
         let eps = self.config.layer_norm_epsilon;

@@ -213,7 +213,9 @@ impl Llama {
         let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
         let ((cos, sin), mask) = match cached {
             None => (rope::tables(&c.rope, d, len, dtype, device), None),
-            Some((cache, positions)) => (cache.rope_at(positions)?, Some(cache.mask(positions)?)),
+            Some((cache, slots)) => {
+                (cache.rope_at(&cache.position_ids(slots)?)?, Some(cache.mask(slots)?))
+            }
         };
         let (b, t) = (batch as i64, len as i64);
         let split = |x: Tensor, n: usize| x.reshape(&[b, t, n as i64, d as i64]).transpose(1, 2);

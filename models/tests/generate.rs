@@ -10,16 +10,18 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-/// The fixture's prompts and transformers' greedy continuations of them.
-fn prompts_and_greedy(dir: &Path) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+/// The rows of a saved `[rows, width]` i64 tensor of a fixture's expectations.
+fn saved_rows(dir: &Path, name: &str) -> Vec<Vec<i64>> {
     let saved = kiln::serialize::load(dir.join("expected.safetensors"))
         .expect("the fixture's expectations");
-    let rows = |name: &str| {
-        let t = &saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1;
-        let width = t.dims()[1];
-        t.to_vec::<i64>().chunks(width).map(<[i64]>::to_vec).collect::<Vec<_>>()
-    };
-    (rows("input_ids"), rows("greedy"))
+    let t = &saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1;
+    let width = t.dims()[1];
+    t.to_vec::<i64>().chunks(width).map(<[i64]>::to_vec).collect()
+}
+
+/// The fixture's prompts and transformers' greedy continuations of them.
+fn prompts_and_greedy(dir: &Path) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    (saved_rows(dir, "input_ids"), saved_rows(dir, "greedy"))
 }
 
 fn greedy_matches_transformers(model: &impl CausalLm, name: &str) {
@@ -35,10 +37,24 @@ fn greedy_matches_transformers(model: &impl CausalLm, name: &str) {
     assert_eq!((stats.plans, stats.replays), (1, 6), "{name}: {stats}");
     assert!(stats.recompiles.is_empty(), "{name}: {stats}");
     assert_eq!(cached.decode_steps, 7);
-    let uncached =
-        generate(model, &prompts, &GenerateOptions { use_cache: false, ..options }, |_, _| {})
-            .expect("generation without a cache");
+    let uncached = generate(
+        model,
+        &prompts,
+        &GenerateOptions { use_cache: false, ..options.clone() },
+        |_, _| {},
+    )
+    .expect("generation without a cache");
     assert_eq!(uncached.tokens, want, "{name}: greedy without a cache");
+    // Prompts of different lengths: left-padded, each counting positions from its own first
+    // token, as transformers with an attention mask.
+    let ragged = vec![prompts[0].clone(), prompts[1][3..].to_vec()];
+    let padded = generate(model, &ragged, &options, |_, _| {}).expect("a left-padded batch");
+    assert_eq!(
+        padded.tokens,
+        saved_rows(&fixture(name), "padded_greedy"),
+        "{name}: a left-padded batch"
+    );
+    assert_eq!(padded.stats.expect("statistics").plans, 1, "{name}: one decode plan with padding");
 }
 
 #[test]
@@ -113,8 +129,9 @@ fn bad_prompts_and_options_are_errors() {
     let error = |prompts: &[Vec<i64>], options: GenerateOptions| {
         generate(&model, prompts, &options, |_, _| {}).unwrap_err().to_string()
     };
-    let e = error(&[vec![1, 2, 3], vec![1, 2]], GenerateOptions::default());
-    assert!(e.contains("prompts of 3 and 2 tokens"), "{e}");
+    let uncached = GenerateOptions { use_cache: false, ..GenerateOptions::default() };
+    let e = error(&[vec![1, 2, 3], vec![1, 2]], uncached);
+    assert!(e.contains("prompts of 3 and 2 tokens without the cache"), "{e}");
     assert!(error(&[], GenerateOptions::default()).contains("no prompts"));
     assert!(error(&[vec![]], GenerateOptions::default()).contains("empty prompt"));
     let e = error(&[vec![1]], GenerateOptions { temperature: -1.0, ..GenerateOptions::default() });

@@ -15,11 +15,10 @@ fn fixture(name: &str) -> PathBuf {
 
 /// transformers' input ids and logits for a fixture.
 fn expected(dir: &Path) -> (Tensor, Tensor) {
-    let mut saved = kiln::serialize::load(dir.join("expected.safetensors"))
+    let saved = kiln::serialize::load(dir.join("expected.safetensors"))
         .expect("the fixture's expectations");
-    let logits = saved.pop().expect("logits").1;
-    let ids = saved.pop().expect("input_ids").1;
-    (ids, logits)
+    let get = |name: &str| saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1.clone();
+    (get("input_ids"), get("logits"))
 }
 
 /// Every logit within `rel` of transformers', relative to the larger of its magnitude and 1.
