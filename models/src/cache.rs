@@ -19,6 +19,9 @@ pub struct KvCache {
     /// A rotary model's `cos` and `sin` for every position of the cache, `[max_len,
     /// head_dim]`: a step gathers its positions' rows.
     rope: Option<(Tensor, Tensor)>,
+    /// `0..max_len` on the cache's device (`[1, max_len]`, i64): made with the cache, since
+    /// moving data to a device inside a compiled step would split its plan.
+    slots: Tensor,
     /// Left padding: how many slots each sequence's prompt starts after (`[batch]`, i64), so
     /// that its tokens' positions count from its first real token and no query reads its
     /// padding.
@@ -40,9 +43,12 @@ impl KvCache {
         let zeros =
             || Tensor::zeros([batch, kv_heads, max_len, head_dim]).to_dtype(dtype).to(device);
         let layers: Vec<(Tensor, Tensor)> = (0..layers).map(|_| (zeros(), zeros())).collect();
-        let all: Vec<&Tensor> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
+        let mut all: Vec<&Tensor> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
+        let slots =
+            Tensor::from_vec((0..max_len as i64).collect::<Vec<_>>(), [1, max_len]).to(device);
+        all.push(&slots);
         Tensor::try_realize_all(&all)?;
-        Ok(KvCache { layers, max_len, rope: None, padding: None })
+        Ok(KvCache { layers, max_len, rope: None, slots, padding: None })
     }
 
     /// The cache with a rotary model's tables for its positions (`[max_len, head_dim]`),
@@ -152,8 +158,7 @@ impl KvCache {
     /// # Errors
     /// When `slots` is not a 1-D integer tensor.
     pub fn mask(&self, slots: &Tensor) -> Result<Tensor> {
-        let keys =
-            Tensor::arange(0i64, self.max_len as i64, 1).to(slots.device()).try_unsqueeze(0)?;
+        let keys = &self.slots;
         let queries = slots.try_unsqueeze(1)?;
         let causal = keys.le(&queries);
         let Some(pads) = &self.padding else { return Ok(causal) };

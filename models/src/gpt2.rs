@@ -33,6 +33,9 @@ pub struct Gpt2 {
     prefix: String,
     wte: Tensor,
     wpe: Tensor,
+    /// `0..n_positions` on the parameters' device (moving data to a device inside a
+    /// compiled step would split its plan).
+    positions: Tensor,
     blocks: Vec<Block>,
     ln_f: (Tensor, Tensor),
 }
@@ -115,7 +118,10 @@ impl Gpt2 {
         // The head is the token embedding; a file may still carry a copy of it.
         l.skip("lm_head.weight");
         l.finish()?;
-        Ok(Gpt2 { config, prefix, wte, wpe, blocks, ln_f })
+        let n = config.n_positions;
+        let positions = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), [n]).to(options.device);
+        positions.try_realize()?;
+        Ok(Gpt2 { config, prefix, wte, wpe, positions, blocks, ln_f })
     }
 
     /// The configuration.
@@ -176,7 +182,8 @@ impl Gpt2 {
         };
         let (e, heads) = (self.config.n_embd, self.config.n_head);
         let (positions, mask) = match cached {
-            None => (Tensor::arange(0i64, len as i64, 1).to(self.wpe.device()), None),
+            // Host data moved to the device, as `KvCache::mask`'s key slots.
+            None => (self.positions.narrow(0, 0, len), None),
             Some((cache, slots)) => (cache.position_ids(slots)?, Some(cache.mask(slots)?)),
         };
         let mut h = F::try_embedding(ids, &self.wte)? + F::try_embedding(&positions, &self.wpe)?;

@@ -31,6 +31,11 @@ pub struct Llama {
     norm: Tensor,
     /// `None` when tied to `embed_tokens`.
     lm_head: Option<Tensor>,
+    /// `0..max_position_embeddings` (i64) and the rotary inverse frequencies (f32) on the
+    /// parameters' device, for the rotary tables of a forward pass without a cache (moving
+    /// data to a device inside a compiled step would split its plan).
+    positions: Tensor,
+    inv_freq: Tensor,
 }
 
 /// A projection: its weight `[out, in]` and optional bias.
@@ -149,7 +154,13 @@ impl Llama {
             Some(l.take("lm_head.weight", &[c.vocab_size, e]))
         };
         l.finish()?;
-        Ok(Llama { config, embed_tokens, layers, norm, lm_head })
+        let n = config.max_position_embeddings;
+        let positions = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), [n]).to(options.device);
+        let freqs: Vec<f32> =
+            rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
+        let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(options.device);
+        Tensor::try_realize_all(&[&positions, &inv_freq])?;
+        Ok(Llama { config, embed_tokens, layers, norm, lm_head, positions, inv_freq })
     }
 
     /// The configuration.
@@ -210,9 +221,12 @@ impl Llama {
         };
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
+        let dtype = self.embed_tokens.dtype();
         let ((cos, sin), mask) = match cached {
-            None => (rope::tables(&c.rope, d, len, dtype, device), None),
+            None => (
+                rope::on_device(&self.positions.try_narrow(0, 0, len)?, &self.inv_freq, dtype)?,
+                None,
+            ),
             Some((cache, slots)) => {
                 (cache.rope_at(&cache.position_ids(slots)?)?, Some(cache.mask(slots)?))
             }

@@ -64,6 +64,22 @@ pub fn tables(
     (make(cos), make(sin))
 }
 
+/// `cos` and `sin` `[len, head_dim]` computed on the device from `positions` (`[len]`, i64)
+/// and `inv_freq` (`[head_dim / 2]`, f32), as transformers computes them (the angles in f32),
+/// in `dtype`: no data moves to the device, so a compiled step can call it.
+///
+/// # Errors
+/// When `positions` is not 1-D.
+pub fn on_device(
+    positions: &Tensor,
+    inv_freq: &Tensor,
+    dtype: DType,
+) -> kiln::Result<(Tensor, Tensor)> {
+    let angles = positions.to_dtype(DType::F32).try_unsqueeze(-1)? * inv_freq;
+    let angles = Tensor::cat(&[&angles, &angles], -1);
+    Ok((angles.cos().to_dtype(dtype), angles.sin().to_dtype(dtype)))
+}
+
 /// `x * cos + rotate_half(x) * sin` for `x` of `[.., len, head_dim]`, where
 /// `rotate_half(x) = cat(-x2, x1)` over the head's two halves.
 pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {

@@ -67,6 +67,26 @@ fn greedy_decoding_matches_transformers_with_and_without_the_cache() {
     }
 }
 
+/// On a CUDA device (the emulated one in CI's `emulator/run-tests`): the parameters, the
+/// cache and every step on the GPU, the same greedy tokens, one decode plan.
+#[test]
+fn greedy_decoding_on_cuda_matches_transformers() {
+    let test = "greedy_decoding_on_cuda_matches_transformers";
+    if !kiln::cuda::is_available() {
+        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+        kiln_ir::testing::skip(
+            test,
+            &format!("there is no CUDA device ({why})"),
+            &["KILN_REQUIRE_GPU"],
+        );
+        return;
+    }
+    let options = LoadOptions { device: Device::Cuda(0), ..LoadOptions::default() };
+    let model = Llama::from_pretrained(&fixture("llama"), options).unwrap();
+    assert_eq!(model.device(), Device::Cuda(0));
+    greedy_matches_transformers(&model, "llama");
+}
+
 /// The prefill and decode plans pass the oracle: every fused kernel against the reference
 /// executor.
 #[test]
