@@ -11,6 +11,14 @@
 
 use kiln::{DType, Device, Result, Tensor};
 
+/// `0..n` (i64, `[n]`) on `device`, computed now: moving data to a device inside a compiled
+/// step would split its plan, so what a step indexes by position is made beforehand.
+pub(crate) fn positions_on(n: usize, device: Device) -> Result<Tensor> {
+    let t = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), [n]).to(device);
+    t.try_realize()?;
+    Ok(t)
+}
+
 /// Every layer's keys and values, `[batch, kv_heads, max_len, head_dim]` each.
 #[derive(Debug)]
 pub struct KvCache {
@@ -43,11 +51,9 @@ impl KvCache {
         let zeros =
             || Tensor::zeros([batch, kv_heads, max_len, head_dim]).to_dtype(dtype).to(device);
         let layers: Vec<(Tensor, Tensor)> = (0..layers).map(|_| (zeros(), zeros())).collect();
-        let mut all: Vec<&Tensor> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
-        let slots =
-            Tensor::from_vec((0..max_len as i64).collect::<Vec<_>>(), [1, max_len]).to(device);
-        all.push(&slots);
+        let all: Vec<&Tensor> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
         Tensor::try_realize_all(&all)?;
+        let slots = positions_on(max_len, device)?.try_unsqueeze(0)?;
         Ok(KvCache { layers, max_len, rope: None, slots, padding: None })
     }
 

@@ -38,41 +38,30 @@ pub trait CausalLm {
     fn vocab_size(&self) -> usize;
 }
 
-impl CausalLm for crate::gpt2::Gpt2 {
-    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        crate::gpt2::Gpt2::forward(self, ids)
-    }
-    fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
-        crate::gpt2::Gpt2::new_cache(self, batch, max_len)
-    }
-    fn forward_cached(&self, ids: &Tensor, positions: &Tensor, cache: &KvCache) -> Result<Tensor> {
-        crate::gpt2::Gpt2::forward_cached(self, ids, positions, cache)
-    }
-    fn device(&self) -> Device {
-        kiln::nn::Parameters::parameters(self).first().map_or(Device::Cpu, Tensor::device)
-    }
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
-    }
+/// `CausalLm` for a model whose inherent methods of the same names do the work.
+macro_rules! causal_lm {
+    ($($model:ty),*) => {$(
+        impl CausalLm for $model {
+            fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+                <$model>::forward(self, ids)
+            }
+            fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
+                <$model>::new_cache(self, batch, max_len)
+            }
+            fn forward_cached(&self, ids: &Tensor, positions: &Tensor, cache: &KvCache) -> Result<Tensor> {
+                <$model>::forward_cached(self, ids, positions, cache)
+            }
+            fn device(&self) -> Device {
+                <$model>::device(self)
+            }
+            fn vocab_size(&self) -> usize {
+                self.config().vocab_size
+            }
+        }
+    )*};
 }
 
-impl CausalLm for crate::llama::Llama {
-    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        crate::llama::Llama::forward(self, ids)
-    }
-    fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
-        crate::llama::Llama::new_cache(self, batch, max_len)
-    }
-    fn forward_cached(&self, ids: &Tensor, positions: &Tensor, cache: &KvCache) -> Result<Tensor> {
-        crate::llama::Llama::forward_cached(self, ids, positions, cache)
-    }
-    fn device(&self) -> Device {
-        kiln::nn::Parameters::parameters(self).first().map_or(Device::Cpu, Tensor::device)
-    }
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
-    }
-}
+causal_lm!(crate::gpt2::Gpt2, crate::llama::Llama);
 
 /// How [`generate`] chooses tokens, as transformers' `generate` arguments.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,7 @@ use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
-use crate::cache::KvCache;
+use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
 use crate::config::{Config, Gpt2Config};
 
@@ -118,15 +118,18 @@ impl Gpt2 {
         // The head is the token embedding; a file may still carry a copy of it.
         l.skip("lm_head.weight");
         l.finish()?;
-        let n = config.n_positions;
-        let positions = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), [n]).to(options.device);
-        positions.try_realize()?;
+        let positions = positions_on(config.n_positions, options.device)?;
         Ok(Gpt2 { config, prefix, wte, wpe, positions, blocks, ln_f })
     }
 
     /// The configuration.
     pub fn config(&self) -> &Gpt2Config {
         &self.config
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> kiln::Device {
+        self.wte.device()
     }
 
     /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`, every token

@@ -9,7 +9,7 @@ use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
-use crate::cache::KvCache;
+use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
 use crate::config::{Config, LlamaConfig};
 use crate::rope;
@@ -154,18 +154,22 @@ impl Llama {
             Some(l.take("lm_head.weight", &[c.vocab_size, e]))
         };
         l.finish()?;
-        let n = config.max_position_embeddings;
-        let positions = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), [n]).to(options.device);
+        let positions = positions_on(config.max_position_embeddings, options.device)?;
         let freqs: Vec<f32> =
             rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
         let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(options.device);
-        Tensor::try_realize_all(&[&positions, &inv_freq])?;
+        inv_freq.try_realize()?;
         Ok(Llama { config, embed_tokens, layers, norm, lm_head, positions, inv_freq })
     }
 
     /// The configuration.
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> kiln::Device {
+        self.embed_tokens.device()
     }
 
     /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`, every token

@@ -374,17 +374,29 @@ impl Run<'_> {
                 "an in-place assign in a GPU plan".into(),
             ))));
         }
-        if self.assign_in_place(n, view, base, (values, src)) {
-            return Ok(());
-        }
         let started = Instant::now();
-        let out =
-            native::assign_from(&self.bufs[&base], view, &self.bufs[&values], src).map_err(at)?;
+        // In place when nothing else holds the base's buffer (a `cat` writes each piece into
+        // one buffer instead of copying the whole result once per piece), else into a copy.
+        let mut own = self.bufs.take(base);
+        let in_place = own
+            .as_mut()
+            .is_some_and(|own| native::assign_in_place(own, view, &self.bufs[&values], src));
+        let (out, bytes_read) = match own {
+            Some(own) if in_place => (own, trace::bytes(&self.bufs[&values])),
+            _ => {
+                if let Some(own) = own {
+                    self.bufs.insert(base, own);
+                }
+                let out = native::assign_from(&self.bufs[&base], view, &self.bufs[&values], src)
+                    .map_err(at)?;
+                (out, trace::bytes(&self.bufs[&base]) + trace::bytes(&self.bufs[&values]))
+            }
+        };
         if self.tracing {
             let mut e =
                 trace::plain_event("assign", StepKind::Library, "assign".into(), String::new());
             e.shape = node.shape.to_string();
-            e.bytes_read = trace::bytes(&self.bufs[&base]) + trace::bytes(&self.bufs[&values]);
+            e.bytes_read = bytes_read;
             e.bytes_written = trace::bytes(&out);
             e.sources = node.origin.into_iter().collect();
             e.duration = started.elapsed();
@@ -394,40 +406,6 @@ impl Run<'_> {
         self.done_reading(values);
         self.bufs.insert(n, out);
         Ok(())
-    }
-
-    /// An assignment into its base's own buffer, when this step is the base's last reader
-    /// and nothing else holds it (a `cat` writes each piece into one buffer instead of
-    /// copying the whole result once per piece). `false` when the base is shared.
-    /// `values` is the buffer the assigned values are read from and its view.
-    fn assign_in_place(
-        &mut self,
-        n: NodeId,
-        view: &kiln_ir::View,
-        base: NodeId,
-        (values, src): (NodeId, &kiln_ir::View),
-    ) -> bool {
-        let started = Instant::now();
-        let Some(mut out) = self.bufs.take(base) else { return false };
-        if !native::assign_in_place(&mut out, view, &self.bufs[&values], src) {
-            self.bufs.insert(base, out);
-            return false;
-        }
-        if self.tracing {
-            let node = self.graph.node(n);
-            let mut e =
-                trace::plain_event("assign", StepKind::Library, "assign".into(), String::new());
-            e.shape = node.shape.to_string();
-            e.bytes_read = trace::bytes(&self.bufs[&values]);
-            e.bytes_written = e.bytes_read;
-            e.sources = node.origin.into_iter().collect();
-            e.duration = started.elapsed();
-            self.traced(started, e, Some((n, &out)));
-        }
-        self.done_reading(base);
-        self.done_reading(values);
-        self.bufs.insert(n, out);
-        true
     }
 
     /// A matrix product: `gemm` on the CPU, cuBLAS on a GPU.
