@@ -486,38 +486,64 @@ device_test!(
     super::fused_attention_matches_the_reference_on
 );
 
-/// Fused attention and its gradients on `device` in every float dtype, causal or not, with
-/// rows longer than a warp, against the reference executor; they run as the device's own
-/// library steps, not host copies.
+/// Fused attention and its gradients on `device` in every float dtype, unmasked, causal from
+/// either corner or with a given bool mask (one query seeing no key), with rows longer than a
+/// warp, against the reference executor; they run as the device's own library steps, not
+/// host copies.
 fn fused_attention_matches_the_reference_on(device: Device) {
-    use kiln::nn::functional as F;
+    use kiln::nn::functional::{self as F, CausalVariant};
     let mut rng = Rng::new(810);
+    let given = Tensor::from_vec(
+        (0..2 * 9 * 11)
+            .map(|x| x / 11 != 4 && (x % 11 == x / 11 % 9 || x % 3 != 0))
+            .collect::<Vec<_>>(),
+        [2, 9, 11],
+    );
+    let masks = [
+        AttentionOptions::default(),
+        AttentionOptions { is_causal: true, ..Default::default() },
+        AttentionOptions {
+            is_causal: true,
+            causal_variant: CausalVariant::LowerRight,
+            ..Default::default()
+        },
+        AttentionOptions { attn_mask: Some(&given), ..Default::default() },
+    ];
     // Every float dtype (16-bit ones widened on the device and rounded once, as on the CPU),
     // and rows longer than a warp's 32 lanes (e = 40, ev = 70).
-    for (dtype, causal, tol, [e, ev]) in [
-        (DType::F64, true, 1e-12, [4, 3]),
-        (DType::F64, false, 1e-12, [40, 70]),
-        (DType::F32, true, 2e-5, [4, 3]),
+    for (dtype, mask, tol, [e, ev]) in [
+        (DType::F64, 1, 1e-12, [4, 3]),
+        (DType::F64, 0, 1e-12, [40, 70]),
+        (DType::F64, 2, 1e-12, [40, 3]),
+        (DType::F64, 3, 1e-12, [4, 70]),
+        (DType::F32, 1, 2e-5, [4, 3]),
+        (DType::F32, 3, 2e-5, [4, 3]),
         // Dot products of 40 and 70 terms summed in another order; `dp - D` cancels.
-        (DType::F32, true, 2e-4, [40, 70]),
-        (DType::F16, false, 4e-3, [40, 3]),
-        (DType::BF16, true, 3e-2, [4, 70]),
+        (DType::F32, 1, 2e-4, [40, 70]),
+        (DType::F16, 0, 4e-3, [40, 3]),
+        (DType::BF16, 1, 3e-2, [4, 70]),
+        (DType::BF16, 3, 3e-2, [4, 70]),
     ] {
         let q = tensor(&values(&mut rng, 2 * 9 * e, DType::F64), &[2, 9, e], dtype);
         let k = tensor(&values(&mut rng, 2 * 11 * e, DType::F64), &[2, 11, e], dtype);
         let v = tensor(&values(&mut rng, 2 * 11 * ev, DType::F64), &[2, 11, ev], dtype);
-        let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
+        let options = masks[mask];
+        let run = |q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>| {
             let (q, k, v) =
                 (q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true));
-            let y = F::scaled_dot_product_attention(&q, &k, &v, None, causal);
+            let options = AttentionOptions { attn_mask: mask, ..options };
+            let y = F::scaled_dot_product_attention_with(&q, &k, &v, options);
             let g = kiln::grad(&[&y.square().sum()], &[&q, &k, &v], false);
             [y.to_vec::<f64>(), g[0].to_vec::<f64>(), g[1].to_vec::<f64>(), g[2].to_vec::<f64>()]
         };
-        let want = kiln::with_execution(kiln::Execution::Reference, || run(&q, &k, &v));
+        let causal = format!("{options:?}");
+        let want =
+            kiln::with_execution(kiln::Execution::Reference, || run(&q, &k, &v, options.attn_mask));
         let (qg, kg, vg) = (q.to(device).detach(), k.to(device).detach(), v.to(device).detach());
-        let (got, profile) = kiln::profile(|| run(&qg, &kg, &vg));
+        let mask = options.attn_mask.map(|m| m.to(device));
+        let (got, profile) = kiln::profile(|| run(&qg, &kg, &vg, mask.as_ref()));
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_close_tol(g, w, tol, &format!("{dtype:?} causal {causal} part {i}"));
+            assert_close_tol(g, w, tol, &format!("{dtype:?} {causal} part {i}"));
         }
         // The device's own kernels, not host copies.
         let kernels = profile.kernels();
@@ -528,4 +554,156 @@ fn fused_attention_matches_the_reference_on(device: Device) {
             assert_eq!(k.kind, kiln::StepKind::Library, "{}", k.name);
         }
     }
+}
+
+/// A bool mask `[2, 1, l, s]` with query 5 of the first entry seeing no key and keys
+/// 64..128 hidden from every query (a whole key tile the fused kernel skips).
+fn holey_mask(rng: &mut Rng, l: usize, s: usize) -> Vec<bool> {
+    (0..2 * l * s)
+        .map(|x| {
+            let (b, i, j) = (x / (l * s), x / s % l, x % s);
+            let hidden = (b == 0 && i == 5) || (64..128).contains(&j);
+            !hidden && (j == i % s || rng.uniform(0.0, 1.0) > 0.3)
+        })
+        .collect()
+}
+
+/// The same mask as an additive float one (0 or -inf), which takes the composite path.
+fn additive(mask: &Tensor) -> Tensor {
+    Tensor::where_(mask, Tensor::zeros(mask.dims()).double(), f64::NEG_INFINITY)
+}
+
+#[test]
+fn fused_masks_and_the_lower_right_triangle_match_the_composite_path() {
+    let mut rng = Rng::new(404);
+    let (l, s) = (70, 131);
+    let mk = |rng: &mut Rng, dims: &[usize], layout| {
+        make(&values(rng, dims.iter().product(), DType::F64), dims, DType::F64, layout)
+    };
+    let mask = Tensor::from_vec(holey_mask(&mut rng, l, s), [2, 1, l, s]);
+    let lower_right =
+        Tensor::from_vec((0..l * s).map(|x| x % s <= x / s + s - l).collect::<Vec<_>>(), [l, s]);
+    for layout in [Layout::Contiguous, Layout::Permuted] {
+        let q = mk(&mut rng, &[2, 3, l, 12], layout);
+        let (k, v) = (mk(&mut rng, &[2, 3, s, 12], layout), mk(&mut rng, &[2, 1, s, 5], layout));
+        let run = |options: AttentionOptions<'_>| {
+            let (q, k, v) =
+                (q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true));
+            let (y, profile) = kiln::profile(|| {
+                let y = F::scaled_dot_product_attention_with(&q, &k, &v, options);
+                y.realize();
+                y
+            });
+            let g = kiln::grad(&[&(y.square().sum())], &[&q, &k, &v], false);
+            let fused = profile.kernels().iter().any(|k| k.name.starts_with("attention"));
+            let parts = [&y, &g[0], &g[1], &g[2]].map(|t| t.to_vec::<f64>());
+            (parts, fused)
+        };
+        let given = AttentionOptions { attn_mask: Some(&mask), ..Default::default() };
+        let float = additive(&mask);
+        let composite = AttentionOptions { attn_mask: Some(&float), ..Default::default() };
+        let causal = AttentionOptions {
+            is_causal: true,
+            causal_variant: F::CausalVariant::LowerRight,
+            ..Default::default()
+        };
+        let float_lr = additive(&lower_right);
+        let composite_lr = AttentionOptions { attn_mask: Some(&float_lr), ..Default::default() };
+        for (name, fast, slow) in
+            [("bool mask", given, composite), ("lower right", causal, composite_lr)]
+        {
+            let ((got, fused), (want, composed)) = (run(fast), run(slow));
+            assert!(fused && !composed, "{name}: the fused op, then the composite path");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_close_tol(g, w, 1e-10, &format!("{name} {layout:?} part {i}"));
+            }
+        }
+        // The query that sees no key gives zeros, as PyTorch's, and no gradient.
+        let y = F::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false);
+        assert!(y.narrow(0, 0, 1).narrow(2, 5, 1).to_vec::<f64>().iter().all(|&x| x == 0.0));
+    }
+    // The lower-right triangle with more queries than keys: the first queries see none.
+    let (q, k) = (
+        mk(&mut rng, &[1, 5, 4], Layout::Contiguous),
+        mk(&mut rng, &[1, 3, 4], Layout::Contiguous),
+    );
+    let options = AttentionOptions {
+        is_causal: true,
+        causal_variant: F::CausalVariant::LowerRight,
+        ..Default::default()
+    };
+    let y = F::scaled_dot_product_attention_with(&q, &k, &k, options).to_vec::<f64>();
+    assert!(y[..8].iter().all(|&x| x == 0.0) && y[8..].iter().all(|&x| x != 0.0), "{y:?}");
+    // Gradcheck through the fused masked op (no query without keys here).
+    let small =
+        Tensor::from_vec((0..4 * 7).map(|x| x % 7 != 3 || x % 2 == 0).collect::<Vec<_>>(), [4, 7]);
+    let inputs = [
+        mk(&mut rng, &[2, 4, 5], Layout::Permuted),
+        mk(&mut rng, &[2, 7, 5], Layout::Contiguous),
+        mk(&mut rng, &[1, 7, 3], Layout::Sliced),
+    ];
+    gradcheck(
+        |t| F::scaled_dot_product_attention(&t[0], &t[1], &t[2], Some(&small), false),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        |t| F::scaled_dot_product_attention_with(&t[0], &t[1], &t[2], options),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}
+
+#[test]
+fn grouped_query_attention_shares_key_heads_without_copying_them() {
+    let mut rng = Rng::new(405);
+    let mk = |rng: &mut Rng, dims: &[usize]| {
+        make(&values(rng, dims.iter().product(), DType::F64), dims, DType::F64, Layout::Contiguous)
+    };
+    let (q, k, v) =
+        (mk(&mut rng, &[2, 6, 9, 8]), mk(&mut rng, &[2, 2, 13, 8]), mk(&mut rng, &[2, 2, 13, 8]));
+    // PyTorch's definition: key/value head h / 3 for query head h.
+    let widen = |t: &Tensor| t.unsqueeze(2).expand(&[2, 2, 3, 13, 8]).reshape(&[2, 6, 13, 8]);
+    let mask = Tensor::from_vec(holey_mask(&mut rng, 9, 13), [2, 1, 9, 13]);
+    let per_head = Tensor::from_vec(
+        (0..2 * 6 * 9 * 13).map(|x| x % 13 <= x / 13 % 9 + 4 || x % 5 == 0).collect::<Vec<_>>(),
+        [2, 6, 9, 13],
+    );
+    for mask in [None, Some(&mask), Some(&per_head)] {
+        for is_causal in [false, mask.is_none()] {
+            let options = AttentionOptions {
+                attn_mask: mask,
+                is_causal,
+                causal_variant: F::CausalVariant::LowerRight,
+                ..Default::default()
+            };
+            let want = F::scaled_dot_product_attention_with(&q, &widen(&k), &widen(&v), options);
+            let grouped = AttentionOptions { enable_gqa: true, ..options };
+            let (got, profile) = kiln::profile(|| {
+                let y = F::scaled_dot_product_attention_with(&q, &k, &v, grouped);
+                y.realize();
+                y
+            });
+            assert_eq!(got.dims(), [2, 6, 9, 8]);
+            assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), 1e-12, "gqa");
+            // One attention op, and no kernel that copies the keys into heads.
+            let kernels = profile.kernels();
+            assert!(
+                kernels.iter().all(|k| k.name.starts_with("attention") || k.name.contains("mask")),
+                "{kernels:?}"
+            );
+        }
+    }
+    let err = F::try_scaled_dot_product_attention_with(
+        &mk(&mut rng, &[1, 5, 3, 8]),
+        &k,
+        &v,
+        AttentionOptions { enable_gqa: true, ..Default::default() },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("5 query, 2 key"), "{err}");
 }

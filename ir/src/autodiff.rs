@@ -54,7 +54,7 @@ pub fn vjp<B: GradBuilder>(
         // A check passes its first input through; the check itself has no gradient.
         Op::Check(_) => vec![Some(g), None],
         Op::Collective(c) => vec![Some(r.collective(c, g)?)],
-        Op::Attention { causal, scale } => r.attention(*causal, *scale, inputs, g)?,
+        Op::Attention { mask, scale } => r.attention(*mask, *scale, inputs, g)?,
         Op::AttentionGrad { .. } => {
             return Err(IrError::InvalidGraph(
                 "the fused attention's backward has no gradient of its own: for gradients of \
@@ -205,21 +205,24 @@ struct Rules<'a, B: GradBuilder> {
 }
 
 impl<B: GradBuilder> Rules<'_, B> {
-    /// `dq`, `dk`, `dv` of fused attention: one packed gradient op, then a view of each part.
+    /// `dq`, `dk`, `dv` of fused attention: one packed gradient op, then a view of each part
+    /// (a given mask, a bool, has none).
     fn attention(
         &mut self,
-        causal: bool,
+        mask: crate::AttentionMask,
         scale: u64,
         inputs: &[B::Node],
         g: B::Node,
     ) -> Result<Vec<Option<B::Node>>, B::Error> {
-        let mut args = inputs.to_vec();
+        let (operands, given) = inputs.split_at(3);
+        let mut args = operands.to_vec();
         args.push(g);
-        let packed = self.b.op(Op::AttentionGrad { causal, scale }, &args)?;
+        args.extend(given.iter().cloned());
+        let packed = self.b.op(Op::AttentionGrad { mask, scale }, &args)?;
         let packed_shape = self.b.shape(&packed);
         let mut start = 0;
         let mut parts = Vec::new();
-        for x in inputs {
+        for x in operands {
             let shape = self.b.shape(x);
             let per_entry = shape.numel() / packed_shape.dims()[0].max(1);
             let view = crate::View::contiguous(packed_shape.clone())
@@ -229,6 +232,7 @@ impl<B: GradBuilder> Rules<'_, B> {
             start += per_entry;
             parts.push(Some(self.b.op(Op::View(view), std::slice::from_ref(&packed))?));
         }
+        parts.extend(given.iter().map(|_| None));
         Ok(parts)
     }
 }

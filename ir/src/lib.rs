@@ -50,7 +50,7 @@ pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};
-pub use products::AttentionDims;
+pub use products::{AttentionDims, AttentionMask};
 pub use semantics::{bf16_from_f64, f16_from_f64};
 pub use shape::{Shape, normalize_axis};
 pub use view::{Offsets, View};

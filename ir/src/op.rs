@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::products::{infer_attention_op, infer_matmul};
+use crate::products::{AttentionMask, infer_attention_op, infer_matmul};
 use crate::{Check, Collective, DType, IrError, Scalar, Shape, View};
 
 /// Elementwise functions of one argument.
@@ -195,22 +195,21 @@ pub enum Op {
     },
     /// Batched matrix product `[.., m, k] x [.., k, n] -> [.., m, n]` with equal batch dims.
     MatMul,
-    /// Fused attention `softmax(q·kᵀ·scale [causal])·v` over `q [.., L, E]`,
-    /// `k [.., S, E]`, `v [.., S, Ev]` with the same leading (batch) dimensions, giving
-    /// `[.., L, Ev]`, computed tile by tile with an online softmax so that no `L×S` matrix
-    /// is stored. With `causal`, query `i` sees keys `0..=i`.
+    /// Fused attention `softmax(q·kᵀ·scale [masked])·v` over `q [.., L, E]`, `k [.., S, E]`,
+    /// `v [.., S, Ev]` with the same leading (batch) dimensions, giving `[.., L, Ev]`, tile by
+    /// tile with an online softmax so that no `L×S` matrix is stored. [`AttentionMask`] says
+    /// which keys each query sees (a given mask is a fourth operand).
     Attention {
-        /// Mask keys after the query.
-        causal: bool,
+        /// Which keys each query sees.
+        mask: AttentionMask,
         /// The score scale, as `f64` bits (so the op hashes and compares exactly).
         scale: u64,
     },
-    /// The gradients of [`Op::Attention`] for `(q, k, v, dout)`, packed as
-    /// `[N, L·E + S·E + S·Ev]` for `N` batch entries (`dq`, `dk`, `dv` row-major per entry),
-    /// recomputing the scores tile by tile.
+    /// The gradients of [`Op::Attention`] for `(q, k, v, dout[, mask])`, packed as
+    /// `[N, L·E + S·E + S·Ev]` for `N` batch entries (`dq`, `dk`, `dv` row-major per entry).
     AttentionGrad {
         /// As the forward op's.
-        causal: bool,
+        mask: AttentionMask,
         /// As the forward op's.
         scale: u64,
     },
@@ -312,8 +311,9 @@ impl Op {
             | Op::ArgSort { .. }
             | Op::Collective(_) => 1,
             Op::Binary(_) | Op::MatMul | Op::Assign(_) | Op::Gather { .. } | Op::Check(_) => 2,
-            Op::Where | Op::Scatter { .. } | Op::Attention { .. } => 3,
-            Op::AttentionGrad { .. } => 4,
+            Op::Where | Op::Scatter { .. } => 3,
+            Op::Attention { mask, .. } => 3 + mask.operands(),
+            Op::AttentionGrad { mask, .. } => 4 + mask.operands(),
         }
     }
 

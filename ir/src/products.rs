@@ -13,6 +13,23 @@ pub(crate) fn infer_attention_op(
     let mut out = q[..q.len() - 2].to_vec();
     out.extend([l, ev]);
     let out = Shape::new(out);
+    let (Op::Attention { mask, .. } | Op::AttentionGrad { mask, .. }) = op else {
+        unreachable!("infer_attention_op infers the attention ops")
+    };
+    if *mask == AttentionMask::Given {
+        let mut want = out.dims().to_vec();
+        *want.last_mut().expect("the output has rank 3 or more") = s;
+        let (shape, dtype) = inputs[inputs.len() - 1];
+        if (shape.dims(), dtype) != (&want[..], DType::Bool) {
+            return Err(IrError::shape(
+                name,
+                format!(
+                    "takes a bool mask {} after q, k, v (and dout), got {shape} {dtype}",
+                    Shape::new(want)
+                ),
+            ));
+        }
+    }
     if let Op::AttentionGrad { .. } = op {
         if inputs[3] != (&out, inputs[0].1) {
             return Err(IrError::InvalidGraph(format!(
@@ -23,6 +40,51 @@ pub(crate) fn infer_attention_op(
         return Ok((Shape::new(vec![n, l * e + s * e + s * ev]), inputs[0].1));
     }
     Ok((out, inputs[0].1))
+}
+
+/// Which keys each query of fused attention sees ([`Op::Attention`]), for `L` queries and
+/// `S` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionMask {
+    /// Every key.
+    None,
+    /// Query `i` sees keys `0..=i`: the causal triangle from the upper-left corner
+    /// (PyTorch's `is_causal`).
+    Causal,
+    /// Query `i` sees keys `0..=i + S - L`: the triangle from the lower-right corner, for
+    /// queries that are the last `L` of `S` positions (a chunk after cached keys). A query
+    /// with `i + S - L < 0` sees none.
+    CausalLowerRight,
+    /// A bool operand after `v` (and the output gradient), `[.., L, S]` with the batch
+    /// dimensions of `q`: `true` where the query sees the key, within every key.
+    Given,
+}
+
+impl AttentionMask {
+    /// How many operands the mask adds to the op's: 1 for a [`AttentionMask::Given`] mask.
+    pub fn operands(self) -> usize {
+        usize::from(self == AttentionMask::Given)
+    }
+
+    /// The keys query `i` may see, `0..end`, of `s` keys for `l` queries (a given mask
+    /// may hide some of them).
+    pub fn keys_of(self, i: usize, l: usize, s: usize) -> usize {
+        match self {
+            AttentionMask::None | AttentionMask::Given => s,
+            AttentionMask::Causal => (i + 1).min(s),
+            AttentionMask::CausalLowerRight => (i + 1 + s).saturating_sub(l).min(s),
+        }
+    }
+
+    /// The first query that may see key `j` (of `s` keys, for `l` queries): the queries
+    /// before it see no key at or after `j`.
+    pub fn first_query(self, j: usize, l: usize, s: usize) -> usize {
+        match self {
+            AttentionMask::None | AttentionMask::Given => 0,
+            AttentionMask::Causal => j.min(l),
+            AttentionMask::CausalLowerRight => (j + l).saturating_sub(s).min(l),
+        }
+    }
 }
 
 /// The sizes of an attention problem: `q [.., L, E]`, `k [.., S, E]`, `v [.., S, Ev]` with

@@ -105,14 +105,14 @@ pub(crate) struct Dims {
     pub(crate) e: usize,
     pub(crate) s: usize,
     pub(crate) ev: usize,
-    pub(crate) causal: bool,
+    pub(crate) mask: kiln_ir::AttentionMask,
     pub(crate) scale: f64,
 }
 
 impl Dims {
-    /// The keys query `row` sees: `0..end`.
+    /// The keys query `row` may see: `0..end` (a given mask hides some of them).
     fn keys_of(&self, row: usize) -> usize {
-        if self.causal { (row + 1).min(self.s) } else { self.s }
+        self.mask.keys_of(row, self.l, self.s)
     }
 }
 
@@ -224,6 +224,11 @@ impl<'a, T: Copy> Operand<'a, T> {
         self.data[self.bases[b] + r * self.rs + c * self.cs]
     }
 
+    /// Batch entry `b` alone, as an operand of one entry.
+    pub(crate) fn entry(&self, b: usize) -> Self {
+        Operand { data: self.data, bases: vec![self.bases[b]], ..*self }
+    }
+
     /// Batch entry `b`'s elements in row-major order, through `f`, appended to `out`.
     pub(crate) fn gather_entry<U>(&self, b: usize, f: impl Fn(T) -> U, out: &mut Vec<U>) {
         for r in 0..self.rows {
@@ -320,9 +325,22 @@ fn dot<T: Real>(x: &[T], y: &[T]) -> T {
     lanes.iter().fold(rest, |a, &b| a + b)
 }
 
+/// `exp(x - m)` for every `x` of `row`: with `hidden`, 0 exactly for a hidden key's score
+/// (`-inf`), which the fast `exp` would make about 1e-38.
+#[inline(always)]
+fn exp_shifted<T: Real>(row: &mut [T], m: T, hidden: bool) {
+    if hidden {
+        row.iter_mut().for_each(|x| {
+            *x = if *x == T::NEG_INF { T::ZERO } else { (*x - m).exp_fast() };
+        });
+    } else {
+        row.iter_mut().for_each(|x| *x = (*x - m).exp_fast());
+    }
+}
+
 /// The forward's online-softmax step over one tile of scores (rows `KT` apart): each row
-/// becomes `exp(s - m_new)` (0 past its visible keys), and its running sum and output row
-/// are rescaled to the new maximum.
+/// becomes `exp(s - m_new)` (0 past its visible keys and at hidden ones), and its running
+/// sum and output row are rescaled to the new maximum.
 #[inline(always)]
 fn online_rows<T: Real>(
     s: &mut [T],
@@ -333,17 +351,20 @@ fn online_rows<T: Real>(
     acc: &mut [T],
 ) {
     let (w, ev) = (t.width(), d.ev);
+    let hidden = d.mask == kiln_ir::AttentionMask::Given;
     for (i, row) in s.chunks_mut(KT).take(t.rows()).enumerate() {
         let (row, n) = (&mut row[..w], t.visible(d, i));
         row[n..].fill(T::ZERO);
-        if n == 0 {
-            continue;
-        }
         let tile_max = row_max(&row[..n]);
         let m_new = if tile_max > m[i] { tile_max } else { m[i] };
+        if n == 0 || m_new == T::NEG_INF {
+            // No key seen yet (all hidden so far): nothing to add or rescale.
+            row[..n].fill(T::ZERO);
+            continue;
+        }
         // exp(-inf) = 0 before the first visible key.
         let correction = (m[i] - m_new).exp();
-        row[..n].iter_mut().for_each(|x| *x = (*x - m_new).exp_fast());
+        exp_shifted(&mut row[..n], m_new, hidden);
         sum[i] = sum[i] * correction + total(&row[..n]);
         acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o *= correction);
         m[i] = m_new;
@@ -357,22 +378,26 @@ fn online_rows<T: Real>(
 #[inline(always)]
 fn grad_rows<T: Real>(s: &mut [T], dp: &mut [T], t: &Tile, d: &Dims, stats: Option<(&[T], &[T])>) {
     let w = t.width();
+    let hidden = d.mask == kiln_ir::AttentionMask::Given;
     for (i, (srow, dprow)) in s.chunks_mut(KT).zip(dp.chunks_mut(KT)).take(t.rows()).enumerate() {
         let (p, g, n) = (&mut srow[..w], &mut dprow[..w], t.visible(d, i));
+        // A query that sees no key (its log-sum-exp or maximum is -inf) has no gradient.
         let dd = match stats {
-            Some((lse, dd)) => {
-                let lse = lse[i];
-                p[..n].iter_mut().for_each(|x| *x = (*x - lse).exp_fast());
+            Some((lse, dd)) if lse[i] > T::NEG_INF => {
+                exp_shifted(&mut p[..n], lse[i], hidden);
                 dd[i]
             }
-            None if n > 0 => {
+            None if n > 0 && row_max(&p[..n]) > T::NEG_INF => {
                 let m = row_max(&p[..n]);
-                p[..n].iter_mut().for_each(|x| *x = (*x - m).exp_fast());
+                exp_shifted(&mut p[..n], m, hidden);
                 let sum = total(&p[..n]);
                 p[..n].iter_mut().for_each(|x| *x = *x / sum);
                 dot(&p[..n], &g[..n])
             }
-            None => T::ZERO,
+            _ => {
+                p[..n].fill(T::ZERO);
+                T::ZERO
+            }
         };
         p[n..].fill(T::ZERO);
         g[..n].iter_mut().zip(&p[..n]).for_each(|(x, &pp)| *x = pp * (*x - dd));
@@ -462,30 +487,63 @@ fn forward_tile<T: Real>(
     let key_end = d.keys_of(r1 - 1);
     for c0 in (0..key_end).step_by(KT) {
         let t = Tile { b, r0, r1, c0, c1: (c0 + KT).min(key_end) };
+        if x.mask.as_ref().is_some_and(|mask| mask.hides_tile(&t)) {
+            // Keys no query of the tile sees (a static cache's empty slots): not read.
+            continue;
+        }
         mm(&mut s, KT, q_rows, x.k.rows(b, t.c0, t.c1).t(), T::of(d.scale), false);
+        x.hide(&mut s, &t);
         online_rows_fast(&mut s, &t, d, &mut m, &mut sum, acc);
         let p = Mat::block(&s, rows, t.width(), KT);
         mm(acc, ev, p, x.v.rows(b, t.c0, t.c1), T::ONE, true);
     }
     let mut lse = vec![T::ZERO; rows];
     for i in 0..rows {
-        acc[i * ev..(i + 1) * ev].iter_mut().for_each(|o| *o = *o / sum[i]);
-        lse[i] = m[i] + sum[i].ln();
+        // A query that sees no key gives zeros (PyTorch's safe softmax), not 0/0.
+        let row = &mut acc[i * ev..(i + 1) * ev];
+        if sum[i] > T::ZERO {
+            row.iter_mut().for_each(|o| *o = *o / sum[i]);
+            lse[i] = m[i] + sum[i].ln();
+        } else {
+            row.fill(T::ZERO);
+            lse[i] = T::NEG_INF;
+        }
     }
     lse
 }
 
-/// The operands: `q`, `k`, `v` and (for the gradients) `dout`.
+impl Operand<'_, bool> {
+    /// Whether the mask hides every key of tile `t` from every query of it.
+    fn hides_tile(&self, t: &Tile) -> bool {
+        (t.r0..t.r1).all(|r| (t.c0..t.c1).all(|c| !self.at(t.b, r, c)))
+    }
+}
+
+/// The operands: `q`, `k`, `v`, (for the gradients) `dout`, and a given mask.
 pub(crate) struct Inputs<'a, T> {
     pub(crate) q: Operand<'a, T>,
     pub(crate) k: Operand<'a, T>,
     pub(crate) v: Operand<'a, T>,
     pub(crate) dout: Option<Operand<'a, T>>,
+    pub(crate) mask: Option<Operand<'a, bool>>,
 }
 
-impl<T> Inputs<'_, T> {
+impl<T: Real> Inputs<'_, T> {
     fn dout(&self) -> &Operand<'_, T> {
         self.dout.as_ref().expect("the gradients read the output gradient")
+    }
+
+    /// Sets the scores (rows `KT` apart) of tile `t`'s keys that the given mask hides to
+    /// `-inf`.
+    fn hide(&self, s: &mut [T], t: &Tile) {
+        let Some(mask) = &self.mask else { return };
+        for (i, row) in s.chunks_mut(KT).take(t.rows()).enumerate() {
+            for (c, x) in row[..t.width()].iter_mut().enumerate() {
+                if !mask.at(t.b, t.r0 + i, t.c0 + c) {
+                    *x = T::NEG_INF;
+                }
+            }
+        }
     }
 }
 
@@ -657,6 +715,7 @@ impl<T: Real> Grad<'_, T> {
         let values = self.x.v.rows(b, t.c0, t.c1);
         let scale = T::of(d.scale);
         mm(s, KT, q_rows, keys.t(), scale, false);
+        self.x.hide(s, t);
         mm(dp, KT, g_rows, values.t(), T::ONE, false);
         let stats = (!self.lse.is_empty()).then(|| {
             let at = b * l + t.r0;
@@ -733,9 +792,9 @@ impl<T: Real> Grad<'_, T> {
         }
     }
 
-    /// The first query row that sees key `c0` (causal rows before it see none).
+    /// The first query row that may see key `c0` (causal rows before it see none).
     fn first_row(&self, c0: usize) -> usize {
-        if self.d.causal { c0.min(self.d.l) } else { 0 }
+        self.d.mask.first_query(c0, self.d.l, self.d.s)
     }
 }
 

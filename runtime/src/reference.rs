@@ -292,9 +292,9 @@ fn eval(
             out
         }
         Op::MatMul => matmul(args[0], args[1], shapes[0], shapes[1], dtypes[0]),
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
+        Op::Attention { mask, scale } | Op::AttentionGrad { mask, scale } => {
             let grad = matches!(op, Op::AttentionGrad { .. });
-            Values::F(attention(args, shapes, *causal, f64::from_bits(*scale), grad))
+            Values::F(attention(args, shapes, *mask, f64::from_bits(*scale), grad))
         }
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
         Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
@@ -370,11 +370,12 @@ fn argsort(x: &Values, shape: &Shape, axis: usize, descending: bool) -> Values {
 }
 
 /// Attention by its definition, with the whole score matrix: the output, or (with `grad`)
-/// the packed `[dq | dk | dv]` per batch entry for the output gradient `f(3)`.
+/// the packed `[dq | dk | dv]` per batch entry for the output gradient `f(3)`. A query
+/// that sees no key gives zeros (PyTorch's safe softmax), and passes no gradient.
 fn attention(
     args: &[&Values],
     shapes: &[&Shape],
-    causal: bool,
+    mask: kiln_ir::AttentionMask,
     scale: f64,
     grad: bool,
 ) -> Vec<f64> {
@@ -393,13 +394,23 @@ fn attention(
         let vj = |j: usize, c: usize| v[(b * s + j) * ev + c];
         let o = &mut out[b * per..(b + 1) * per];
         for i in 0..l {
-            let keys = if causal { (i + 1).min(s) } else { s };
+            let keys = mask.keys_of(i, l, s);
+            let sees = |j: usize| match (mask, args.last()) {
+                (kiln_ir::AttentionMask::Given, Some(Values::B(m))) => m[(b * l + i) * s + j],
+                _ => true,
+            };
             let sc: Vec<f64> = (0..keys)
-                .map(|j| (0..e).map(|c| qi(i, c) * kj(j, c)).sum::<f64>() * scale)
+                .map(|j| match sees(j) {
+                    true => (0..e).map(|c| qi(i, c) * kj(j, c)).sum::<f64>() * scale,
+                    false => f64::NEG_INFINITY,
+                })
                 .collect();
             let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
-            let p: Vec<f64> = sc.iter().map(|x| (x - m).exp() / z).collect();
+            let p: Vec<f64> = match m {
+                f64::NEG_INFINITY => vec![0.0; keys],
+                _ => sc.iter().map(|x| (x - m).exp() / z).collect(),
+            };
             if !grad {
                 for c in 0..ev {
                     o[i * ev + c] = (0..keys).map(|j| p[j] * vj(j, c)).sum();

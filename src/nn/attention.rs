@@ -1,15 +1,17 @@
 //! Scaled dot-product attention and multi-head attention.
 //!
-//! [`scaled_dot_product_attention`] runs **fused** when there is no mask other than
-//! `is_causal` and no dropout: one attention op over tiles of queries and keys with an
-//! online softmax (flash attention), whose backward recomputes the scores tile by tile, so
-//! the `[.., L, S]` score matrix is never stored and memory grows linearly with the
-//! sequence. On the CPU it is a parallel tiled kernel; on a GPU, CUDA kernels of one thread
-//! per query (or key) row with an online softmax in f32 and f64 (16-bit operands run over
-//! host copies there, which the profile shows as host work). With an `attn_mask` or dropout it is
-//! composed of kiln's primitives instead (a batched product, one fused scale–mask–softmax
-//! kernel, a batched product), which stores the score matrix; the profile names the path
-//! (`attention` or `matmul`).
+//! [`scaled_dot_product_attention`] runs **fused** without dropout, with no mask, a causal
+//! triangle (either corner) or a bool mask: one attention op over tiles of queries and keys
+//! with an online softmax (flash attention), whose backward recomputes the scores tile by
+//! tile, so the `[.., L, S]` score matrix is never stored and memory grows linearly with the
+//! sequence. A bool mask is an operand of the op, read through its broadcast view, and key
+//! tiles it hides from every query of a tile are not read at all (a static key/value cache's
+//! empty slots). Grouped-query attention (`enable_gqa`) shares each key/value head between
+//! its query heads by broadcasting, without copying the keys. On the CPU it is a parallel
+//! tiled kernel; on a GPU, CUDA kernels of one warp per query (or key) row with an online
+//! softmax in f32 and f64. With a float mask or dropout it is composed of kiln's primitives
+//! instead (a batched product, one fused scale–mask–softmax kernel, a batched product),
+//! which stores the score matrix; the profile names the path (`attention` or `matmul`).
 
 use super::dropout::Dropout;
 use super::functional::try_dropout;
@@ -18,6 +20,19 @@ use super::{Module, init};
 use crate::error::ok;
 use crate::{DType, Error, Result, Tensor};
 
+/// Which corner the causal triangle starts from when there are fewer queries than keys
+/// (PyTorch's `torch.nn.attention.bias.CausalVariant`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CausalVariant {
+    /// Query `i` sees keys `0..=i` (PyTorch's `is_causal`).
+    #[default]
+    UpperLeft,
+    /// Query `i` sees keys `0..=i + S - L`: the queries are the last `L` of `S` positions,
+    /// as a chunk of new tokens after `S - L` cached ones. A query that sees no key gives
+    /// zeros.
+    LowerRight,
+}
+
 /// The optional parts of [`scaled_dot_product_attention_with`], PyTorch's keyword
 /// arguments.
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,20 +40,25 @@ pub struct AttentionOptions<'a> {
     /// A bool mask (`true`: the query may attend to the key) or an additive float mask,
     /// broadcast to `[.., L, S]`.
     pub attn_mask: Option<&'a Tensor>,
-    /// Keep each query from attending to later keys (`j > i`); not together with
-    /// `attn_mask`.
+    /// Keep each query from attending to later keys; not together with `attn_mask`.
     pub is_causal: bool,
+    /// Which corner the causal triangle starts from (with `is_causal`).
+    pub causal_variant: CausalVariant,
     /// The score scale (default `1/√E`, E the query's last dimension).
     pub scale: Option<f64>,
     /// The probability of dropping an attention weight (rescaling the rest). As in
     /// PyTorch, pass 0 outside training.
     pub dropout_p: f64,
+    /// Grouped-query attention (PyTorch's `enable_gqa`): `k` and `v` have `Hkv` heads
+    /// (dimension -3) and `q` a multiple `Hq` of them; query head `h` reads key/value head
+    /// `h / (Hq / Hkv)`.
+    pub enable_gqa: bool,
 }
 
 /// `softmax(q·kᵀ·scale + mask)·v`, as PyTorch's `functional.scaled_dot_product_attention`:
 /// `q` is `[.., L, E]`, `k` is `[.., S, E]`, `v` is `[.., S, Ev]`; the leading (batch and
-/// head) dimensions broadcast, and the result is `[.., L, Ev]`. A row whose keys are all
-/// masked gives NaN, as PyTorch's reference path does.
+/// head) dimensions broadcast, and the result is `[.., L, Ev]`. A query whose keys are all
+/// masked gives zeros and no gradient, as PyTorch's.
 ///
 /// ```
 /// use kiln::nn::functional as F;
@@ -67,7 +87,24 @@ pub fn scaled_dot_product_attention(
     ok(try_scaled_dot_product_attention_with(q, k, v, options))
 }
 
-/// [`scaled_dot_product_attention`] with a scale and dropout.
+/// [`scaled_dot_product_attention`] with the rest of PyTorch's options: a scale, dropout,
+/// the causal triangle's corner and grouped-query attention.
+///
+/// ```
+/// use kiln::nn::functional::{self as F, AttentionOptions, CausalVariant};
+/// use kiln::prelude::*;
+/// // Two new queries after three cached keys, 4 query heads sharing 2 key/value heads.
+/// let q = Tensor::randn([1, 4, 2, 8]);
+/// let (k, v) = (Tensor::randn([1, 2, 5, 8]), Tensor::randn([1, 2, 5, 8]));
+/// let options = AttentionOptions {
+///     is_causal: true,
+///     causal_variant: CausalVariant::LowerRight,
+///     enable_gqa: true,
+///     ..Default::default()
+/// };
+/// let y = F::scaled_dot_product_attention_with(&q, &k, &v, options);
+/// assert_eq!(y.dims(), [1, 4, 2, 8]);
+/// ```
 ///
 /// # Panics
 /// As [`try_scaled_dot_product_attention_with`] fails.
@@ -82,13 +119,16 @@ pub fn scaled_dot_product_attention_with(
     ok(try_scaled_dot_product_attention_with(q, k, v, options))
 }
 
+const OP: &str = "scaled_dot_product_attention";
+
 /// [`scaled_dot_product_attention_with`], returning an error instead of panicking.
 ///
 /// # Errors
 /// [`Error::Shape`] when the operands are not at least 2-D, their feature or sequence
-/// dimensions disagree, the leading dimensions or the mask do not broadcast, or both a
-/// mask and `is_causal` are given; [`Error::DType`] for non-float operands or an integer
-/// mask; [`Error::Value`] for a dropout probability outside `[0, 1]`.
+/// dimensions disagree, the leading dimensions or the mask do not broadcast, the query heads
+/// are not a multiple of the key/value heads (with `enable_gqa`), or both a mask and
+/// `is_causal` are given; [`Error::DType`] for non-float operands or an integer mask;
+/// [`Error::Value`] for a dropout probability outside `[0, 1]`.
 #[track_caller]
 pub fn try_scaled_dot_product_attention_with(
     q: &Tensor,
@@ -96,7 +136,6 @@ pub fn try_scaled_dot_product_attention_with(
     v: &Tensor,
     options: AttentionOptions<'_>,
 ) -> Result<Tensor> {
-    const OP: &str = "scaled_dot_product_attention";
     let _at = crate::engine::origin::enter();
     // Under autocast, in its 16-bit type (`crate::autocast`).
     let (q, k, v) = (&q.autocast_lowered(), &k.autocast_lowered(), &v.autocast_lowered());
@@ -126,33 +165,139 @@ pub fn try_scaled_dot_product_attention_with(
             "takes attn_mask or is_causal, not both; fold the causal part into the mask",
         ));
     }
-    let (l, s) = (last(q, 2), last(k, 2));
+    if let Some(mask) = options.attn_mask
+        && !(mask.dtype() == DType::Bool || mask.dtype().is_float())
+    {
+        return Err(Error::dtype(
+            OP,
+            format!(
+                "attn_mask must be bool (true = attend) or float (added), got {}",
+                mask.dtype()
+            ),
+        ));
+    }
     let scale = options.scale.unwrap_or(1.0 / (last(q, 1) as f64).sqrt());
     let same_dtype = q.dtype() == k.dtype() && k.dtype() == v.dtype();
-    if options.attn_mask.is_none() && options.dropout_p == 0.0 && same_dtype {
-        return fused(q, k, v, options.is_causal, scale);
+    let bool_mask = options.attn_mask.is_none_or(|m| m.dtype() == DType::Bool);
+    if options.enable_gqa {
+        return grouped(q, k, v, options, scale);
     }
+    if bool_mask && options.dropout_p == 0.0 && same_dtype {
+        return fused(q, k, v, options, scale);
+    }
+    composed(q, k, v, options, scale)
+}
+
+/// Grouped-query attention: the query heads grouped by the key/value head they share
+/// (`[.., Hkv, Hq/Hkv, L, E]`), so that keys and values (`[.., Hkv, 1, S, E]`) broadcast over
+/// each group, without a copy, on the fused path; the composed path repeats them.
+fn grouped(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: AttentionOptions<'_>,
+    scale: f64,
+) -> Result<Tensor> {
+    let heads = |t: &Tensor| (t.ndim() >= 3).then(|| t.dims()[t.ndim() - 3]);
+    let (Some(hq), Some(hk), Some(hv)) = (heads(q), heads(k), heads(v)) else {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "enable_gqa needs [.., H, L, E] operands, got q {}, k {}, v {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    };
+    if hk != hv || hk == 0 || hq % hk != 0 {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "enable_gqa needs as many key as value heads, dividing the query heads; got \
+                 {hq} query, {hk} key and {hv} value heads (dimension -3 of q {}, k {}, v {})",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    let rep = hq / hk;
+    let options = AttentionOptions { enable_gqa: false, ..options };
+    let bool_mask = options.attn_mask.is_none_or(|m| m.dtype() == DType::Bool);
+    if rep == 1 || !(bool_mask && options.dropout_p == 0.0) {
+        // Each key/value head repeated for its query heads, as PyTorch's repeat_interleave.
+        let widen = |t: &Tensor| -> Result<Tensor> {
+            if rep == 1 {
+                return Ok(t.clone());
+            }
+            let mut dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
+            let at = dims.len() - 2;
+            let expanded = {
+                let mut e = dims.clone();
+                e.insert(at, rep as i64);
+                e
+            };
+            dims[at - 1] = hq as i64;
+            t.try_unsqueeze(at as i64)?.try_expand(&expanded)?.try_reshape(&dims)
+        };
+        return try_scaled_dot_product_attention_with(q, &widen(k)?, &widen(v)?, options);
+    }
+    // [.., Hq, L, E] -> [.., Hkv, rep, L, E]; k and v [.., Hkv, 1, S, E].
+    let group = |t: &Tensor| -> Result<Tensor> {
+        let mut dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
+        let at = dims.len() - 3;
+        dims.splice(at..=at, [hk as i64, rep as i64]);
+        t.try_reshape(&dims)
+    };
+    let shared = |t: &Tensor| t.try_unsqueeze(t.ndim() as i64 - 2);
+    let mask = match options.attn_mask {
+        // A mask with a head dimension of Hq is grouped as the queries; one without
+        // (fewer than three dimensions, or a head dimension of 1) broadcasts.
+        Some(m) if m.ndim() >= 3 && m.dims()[m.ndim() - 3] == hq => Some(group(m)?),
+        Some(m) if m.ndim() >= 3 => Some(shared(m)?),
+        other => other.cloned(),
+    };
+    let options = AttentionOptions { attn_mask: mask.as_ref(), ..options };
+    let y = fused(&group(q)?, &shared(k)?, &shared(v)?, options, scale)?;
+    let mut dims: Vec<i64> = y.dims().iter().map(|&d| d as i64).collect();
+    let at = dims.len() - 4;
+    dims.splice(at..at + 2, [hq as i64]);
+    y.try_reshape(&dims)
+}
+
+/// Attention composed of kiln's primitives: a batched product, the masked softmax, and a
+/// batched product. A query whose scores are all `-inf` gets zero weights (PyTorch's safe
+/// softmax), not 0/0.
+fn composed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: AttentionOptions<'_>,
+    scale: f64,
+) -> Result<Tensor> {
+    let (l, s) = (q.dims()[q.ndim() - 2], k.dims()[k.ndim() - 2]);
     let scores = q.try_matmul(&k.try_transpose(-2, -1)?)? * scale;
-    let scores = if options.is_causal {
-        let rows = Tensor::try_arange(0i64, l as i64, 1)?.try_reshape(&[l as i64, 1])?;
-        let cols = Tensor::try_arange(0i64, s as i64, 1)?.try_reshape(&[1, s as i64])?;
-        let keep = cols.le(&rows).try_to(scores.device())?;
-        Tensor::try_where_(&keep, &scores, f64::NEG_INFINITY)?
+    let (scores, masked) = if options.is_causal {
+        let keep = causal_keep(l, s, options.causal_variant)?.try_to(scores.device())?;
+        (Tensor::try_where_(&keep, &scores, f64::NEG_INFINITY)?, true)
     } else if let Some(mask) = options.attn_mask {
         match mask.dtype() {
-            DType::Bool => Tensor::try_where_(mask, &scores, f64::NEG_INFINITY)?,
-            d if d.is_float() => scores.try_add(mask.to_dtype(scores.dtype()))?,
-            d => {
-                return Err(Error::dtype(
-                    OP,
-                    format!("attn_mask must be bool (true = attend) or float (added), got {d}"),
-                ));
-            }
+            DType::Bool => (Tensor::try_where_(mask, &scores, f64::NEG_INFINITY)?, true),
+            _ => (scores.try_add(mask.to_dtype(scores.dtype()))?, true),
         }
     } else {
-        scores
+        (scores, false)
     };
-    let weights = scores.softmax(-1);
+    let weights = if masked {
+        // Rows that see no key are softmaxed as zeros and then zeroed, so that neither
+        // their values nor their gradients are 0/0.
+        let seen = scores.try_amax(-1, true)?.try_gt(f64::NEG_INFINITY)?;
+        let safe = Tensor::try_where_(&seen, &scores, 0.0)?;
+        Tensor::try_where_(&seen, safe.softmax(-1), 0.0)?
+    } else {
+        scores.softmax(-1)
+    };
     let weights = if options.dropout_p > 0.0 {
         try_dropout(&weights, options.dropout_p, true)?
     } else {
@@ -161,26 +306,71 @@ pub fn try_scaled_dot_product_attention_with(
     weights.try_matmul(v)
 }
 
-/// The fused attention op over the operands broadcast to one batch shape (a view: a
-/// transposed or sliced operand is read in place on the CPU).
-fn fused(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
-    let lead = |t: &Tensor| crate::Shape::new(t.dims()[..t.ndim() - 2].to_vec());
-    let batch = lead(q)
-        .broadcast(&lead(k), "scaled_dot_product_attention")?
-        .broadcast(&lead(v), "scaled_dot_product_attention")?;
+/// `[l, s]`: `true` where a query sees a key under the causal triangle from `variant`'s
+/// corner.
+fn causal_keep(l: usize, s: usize, variant: CausalVariant) -> Result<Tensor> {
+    let rows = Tensor::try_arange(0i64, l as i64, 1)?.try_reshape(&[l as i64, 1])?;
+    let cols = Tensor::try_arange(0i64, s as i64, 1)?.try_reshape(&[1, s as i64])?;
+    Ok(match variant {
+        CausalVariant::UpperLeft => cols.le(&rows),
+        CausalVariant::LowerRight => cols.le(&(rows + (s as f64 - l as f64))),
+    })
+}
+
+/// The fused attention op over the operands (and a bool mask) broadcast to one batch shape
+/// (a view: a transposed, sliced or broadcast operand is read in place on the CPU).
+fn fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: AttentionOptions<'_>,
+    scale: f64,
+) -> Result<Tensor> {
+    use kiln_ir::AttentionMask;
+    let lead = |t: &Tensor| crate::Shape::new(t.dims()[..t.ndim().saturating_sub(2)].to_vec());
+    let mut batch = lead(q).broadcast(&lead(k), OP)?.broadcast(&lead(v), OP)?;
+    if let Some(mask) = options.attn_mask {
+        batch = batch.broadcast(&lead(mask), OP)?;
+    }
     // The op wants at least one batch dimension.
     let batch: Vec<i64> = match batch.dims() {
         [] => vec![1],
         dims => dims.iter().map(|&d| d as i64).collect(),
     };
-    let operand = |t: &Tensor| -> Result<Tensor> {
+    let expand = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
         let mut dims = batch.clone();
-        dims.extend([t.dims()[t.ndim() - 2] as i64, t.dims()[t.ndim() - 1] as i64]);
-        t.try_expand(&dims)
+        dims.extend([rows as i64, cols as i64]);
+        t.try_expand(&dims).map_err(|_| {
+            Error::shape(
+                OP,
+                format!(
+                    "{} does not broadcast to [.., L, S] = {dims:?} (q {}, k {})",
+                    t.shape(),
+                    q.shape(),
+                    k.shape()
+                ),
+            )
+        })
     };
-    let op = kiln_ir::Op::Attention { causal, scale: scale.to_bits() };
-    let out = Tensor::from_op(op, &[&operand(q)?, &operand(k)?, &operand(v)?])?;
-    if q.ndim() == 2 && k.ndim() == 2 && v.ndim() == 2 {
+    let operand = |t: &Tensor| expand(t, t.dims()[t.ndim() - 2], t.dims()[t.ndim() - 1]);
+    let (l, s) = (q.dims()[q.ndim() - 2], k.dims()[k.ndim() - 2]);
+    let mut operands = vec![operand(q)?, operand(k)?, operand(v)?];
+    let mask = match (options.attn_mask, options.is_causal, options.causal_variant) {
+        (Some(m), ..) => {
+            operands.push(expand(m, l, s)?);
+            AttentionMask::Given
+        }
+        (None, true, CausalVariant::UpperLeft) => AttentionMask::Causal,
+        (None, true, CausalVariant::LowerRight) => AttentionMask::CausalLowerRight,
+        (None, false, _) => AttentionMask::None,
+    };
+    let op = kiln_ir::Op::Attention { mask, scale: scale.to_bits() };
+    let out = Tensor::from_op(op, &operands.iter().collect::<Vec<_>>())?;
+    if q.ndim() == 2
+        && k.ndim() == 2
+        && v.ndim() == 2
+        && options.attn_mask.is_none_or(|m| m.ndim() <= 2)
+    {
         return out.try_squeeze(0);
     }
     Ok(out)
@@ -343,8 +533,12 @@ impl MultiheadAttention {
         let (qh, kh, vh) = (project(&q, 0)?, project(&k, 1)?, project(&v, 2)?);
         let mask = self.combined_mask(attn_mask, key_padding_mask, b, l, s)?;
         let dropout_p = if self.dropout.training { self.dropout.p } else { 0.0 };
-        let options =
-            AttentionOptions { attn_mask: mask.as_ref(), is_causal, scale: None, dropout_p };
+        let options = AttentionOptions {
+            attn_mask: mask.as_ref(),
+            is_causal,
+            dropout_p,
+            ..Default::default()
+        };
         let heads = try_scaled_dot_product_attention_with(&qh, &kh, &vh, options)?;
         let merged = heads.try_transpose(1, 2)?.try_reshape(&[b, l, e as i64])?;
         let out = self.out_proj.try_forward(&merged)?;

@@ -16,8 +16,8 @@
 //! ```
 
 pub use super::attention::{
-    AttentionOptions, scaled_dot_product_attention, scaled_dot_product_attention_with,
-    try_scaled_dot_product_attention_with,
+    AttentionOptions, CausalVariant, scaled_dot_product_attention,
+    scaled_dot_product_attention_with, try_scaled_dot_product_attention_with,
 };
 pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
 pub use super::conv::{Conv1dOptions, Conv2dOptions, conv1d, conv2d, try_conv1d, try_conv2d};

@@ -337,22 +337,29 @@ fn library_kernels() -> Vec<(String, super::library::LibraryKernel)> {
     // A CUDA graph's copies in and out, and the index kernels' error reading.
     out.push(("copies".to_string(), library::copies()));
     out.push(("bad_index".to_string(), library::bad_index()));
-    // Attention: odd sizes, W7's heads (32 features), rows longer than a warp, causal and
-    // not, both entry sets, every float dtype.
+    // Attention: odd sizes, W7's heads (32 features), rows longer than a warp, every
+    // masking (more keys than queries for the lower-right triangle), both entry sets, every
+    // float dtype.
+    use kiln_ir::AttentionMask;
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         for (e, ev) in [(5, 7), (32, 32), (40, 72)] {
-            for causal in [false, true] {
+            for mask in [
+                AttentionMask::None,
+                AttentionMask::Causal,
+                AttentionMask::CausalLowerRight,
+                AttentionMask::Given,
+            ] {
                 let d = super::attention::AttentionShape {
                     n: 3,
                     l: 9,
                     e,
                     s: 11,
                     ev,
-                    causal,
+                    mask,
                     scale: 0.125,
                 };
                 for grad in [false, true] {
-                    let name = format!("attention_{e}x{ev}_{causal}_{grad}_{dtype}");
+                    let name = format!("attention_{e}x{ev}_{mask:?}_{grad}_{dtype}");
                     out.push((name, super::attention::attention(dtype, &d, grad)));
                 }
             }

@@ -304,7 +304,12 @@ fn casts_of_views_that_feed_attention_become_views_of_one_cast() {
         g.push(Op::Cast(DType::BF16), &[view]).unwrap()
     };
     let (q, k, v) = (head(&mut g, 0), head(&mut g, 1), head(&mut g, 2));
-    let y = g.push(Op::Attention { causal: true, scale: 0.5f64.to_bits() }, &[q, k, v]).unwrap();
+    let y = g
+        .push(
+            Op::Attention { mask: crate::AttentionMask::Causal, scale: 0.5f64.to_bits() },
+            &[q, k, v],
+        )
+        .unwrap();
     // A cast of a view that an elementwise op reads stays: it fuses there.
     let slice = g.push(Op::View(View::contiguous(Shape::from([2, 5, 24]))), &[x]).unwrap();
     let c = g.push(Op::Cast(DType::F64), &[slice]).unwrap();

@@ -43,11 +43,11 @@ pub(crate) fn eval(
             })
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
-        Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale } => {
+        Op::Attention { mask, scale } | Op::AttentionGrad { mask, scale } => {
             let kiln_ir::AttentionDims { n, l, e, s, ev } =
                 kiln_ir::AttentionDims::of(shape_of(0), shape_of(1), shape_of(2));
             let shape =
-                AttentionShape { n, l, e, s, ev, causal: *causal, scale: f64::from_bits(*scale) };
+                AttentionShape { n, l, e, s, ev, mask: *mask, scale: f64::from_bits(*scale) };
             attention(gpu, args, &shape, matches!(node.op, Op::AttentionGrad { .. }))
         }
         Op::Collective(c) => match crate::collective::engine(c.group) {
@@ -129,18 +129,25 @@ fn attention(
     let kernel = kiln_codegen::cuda::attention::attention(dtype, d, grad);
     let ptr = |b: &Buffer| b.device_ptr(gpu).map(Arg::Ptr);
     let (queries, keys) = (d.n * d.l, d.n * d.s);
+    // A given mask is the last operand, and the entry points' last argument.
+    let mask = match d.mask {
+        kiln_ir::AttentionMask::Given => Some(ptr(args[args.len() - 1])?),
+        _ => None,
+    };
     if !grad {
         let out = Buffer::on_gpu(gpu, dtype, queries * d.ev)?;
-        let launch_args = [ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(&out)?, count(queries)];
-        // SAFETY: `(q, k, v, out, n)`: dense q, k, v of the shape's sizes, `out` one row of
-        // `ev` per query, `n` queries, a warp each.
+        let mut launch_args =
+            vec![ptr(args[0])?, ptr(args[1])?, ptr(args[2])?, ptr(&out)?, count(queries)];
+        launch_args.extend(mask);
+        // SAFETY: `(q, k, v, out, n[, mask])`: dense q, k, v of the shape's sizes, `out` one
+        // row of `ev` per query, `n` queries, a warp each, a dense `[n, l, s]` bool mask.
         unsafe { run(gpu, &kernel, 0, &launch_args, queries * THREADS_PER_ROW) }?;
         return Ok(out);
     }
     let packed = Buffer::on_gpu(gpu, dtype, d.n * (d.l * d.e + d.s * d.e + d.s * d.ev))?;
     let stats = Buffer::on_gpu(gpu, stats_dtype(dtype), 2 * queries)?;
     for (entry, rows) in [(0, queries), (1, keys)] {
-        let launch_args = [
+        let mut launch_args = vec![
             ptr(args[0])?,
             ptr(args[1])?,
             ptr(args[2])?,
@@ -149,7 +156,8 @@ fn attention(
             ptr(&packed)?,
             count(rows),
         ];
-        // SAFETY: `(q, k, v, dout, stats, packed, n)`: dense operands, `stats` two values
+        launch_args.extend(mask.clone());
+        // SAFETY: `(q, k, v, dout, stats, packed, n[, mask])`: dense operands, `stats` two values
         // per query, `packed` the gradients' `[dq | dk | dv]` per batch entry, `n` query
         // rows (entry 0, which writes the statistics) or key rows (entry 1, which reads them
         // after entry 0 on the same stream), a warp each.

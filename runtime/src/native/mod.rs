@@ -260,31 +260,44 @@ fn cumsum(x: &Buffer, shape: &Shape, axis: usize) -> Result<Buffer, RuntimeError
 /// projection is strided rows, not a copy).
 pub(crate) fn attention(args: &[&Buffer], views: &[View], op: &Op) -> Result<Buffer, RuntimeError> {
     use crate::attention::{Dims, Inputs, Operand, backward, forward};
-    let (Op::Attention { causal, scale } | Op::AttentionGrad { causal, scale }) = *op else {
+    let (Op::Attention { mask, scale } | Op::AttentionGrad { mask, scale }) = *op else {
         unreachable!("attention evaluates the attention ops")
     };
     let kiln_ir::AttentionDims { n, l, e, s, ev } =
         kiln_ir::AttentionDims::of(views[0].shape(), views[1].shape(), views[2].shape());
-    let d = Dims { n, l, e, s, ev, causal, scale: f64::from_bits(scale) };
+    let d = Dims { n, l, e, s, ev, mask, scale: f64::from_bits(scale) };
     let grad = matches!(op, Op::AttentionGrad { .. });
     let len = if grad { n * (l * e + s * e + s * ev) } else { n * l * ev };
+    fn operand<'a, T: Element>(
+        args: &[&'a Buffer],
+        views: &[View],
+        i: usize,
+    ) -> Result<Operand<'a, T>, RuntimeError> {
+        let data = args[i].as_slice::<T>().expect("attention's operands share a dtype");
+        Operand::of_view(data, &views[i]).ok_or_else(|| {
+            RuntimeError::Graph(kiln_ir::IrError::InvalidGraph(format!(
+                "attention reads operands through views of rank 3 or more with \
+                 non-negative strides inside their buffers, not {:?} of {} elements",
+                views[i],
+                data.len()
+            )))
+        })
+    }
+    /// The output gradient after q, k, v; a given mask last.
     fn inputs<'a, T: Element>(
         args: &[&'a Buffer],
         views: &[View],
+        grad: bool,
+        mask: kiln_ir::AttentionMask,
     ) -> Result<Inputs<'a, T>, RuntimeError> {
-        let operand = |i: usize| {
-            let data = args[i].as_slice::<T>().expect("attention's operands share a dtype");
-            Operand::of_view(data, &views[i]).ok_or_else(|| {
-                RuntimeError::Graph(kiln_ir::IrError::InvalidGraph(format!(
-                    "attention reads operands through views of rank 3 or more with \
-                     non-negative strides inside their buffers, not {:?} of {} elements",
-                    views[i],
-                    data.len()
-                )))
-            })
+        let dout = if grad { Some(operand(args, views, 3)?) } else { None };
+        let mask = match mask {
+            kiln_ir::AttentionMask::Given => Some(operand(args, views, args.len() - 1)?),
+            _ => None,
         };
-        let dout = if args.len() > 3 { Some(operand(3)?) } else { None };
-        Ok(Inputs { q: operand(0)?, k: operand(1)?, v: operand(2)?, dout })
+        let (q, k, v) =
+            (operand(args, views, 0)?, operand(args, views, 1)?, operand(args, views, 2)?);
+        Ok(Inputs { q, k, v, dout, mask })
     }
     fn compute<T: crate::attention::Real>(x: &Inputs<'_, T>, d: &Dims, grad: bool, out: &mut [T]) {
         if grad {
@@ -295,15 +308,15 @@ pub(crate) fn attention(args: &[&Buffer], views: &[View], op: &Op) -> Result<Buf
     }
     match args[0].dtype() {
         DType::F32 => {
-            let x = inputs::<f32>(args, views)?;
+            let x = inputs::<f32>(args, views, grad, mask)?;
             Buffer::zeroed_with(len, |out| compute(&x, &d, grad, out))
         }
         DType::F64 => {
-            let x = inputs::<f64>(args, views)?;
+            let x = inputs::<f64>(args, views, grad, mask)?;
             Buffer::zeroed_with(len, |out| compute(&x, &d, grad, out))
         }
-        DType::BF16 => attention_16(&inputs::<half::bf16>(args, views)?, &d, grad, len),
-        DType::F16 => attention_16(&inputs::<half::f16>(args, views)?, &d, grad, len),
+        DType::BF16 => attention_16(&inputs::<half::bf16>(args, views, grad, mask)?, &d, grad, len),
+        DType::F16 => attention_16(&inputs::<half::f16>(args, views, grad, mask)?, &d, grad, len),
         dtype => Err(RuntimeError::Graph(kiln_ir::IrError::dtype(
             "attention",
             format!("takes float operands, got {dtype}"),
@@ -337,9 +350,9 @@ fn attention_16<H: crate::matmul::Half>(
         let wide = widened(0..d.n);
         let mut acc = vec![0.0f32; len];
         if grad {
-            backward(&dense_inputs(&wide, d.n, d, grad), d, &mut acc);
+            backward(&dense_inputs(&wide, d.n, d, grad, x.mask.clone()), d, &mut acc);
         } else {
-            forward(&dense_inputs(&wide, d.n, d, grad), d, &mut acc);
+            forward(&dense_inputs(&wide, d.n, d, grad, x.mask.clone()), d, &mut acc);
         }
         return crate::matmul::narrow_half(&acc, H::DTYPE);
     }
@@ -349,10 +362,11 @@ fn attention_16<H: crate::matmul::Half>(
         crate::team::for_each_part(out.chunks_mut(per).collect(), &|b, part| {
             let wide = widened(b..b + 1);
             let mut acc = vec![0.0f32; per];
+            let x = dense_inputs(&wide, 1, d, grad, x.mask.as_ref().map(|m| m.entry(b)));
             if grad {
-                backward_entry(&dense_inputs(&wide, 1, d, grad), &one, &mut acc);
+                backward_entry(&x, &one, &mut acc);
             } else {
-                forward_entry(&dense_inputs(&wide, 1, d, grad), &one, &mut acc);
+                forward_entry(&x, &one, &mut acc);
             }
             for (o, &a) in part.iter_mut().zip(&acc) {
                 *o = H::narrow(a);
@@ -362,12 +376,13 @@ fn attention_16<H: crate::matmul::Half>(
 }
 
 /// Dense f32 operands of `n` batch entries held in `wide`: q, k, v and, for the gradients,
-/// dout.
+/// dout; and the given mask.
 fn dense_inputs<'a>(
     wide: &'a [Vec<f32>],
     n: usize,
     d: &crate::attention::Dims,
     grad: bool,
+    mask: Option<crate::attention::Operand<'a, bool>>,
 ) -> crate::attention::Inputs<'a, f32> {
     use crate::attention::Operand;
     let dense = |i: usize, rows: usize, cols: usize| Operand::dense(&wide[i], n, rows, cols);
@@ -376,6 +391,7 @@ fn dense_inputs<'a>(
         k: dense(1, d.s, d.e),
         v: dense(2, d.s, d.ev),
         dout: grad.then(|| dense(3, d.l, d.ev)),
+        mask,
     }
 }
 
