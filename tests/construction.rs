@@ -3,6 +3,8 @@
 use half::{bf16, f16};
 use kiln::prelude::*;
 
+use crate::common::device_test;
+
 #[test]
 fn from_data_keeps_values_and_dtype() {
     let t = Tensor::from_vec(vec![1.5f64, -2.0, 3.25], [3]);
@@ -99,4 +101,29 @@ fn tensors_are_send_and_sync_and_clone_cheaply() {
     let x = Tensor::arange(0i64, 4, 1);
     let handle = std::thread::spawn(move || (&x * 2).sum().item::<i64>());
     assert_eq!(handle.join().unwrap(), 12);
+}
+
+device_test!(tensors_from_little_endian_bytes, super::from_le_bytes_on);
+
+/// Tensors from their stored bytes (as in a safetensors file) straight onto `device`.
+fn from_le_bytes_on(device: Device) {
+    let f: Vec<u8> = [1.5f32, -2.0, 3.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let t = Tensor::try_from_le_bytes(&f, DType::F32, [3], device).expect("the bytes fit");
+    assert_eq!((t.device(), t.to_vec::<f32>()), (device, vec![1.5, -2.0, 3.25]));
+    let b: Vec<u8> = [1.0f32, 0.5].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
+    let t = Tensor::try_from_le_bytes(&b, DType::BF16, [1, 2], device).expect("the bytes fit");
+    assert_eq!(t.float().to_vec::<f32>(), [1.0, 0.5]);
+    let i: Vec<u8> = [-7i64, 9].iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_eq!(
+        Tensor::try_from_le_bytes(&i, DType::I64, [2], device)
+            .expect("the bytes fit")
+            .to_vec::<i64>(),
+        [-7, 9]
+    );
+    let t = Tensor::try_from_le_bytes(&[1, 0], DType::Bool, [2], device).expect("the bytes fit");
+    assert_eq!(t.to_vec::<bool>(), [true, false]);
+    // Bytes that do not hold the shape, and a bool that is not 0 or 1, are errors.
+    let err = Tensor::try_from_le_bytes(&f[..11], DType::F32, [3], device).expect_err("an error");
+    assert!(err.to_string().contains("11 bytes cannot hold shape [3] of f32"), "{err}");
+    assert!(Tensor::try_from_le_bytes(&[2], DType::Bool, [1], device).is_err());
 }

@@ -162,20 +162,30 @@ impl Checkpoint {
     /// The tensor `name` as stored (its own dtype), on the CPU.
     ///
     /// # Errors
-    /// [`Error::Load`] when it is missing; [`Error::Io`] when its dtype is not a float or
-    /// integer type kiln has.
+    /// As [`Checkpoint::tensor_on`].
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.tensor_on(name, Device::Cpu)
+    }
+
+    /// The tensor `name` as stored (its own dtype), on `device`: copied from the mapped file
+    /// once, into host memory or straight to a GPU (no host buffer in between).
+    ///
+    /// # Errors
+    /// [`Error::Load`] when it is missing; [`Error::Io`] when its dtype is not a float or
+    /// integer type kiln has; the device's errors.
+    pub fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor> {
         let entry = self.entries.get(name).ok_or_else(|| Error::Load {
             detail: format!("missing: {name} (not in {})", self.dir.display()),
         })?;
         let data = &self.files[entry.file].1.bytes()[entry.bytes.clone()];
-        decode(entry.dtype, &entry.shape, data).ok_or_else(|| {
+        let dtype = dtype_of(entry.dtype).ok_or_else(|| {
             io(format!(
                 "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32 and u8 it does)",
                 self.files[entry.file].0.display(),
                 entry.dtype
             ))
-        })
+        })?;
+        Tensor::try_from_le_bytes(data, dtype, entry.shape.clone(), device)
     }
 }
 
@@ -206,24 +216,16 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     Ok((files, expected))
 }
 
-/// A tensor from its little-endian bytes (`None` for a dtype kiln does not have).
-fn decode(dtype: Dtype, shape: &[usize], data: &[u8]) -> Option<Tensor> {
-    fn words<const N: usize, T>(data: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-        data.chunks_exact(N).map(|c| f(c.try_into().expect("chunks of N bytes"))).collect()
-    }
-    let shape = shape.to_vec();
+/// kiln's dtype of a safetensors dtype (`None` for one kiln does not have).
+fn dtype_of(dtype: Dtype) -> Option<DType> {
     Some(match dtype {
-        Dtype::F32 => Tensor::from_vec(words(data, f32::from_le_bytes), shape),
-        Dtype::F64 => Tensor::from_vec(words(data, f64::from_le_bytes), shape),
-        Dtype::F16 => {
-            Tensor::from_vec(words(data, |b| half::f16::from_bits(u16::from_le_bytes(b))), shape)
-        }
-        Dtype::BF16 => {
-            Tensor::from_vec(words(data, |b| half::bf16::from_bits(u16::from_le_bytes(b))), shape)
-        }
-        Dtype::I64 => Tensor::from_vec(words(data, i64::from_le_bytes), shape),
-        Dtype::I32 => Tensor::from_vec(words(data, i32::from_le_bytes), shape),
-        Dtype::U8 => Tensor::from_vec(data.to_vec(), shape),
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
         _ => return None,
     })
 }
@@ -273,9 +275,11 @@ impl<'a> Loader<'a> {
             ));
             return stand_in();
         }
-        match self.checkpoint.tensor(name) {
+        // Stored bytes go to the device once; a conversion runs there, when `finish`
+        // computes every parameter.
+        match self.checkpoint.tensor_on(name, self.options.device) {
             Ok(t) if t.dtype().is_float() => {
-                let t = t.to_dtype(self.options.dtype).to(self.options.device).detach();
+                let t = t.to_dtype(self.options.dtype).detach();
                 self.loaded.push(t.clone());
                 t
             }

@@ -237,21 +237,6 @@ impl Llama {
         };
         let (b, t) = (batch as i64, len as i64);
         let split = |x: Tensor, n: usize| x.reshape(&[b, t, n as i64, d as i64]).transpose(1, 2);
-        // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
-        let widen = |x: Tensor| {
-            let rep = (heads / kv_heads) as i64;
-            if rep == 1 {
-                return x;
-            }
-            let dims = x.dims().to_vec();
-            let s = dims[2] as i64;
-            x.unsqueeze(2).expand(&[b, kv_heads as i64, rep, s, d as i64]).reshape(&[
-                b,
-                heads as i64,
-                s,
-                d as i64,
-            ])
-        };
         let norm = |x: &Tensor, w: &Tensor| {
             F::try_rms_norm(x, &[c.hidden_size], Some(w), Some(c.rms_norm_eps))
         };
@@ -262,15 +247,26 @@ impl Llama {
             let q = rope::apply(&split(q_proj.apply(&x)?, heads), &cos, &sin);
             let k = rope::apply(&split(k_proj.apply(&x)?, kv_heads), &cos, &sin);
             let v = split(v_proj.apply(&x)?, kv_heads);
+            // Grouped-query attention: query head h reads key/value head h / (heads /
+            // kv_heads), shared by broadcasting.
             let y = match cached {
-                None => F::scaled_dot_product_attention(&q, &widen(k), &widen(v), None, true),
+                None => F::try_scaled_dot_product_attention_with(
+                    &q,
+                    &k,
+                    &v,
+                    F::AttentionOptions { is_causal: true, enable_gqa: true, ..Default::default() },
+                )?,
                 Some((cache, positions)) => {
                     let (k, v) = cache.write(i, positions, &k, &v)?;
                     F::try_scaled_dot_product_attention_with(
                         &q,
-                        &widen(k),
-                        &widen(v),
-                        F::AttentionOptions { attn_mask: mask.as_ref(), ..Default::default() },
+                        &k,
+                        &v,
+                        F::AttentionOptions {
+                            attn_mask: mask.as_ref(),
+                            enable_gqa: true,
+                            ..Default::default()
+                        },
                     )?
                 }
             };

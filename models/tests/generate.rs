@@ -85,6 +85,23 @@ fn greedy_decoding_on_cuda_matches_transformers() {
     let model = Llama::from_pretrained(&fixture("llama"), options).unwrap();
     assert_eq!(model.device(), Device::Cuda(0));
     greedy_matches_transformers(&model, "llama");
+    // Weights stored as bf16 go to the device as stored and are widened there: the
+    // conversions are device kernels, not host work, and give the CPU's parameters.
+    let sharded = fixture("llama-bf16-sharded");
+    let (model, profile) = kiln::profile(|| Llama::from_pretrained(&sharded, options));
+    let model = model.unwrap();
+    let steps: Vec<_> =
+        profile.events().iter().filter(|e| e.kind != kiln::StepKind::Plan).collect();
+    assert!(!steps.is_empty(), "the conversions run as kernels");
+    for e in steps {
+        assert_eq!((e.kind, e.device), (kiln::StepKind::Kernel, Device::Cuda(0)), "{}", e.name);
+    }
+    let on_cpu = Llama::from_pretrained(&sharded, LoadOptions::default()).unwrap();
+    for ((name, got), (_, want)) in model.named_parameters().iter().zip(on_cpu.named_parameters()) {
+        assert_eq!(got.device(), Device::Cuda(0), "{name}");
+        assert_eq!(got.to_vec::<f32>(), want.to_vec::<f32>(), "{name}");
+    }
+    greedy_matches_transformers(&model, "llama-bf16-sharded");
 }
 
 /// The prefill and decode plans pass the oracle: every fused kernel against the reference

@@ -208,6 +208,57 @@ impl Buffer {
         Ok(Buffer(Arc::new(block)))
     }
 
+    /// A buffer of `len` elements of `dtype` from their little-endian bytes, made on `device`:
+    /// one copy into host memory, or, for a GPU, one upload straight from `bytes` (a
+    /// memory-mapped file's pages, say), with no host buffer in between.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Check`] when `bytes` does not hold `len` elements of `dtype` (or a
+    /// bool is neither 0 nor 1); [`RuntimeError::OutOfMemory`]; the device's errors.
+    pub fn from_le_bytes(
+        dtype: DType,
+        len: usize,
+        bytes: &[u8],
+        device: Device,
+    ) -> Result<Buffer, RuntimeError> {
+        let want = len.checked_mul(dtype.size_in_bytes());
+        if want != Some(bytes.len()) {
+            let want = want.map_or("more than memory holds".to_string(), |w| w.to_string());
+            return Err(RuntimeError::Check {
+                op: "from_le_bytes",
+                detail: format!(
+                    "{} bytes for {len} elements of {dtype}, which take {want}",
+                    bytes.len()
+                ),
+            });
+        }
+        if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err(RuntimeError::Check {
+                op: "from_le_bytes",
+                detail: "a bool byte other than 0 or 1".into(),
+            });
+        }
+        match device {
+            #[cfg(target_endian = "little")]
+            Device::Cuda(i) => {
+                let gpu = crate::cuda::gpu(i)?;
+                let memory = Memory::Cuda(gpu.upload(bytes)?);
+                Ok(Buffer(Arc::new(Block { memory, len, dtype })))
+            }
+            _ => {
+                let block = Block::new(dtype, len)?;
+                // SAFETY: the block holds `bytes.len()` bytes and is not shared yet.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(block.host_ptr().as_ptr(), block.bytes())
+                };
+                dst.copy_from_slice(bytes);
+                #[cfg(target_endian = "big")]
+                dst.chunks_mut(dtype.size_in_bytes()).for_each(<[u8]>::reverse);
+                Buffer(Arc::new(block)).to_device(device)
+            }
+        }
+    }
+
     /// A buffer of `len` elements of type `T`, zeroed and then written by `fill` (host code
     /// that writes its result in place instead of building a vector to copy).
     ///

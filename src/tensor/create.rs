@@ -5,7 +5,7 @@ use kiln_runtime::Buffer;
 
 use super::Tensor;
 use crate::error::ok;
-use crate::{Error, Result};
+use crate::{Device, Error, Result};
 
 impl Tensor {
     /// A tensor of `shape` holding `data` in row-major order; the dtype follows the element
@@ -64,6 +64,48 @@ impl Tensor {
             ));
         }
         let buffer = Buffer::from_slice(data).map_err(kiln_runtime::RunError::from)?;
+        Ok(Tensor::from_buffer(buffer, shape))
+    }
+
+    /// A tensor of `shape` and `dtype` on `device` from its elements' little-endian bytes in
+    /// row-major order (a safetensors tensor's data, say): one copy into host memory, or, for
+    /// a GPU, one upload straight from `bytes`, so that a memory-mapped file's pages go to
+    /// the device without a host buffer in between.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    /// let t = Tensor::try_from_le_bytes(&bytes, DType::F32, [2], Device::Cpu)?;
+    /// assert_eq!(t.to_vec::<f32>(), [1.5, -2.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `bytes` does not hold the shape's elements of `dtype`;
+    /// [`Error::Runtime`] for a bool byte other than 0 or 1, when memory runs out or the
+    /// device fails.
+    #[track_caller]
+    pub fn try_from_le_bytes(
+        bytes: &[u8],
+        dtype: DType,
+        shape: impl Into<Shape>,
+        device: Device,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let fits = shape.numel().checked_mul(dtype.size_in_bytes()) == Some(bytes.len());
+        if !fits {
+            return Err(Error::shape(
+                "from_le_bytes",
+                format!(
+                    "{} bytes cannot hold shape {shape} of {dtype} ({} elements of {} bytes)",
+                    bytes.len(),
+                    shape.numel(),
+                    dtype.size_in_bytes()
+                ),
+            ));
+        }
+        let buffer = Buffer::from_le_bytes(dtype, shape.numel(), bytes, device)
+            .map_err(kiln_runtime::RunError::from)?;
         Ok(Tensor::from_buffer(buffer, shape))
     }
 
