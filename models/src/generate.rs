@@ -32,6 +32,16 @@ pub trait CausalLm {
     /// # Errors
     /// As the model's `forward_cached`.
     fn forward_cached(&self, ids: &Tensor, positions: &Tensor, cache: &KvCache) -> Result<Tensor>;
+    /// Logits of the last `logits_to_keep` positions (0: all), with or without a cache.
+    ///
+    /// # Errors
+    /// As the model's `forward_with`.
+    fn forward_with(
+        &self,
+        ids: &Tensor,
+        cached: Option<(&KvCache, &Tensor)>,
+        logits_to_keep: usize,
+    ) -> Result<Tensor>;
     /// The device the parameters live on.
     fn device(&self) -> Device;
     /// Tokens in the vocabulary.
@@ -50,6 +60,14 @@ macro_rules! causal_lm {
             }
             fn forward_cached(&self, ids: &Tensor, positions: &Tensor, cache: &KvCache) -> Result<Tensor> {
                 <$model>::forward_cached(self, ids, positions, cache)
+            }
+            fn forward_with(
+                &self,
+                ids: &Tensor,
+                cached: Option<(&KvCache, &Tensor)>,
+                logits_to_keep: usize,
+            ) -> Result<Tensor> {
+                <$model>::forward_with(self, ids, cached, logits_to_keep)
             }
             fn device(&self) -> Device {
                 <$model>::device(self)
@@ -179,14 +197,11 @@ pub fn generate(
         let t = logits.dims()[1];
         logits.try_narrow(1, t - 1, 1)?.try_squeeze(1)
     };
-    let mut prefill_step = kiln::compile(|(ids, positions): (&Tensor, &Tensor)| match &cache {
-        Some(cache) => last(model.forward_cached(ids, positions, cache)),
-        None => last(model.forward(ids)),
-    });
-    let mut decode_step = kiln::compile(|(ids, positions): (&Tensor, &Tensor)| match &cache {
-        Some(cache) => last(model.forward_cached(ids, positions, cache)),
-        None => last(model.forward(ids)),
-    });
+    // Only the last position's logits are computed (the head on one row per sequence).
+    let step = |(ids, positions): (&Tensor, &Tensor)| {
+        last(model.forward_with(ids, cache.as_ref().map(|c| (c, positions)), 1))
+    };
+    let (mut prefill_step, mut decode_step) = (kiln::compile(step), kiln::compile(step));
     let started = Instant::now();
     let mut prefill = Duration::ZERO;
     let mut decode_steps = 0;
@@ -202,7 +217,7 @@ pub fn generate(
             decode_steps += 1;
             let t = len + step;
             // Without a cache every length is another program: eager, not compiled.
-            last(model.forward(&ids_of(seqs.concat(), t)))?
+            last(model.forward_with(&ids_of(seqs.concat(), t), None, 1))?
         };
         let rows = logits.to_dtype(kiln::DType::F64).try_to_vec::<f64>()?;
         let vocab = rows.len() / batch;

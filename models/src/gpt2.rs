@@ -139,7 +139,7 @@ impl Gpt2 {
     /// [`kiln::Error::Shape`] when `ids` is not 2-D or longer than `n_positions`;
     /// [`kiln::Error::Index`] for an id outside the vocabulary.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.run(ids, None)
+        self.forward_with(ids, None, 0)
     }
 
     /// A key/value cache for `batch` sequences of up to `max_len` tokens (at most
@@ -166,10 +166,23 @@ impl Gpt2 {
         positions: &Tensor,
         cache: &KvCache,
     ) -> Result<Tensor> {
-        self.run(ids, Some((cache, positions)))
+        self.forward_with(ids, Some((cache, positions)), 0)
     }
 
-    fn run(&self, ids: &Tensor, cached: Option<(&KvCache, &Tensor)>) -> Result<Tensor> {
+    /// [`Gpt2::forward`] (`cached` `None`) or [`Gpt2::forward_cached`] (the cache and
+    /// the positions), with the logits of the last `logits_to_keep` positions only
+    /// (`[batch, logits_to_keep, vocab]`; 0 keeps them all), as transformers'
+    /// `logits_to_keep`: a prefill that only samples the next token runs the head on one
+    /// row per sequence.
+    ///
+    /// # Errors
+    /// As [`Gpt2::forward_cached`].
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        cached: Option<(&KvCache, &Tensor)>,
+        logits_to_keep: usize,
+    ) -> Result<Tensor> {
         let (batch, len) = match ids.dims() {
             &[b, t] if t <= self.config.n_positions => (b, t),
             _ => {
@@ -221,7 +234,7 @@ impl Gpt2 {
             let m = linear(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();
             h = h + linear(&m, &block.mlp_proj)?;
         }
-        norm(&h, &self.ln_f)?.try_matmul(&self.wte.t())
+        norm(&crate::keep_last(h, logits_to_keep)?, &self.ln_f)?.try_matmul(&self.wte.t())
     }
 }
 

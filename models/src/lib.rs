@@ -29,3 +29,15 @@ pub use checkpoint::{Checkpoint, LoadOptions, Loader};
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Generation, generate};
 pub use tokenizer::{PaddingSide, Tokenizer};
+
+/// The last `logits_to_keep` positions of hidden states `[batch, len, hidden]` (all of them
+/// for 0, as transformers' `logits_to_keep`), taken before the final norm and the head,
+/// which act on each position alone: a prefill's head then multiplies one row per sequence
+/// instead of the whole prompt's.
+pub(crate) fn keep_last(h: kiln::Tensor, logits_to_keep: usize) -> kiln::Result<kiln::Tensor> {
+    let len = h.dims()[1];
+    if logits_to_keep == 0 || logits_to_keep >= len {
+        return Ok(h);
+    }
+    h.try_narrow(1, len - logits_to_keep, logits_to_keep)
+}

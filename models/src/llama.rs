@@ -179,7 +179,7 @@ impl Llama {
     /// [`kiln::Error::Shape`] when `ids` is not 2-D; [`kiln::Error::Index`] for an id
     /// outside the vocabulary.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.run(ids, None)
+        self.forward_with(ids, None, 0)
     }
 
     /// A key/value cache for `batch` sequences of up to `max_len` tokens, in the model's
@@ -213,10 +213,23 @@ impl Llama {
         positions: &Tensor,
         cache: &KvCache,
     ) -> Result<Tensor> {
-        self.run(ids, Some((cache, positions)))
+        self.forward_with(ids, Some((cache, positions)), 0)
     }
 
-    fn run(&self, ids: &Tensor, cached: Option<(&KvCache, &Tensor)>) -> Result<Tensor> {
+    /// [`Llama::forward`] (`cached` `None`) or [`Llama::forward_cached`] (the cache and
+    /// the positions), with the logits of the last `logits_to_keep` positions only
+    /// (`[batch, logits_to_keep, vocab]`; 0 keeps them all), as transformers'
+    /// `logits_to_keep`: a prefill that only samples the next token runs the head on one
+    /// row per sequence.
+    ///
+    /// # Errors
+    /// As [`Llama::forward_cached`].
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        cached: Option<(&KvCache, &Tensor)>,
+        logits_to_keep: usize,
+    ) -> Result<Tensor> {
         let &[batch, len] = ids.dims() else {
             return Err(kiln::Error::Shape {
                 op: "Llama::forward",
@@ -276,7 +289,7 @@ impl Llama {
             h = h + down.apply(&(gate.apply(&x)?.silu() * up.apply(&x)?))?;
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        norm(&h, &self.norm)?.try_matmul(&head.t())
+        norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?.try_matmul(&head.t())
     }
 }
 

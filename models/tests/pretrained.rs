@@ -38,6 +38,8 @@ fn gpt2_logits_match_transformers() {
     let model = Gpt2::from_pretrained(&dir, LoadOptions::default()).unwrap();
     let (ids, want) = expected(&dir);
     assert_logits(&model.forward(&ids).unwrap(), &want, 1e-4, "gpt2");
+    let last = want.narrow(1, ids.dims()[1] - 1, 1);
+    assert_logits(&model.forward_with(&ids, None, 1).unwrap(), &last, 1e-4, "gpt2, the last");
 }
 
 #[test]
@@ -47,6 +49,13 @@ fn llama_with_grouped_queries_and_llama3_rope_matches_transformers() {
     assert!(model.config().num_key_value_heads < model.config().num_attention_heads);
     let (ids, want) = expected(&dir);
     assert_logits(&model.forward(&ids).unwrap(), &want, 1e-4, "llama");
+    // transformers' logits_to_keep: the last positions' logits alone (0 keeps them all).
+    let len = ids.dims()[1];
+    for keep in [1, 3] {
+        let last = want.narrow(1, len - keep, keep);
+        assert_logits(&model.forward_with(&ids, None, keep).unwrap(), &last, 1e-4, "kept");
+    }
+    assert_logits(&model.forward_with(&ids, None, 0).unwrap(), &want, 1e-4, "all kept");
 }
 
 #[test]
