@@ -102,7 +102,7 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round => fits(e.dtype),
-            // 16-bit transcendentals round an f64 result once (`via_f64`): scalar.
+            // f32 polynomials; a 16-bit result is the f32 one rounded.
             UnaryOp::Exp
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
@@ -110,7 +110,7 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Log
             | UnaryOp::Sin
             | UnaryOp::Cos
-            | UnaryOp::Tan => e.dtype == DType::F32 && float == DType::F32,
+            | UnaryOp::Tan => fits(e.dtype) && float == DType::F32,
         },
         ExprKind::Binary(op, a, _) => {
             let arg = kernel.exprs[a].dtype;

@@ -555,10 +555,11 @@ impl<'b> Translator<'_, 'b> {
             };
             return self.narrow(v, dtype);
         }
-        if dtype == DType::F32 && op.is_transcendental() {
+        if matches!(dtype, DType::F32 | DType::BF16 | DType::F16) && op.is_transcendental() {
             // One lane of the vector polynomial: an element gets the same bits whether its
             // kernel reaches it in a vector or in a scalar tail (which depends on the layout,
-            // so it differs between plans of one program).
+            // so it differs between plans of one program). A 16-bit result is the f32 one
+            // rounded, as PyTorch computes 16-bit transcendentals.
             let v = self.b.ins().splat(types::F32X4, x);
             let r = match op {
                 UnaryOp::Exp => math::exp(&mut self.math(), v),
@@ -579,7 +580,8 @@ impl<'b> Translator<'_, 'b> {
                 | UnaryOp::Round
                 | UnaryOp::Not => unreachable!("{} is not transcendental", op.name()),
             };
-            return self.b.ins().extractlane(r, 0);
+            let r = self.b.ins().extractlane(r, 0);
+            return self.narrow(r, dtype);
         }
         let ty = scalar_type(dtype);
         let v = match op {
