@@ -12,7 +12,9 @@
 //! - A value is stored (a kernel boundary) when it is a result the caller wants
 //!   ([`Cut::Output`]), when several ops consume it and recomputing it in each costs more
 //!   than storing and reloading it on the plan's target ([`Cut::Shared`], see
-//!   [`crate::target::Target::op_cost`]: a CPU stores a shared exponential, a GPU recomputes it), when an op that is
+//!   [`crate::target::Target::op_cost`]: a CPU stores a shared exponential, a GPU recomputes
+//!   it) or reading its inputs again in each moves more memory (a residual stream summed
+//!   over many layers), when an op that is
 //!   neither elementwise nor a fusable reduction consumes it ([`Cut::Feeds`]), or when it is
 //!   read through a view ([`Cut::View`]: a view of an expression is not an index map into a
 //!   buffer). A kernel also ends at [`MAX_KERNEL_OPS`] ops ([`Cut::Size`]).
@@ -249,6 +251,7 @@ fn cuts(
     let mut stored: HashMap<NodeId, Cut> = HashMap::default();
     let mut size: HashMap<NodeId, usize> = HashMap::default();
     let mut costs: HashMap<NodeId, usize> = HashMap::default();
+    let mut reads: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
     for &n in order {
         let op = &graph.node(n).op;
         if !op.is_elementwise() && !op.is_free() {
@@ -261,14 +264,50 @@ fn cuts(
             options.target.op_cost(op) + unstored().filter_map(|a| costs.get(a)).sum::<usize>();
         size.insert(n, own);
         costs.insert(n, cost);
+        let read = buffers_read(graph, n, &stored, &size, &reads);
         let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
-        let node = Candidate { n, own, cost, consumers: cons };
+        let node = Candidate { n, own, cost, reads: read.len(), consumers: cons };
+        reads.insert(n, read);
         if let Some(cut) = cut_of(graph, &node, &stored, options) {
             stored.insert(n, cut);
         }
     }
     (stored, size)
 }
+
+/// Buffers of its own size (at most [`MAX_TRACKED_READS`] of them) that computing fusable
+/// value `n` where it is used reads: its stored arguments, and those its unstored arguments
+/// read. Smaller ones (a norm's weight, a row's statistic) are left out: they stay in cache.
+fn buffers_read(
+    graph: &Graph,
+    n: NodeId,
+    stored: &HashMap<NodeId, Cut>,
+    size: &HashMap<NodeId, usize>,
+    reads: &HashMap<NodeId, Vec<NodeId>>,
+) -> Vec<NodeId> {
+    let numel = graph.node(n).shape.numel();
+    let mut out: Vec<NodeId> = Vec::new();
+    for &a in graph.arg_slice(n) {
+        let buffer = stored.contains_key(&a) || !size.contains_key(&a);
+        let theirs = if buffer {
+            if matches!(graph.node(a).op, Op::Full(_)) || graph.node(a).shape.numel() != numel {
+                continue;
+            }
+            std::slice::from_ref(&a)
+        } else {
+            reads.get(&a).map_or(&[][..], Vec::as_slice)
+        };
+        for &b in theirs {
+            if out.len() < MAX_TRACKED_READS && !out.contains(&b) {
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+/// How many buffers [`buffers_read`] follows: enough to tell that storing pays.
+const MAX_TRACKED_READS: usize = 4;
 
 /// A fusable value as the cut rule sees it.
 struct Candidate<'a> {
@@ -277,7 +316,21 @@ struct Candidate<'a> {
     own: usize,
     /// What recomputing it in a consumer costs.
     cost: usize,
+    /// Buffers of its size that recomputing it reads.
+    reads: usize,
     consumers: &'a [NodeId],
+}
+
+impl Candidate<'_> {
+    /// Whether reading its inputs again in every consumer moves more memory than storing it
+    /// once and reading it back: `k` consumers of a value over `r` buffers read `k·r`
+    /// buffers recomputing, `r + 1 + k` storing. A residual stream `x + a + b + ..` is then
+    /// stored every few additions, instead of every later layer's norm recomputing it from
+    /// all the earlier layers' outputs.
+    fn rereads_cost_more(&self) -> bool {
+        let k = self.consumers.len();
+        k > 1 && (k - 1) * self.reads >= k + 1
+    }
 }
 
 /// Why `c` is stored, or `None` when it fuses into its consumers.
@@ -313,7 +366,7 @@ fn cut_of(
         None
     } else if !fused {
         Some(Cut::Unfused)
-    } else if c.consumers.len() > 1 && c.cost > MAX_RECOMPUTE_COST {
+    } else if c.consumers.len() > 1 && (c.cost > MAX_RECOMPUTE_COST || c.rereads_cost_more()) {
         Some(Cut::Shared)
     } else if c.own >= MAX_KERNEL_OPS {
         Some(Cut::Size)

@@ -313,3 +313,35 @@ fn a_collective_runs_as_soon_as_its_input_is_ready() {
         assert!(at(scaled) < at(reduced) && at(reduced) < at(out), "{fusion:?}: {plan:?}");
     }
 }
+
+#[test]
+fn a_residual_stream_is_stored_before_its_rereads_cost_more() {
+    // h = x, then h = h + a_i for twelve layer outputs a_i (stored: inputs here), each h also
+    // reduced (a norm's sum of squares). Recomputing h in every reduction would read every
+    // earlier a_i again; stored every few additions, no kernel reads more than four buffers.
+    for target in [CPU, GPU] {
+        let mut g = Graph::new();
+        let shape = Shape::from([8, 16]);
+        let mut h = g.input(shape.clone(), DType::F32);
+        let mut sums = Vec::new();
+        for _ in 0..12 {
+            let a = g.input(shape.clone(), DType::F32);
+            h = g.push(Op::Binary(BinaryOp::Add), &[h, a]).unwrap();
+            let sq = g.push(Op::Binary(BinaryOp::Mul), &[h, h]).unwrap();
+            sums.push(
+                g.push(Op::Reduce { op: crate::ReduceOp::Sum, axes: vec![1] }, &[sq]).unwrap(),
+            );
+        }
+        g.mark_output(h);
+        for s in sums {
+            g.mark_output(s);
+        }
+        let plan = partition_for(&g, Fusion::Fused, target);
+        let widest = plan
+            .steps
+            .iter()
+            .filter_map(|s| if let Step::Kernel(k) = s { Some(k.inputs.len()) } else { None })
+            .max();
+        assert!(widest.is_some_and(|w| w <= 4), "{}: {plan:?}", target.name);
+    }
+}
