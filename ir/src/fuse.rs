@@ -324,12 +324,12 @@ struct Candidate<'a> {
 impl Candidate<'_> {
     /// Whether reading its inputs again in every consumer moves more memory than storing it
     /// once and reading it back: `k` consumers of a value over `r` buffers read `k·r`
-    /// buffers recomputing, `r + 1 + k` storing. A residual stream `x + a + b + ..` is then
+    /// buffers recomputing, `r + 1 + k` storing (a tie stores). A residual stream `x + a + b + ..` is then
     /// stored every few additions, instead of every later layer's norm recomputing it from
     /// all the earlier layers' outputs.
     fn rereads_cost_more(&self) -> bool {
         let k = self.consumers.len();
-        k > 1 && (k - 1) * self.reads >= k + 1
+        k > 1 && (k - 1) * self.reads > k
     }
 }
 
