@@ -7,7 +7,8 @@
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
 //! ```
 //!
-//! `--profile` prints kiln's profile of one decode step (after a warm-up) instead.
+//! `--profile` prints kiln's profile of a generation (after a warm-up) instead: a 32-token
+//! prompt's prefill and 16 decode steps, so that the decode step's kernels lead.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ fn measure(model: &impl CausalLm, new: usize, reps: usize) -> kiln::Result<(f64,
     Ok((median(d), median(p)))
 }
 
-/// kiln's profile of the last decode step of a 32-token prompt's generation.
+/// kiln's profile of a 32-token prompt's prefill and 16 decode steps.
 fn profile(model: &impl CausalLm) -> kiln::Result<()> {
     let prompt =
         vec![(0..32i64).map(|i| (i * 7919 + 13) % model.vocab_size() as i64).collect::<Vec<_>>()];
@@ -47,12 +48,12 @@ fn profile(model: &impl CausalLm) -> kiln::Result<()> {
     generate(model, &prompt, &options, |_, _| {})?;
     let mut steps = 0;
     let (generation, profile) = kiln::profile(|| {
-        generate(model, &prompt, &GenerateOptions { max_new_tokens: 2, ..options }, |_, _| {
+        generate(model, &prompt, &GenerateOptions { max_new_tokens: 17, ..options }, |_, _| {
             steps += 1;
         })
     });
     generation?;
-    println!("prefill and one decode step ({steps} tokens):\n{profile}");
+    println!("a prefill and 16 decode steps ({steps} tokens):\n{profile}");
     Ok(())
 }
 
