@@ -369,6 +369,7 @@ impl<F> Compiled<F> {
             crate::engine::realize::realize(&older)?;
             captured = capture_sized(targets, hint);
         }
+        captured.check_whole()?;
         if captured.pending == 0 {
             self.stats.empty += 1;
             return Ok(());
@@ -400,9 +401,9 @@ impl<F> Compiled<F> {
                 let entry = &mut self.entries[i];
                 entry.recorded.rebind(&mut entry.prepared, &captured);
                 if device == Device::Cpu {
-                    run_captured(&mut entry.prepared, &captured, &outputs)?;
+                    run_captured(&mut entry.prepared, &mut captured, &outputs)?;
                 } else {
-                    let run = run_captured_graphed(&mut entry.prepared, &captured, &outputs)?;
+                    let run = run_captured_graphed(&mut entry.prepared, &mut captured, &outputs)?;
                     self.stats.stepwise = None;
                     match run {
                         GraphRun::Captured { .. } => {
@@ -424,8 +425,9 @@ impl<F> Compiled<F> {
         debug_assert_eq!(built.outputs, outputs);
         let recorded = Recorded::new(&captured, &outputs, &built.ids);
         let graph = built.graph;
+        drop(built.buffers); // so that an input the plan writes into can be handed over
         let mut prepared = Prepared::new(&graph, options, device);
-        run_captured(&mut prepared, &captured, &outputs)?;
+        run_captured(&mut prepared, &mut captured, &outputs)?;
         self.stats.plans += 1;
         self.stats.steps_per_call = prepared.steps();
         if let Some(reason) = reason {

@@ -107,7 +107,8 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
             | Step::Library { .. }
             | Step::Alias { .. }
             | Step::AssignInPlace { .. }
-            | Step::ScatterOntoFill { .. } => summary.other_ops += 1,
+            | Step::ScatterOntoFill { .. }
+            | Step::ScatterInPlace { .. } => summary.other_ops += 1,
         }
     }
     summary
@@ -223,7 +224,8 @@ pub fn fused_dot(tensors: &[&Tensor]) -> String {
             | Step::Library { node: n, .. }
             | Step::Alias { node: n, .. }
             | Step::AssignInPlace { node: n, .. }
-            | Step::ScatterOntoFill { node: n, .. } => {
+            | Step::ScatterOntoFill { node: n, .. }
+            | Step::ScatterInPlace { node: n } => {
                 drawn.insert(*n);
                 let _ =
                     writeln!(out, "    n{} [label=\"{}\", style=filled];", n.index(), label(*n));

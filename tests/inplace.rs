@@ -122,3 +122,42 @@ fn copy_makes_an_independent_storage() {
     assert_eq!(x.to_vec::<f32>(), vec![0.0, 1.0, 2.0]);
     assert_eq!(c.to_vec::<f32>(), vec![1.0, 2.0, 3.0]);
 }
+
+#[test]
+fn a_scatter_written_back_into_its_base_writes_in_place() {
+    // A static cache's write: the old value is dead once the scatter has read it, so the
+    // scatter writes into its buffer instead of a copy of it.
+    let cache = Tensor::zeros([2, 8, 3]);
+    let at = cache.data_ptr();
+    let write = |pos: i64, value: f32| {
+        let index = Tensor::from_vec(vec![pos], [1, 1, 1]).expand(&[2, 1, 3]);
+        cache.copy_(&cache.scatter(1, &index, Tensor::full([2, 1, 3], value)));
+    };
+    let mut step = kiln::compile(|pos: &Tensor| {
+        let index = pos.reshape(&[1, 1, 1]).expand(&[2, 1, 3]);
+        cache.copy_(&cache.scatter(1, &index, Tensor::full([2, 1, 3], 5.0)));
+        cache.sum()
+    });
+    write(0, 1.0);
+    write(3, 2.0);
+    assert_eq!(cache.data_ptr(), at, "eager");
+    for pos in [4i64, 6] {
+        step.call(&Tensor::from_vec(vec![pos], [1]));
+    }
+    assert_eq!(cache.data_ptr(), at, "compiled");
+    let want: Vec<f32> = (0..2 * 8 * 3)
+        .map(|i| match i / 3 % 8 {
+            0 => 1.0,
+            3 => 2.0,
+            4 | 6 => 5.0,
+            _ => 0.0,
+        })
+        .collect();
+    assert_eq!(cache.to_vec::<f32>(), want);
+    // A value something else still needs is not overwritten: the scatter copies.
+    let held = cache.copy(); // pending: reads the values as they are now
+    write(7, 9.0);
+    cache.realize();
+    assert_eq!(held.to_vec::<f32>(), want);
+    assert_eq!(cache.narrow(1, 7, 1).to_vec::<f32>(), vec![9.0; 6]);
+}

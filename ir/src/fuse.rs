@@ -133,6 +133,14 @@ pub enum Step {
         /// The `Full` node holding the base's value.
         fill: NodeId,
     },
+    /// A scatter whose base no later step or output reads: the values are written into the
+    /// base's buffer, which becomes the result (where
+    /// [`crate::target::Target::writes_in_place`]; the executor copies instead when the
+    /// buffer is shared). A static key/value cache's step writes its new keys this way.
+    ScatterInPlace {
+        /// The scatter's node (its base is its first argument).
+        node: NodeId,
+    },
 }
 
 impl Step {
@@ -140,7 +148,7 @@ impl Step {
     pub fn reads(&self, graph: &Graph) -> Vec<NodeId> {
         match self {
             Step::Kernel(k) => k.inputs.clone(),
-            Step::Node(n) => graph.arg_slice(*n).to_vec(),
+            Step::Node(n) | Step::ScatterInPlace { node: n } => graph.arg_slice(*n).to_vec(),
             Step::Library { operands, .. } => operands.iter().map(|(n, _)| *n).collect(),
             Step::Alias { of, .. } => vec![*of],
             Step::AssignInPlace { base, values, .. } => vec![*base, values.0],
@@ -156,7 +164,8 @@ impl Step {
             | Step::Library { node: n, .. }
             | Step::Alias { node: n, .. }
             | Step::AssignInPlace { node: n, .. }
-            | Step::ScatterOntoFill { node: n, .. } => vec![*n],
+            | Step::ScatterOntoFill { node: n, .. }
+            | Step::ScatterInPlace { node: n } => vec![*n],
         }
     }
 }

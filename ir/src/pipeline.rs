@@ -258,6 +258,13 @@ impl std::fmt::Display for Stage<'_> {
                             g.node(*node).op,
                             names[fill]
                         )?,
+                        Step::ScatterInPlace { node } => writeln!(
+                            f,
+                            "scatter in place %{} = {} into %{}",
+                            names[node],
+                            g.node(*node).op,
+                            names[&g.arg_slice(*node)[0]]
+                        )?,
                     }
                 }
                 Ok(())

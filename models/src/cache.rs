@@ -1,5 +1,6 @@
 //! A static key/value cache: each layer's keys and values preallocated to a maximum length
-//! and written in place at the positions of the tokens being decoded.
+//! and written in place at the positions of the tokens being decoded (the scatter that
+//! writes them runs in the cache's own buffer: its old value is dead once written back).
 //!
 //! Positions are tensor *data*, never shapes: a decode step writes its keys with a scatter at
 //! `positions` and attends over the whole cache with a mask that hides the keys after each
@@ -126,6 +127,12 @@ impl KvCache {
             if positions.ndim() == 2 { rows.try_unsqueeze(1) } else { Ok(rows) }
         };
         Ok((rows(cos)?, rows(sin)?))
+    }
+
+    /// Layer `layer`'s keys and values, `[batch, kv_heads, max_len, head_dim]` each (what
+    /// transformers' `StaticCache` keeps per layer).
+    pub fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        self.layers.get(layer).map(|(k, v)| (k, v))
     }
 
     /// The longest sequence (prompt and generated tokens) it holds.

@@ -186,3 +186,34 @@ fn bad_prompts_and_options_are_errors() {
         .to_string();
     assert!(e.contains("index 500 is out of bounds"), "{e}");
 }
+
+/// The decode step writes each token's keys and values into the cache's own buffers: their
+/// addresses do not change, and the scatters write the new token's rows, not the cache.
+#[test]
+fn the_cache_is_written_in_place() {
+    let model = Llama::from_pretrained(&fixture("llama"), LoadOptions::default()).unwrap();
+    let cache = model.new_cache(1, 64).unwrap();
+    let (k, v) = cache.layer(0).unwrap();
+    let mut step = kiln::compile(|(ids, positions): (&Tensor, &Tensor)| {
+        model.forward_with(ids, Some((&cache, positions)), 1)
+    });
+    let token = Tensor::from_vec(vec![3i64], [1, 1]);
+    // A new cache's layers share one buffer of zeros: the first write gives each its own.
+    step.try_call((&token, &Tensor::from_vec(vec![0i64], [1]))).unwrap().unwrap().realize();
+    let at = (k.data_ptr(), v.data_ptr());
+    for p in 1..6i64 {
+        step.try_call((&token, &Tensor::from_vec(vec![p], [1]))).unwrap().unwrap().realize();
+    }
+    assert_eq!((k.data_ptr(), v.data_ptr()), at);
+    let ((), profile) = kiln::profile(|| {
+        step.try_call((&token, &Tensor::from_vec(vec![6i64], [1]))).unwrap().unwrap().realize();
+    });
+    let scatters: Vec<_> = profile.events().iter().filter(|e| e.name == "scatter").collect();
+    let layers = model.config().num_hidden_layers;
+    assert_eq!(scatters.len(), 2 * layers);
+    let row = (k.dims()[1] * k.dims()[3] * 4) as u64;
+    for e in scatters {
+        assert_eq!(e.bytes_written, row, "one token's keys or values, not the cache");
+    }
+    assert_eq!(step.stats().plans, 1);
+}

@@ -191,6 +191,14 @@ impl Buffer {
         self.0.host_ptr().as_ptr()
     }
 
+    /// The address of the first element, in host or device memory.
+    pub fn address(&self) -> usize {
+        match &self.0.memory {
+            Memory::Host { ptr, .. } => ptr.as_ptr() as usize,
+            Memory::Cuda(m) => m.ptr() as usize,
+        }
+    }
+
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors
@@ -412,6 +420,12 @@ impl Buffer {
         // SAFETY: the block holds `len` initialized elements of `T`, aligned for it; the
         // `Arc` is unique, so nothing else reads it while the slice is borrowed.
         Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>().as_ptr(), block.len) })
+    }
+
+    /// Whether no other handle shares this buffer and it is in host memory: a step that is
+    /// the last reader of it may then write into it.
+    pub(crate) fn is_unique_on_host(&mut self) -> bool {
+        Arc::get_mut(&mut self.0).is_some_and(|b| matches!(b.memory, Memory::Host { .. }))
     }
 
     /// The elements, if `T` is the buffer's element type and the buffer is in host memory.

@@ -55,6 +55,9 @@ pub(crate) type Inputs = SmallVec<[Arc<LazyNode>; 2]>;
 pub(crate) enum State {
     Pending(Inputs),
     Realized(Buffer),
+    /// The buffer was handed to a plan that writes into it ([`LazyNode::hand_over`]): no
+    /// live handle reaches the node, unless that plan failed.
+    HandedOver,
 }
 
 impl LazyNode {
@@ -102,7 +105,20 @@ impl LazyNode {
     pub(crate) fn buffer(&self) -> Option<Buffer> {
         match &*self.state() {
             State::Realized(b) => Some(b.clone()),
-            State::Pending(_) => None,
+            State::Pending(_) | State::HandedOver => None,
+        }
+    }
+
+    /// Gives the realized buffer up to a plan that writes into it in place
+    /// (`realize::handed_over`, which has checked that nothing outside the plan's capture
+    /// holds this node, so its value is dead once the plan has read it).
+    pub(crate) fn hand_over(&self) -> Option<Buffer> {
+        match std::mem::replace(&mut *self.state(), State::HandedOver) {
+            State::Realized(b) => Some(b),
+            other => {
+                *self.state() = other;
+                None
+            }
         }
     }
 

@@ -59,7 +59,7 @@ thread_local! {
 /// Runs the captured program (planned with `options`, whose constants fold) on `device`,
 /// reusing this thread's plan of the same program if there is one.
 pub(crate) fn realize(
-    captured: &Captured,
+    captured: &mut Captured,
     targets: &[Arc<LazyNode>],
     options: PlanOptions,
     device: Device,

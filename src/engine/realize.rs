@@ -84,12 +84,13 @@ fn realize_now(targets: &[Arc<LazyNode>]) -> Result<()> {
         }
         return Ok(());
     }
-    let captured = capture(targets);
+    let mut captured = capture(targets);
+    captured.check_whole()?;
     if captured.pending == 0 {
         return Ok(());
     }
     match super::execution::plan_options(Constants::Fold, device) {
-        Some(options) => super::plans::realize(&captured, targets, options, device),
+        Some(options) => super::plans::realize(&mut captured, targets, options, device),
         None => {
             let built = build_graph(&captured, targets)?;
             let check = super::execution::check_scale();
@@ -105,20 +106,42 @@ fn realize_now(targets: &[Arc<LazyNode>]) -> Result<()> {
 /// and stores the results into their nodes: how a realization and a compiled call both run.
 pub(crate) fn run_captured(
     prepared: &mut Prepared,
-    captured: &Captured,
+    captured: &mut Captured,
     outputs: &[usize],
 ) -> Result<()> {
-    let buffers: Vec<Buffer> = captured.buffers.iter().flatten().cloned().collect();
-    let results = prepared.run(&buffers, super::execution::check_scale())?;
+    let buffers = handed_over(prepared, captured);
+    let results = prepared.run_owned(buffers, super::execution::check_scale())?;
     write_back(captured, outputs, results);
     Ok(())
+}
+
+/// The plan's input buffers, in order. An input the plan writes into
+/// ([`Prepared::writes_into_inputs`]) whose node nothing outside the capture holds (no
+/// tensor, no pending op elsewhere: its value is dead once its readers here have run) is
+/// handed over, taken from its node and from the capture, so that the plan writes into its
+/// buffer in place: a static key/value cache's step writes its new keys into the buffer that
+/// held the old ones.
+fn handed_over(prepared: &Prepared, captured: &mut Captured) -> Vec<Buffer> {
+    let writes = prepared.writes_into_inputs();
+    let mut inputs = Vec::with_capacity(writes.len());
+    let Captured { nodes, buffers, uses, .. } = captured;
+    for (slot, held) in buffers.iter_mut().enumerate().filter(|(_, b)| b.is_some()) {
+        let node = &nodes[slot];
+        let dead = Arc::strong_count(node) == 1 + uses[slot] as usize;
+        let taken = match writes.get(inputs.len()) {
+            Some(true) if dead => node.hand_over().and_then(|_| held.take()),
+            _ => None,
+        };
+        inputs.extend(taken.or_else(|| held.clone()));
+    }
+    inputs
 }
 
 /// [`run_captured`] through a CUDA graph on a GPU ([`Prepared::run_graphed`]); a checked
 /// run goes step by step, since the oracle compares every kernel.
 pub(crate) fn run_captured_graphed(
     prepared: &mut Prepared,
-    captured: &Captured,
+    captured: &mut Captured,
     outputs: &[usize],
 ) -> Result<GraphRun> {
     if super::execution::check_scale().is_some() {
@@ -159,9 +182,25 @@ pub(crate) struct Captured {
     pub(crate) index: HashMap<*const LazyNode, usize, PtrHash>,
     /// How many pending nodes there are.
     pub(crate) pending: usize,
+    /// How many nodes gave their buffers to a plan that failed (see [`Captured::check_whole`]).
+    pub(crate) handed_over: usize,
 }
 
 impl Captured {
+    /// An error when a value the capture needs was handed to a plan that wrote into it in
+    /// place and then failed: it no longer exists.
+    pub(crate) fn check_whole(&self) -> Result<()> {
+        if self.handed_over == 0 {
+            return Ok(());
+        }
+        Err(crate::Error::Value {
+            op: "realize",
+            detail: "a value this needs was being overwritten in place by a computation that \
+                     failed (its error was returned then); recompute it from its inputs"
+                .into(),
+        })
+    }
+
     /// The positions of node `slot`'s inputs.
     pub(crate) fn args(&self, slot: usize) -> &[u32] {
         &self.args[self.arg_start[slot] as usize..self.arg_start[slot + 1] as usize]
@@ -214,6 +253,7 @@ pub(crate) fn capture_sized(targets: &[Arc<LazyNode>], hint: usize) -> Captured 
         uses: Vec::with_capacity(hint),
         index: HashMap::with_capacity_and_hasher(hint, PtrHash),
         pending: 0,
+        handed_over: 0,
     };
     c.arg_start.push(0);
     // (node, whether its inputs have been pushed)
@@ -232,6 +272,11 @@ pub(crate) fn capture_sized(targets: &[Arc<LazyNode>], hint: usize) -> Captured 
                 let buffer = b.clone();
                 drop(state);
                 c.push(key, node, Some(buffer));
+            }
+            State::HandedOver => {
+                drop(state);
+                c.handed_over += 1;
+                c.push(key, node, None);
             }
             State::Pending(inputs) if expanded => {
                 for input in inputs {

@@ -117,6 +117,32 @@ impl Tensor {
         crate::engine::realize::realize(&nodes)
     }
 
+    /// The address of the first element (PyTorch's `data_ptr`), in host memory or on the
+    /// tensor's GPU, computing the tensor first: two tensors with one address share memory,
+    /// and a value written in place keeps its address.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([4, 4]);
+    /// let at = x.data_ptr();
+    /// assert_eq!(x.narrow(0, 1, 2).data_ptr(), at + 4 * x.element_size()); // row 1
+    /// ```
+    ///
+    /// # Panics
+    /// When the computation fails; [`Tensor::try_data_ptr`] returns the error.
+    #[track_caller]
+    pub fn data_ptr(&self) -> usize {
+        crate::error::ok(self.try_data_ptr())
+    }
+
+    /// [`Tensor::data_ptr`], returning an error when computing the tensor fails.
+    ///
+    /// # Errors
+    /// The computation's errors.
+    pub fn try_data_ptr(&self) -> Result<usize> {
+        Ok(self.buffer()?.address() + self.storage_offset() * self.element_size())
+    }
+
     /// The storage's buffer in host memory (a copy of a GPU tensor's), computing it if needed.
     pub(crate) fn host_buffer(&self) -> Result<Buffer> {
         let buffer = self.buffer()?;

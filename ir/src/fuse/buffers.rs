@@ -3,7 +3,9 @@
 //! the base's buffer ([`Step::AssignInPlace`]), and a scatter onto a constant that only it
 //! reads fills its own output, the constant's kernel dropped ([`Step::ScatterOntoFill`]; the
 //! gradient of a gather scatters into zeros; not in unfused plans, the one-kernel-per-op
-//! baseline). Only where the target lets the executor overwrite its buffers
+//! baseline); any other scatter whose base nothing after it reads writes into the base's
+//! buffer ([`Step::ScatterInPlace`]: a static key/value cache's new keys). Only where the
+//! target lets the executor overwrite its buffers
 //! ([`crate::target::Target::writes_in_place`]).
 
 use rustc_hash::FxHashMap as HashMap;
@@ -36,15 +38,13 @@ pub fn reuse_buffers(
                 let node = graph.node(n);
                 let args = graph.arg_slice(n);
                 match &node.op {
-                    Op::Scatter { .. } if fills && read_once(args[0]) => {
-                        match constants.get(&args[0]) {
-                            Some(&(kernel, fill)) => {
-                                dropped[kernel] = true;
-                                Step::ScatterOntoFill { node: n, fill }
-                            }
-                            None => Step::Node(n),
+                    Op::Scatter { .. } if read_once(args[0]) => match constants.get(&args[0]) {
+                        Some(&(kernel, fill)) if fills => {
+                            dropped[kernel] = true;
+                            Step::ScatterOntoFill { node: n, fill }
                         }
-                    }
+                        _ => Step::ScatterInPlace { node: n },
+                    },
                     Op::Assign(_) if read_once(args[0]) => Step::AssignInPlace {
                         node: n,
                         base: args[0],

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::prepare::PreparedStep;
-use super::{Prepared, all_on_device, check, cpu, dispatch};
+use super::{Prepared, check, cpu, dispatch};
 use crate::trace::{self, KernelRun, MemoryPeak, StepKind};
 use crate::{Buffer, Device, RunError, RuntimeError, collective, cuda, native, rows};
 
@@ -22,11 +22,29 @@ impl Prepared {
     /// # Errors
     /// As [`super::run`].
     pub fn run(&mut self, inputs: &[Buffer], check: Option<f64>) -> Result<Vec<Buffer>, RunError> {
+        self.run_owned(inputs.to_vec(), check)
+    }
+
+    /// [`Prepared::run`] on inputs handed over: a step that writes into an input's buffer
+    /// ([`Prepared::writes_into_inputs`]) does so in place when the caller kept no other
+    /// handle on it.
+    ///
+    /// # Errors
+    /// As [`super::run`].
+    pub fn run_owned(
+        &mut self,
+        inputs: Vec<Buffer>,
+        check: Option<f64>,
+    ) -> Result<Vec<Buffer>, RunError> {
         let gpu = match self.device {
             Device::Cpu => None,
             Device::Cuda(i) => Some(cuda::gpu(i)?),
         };
-        let inputs = &*all_on_device(inputs, self.device)?;
+        let inputs = if inputs.iter().all(|b| b.device() == self.device) {
+            inputs
+        } else {
+            super::on_device(&inputs, self.device)?
+        };
         let Prepared { graph, steps, groups, gpu_groups, readers, outputs, dirty, .. } = self;
         let tracing = trace::enabled();
         let mut run = Run {
@@ -41,7 +59,7 @@ impl Prepared {
             waited: Duration::ZERO,
         };
         for (&n, b) in graph.inputs().iter().zip(inputs) {
-            run.bufs.insert(n, b.clone());
+            run.bufs.insert(n, b);
         }
         // Whatever failed, no collective is left in flight: the group's next one must find
         // this rank's sequence where the other ranks' is.
@@ -211,6 +229,10 @@ impl Run<'_> {
                     )));
                 };
                 self.node(*node, Some(value))
+            }
+            PreparedStep::ScatterInPlace(node) => {
+                self.land(graph.arg_slice(*node))?;
+                self.scatter_in_place(*node)
             }
             PreparedStep::Library(node, operands) => {
                 self.land(&operands.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
@@ -404,6 +426,42 @@ impl Run<'_> {
         }
         self.done_reading(base);
         self.done_reading(values);
+        self.bufs.insert(n, out);
+        Ok(())
+    }
+
+    /// A scatter the plan writes into its base's buffer ([`PreparedStep::ScatterInPlace`]): in
+    /// place when nothing else holds the buffer (a value computed in this plan, a donated
+    /// input: a static key/value cache's old keys), else as any scatter, into a copy.
+    fn scatter_in_place(&mut self, n: NodeId) -> Result<(), RunError> {
+        let graph = self.graph;
+        let args = graph.arg_slice(n);
+        let mut own = self.bufs.take(args[0]);
+        let Some(base) = own.take_if(|b| self.gpu.is_none() && b.is_unique_on_host()) else {
+            if let Some(b) = own {
+                self.bufs.insert(args[0], b);
+            }
+            return self.node(n, None);
+        };
+        let started = Instant::now();
+        let (index, src) = (&self.bufs[&args[1]], &self.bufs[&args[2]]);
+        let bytes_read = trace::bytes(index) + trace::bytes(src);
+        let out = native::scatter_in_place(graph, n, base, &[index, src])?;
+        if self.tracing {
+            let node = graph.node(n);
+            let name = node.op.name();
+            let mut e =
+                trace::plain_event(name, StepKind::Library, name.to_string(), String::new());
+            e.shape = node.shape.to_string();
+            e.bytes_read = bytes_read;
+            e.bytes_written = trace::bytes(src);
+            e.sources = node.origin.into_iter().collect();
+            e.duration = started.elapsed();
+            self.traced(started, e, Some((n, &out)));
+        }
+        for &a in args {
+            self.done_reading(a);
+        }
         self.bufs.insert(n, out);
         Ok(())
     }

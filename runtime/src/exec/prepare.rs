@@ -65,6 +65,8 @@ pub(crate) enum PreparedStep {
     },
     /// [`Step::ScatterOntoFill`]: (scatter, the `Full` node of its base's value).
     ScatterOntoFill(NodeId, NodeId),
+    /// [`Step::ScatterInPlace`]: the scatter.
+    ScatterInPlace(NodeId),
 }
 
 impl Prepared {
@@ -105,6 +107,10 @@ impl Prepared {
                     // A rebound fill value changes what the scatter writes.
                     node_step.insert(fill, i);
                     PreparedStep::ScatterOntoFill(node, fill)
+                }
+                Step::ScatterInPlace { node } => {
+                    node_step.insert(node, i);
+                    PreparedStep::ScatterInPlace(node)
                 }
             });
         }
@@ -234,6 +240,22 @@ impl Prepared {
     /// The options the plan was made with.
     pub fn options(&self) -> PlanOptions {
         self.options
+    }
+
+    /// For each of the plan's inputs, in order, whether a step writes into its buffer when
+    /// nothing else holds it (the base of an in-place assign or scatter): a caller that will
+    /// not read the value again may hand the buffer over ([`Prepared::run_owned`]).
+    pub fn writes_into_inputs(&self) -> Vec<bool> {
+        let bases: Vec<NodeId> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                PreparedStep::AssignInPlace { base, .. } => Some(*base),
+                PreparedStep::ScatterInPlace(n) => Some(self.graph.arg_slice(*n)[0]),
+                _ => None,
+            })
+            .collect();
+        self.graph.inputs().iter().map(|i| bases.contains(i)).collect()
     }
 
     /// The number of steps (kernels, library calls and reference ops) one run takes.

@@ -46,6 +46,28 @@ pub(super) fn gather(
     })
 }
 
+/// Scatter node `id` (a `Scatter` op) into `base`, its first argument's buffer, which
+/// nothing else holds ([`Buffer::is_unique_on_host`]): the result is that buffer, written in
+/// place. `args` are the index and the source.
+pub(crate) fn scatter_in_place(
+    graph: &Graph,
+    id: NodeId,
+    base: Buffer,
+    args: &[&Buffer],
+) -> Result<Buffer, RunError> {
+    let node = graph.node(id);
+    let at =
+        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
+    let Op::Scatter { axis, accumulate } = node.op else {
+        unreachable!("only scatters are planned in place")
+    };
+    let ids = graph.args(id);
+    let shape_of = |i: usize| &graph.node(ids[i]).shape;
+    let base = Base::Own(base);
+    scatter(base, shape_of(0), args[0], shape_of(1), args[1], shape_of(2), axis, accumulate)
+        .map_err(at)
+}
+
 /// Scatter node `id` (a `Scatter` op) onto a base that is one value everywhere: the plan
 /// does not materialize a constant base (the gradient of a gather scatters into zeros), so
 /// the result is filled, not copied. `args` are the index and the source.
@@ -68,22 +90,26 @@ pub(crate) fn scatter_onto_fill(
         .map_err(at)
 }
 
-/// What a scatter writes into: a copy of a buffer, or one value everywhere.
-#[derive(Clone, Copy)]
+/// What a scatter writes into: a copy of a buffer, one value everywhere, or a buffer of its
+/// own, in place.
 pub(super) enum Base<'a> {
     Buffer(&'a Buffer),
     Fill(Scalar, kiln_ir::DType),
+    /// A host buffer nothing else holds ([`Buffer::is_unique_on_host`]).
+    Own(Buffer),
 }
 
 impl Base<'_> {
     fn dtype(&self) -> kiln_ir::DType {
         match self {
             Base::Buffer(b) => b.dtype(),
+            Base::Own(b) => b.dtype(),
             Base::Fill(_, dtype) => *dtype,
         }
     }
 
-    /// A buffer of the base's values (a copy, or the fill over `shape`) with `edit` applied.
+    /// A buffer of the base's values (a copy, the fill over `shape`, or the base itself)
+    /// with `edit` applied.
     fn edited<T: Element>(
         self,
         shape: &Shape,
@@ -94,6 +120,10 @@ impl Base<'_> {
                 edited_copy(b.as_slice::<T>().expect("the buffer's own element type"), edit)
             }
             Base::Fill(v, _) => edited_fill(shape.numel(), T::from_scalar(v), edit),
+            Base::Own(mut b) => {
+                edit(b.unique_slice_mut::<T>().expect("an own base is a unique host buffer"));
+                Ok(b)
+            }
         }
     }
 }

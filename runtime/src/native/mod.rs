@@ -19,8 +19,8 @@ use crate::{Buffer, RunError, RuntimeError};
 mod index;
 mod strided;
 
-pub(crate) use index::scatter_onto_fill;
 use index::{Base, gather, scatter};
+pub(crate) use index::{scatter_in_place, scatter_onto_fill};
 
 /// The op's value when it has a native loop; `None` sends it to the reference executor.
 pub(crate) fn eval(
