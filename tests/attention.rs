@@ -707,3 +707,20 @@ fn grouped_query_attention_shares_key_heads_without_copying_them() {
     .unwrap_err();
     assert!(err.to_string().contains("5 query, 2 key"), "{err}");
 }
+
+#[test]
+fn hidden_trailing_keys_are_not_read() {
+    // A decode step over a static cache: one query per head, keys past its position hidden
+    // and holding garbage (NaN) that must not be read, in every float dtype.
+    kiln::manual_seed(7);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let q = Tensor::randn([1, 4, 1, 16]).to_dtype(dtype);
+        let filled = Tensor::randn([1, 4, 10, 16]).to_dtype(dtype);
+        let garbage = Tensor::full([1, 4, 30, 16], f64::NAN).to_dtype(dtype);
+        let cache = Tensor::cat(&[&filled, &garbage], 2);
+        let mask = Tensor::arange(0i64, 40, 1).lt(10.0).reshape(&[1, 40]);
+        let got = F::scaled_dot_product_attention(&q, &cache, &cache, Some(&mask), false);
+        let want = F::scaled_dot_product_attention(&q, &filled, &filled, None, false);
+        assert_eq!(got.float().to_vec::<f32>(), want.float().to_vec::<f32>(), "{dtype:?}");
+    }
+}

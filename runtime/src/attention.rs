@@ -231,7 +231,18 @@ impl<'a, T: Copy> Operand<'a, T> {
 
     /// Batch entry `b`'s elements in row-major order, through `f`, appended to `out`.
     pub(crate) fn gather_entry<U>(&self, b: usize, f: impl Fn(T) -> U, out: &mut Vec<U>) {
-        for r in 0..self.rows {
+        self.gather_rows(b, self.rows, f, out);
+    }
+
+    /// The first `rows` rows of batch entry `b`, as [`Operand::gather_entry`].
+    pub(crate) fn gather_rows<U>(
+        &self,
+        b: usize,
+        rows: usize,
+        f: impl Fn(T) -> U,
+        out: &mut Vec<U>,
+    ) {
+        for r in 0..rows.min(self.rows) {
             if self.cs == 1 {
                 let at = self.bases[b] + r * self.rs;
                 out.extend(self.data[at..at + self.cols].iter().map(|&x| f(x)));
@@ -484,7 +495,8 @@ fn forward_tile<T: Real>(
     let mut sum = vec![T::ZERO; rows];
     let mut s = vec![T::ZERO; rows * KT];
     let q_rows = x.q.rows(b, r0, r1);
-    let key_end = d.keys_of(r1 - 1);
+    // Keys after the last one a query of the tile sees are not read.
+    let key_end = d.keys_of(r1 - 1).min(x.keys_seen_by(b, r0..r1, d));
     for c0 in (0..key_end).step_by(KT) {
         let t = Tile { b, r0, r1, c0, c1: (c0 + KT).min(key_end) };
         if x.mask.as_ref().is_some_and(|mask| mask.hides_tile(&t)) {
@@ -526,6 +538,28 @@ pub(crate) struct Inputs<'a, T> {
     pub(crate) v: Operand<'a, T>,
     pub(crate) dout: Option<Operand<'a, T>>,
     pub(crate) mask: Option<Operand<'a, bool>>,
+}
+
+impl<T> Inputs<'_, T> {
+    /// How many leading keys of entry `b` any of its queries may see (those after them need
+    /// not be read: a static cache's empty slots). A causal triangle from the lower-right
+    /// corner depends on the number of keys, so it keeps them all.
+    pub(crate) fn keys_seen(&self, b: usize, d: &Dims) -> usize {
+        self.keys_seen_by(b, 0..d.l, d)
+    }
+
+    /// [`Inputs::keys_seen`] for the queries `rows` of entry `b`.
+    fn keys_seen_by(&self, b: usize, rows: std::ops::Range<usize>, d: &Dims) -> usize {
+        use kiln_ir::AttentionMask;
+        match (d.mask, &self.mask) {
+            (AttentionMask::Given, Some(m)) => rows
+                .filter_map(|r| (0..d.s).rev().find(|&c| m.at(b, r, c)))
+                .max()
+                .map_or(0, |c| c + 1),
+            (AttentionMask::Causal, _) if rows.end > 0 => d.keys_of(rows.end - 1),
+            _ => d.s,
+        }
+    }
 }
 
 impl<T: Real> Inputs<'_, T> {

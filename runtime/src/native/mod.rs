@@ -356,17 +356,28 @@ fn attention_16<H: crate::matmul::Half>(
         }
         return crate::matmul::narrow_half(&acc, H::DTYPE);
     }
-    let one = Dims { n: 1, ..*d };
     let per = len / d.n;
     Buffer::zeroed_with(len, |out: &mut [H]| {
         crate::team::for_each_part(out.chunks_mut(per).collect(), &|b, part| {
-            let wide = widened(b..b + 1);
             let mut acc = vec![0.0f32; per];
-            let x = dense_inputs(&wide, 1, d, grad, x.mask.as_ref().map(|m| m.entry(b)));
+            let mask = x.mask.as_ref().map(|m| m.entry(b));
             if grad {
-                backward_entry(&x, &one, &mut acc);
+                let one = Dims { n: 1, ..*d };
+                let wide = widened(b..b + 1);
+                backward_entry(&dense_inputs(&wide, 1, &one, grad, mask), &one, &mut acc);
             } else {
-                forward_entry(&x, &one, &mut acc);
+                // Only the keys and values some query sees are widened: a decode step over
+                // a static cache reads its filled slots, not the whole cache.
+                let one = Dims { n: 1, s: x.keys_seen(b, d), ..*d };
+                let wide: Vec<Vec<f32>> = [(&x.q, d.l), (&x.k, one.s), (&x.v, one.s)]
+                    .into_iter()
+                    .map(|(o, rows)| {
+                        let mut w = Vec::new();
+                        o.gather_rows(b, rows, |h: H| h.widen(), &mut w);
+                        w
+                    })
+                    .collect();
+                forward_entry(&dense_inputs(&wide, 1, &one, grad, mask), &one, &mut acc);
             }
             for (o, &a) in part.iter_mut().zip(&acc) {
                 *o = H::narrow(a);
