@@ -109,15 +109,8 @@ impl Config {
     /// [`Error::Io`] when the file is missing or not JSON, a needed key is missing or of the
     /// wrong type, or the `model_type` or `rope_type` is one kiln does not run.
     pub fn from_dir(dir: &Path) -> Result<Config> {
+        let value = read_json(dir)?;
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            io(format!(
-                "cannot read {}: {e} (a Hugging Face model folder holds one)",
-                path.display()
-            ))
-        })?;
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| io(format!("{} is not valid JSON: {e}", path.display())))?;
         Config::from_json(&value, &path.display().to_string())
     }
 
@@ -135,6 +128,16 @@ impl Config {
             ))),
         }
     }
+}
+
+/// `dir/config.json`, parsed.
+pub(crate) fn read_json(dir: &Path) -> Result<Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        io(format!("cannot read {}: {e} (a Hugging Face model folder holds one)", path.display()))
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| io(format!("{} is not valid JSON: {e}", path.display())))
 }
 
 fn gpt2(json: &Json<'_>) -> Result<Gpt2Config> {

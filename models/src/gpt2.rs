@@ -38,6 +38,8 @@ pub struct Gpt2 {
     positions: Tensor,
     blocks: Vec<Block>,
     ln_f: (Tensor, Tensor),
+    /// The `config.json` it was loaded from: `save_pretrained` keeps its other keys.
+    source: Option<serde_json::Value>,
 }
 
 #[derive(Debug)]
@@ -72,7 +74,39 @@ impl Gpt2 {
             }
         };
         let checkpoint = Checkpoint::open(dir)?;
-        Gpt2::load(config, &checkpoint, options)
+        let mut model = Gpt2::load(config, &checkpoint, options)?;
+        model.source = crate::config::read_json(dir).ok();
+        Ok(model)
+    }
+
+    /// Writes the model as a Hugging Face folder (`config.json`, `model.safetensors`) that
+    /// transformers' `GPT2LMHeadModel.from_pretrained` and [`Gpt2::from_pretrained`] load
+    /// unchanged: the `Conv1D` weights transposed back to `[in, out]`, the head tied to the
+    /// token embedding (not written), in the parameters' dtype.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Io`] when the folder or a file cannot be written.
+    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
+        self.save_pretrained_with(dir, crate::SaveOptions::default())
+    }
+
+    /// [`Gpt2::save_pretrained`] with shards of at most `options.max_shard_bytes`.
+    ///
+    /// # Errors
+    /// As [`Gpt2::save_pretrained`].
+    pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
+        let conv1d =
+            ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"];
+        let tensors: Vec<(String, Tensor)> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(name, t)| match conv1d.iter().any(|c| name.ends_with(c)) {
+                true => (name, t.t().contiguous()),
+                false => (name, t),
+            })
+            .collect();
+        let config = Config::Gpt2(self.config.clone());
+        crate::save::save(dir, self.source.as_ref(), &config, &tensors, options)
     }
 
     /// Builds the model of `config` from `checkpoint`'s tensors.
@@ -119,7 +153,7 @@ impl Gpt2 {
         l.skip("lm_head.weight");
         l.finish()?;
         let positions = positions_on(config.n_positions, options.device)?;
-        Ok(Gpt2 { config, prefix, wte, wpe, positions, blocks, ln_f })
+        Ok(Gpt2 { config, prefix, wte, wpe, positions, blocks, ln_f, source: None })
     }
 
     /// The configuration.

@@ -22,12 +22,14 @@ pub mod generate;
 pub mod gpt2;
 pub mod llama;
 pub mod rope;
+pub mod save;
 pub mod tokenizer;
 
 pub use cache::KvCache;
 pub use checkpoint::{Checkpoint, LoadOptions, Loader};
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Generation, generate};
+pub use save::SaveOptions;
 pub use tokenizer::{PaddingSide, Tokenizer};
 
 /// The last `logits_to_keep` positions of hidden states `[batch, len, hidden]` (all of them

@@ -36,6 +36,8 @@ pub struct Llama {
     /// data to a device inside a compiled step would split its plan).
     positions: Tensor,
     inv_freq: Tensor,
+    /// The `config.json` it was loaded from: `save_pretrained` keeps its other keys.
+    source: Option<serde_json::Value>,
 }
 
 /// A projection: its weight `[out, in]` and optional bias.
@@ -103,7 +105,28 @@ impl Llama {
             }
         };
         let checkpoint = Checkpoint::open(dir)?;
-        Llama::load(config, &checkpoint, options)
+        let mut model = Llama::load(config, &checkpoint, options)?;
+        model.source = crate::config::read_json(dir).ok();
+        Ok(model)
+    }
+
+    /// Writes the model as a Hugging Face folder (`config.json`, `model.safetensors`) that
+    /// transformers' `from_pretrained` and [`Llama::from_pretrained`] load unchanged, in the
+    /// parameters' dtype.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Io`] when the folder or a file cannot be written.
+    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
+        self.save_pretrained_with(dir, crate::SaveOptions::default())
+    }
+
+    /// [`Llama::save_pretrained`] with shards of at most `options.max_shard_bytes`.
+    ///
+    /// # Errors
+    /// As [`Llama::save_pretrained`].
+    pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
+        let config = Config::Llama(self.config.clone());
+        crate::save::save(dir, self.source.as_ref(), &config, &self.named_parameters(), options)
     }
 
     /// Builds the model of `config` from `checkpoint`'s tensors.
@@ -159,7 +182,7 @@ impl Llama {
             rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
         let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(options.device);
         inv_freq.try_realize()?;
-        Ok(Llama { config, embed_tokens, layers, norm, lm_head, positions, inv_freq })
+        Ok(Llama { config, embed_tokens, layers, norm, lm_head, positions, inv_freq, source: None })
     }
 
     /// The configuration.

@@ -60,6 +60,19 @@ impl Tokenizer {
         Tokenizer::from_file(&dir.join("tokenizer.json"))
     }
 
+    /// Writes `dir/tokenizer.json` (Hugging Face's format, which [`Tokenizer::from_dir`]
+    /// and transformers read), for a model folder written by `save_pretrained`.
+    ///
+    /// # Errors
+    /// [`kiln::Error::Io`] when the file cannot be written.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("tokenizer.json");
+        self.inner.save(&path, true).map_err(|e| kiln::Error::Io {
+            op: "Tokenizer::save",
+            detail: format!("cannot write {}: {e}", path.display()),
+        })
+    }
+
     /// Tokens in the vocabulary, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

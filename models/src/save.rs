@@ -1,0 +1,189 @@
+//! `save_pretrained`: a model written as a Hugging Face folder that transformers (and
+//! kiln-models) loads unchanged: `config.json`, and `model.safetensors` or, above
+//! [`SaveOptions::max_shard_bytes`], shards `model-0000k-of-0000n.safetensors` with
+//! `model.safetensors.index.json`, tensors under the checkpoint's names in the parameters'
+//! dtype.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kiln::{DType, Error, Result, Tensor};
+use serde_json::{Map, Value, json};
+
+use crate::config::{Config, Gpt2Config, LlamaConfig, RopeScaling};
+
+/// How [`crate::llama::Llama::save_pretrained`] and friends write a folder.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SaveOptions {
+    /// The largest shard, in bytes (transformers' `max_shard_size`, 50 GB by default there
+    /// and here); a tensor larger than this is a shard of its own.
+    pub max_shard_bytes: u64,
+}
+
+impl Default for SaveOptions {
+    fn default() -> SaveOptions {
+        SaveOptions { max_shard_bytes: 50_000_000_000 }
+    }
+}
+
+fn io(detail: String) -> Error {
+    Error::Io { op: "save_pretrained", detail }
+}
+
+/// Writes `config` (over `base`, the `config.json` the model was loaded from, whose other keys
+/// such as the special token ids are kept) and `tensors` into `dir`, created if needed.
+pub(crate) fn save(
+    dir: &Path,
+    base: Option<&Value>,
+    config: &Config,
+    tensors: &[(String, Tensor)],
+    options: SaveOptions,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io(format!("cannot create {}: {e}", dir.display())))?;
+    let dtype = tensors.first().map_or(DType::F32, |(_, t)| t.dtype());
+    let mut json = match base {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let Value::Object(ours) = config_json(config, dtype) else {
+        unreachable!("config_json writes an object")
+    };
+    // transformers 4.x's spellings of what `rope_parameters` now holds would contradict it.
+    for stale in ["rope_theta", "rope_scaling", "torch_dtype"] {
+        json.remove(stale);
+    }
+    json.extend(ours);
+    let text = serde_json::to_string_pretty(&Value::Object(json))
+        .map_err(|e| io(format!("cannot write config.json: {e}")))?;
+    let path = dir.join("config.json");
+    std::fs::write(&path, text + "\n")
+        .map_err(|e| io(format!("cannot write {}: {e}", path.display())))?;
+    write_shards(dir, tensors, options)
+}
+
+/// The tensors in shards of at most `options.max_shard_bytes` (in name order), with an index
+/// when there is more than one.
+fn write_shards(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptions) -> Result<()> {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let bytes = |t: &Tensor| (t.numel() * t.element_size()) as u64;
+    let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
+    let mut size = 0;
+    for (name, t) in sorted {
+        let last = shards.last_mut().expect("one shard at least");
+        if !last.is_empty() && size + bytes(t) > options.max_shard_bytes {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes(t);
+        shards.last_mut().expect("one shard at least").push((name.clone(), t.clone()));
+    }
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    if shards.len() == 1 {
+        return kiln::serialize::save_with_metadata(
+            dir.join("model.safetensors"),
+            &shards[0],
+            &metadata,
+        );
+    }
+    let n = shards.len();
+    let mut weight_map = Map::new();
+    for (k, shard) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
+        kiln::serialize::save_with_metadata(dir.join(&file), shard, &metadata)?;
+        for (name, _) in shard {
+            weight_map.insert(name.clone(), Value::String(file.clone()));
+        }
+    }
+    let total: u64 = tensors.iter().map(|(_, t)| bytes(t)).sum();
+    let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+    let path = dir.join("model.safetensors.index.json");
+    let text = serde_json::to_string_pretty(&index).map_err(|e| io(e.to_string()))?;
+    std::fs::write(&path, text + "\n")
+        .map_err(|e| io(format!("cannot write {}: {e}", path.display())))
+}
+
+/// transformers' name of a dtype in `config.json`.
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::F64 => "float64",
+        _ => "float32",
+    }
+}
+
+/// `config.json`'s keys for `config`, as transformers 5 writes them.
+pub fn config_json(config: &Config, dtype: DType) -> Value {
+    match config {
+        Config::Gpt2(c) => gpt2_json(c, dtype),
+        Config::Llama(c) => llama_json(c, dtype),
+    }
+}
+
+fn gpt2_json(c: &Gpt2Config, dtype: DType) -> Value {
+    json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.n_positions,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": c.n_inner,
+        "layer_norm_epsilon": c.layer_norm_epsilon,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": true,
+        "dtype": dtype_name(dtype),
+    })
+}
+
+fn llama_json(c: &LlamaConfig, dtype: DType) -> Value {
+    // Qwen2 is the Llama with biases on the query, key and value projections only.
+    let qwen2 = c.qkv_bias && !c.o_bias;
+    let (model_type, architecture) =
+        if qwen2 { ("qwen2", "Qwen2ForCausalLM") } else { ("llama", "LlamaForCausalLM") };
+    let mut rope = json!({ "rope_theta": c.rope.theta });
+    let extra = match c.rope.scaling {
+        RopeScaling::None => json!({ "rope_type": "default" }),
+        RopeScaling::Linear { factor } => json!({ "rope_type": "linear", "factor": factor }),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings as u64,
+        }),
+    };
+    if let (Value::Object(r), Value::Object(e)) = (&mut rope, extra) {
+        r.extend(e);
+    }
+    let mut j = json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "hidden_act": "silu",
+        "rope_parameters": rope,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "dtype": dtype_name(dtype),
+    });
+    if !qwen2 && let Value::Object(m) = &mut j {
+        m.insert("attention_bias".into(), Value::Bool(c.o_bias));
+        m.insert("mlp_bias".into(), Value::Bool(c.mlp_bias));
+    }
+    j
+}
