@@ -225,7 +225,8 @@ fn grouped(
     let rep = hq / hk;
     let options = AttentionOptions { enable_gqa: false, ..options };
     let bool_mask = options.attn_mask.is_none_or(|m| m.dtype() == DType::Bool);
-    if rep == 1 || !(bool_mask && options.dropout_p == 0.0) {
+    let same_dtype = q.dtype() == k.dtype() && k.dtype() == v.dtype();
+    if rep == 1 || !(bool_mask && options.dropout_p == 0.0 && same_dtype) {
         // Each key/value head repeated for its query heads, as PyTorch's repeat_interleave.
         let widen = |t: &Tensor| -> Result<Tensor> {
             if rep == 1 {
