@@ -40,3 +40,4 @@ mod rows;
 mod serialize;
 mod special;
 mod vision;
+mod vocabulary;

@@ -211,6 +211,13 @@ impl Tensor {
         self.clamp_min(min).clamp_max(max)
     }
 
+    /// [`Tensor::clamp`] under PyTorch's other name.
+    #[must_use]
+    #[track_caller]
+    pub fn clip(&self, min: f64, max: f64) -> Tensor {
+        self.clamp(min, max)
+    }
+
     /// Raises every element below `min` to `min`.
     #[must_use]
     #[track_caller]

@@ -213,3 +213,81 @@ impl Tensor {
         ))
     }
 }
+
+impl Tensor {
+    /// The outer product of two vectors, `[n] × [m] -> [n, m]` (PyTorch's `outer`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![1.0f32, 2.0], [2]);
+    /// let b = Tensor::from_vec(vec![3.0f32, 4.0, 5.0], [3]);
+    /// assert_eq!(a.outer(&b).to_vec::<f32>(), [3.0, 4.0, 5.0, 6.0, 8.0, 10.0]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_outer`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn outer(&self, rhs: &Tensor) -> Tensor {
+        ok(self.try_outer(rhs))
+    }
+
+    /// [`Tensor::outer`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless both are 1-D.
+    #[track_caller]
+    pub fn try_outer(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.expect_ranks("outer", rhs, 1)?;
+        self.try_unsqueeze(1)?.try_mul(&rhs.try_unsqueeze(0)?)
+    }
+
+    /// `beta · self + alpha · (m1 @ m2)` for matrices `m1 [n, k]`, `m2 [k, m]` and `self`
+    /// broadcast to `[n, m]` (PyTorch's `addmm`; with `beta` 0, `self` is not read, so its
+    /// NaN do not propagate).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let bias = Tensor::from_vec(vec![1.0f32, 2.0], [2]);
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [1, 2]);
+    /// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2]);
+    /// assert_eq!(bias.addmm(&x, &w, 1.0, 2.0).to_vec::<f32>(), [3.0, 6.0]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_addmm`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn addmm(&self, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Tensor {
+        ok(self.try_addmm(m1, m2, beta, alpha))
+    }
+
+    /// [`Tensor::addmm`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless `m1` and `m2` are matrices whose inner sizes agree and `self`
+    /// broadcasts to their product's shape.
+    #[track_caller]
+    pub fn try_addmm(&self, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+        m1.expect_ranks("addmm", m2, 2)?;
+        let product = m1.try_matmul(m2)?;
+        let scaled = if alpha == 1.0 { product } else { product * alpha };
+        if beta == 0.0 {
+            self.shape().broadcast(scaled.shape(), "addmm")?;
+            return Ok(scaled);
+        }
+        let base = if beta == 1.0 { self.clone() } else { self * beta };
+        let out = scaled.try_add(&base)?;
+        if out.shape() != scaled.shape() {
+            return Err(Error::shape(
+                "addmm",
+                format!(
+                    "self of shape {} does not broadcast to the product's shape {}",
+                    self.shape(),
+                    scaled.shape()
+                ),
+            ));
+        }
+        Ok(out)
+    }
+}

@@ -2,6 +2,7 @@
 
 mod arith;
 mod autocast;
+mod checks;
 mod create;
 mod display;
 mod einsum;

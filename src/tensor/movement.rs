@@ -416,3 +416,53 @@ fn infer_shape(op: &'static str, from: &Shape, target: &[i64]) -> Result<Shape> 
     }
     Ok(Shape::new(dims))
 }
+
+impl Tensor {
+    /// This tensor expanded to `other`'s shape (PyTorch's `expand_as`).
+    ///
+    /// # Panics
+    /// As [`Tensor::try_expand`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn expand_as(&self, other: &Tensor) -> Tensor {
+        ok(self.try_expand_as(other))
+    }
+
+    /// [`Tensor::expand_as`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_expand`].
+    #[track_caller]
+    pub fn try_expand_as(&self, other: &Tensor) -> Result<Tensor> {
+        let dims: Vec<i64> = other.dims().iter().map(|&d| d as i64).collect();
+        self.try_expand(&dims)
+    }
+
+    /// The slices along `dim`, each without that dimension (views; PyTorch's `unbind`).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], [2, 3]);
+    /// let cols = x.unbind(1);
+    /// assert_eq!(cols.len(), 3);
+    /// assert_eq!(cols[2].to_vec::<i64>(), [3, 6]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_unbind`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn unbind(&self, dim: i64) -> Vec<Tensor> {
+        ok(self.try_unbind(dim))
+    }
+
+    /// [`Tensor::unbind`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a dimension out of range.
+    #[track_caller]
+    pub fn try_unbind(&self, dim: i64) -> Result<Vec<Tensor>> {
+        let axis = normalize_axis("unbind", dim, self.ndim())?;
+        (0..self.dims()[axis] as i64).map(|i| self.try_select(axis as i64, i)).collect()
+    }
+}

@@ -2,6 +2,7 @@
 //! they fuse into one kernel with their neighbors and differentiate through their parts.
 
 use super::Tensor;
+use crate::Result;
 
 impl Tensor {
     /// This tensor as floating point (`f32` for integers and booleans), as the
@@ -216,5 +217,137 @@ impl Tensor {
         let negative = Tensor::where_(&x.lt(0.0), 1.0, 0.0).to_dtype(self.dtype());
         let s = positive - negative;
         if self.dtype().is_float() { Tensor::where_(&x.ne(&x), &x, &s) } else { s }
+    }
+
+    /// `1 / √x` (PyTorch's `rsqrt`): `inf` at 0, NaN below 0.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![4.0f32, 0.25], [2]);
+    /// assert_eq!(x.rsqrt().to_vec::<f32>(), [0.5, 2.0]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn rsqrt(&self) -> Tensor {
+        self.floating().sqrt().reciprocal()
+    }
+
+    /// Rounds toward zero (integers as they are); its gradient is zero.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-1.7f32, 1.7, -0.5], [3]);
+    /// assert_eq!(x.trunc().to_vec::<f32>(), [-1.0, 1.0, -0.0]);
+    /// assert_eq!(x.frac().to_vec::<f32>()[1], 1.7 - 1.0);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn trunc(&self) -> Tensor {
+        if !self.dtype().is_float() {
+            return self.clone();
+        }
+        Tensor::where_(&self.lt(0.0), self.ceil(), self.floor())
+    }
+
+    /// The fractional part, `x - trunc(x)`, with `x`'s sign.
+    #[must_use]
+    #[track_caller]
+    pub fn frac(&self) -> Tensor {
+        self - self.trunc()
+    }
+
+    /// `ln(e^a + e^b)` without overflow (PyTorch's `logaddexp`): the larger plus
+    /// `log1p(e^-|a - b|)`; two equal infinities give themselves.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![1000.0f64, -1000.0, 0.0], [3]);
+    /// let b = Tensor::from_vec(vec![1000.0f64, -1000.0, f64::NEG_INFINITY], [3]);
+    /// let y = a.logaddexp(&b).to_vec::<f64>();
+    /// assert!((y[0] - (1000.0 + 2f64.ln())).abs() < 1e-12 && y[2] == 0.0);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_logaddexp`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn logaddexp(&self, other: &Tensor) -> Tensor {
+        crate::error::ok(self.try_logaddexp(other))
+    }
+
+    /// [`Tensor::logaddexp`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] when the shapes do not broadcast.
+    #[track_caller]
+    pub fn try_logaddexp(&self, other: &Tensor) -> Result<Tensor> {
+        let (a, b) = (self.floating(), other.floating());
+        let larger = a.try_maximum(&b)?;
+        let y = &larger + (-(a.try_sub(&b)?.abs())).exp().log1p();
+        // inf - inf is NaN: equal infinities are their own sum.
+        let same_infinity = a.try_eq(&b)?.logical_and(a.isinf());
+        Tensor::try_where_(&same_infinity, &larger, &y)
+    }
+
+    /// `x · ln(y)`, and 0 where `x` is 0 (unless `y` is NaN): PyTorch's `xlogy`, the
+    /// entropy term that `0 · ln 0` would make NaN.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![0.0f64, 2.0], [2]);
+    /// let y = Tensor::from_vec(vec![0.0f64, std::f64::consts::E], [2]);
+    /// assert_eq!(x.xlogy(&y).to_vec::<f64>(), [0.0, 2.0]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_xlogy`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn xlogy(&self, other: &Tensor) -> Tensor {
+        crate::error::ok(self.try_xlogy(other))
+    }
+
+    /// [`Tensor::xlogy`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] when the shapes do not broadcast.
+    #[track_caller]
+    pub fn try_xlogy(&self, other: &Tensor) -> Result<Tensor> {
+        let (x, y) = (self.floating(), other.floating());
+        let zero = x.eq(0.0).try_logical_and(y.isnan().logical_not())?;
+        // The log's argument where it is not used is 1, so its gradient stays finite.
+        let safe = Tensor::try_where_(&zero, 1.0, &y)?;
+        Tensor::try_where_(&zero, 0.0, x.try_mul(safe.log())?)
+    }
+
+    /// `self + weight · (end - self)` (PyTorch's `lerp`, with its two formulas: from `self`
+    /// below a weight of 0.5, from `end` above, so both ends are exact).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![1.0f32, 2.0], [2]);
+    /// let b = Tensor::from_vec(vec![3.0f32, 6.0], [2]);
+    /// assert_eq!(a.lerp(&b, &Tensor::scalar(0.5f32)).to_vec::<f32>(), [2.0, 4.0]);
+    /// assert_eq!(a.lerp(&b, &Tensor::scalar(1.0f32)).to_vec::<f32>(), [3.0, 6.0]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_lerp`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn lerp(&self, end: &Tensor, weight: &Tensor) -> Tensor {
+        crate::error::ok(self.try_lerp(end, weight))
+    }
+
+    /// [`Tensor::lerp`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] when the shapes do not broadcast.
+    #[track_caller]
+    pub fn try_lerp(&self, end: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        let diff = end.try_sub(self)?;
+        let low = self.try_add(weight.try_mul(&diff)?)?;
+        let high = end.try_sub(diff.try_mul(&(1.0 - weight))?)?;
+        Tensor::try_where_(&weight.lt(0.5), &low, &high)
     }
 }

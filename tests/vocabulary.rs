@@ -1,0 +1,207 @@
+//! PyTorch's everyday vocabulary: each op against an f64 loop of its definition on fresh
+//! random inputs with the domain's edges (zeros, signs, NaN, infinities), broadcast and
+//! through non-contiguous views, in f32 and f64; the differentiable ones pass gradcheck.
+
+use kiln::autograd::gradcheck;
+use kiln::prelude::*;
+
+use crate::common::*;
+
+/// Random values with the edges mixed in.
+fn edgy(rng: &mut Rng, n: usize) -> Vec<f64> {
+    let edges = [0.0, -0.0, 1.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 2.5, -2.5];
+    (0..n)
+        .map(|i| if i % 3 == 0 { edges[(i / 3) % edges.len()] } else { rng.uniform(-4.0, 4.0) })
+        .collect()
+}
+
+/// `op` against `want` elementwise over `[5, 7]` inputs, in every layout and float dtype.
+fn unary(name: &str, op: impl Fn(&Tensor) -> Tensor, want: impl Fn(f64) -> f64) {
+    let mut rng = Rng::new(480);
+    let data = edgy(&mut rng, 35);
+    for dtype in [DType::F32, DType::F64] {
+        for layout in LAYOUTS {
+            let x = make(&data, &[5, 7], dtype, layout);
+            let expect: Vec<f64> =
+                x.to_vec::<f64>().iter().map(|&v| round_to(dtype, want(v))).collect();
+            assert_close(
+                &read(&op(&x), dtype),
+                &expect,
+                dtype,
+                &format!("{name} {dtype:?} {layout:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn math_functions_match_their_definitions() {
+    unary("rsqrt", Tensor::rsqrt, |v| 1.0 / v.sqrt());
+    unary("trunc", Tensor::trunc, f64::trunc);
+    unary("frac", Tensor::frac, |v| if v.is_infinite() { f64::NAN } else { v - v.trunc() });
+    unary("clip", |x| x.clip(-1.5, 2.0), |v| if v.is_nan() { v } else { v.clamp(-1.5, 2.0) });
+    unary(
+        "nan_to_num",
+        |x| x.nan_to_num(0.5, Some(9.0), Some(-7.0)),
+        |v| {
+            if v.is_nan() {
+                0.5
+            } else if v == f64::INFINITY {
+                9.0
+            } else if v == f64::NEG_INFINITY {
+                -7.0
+            } else {
+                v
+            }
+        },
+    );
+    // f32's largest finite value replaces +inf in f32 (f64's would overflow it).
+    let x = Tensor::from_vec(vec![f32::INFINITY, f32::NAN], [2]);
+    assert_eq!(x.nan_to_num(0.0, None, None).to_vec::<f32>(), [f32::MAX, 0.0]);
+    let x = Tensor::from_vec(vec![f64::NEG_INFINITY], [1]);
+    assert_eq!(x.nan_to_num(0.0, None, None).to_vec::<f64>(), [f64::MIN]);
+    let mut rng = Rng::new(481);
+    let (a, b) = (edgy(&mut rng, 35), edgy(&mut rng, 7));
+    for dtype in [DType::F32, DType::F64] {
+        for layout in LAYOUTS {
+            let x = make(&a, &[5, 7], dtype, layout);
+            let y = make(&b, &[1, 7], dtype, Layout::Contiguous);
+            let (xs, ys) = (x.to_vec::<f64>(), y.to_vec::<f64>());
+            let pairs = || xs.iter().enumerate().map(|(i, &u)| (u, ys[i % 7]));
+            let logaddexp: Vec<f64> = pairs()
+                .map(|(u, v)| {
+                    let m = u.max(v);
+                    if u == v && u.is_infinite() { u } else { m + (-(u - v).abs()).exp().ln_1p() }
+                })
+                .collect();
+            let ctx = format!("{dtype:?} {layout:?}");
+            assert_close(
+                &read(&x.logaddexp(&y), dtype),
+                &logaddexp,
+                dtype,
+                &format!("logaddexp {ctx}"),
+            );
+            let xlogy: Vec<f64> = pairs()
+                .map(|(u, v)| if u == 0.0 && !v.is_nan() { 0.0 } else { u * v.ln() })
+                .collect();
+            assert_close(&read(&x.xlogy(&y), dtype), &xlogy, dtype, &format!("xlogy {ctx}"));
+            let w = Tensor::full([5, 1], 0.75).to_dtype(dtype);
+            let lerp: Vec<f64> = pairs().map(|(u, v)| v - (v - u) * 0.25).collect();
+            assert_close(&read(&x.lerp(&y, &w), dtype), &lerp, dtype, &format!("lerp {ctx}"));
+        }
+    }
+    // lerp's ends are exact: from `self` below 0.5, from `end` above.
+    let (s, e) = (Tensor::from_vec(vec![0.1f32], [1]), Tensor::from_vec(vec![0.7f32], [1]));
+    assert_eq!(s.lerp(&e, &Tensor::full([1], 1.0)).to_vec::<f32>(), [0.7]);
+    assert_eq!(s.lerp(&e, &Tensor::full([1], 0.0)).to_vec::<f32>(), [0.1]);
+}
+
+#[test]
+fn predicates_match_pytorch() {
+    let mut rng = Rng::new(482);
+    let data = edgy(&mut rng, 35);
+    for layout in LAYOUTS {
+        let x = make(&data, &[5, 7], DType::F32, layout);
+        let v = x.to_vec::<f64>();
+        let check = |t: Tensor, f: fn(f64) -> bool, name: &str| {
+            assert_eq!(t.to_vec::<bool>(), v.iter().map(|&u| f(u)).collect::<Vec<_>>(), "{name}");
+        };
+        check(x.isnan(), f64::is_nan, "isnan");
+        check(x.isinf(), f64::is_infinite, "isinf");
+        check(x.isfinite(), f64::is_finite, "isfinite");
+        let nonzero = v.iter().filter(|&&u| u != 0.0).count() as i64;
+        assert_eq!(x.count_nonzero(&[] as &[i64]).item::<i64>(), nonzero);
+        let rows: Vec<i64> =
+            v.chunks(7).map(|r| r.iter().filter(|&&u| u != 0.0).count() as i64).collect();
+        assert_eq!(x.count_nonzero(1).to_vec::<i64>(), rows);
+    }
+    // Integers are never NaN or infinite.
+    let i = Tensor::from_vec(vec![1i64, -2, 0], [3]);
+    assert_eq!(i.isnan().to_vec::<bool>(), [false; 3]);
+    assert_eq!(i.isfinite().to_vec::<bool>(), [true; 3]);
+    // isclose: |a - b| <= atol + rtol·|b|, equal infinities, NaN only with equal_nan.
+    let a =
+        Tensor::from_vec(vec![1.0f64, 100.0, f64::INFINITY, f64::NAN, 0.0, -f64::INFINITY], [6]);
+    let b = Tensor::from_vec(
+        vec![1.000_009, 100.002, f64::INFINITY, f64::NAN, 1e-9, f64::INFINITY],
+        [6],
+    );
+    assert_eq!(
+        a.isclose(&b, 1e-5, 1e-8, false).to_vec::<bool>(),
+        [true, false, true, false, true, false]
+    );
+    assert_eq!(
+        a.isclose(&b, 1e-5, 1e-8, true).to_vec::<bool>(),
+        [true, false, true, true, true, false]
+    );
+    assert!(a.narrow(0, 0, 1).allclose(&b.narrow(0, 0, 1), 1e-5, 1e-8, false));
+    assert!(!a.allclose(&b, 1e-5, 1e-8, true));
+    let err = a.try_isclose(&b, -1.0, 0.0, false).unwrap_err();
+    assert!(err.to_string().contains("non-negative"), "{err}");
+    let err = a.try_isclose(&Tensor::zeros([4]), 1e-5, 1e-8, false).unwrap_err();
+    assert!(err.to_string().contains("[6]") && err.to_string().contains("[4]"), "{err}");
+}
+
+#[test]
+fn products_and_views_match_pytorch() {
+    let mut rng = Rng::new(483);
+    let (a, b) = (values(&mut rng, 5, DType::F64), values(&mut rng, 3, DType::F64));
+    let (x, y) = (tensor(&a, &[5], DType::F64), tensor(&b, &[3], DType::F64));
+    let outer: Vec<f64> = a.iter().flat_map(|&u| b.iter().map(move |&v| u * v)).collect();
+    assert_close(&x.outer(&y).to_vec::<f64>(), &outer, DType::F64, "outer");
+    assert!(x.try_outer(&x.reshape(&[5, 1])).unwrap_err().to_string().contains("rank 1"));
+    let m1 = make(&values(&mut rng, 12, DType::F64), &[4, 3], DType::F64, Layout::Permuted);
+    let m2 = make(&values(&mut rng, 6, DType::F64), &[3, 2], DType::F64, Layout::Sliced);
+    let bias = tensor(&values(&mut rng, 2, DType::F64), &[2], DType::F64);
+    let (p, q, c) = (m1.to_vec::<f64>(), m2.to_vec::<f64>(), bias.to_vec::<f64>());
+    let want: Vec<f64> = (0..8)
+        .map(|i| {
+            let (r, k) = (i / 2, i % 2);
+            0.5 * c[k] + 2.0 * (0..3).map(|j| p[r * 3 + j] * q[j * 2 + k]).sum::<f64>()
+        })
+        .collect();
+    assert_close(&bias.addmm(&m1, &m2, 0.5, 2.0).to_vec::<f64>(), &want, DType::F64, "addmm");
+    // beta 0 does not read self: its NaN stay out.
+    let nan = Tensor::full([2], f64::NAN).double();
+    assert!(nan.addmm(&m1, &m2, 0.0, 1.0).isfinite().all().item::<bool>());
+    assert!(Tensor::zeros([3]).double().try_addmm(&m1, &m2, 1.0, 1.0).is_err());
+    let col = Tensor::from_vec(vec![1i64, 2], [2, 1]);
+    assert_eq!(col.expand_as(&Tensor::zeros([2, 3])).to_vec::<i64>(), [1, 1, 1, 2, 2, 2]);
+    let m = Tensor::arange(0i64, 6, 1).reshape(&[2, 3]);
+    let rows = m.unbind(0);
+    assert_eq!((rows.len(), rows[1].to_vec::<i64>()), (2, vec![3, 4, 5]));
+    assert_eq!(m.unbind(-1)[1].to_vec::<i64>(), [1, 4]);
+    assert!(m.try_unbind(2).is_err());
+}
+
+#[test]
+fn the_differentiable_ones_pass_gradcheck() {
+    let mut rng = Rng::new(484);
+    let mk = |rng: &mut Rng, dims: &[usize], layout, lo: f64| {
+        let n = dims.iter().product();
+        let data: Vec<f64> = (0..n).map(|_| rng.uniform(lo, 3.0)).collect();
+        make(&data, dims, DType::F64, layout)
+    };
+    let pos = [mk(&mut rng, &[3, 4], Layout::Permuted, 0.5)];
+    gradcheck(|t| t[0].rsqrt(), &pos, 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].frac(), &pos, 1e-6, 1e-6).unwrap();
+    let two = [
+        mk(&mut rng, &[3, 4], Layout::Sliced, -3.0),
+        mk(&mut rng, &[1, 4], Layout::Contiguous, 0.5),
+    ];
+    gradcheck(|t| t[0].logaddexp(&t[1]), &two, 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].xlogy(&t[1]), &two, 1e-6, 1e-6).unwrap();
+    let w = mk(&mut rng, &[3, 1], Layout::Contiguous, 0.0);
+    gradcheck(|t| t[0].lerp(&t[1], &w), &two, 1e-6, 1e-6).unwrap();
+    let vecs = [
+        mk(&mut rng, &[4], Layout::Contiguous, -3.0),
+        mk(&mut rng, &[3], Layout::Contiguous, -3.0),
+    ];
+    gradcheck(|t| t[0].outer(&t[1]), &vecs, 1e-6, 1e-6).unwrap();
+    let mats = [
+        mk(&mut rng, &[2], Layout::Contiguous, -3.0),
+        mk(&mut rng, &[3, 4], Layout::Permuted, -3.0),
+        mk(&mut rng, &[4, 2], Layout::Contiguous, -3.0),
+    ];
+    gradcheck(|t| t[0].addmm(&t[1], &t[2], 0.5, 1.5), &mats, 1e-6, 1e-6).unwrap();
+}
