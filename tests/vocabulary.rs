@@ -205,3 +205,117 @@ fn the_differentiable_ones_pass_gradcheck() {
     ];
     gradcheck(|t| t[0].addmm(&t[1], &t[2], 0.5, 1.5), &mats, 1e-6, 1e-6).unwrap();
 }
+
+#[test]
+fn losses_match_their_definitions_and_pass_gradcheck() {
+    use kiln::nn::functional::{self as F, KlReduction, Reduction};
+    let mut rng = Rng::new(485);
+    let (a, b) = (values(&mut rng, 12, DType::F64), values(&mut rng, 12, DType::F64));
+    for layout in LAYOUTS {
+        let x = make(&a, &[3, 4], DType::F64, layout);
+        let y = make(&b, &[3, 4], DType::F64, Layout::Contiguous);
+        let (xs, ys) = (x.to_vec::<f64>(), y.to_vec::<f64>());
+        let d: Vec<f64> = xs.iter().zip(&ys).map(|(u, v)| u - v).collect();
+        let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
+        let ctx = format!("{layout:?}");
+        let l1 = mean(d.iter().map(|e| e.abs()).collect());
+        assert_close(&[F::l1_loss(&x, &y, Reduction::Mean).item::<f64>()], &[l1], DType::F64, &ctx);
+        let smooth: Vec<f64> = d
+            .iter()
+            .map(|e| if e.abs() < 0.7 { 0.5 * e * e / 0.7 } else { e.abs() - 0.35 })
+            .collect();
+        let got = F::smooth_l1_loss(&x, &y, Reduction::None, 0.7).to_vec::<f64>();
+        assert_close(&got, &smooth, DType::F64, &format!("smooth_l1 {ctx}"));
+        let huber: f64 = d
+            .iter()
+            .map(|e| if e.abs() < 0.7 { 0.5 * e * e } else { 0.7 * (e.abs() - 0.35) })
+            .sum();
+        let got = F::huber_loss(&x, &y, Reduction::Sum, 0.7).item::<f64>();
+        assert_close(&[got], &[huber], DType::F64, &format!("huber {ctx}"));
+        // Probabilities and log-probabilities from the same values.
+        let p = x.sigmoid();
+        let q = y.sigmoid();
+        let (ps, qs) = (p.to_vec::<f64>(), q.to_vec::<f64>());
+        let bce = mean(
+            ps.iter().zip(&qs).map(|(p, t)| -(t * p.ln() + (1.0 - t) * (1.0 - p).ln())).collect(),
+        );
+        let got = F::binary_cross_entropy(&p, &q, Reduction::Mean).item::<f64>();
+        assert_close(&[got], &[bce], DType::F64, &format!("bce {ctx}"));
+        let log_q = q.log();
+        let kl: f64 = ps.iter().zip(&qs).map(|(p, q)| p * (p.ln() - q.ln())).sum();
+        let got = F::kl_div(&log_q, &p, KlReduction::BatchMean, false).item::<f64>();
+        assert_close(&[got], &[kl / 3.0], DType::F64, &format!("kl_div {ctx}"));
+        let got = F::kl_div(&log_q, &p.log(), KlReduction::Sum, true).item::<f64>();
+        assert_close(&[got], &[kl], DType::F64, &format!("kl_div log_target {ctx}"));
+    }
+    // PyTorch's edges: log clamped at -100, 0·ln 0 = 0.
+    let p = Tensor::from_vec(vec![0.0f64, 1.0], [2]);
+    let t = Tensor::from_vec(vec![1.0f64, 1.0], [2]);
+    assert_eq!(F::binary_cross_entropy(&p, &t, Reduction::None).to_vec::<f64>(), [100.0, 0.0]);
+    let zero = Tensor::zeros([2]).double();
+    assert_eq!(F::kl_div(&p, &zero, KlReduction::Sum, false).item::<f64>(), 0.0);
+    assert!(F::try_huber_loss(&p, &t, Reduction::Mean, 0.0).is_err());
+    assert!(F::try_l1_loss(&p, &Tensor::zeros([3]).double(), Reduction::Mean).is_err());
+    let inputs = [
+        make(&a, &[3, 4], DType::F64, Layout::Permuted),
+        make(&b, &[3, 4], DType::F64, Layout::Contiguous),
+    ];
+    gradcheck(|t| F::smooth_l1_loss(&t[0], &t[1], Reduction::Sum, 0.7), &inputs, 1e-6, 1e-6)
+        .unwrap();
+    gradcheck(|t| F::huber_loss(&t[0], &t[1], Reduction::Mean, 0.7), &inputs, 1e-6, 1e-6).unwrap();
+    gradcheck(
+        |t| F::binary_cross_entropy(&t[0].sigmoid(), &t[1].sigmoid(), Reduction::Mean),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        |t| F::kl_div(&t[0].log_softmax(-1), &t[1].softmax(-1), KlReduction::BatchMean, false),
+        &inputs,
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}
+
+#[test]
+fn distances_and_one_hot_match_pytorch() {
+    use kiln::nn::functional as F;
+    let mut rng = Rng::new(486);
+    let (a, b) = (values(&mut rng, 12, DType::F64), values(&mut rng, 4, DType::F64));
+    let x = make(&a, &[3, 4], DType::F64, Layout::Permuted);
+    let y = tensor(&b, &[1, 4], DType::F64);
+    let (xs, ys) = (x.to_vec::<f64>(), y.to_vec::<f64>());
+    let norm = |v: &[f64]| v.iter().map(|u| u * u).sum::<f64>().sqrt();
+    let cos: Vec<f64> = xs
+        .chunks(4)
+        .map(|r| r.iter().zip(&ys).map(|(u, v)| u * v).sum::<f64>() / (norm(r) * norm(&ys)))
+        .collect();
+    assert_close(&F::cosine_similarity(&x, &y, 1, 1e-8).to_vec::<f64>(), &cos, DType::F64, "cos");
+    let unit: Vec<f64> = xs.chunks(4).flat_map(|r| r.iter().map(move |u| u / norm(r))).collect();
+    assert_close(&F::normalize(&x, 2.0, 1, 1e-12).to_vec::<f64>(), &unit, DType::F64, "normalize");
+    let dist: Vec<f64> = xs
+        .chunks(4)
+        .map(|r| r.iter().zip(&ys).map(|(u, v)| (u - v + 1e-6).powi(2)).sum::<f64>().sqrt())
+        .collect();
+    assert_close(
+        &F::pairwise_distance(&x, &y, 2.0, 1e-6, false).to_vec::<f64>(),
+        &dist,
+        DType::F64,
+        "pdist",
+    );
+    // A zero vector stays zero, its similarity 0, not NaN.
+    let z = Tensor::zeros([1, 4]).double();
+    assert_eq!(F::normalize(&z, 2.0, 1, 1e-12).to_vec::<f64>(), [0.0; 4]);
+    assert_eq!(F::cosine_similarity(&z, &y, 1, 1e-8).to_vec::<f64>(), [0.0]);
+    gradcheck(|t| F::cosine_similarity(&t[0], &t[1], 1, 1e-8), &[x.clone(), y.clone()], 1e-6, 1e-6)
+        .unwrap();
+    let idx = Tensor::from_vec(vec![1i64, 0, 3, 1], [2, 2]);
+    let oh = F::one_hot(&idx, None);
+    assert_eq!(oh.dims(), [2, 2, 4]);
+    assert_eq!(oh.to_vec::<i64>(), [0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0]);
+    let err = F::try_one_hot(&idx, Some(3)).unwrap_err().to_string();
+    assert!(err.contains("class 3 is outside 0..3"), "{err}");
+    assert!(F::try_one_hot(&idx.float(), None).is_err());
+}

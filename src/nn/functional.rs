@@ -21,10 +21,18 @@ pub use super::attention::{
 };
 pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
 pub use super::conv::{Conv1dOptions, Conv2dOptions, conv1d, conv2d, try_conv1d, try_conv2d};
+pub use super::distance::{
+    cosine_similarity, normalize, one_hot, pairwise_distance, try_cosine_similarity, try_normalize,
+    try_one_hot, try_pairwise_distance,
+};
 pub use super::embedding::{embedding, try_embedding};
 pub use super::fold::{
     ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
     try_unfold, unfold,
+};
+pub use super::losses::{
+    KlReduction, binary_cross_entropy, huber_loss, kl_div, l1_loss, smooth_l1_loss,
+    try_binary_cross_entropy, try_huber_loss, try_kl_div, try_l1_loss, try_smooth_l1_loss,
 };
 pub use super::norm::{group_norm, rms_norm, try_group_norm, try_rms_norm};
 pub use super::pool::{
@@ -51,7 +59,7 @@ pub enum Reduction {
 }
 
 impl Reduction {
-    fn apply(self, losses: &Tensor) -> Result<Tensor> {
+    pub(super) fn apply(self, losses: &Tensor) -> Result<Tensor> {
         match self {
             Reduction::Mean => losses.try_mean(),
             Reduction::Sum => Ok(losses.sum()),
@@ -377,7 +385,7 @@ pub fn try_binary_cross_entropy_with_logits(
     reduction.apply(&losses)
 }
 
-fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
+pub(super) fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
     if input.shape() == target.shape() {
         return Ok(());
     }

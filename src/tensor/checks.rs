@@ -107,7 +107,7 @@ impl Tensor {
         atol: f64,
         equal_nan: bool,
     ) -> Result<Tensor> {
-        if !(rtol >= 0.0 && atol >= 0.0) {
+        if rtol.is_nan() || atol.is_nan() || rtol < 0.0 || atol < 0.0 {
             return Err(crate::Error::value(
                 "isclose",
                 format!("rtol ({rtol}) and atol ({atol}) must be non-negative"),
