@@ -127,7 +127,7 @@ pub use profile::{
 };
 pub use random::{RngState, get_rng_state, manual_seed, set_rng_state};
 pub use tensor::{
-    Dims, Ellipsis, IndexOp, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,
+    Dims, Ellipsis, IndexOp, Indexing, NewAxis, Operand, Tensor, TensorIndex, einsum, try_einsum,
 };
 
 /// The names most programs need: `use kiln::prelude::*;`.

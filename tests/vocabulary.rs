@@ -319,3 +319,68 @@ fn distances_and_one_hot_match_pytorch() {
     assert!(err.contains("class 3 is outside 0..3"), "{err}");
     assert!(F::try_one_hot(&idx.float(), None).is_err());
 }
+
+#[test]
+fn rearrangements_match_pytorch() {
+    let mut rng = Rng::new(487);
+    let data = values(&mut rng, 12, DType::F64);
+    for layout in LAYOUTS {
+        let x = make(&data, &[3, 4], DType::F64, layout);
+        let v = x.to_vec::<f64>();
+        let ctx = format!("{layout:?}");
+        // repeat_interleave along 0 and 1, and flattened.
+        let rows: Vec<f64> = v.chunks(4).flat_map(|r| [r, r].concat()).collect();
+        assert_eq!(x.repeat_interleave(2, Some(0)).to_vec::<f64>(), rows, "{ctx}");
+        let cols: Vec<f64> = v.iter().flat_map(|&u| [u, u, u]).collect();
+        assert_eq!(x.repeat_interleave(3, Some(1)).to_vec::<f64>(), cols, "{ctx}");
+        assert_eq!(x.repeat_interleave(3, None).to_vec::<f64>(), cols, "{ctx}");
+        // diag of a matrix for every offset, including past the edges.
+        for k in -4i64..=5 {
+            let want: Vec<f64> = (0..3i64)
+                .filter_map(|r| {
+                    let c = r + k;
+                    (0..4).contains(&c).then(|| v[(r * 4 + c) as usize])
+                })
+                .collect();
+            assert_eq!(x.diag(k).to_vec::<f64>(), want, "diag {k} {ctx}");
+        }
+        // take_along_dim with broadcast indices.
+        let idx = Tensor::from_vec(vec![3i64, 0], [1, 2]);
+        let want: Vec<f64> = (0..3).flat_map(|r| [v[r * 4 + 3], v[r * 4]]).collect();
+        assert_eq!(x.take_along_dim(&idx, 1).to_vec::<f64>(), want, "{ctx}");
+        // rot90 k times against the index map.
+        let r1: Vec<f64> = (0..4)
+            .flat_map(|i| (0..3).map(move |j| (i, j)))
+            .map(|(i, j)| v[j * 4 + (3 - i)])
+            .collect();
+        assert_eq!(x.rot90(1, [0, 1]).to_vec::<f64>(), r1, "{ctx}");
+        let r2: Vec<f64> = v.iter().rev().copied().collect();
+        assert_eq!(x.rot90(2, [0, 1]).to_vec::<f64>(), r2, "{ctx}");
+        assert_eq!(x.rot90(-1, [0, 1]).to_vec::<f64>(), x.rot90(3, [0, 1]).to_vec::<f64>());
+        assert_eq!(x.rot90(4, [0, 1]).to_vec::<f64>(), v);
+    }
+    // diag of a vector, both ways round.
+    let d = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3]);
+    for k in [-2i64, 0, 1] {
+        let m = d.diag(k);
+        let n = 3 + k.unsigned_abs() as usize;
+        assert_eq!(m.dims(), [n, n]);
+        assert_eq!(m.diag(k).to_vec::<f64>(), [1.0, 2.0, 3.0], "diag {k}");
+        assert_eq!(m.sum().item::<f64>(), 6.0);
+    }
+    assert!(Tensor::zeros([2, 2, 2]).try_diag(0).is_err());
+    let (a, b) = (Tensor::arange(0i64, 3, 1), Tensor::arange(10i64, 12, 1));
+    let ij = Tensor::meshgrid(&[&a, &b], kiln::Indexing::Ij);
+    assert_eq!(ij[1].to_vec::<i64>(), [10, 11, 10, 11, 10, 11]);
+    let xy = Tensor::meshgrid(&[&a, &b], kiln::Indexing::Xy);
+    assert_eq!((xy[0].dims(), xy[0].to_vec::<i64>()), (&[2usize, 3][..], vec![0, 1, 2, 0, 1, 2]));
+    assert!(Tensor::try_meshgrid(&[&Tensor::zeros([2, 2])], kiln::Indexing::Ij).is_err());
+    assert!(Tensor::zeros([3, 4]).try_take_along_dim(&Tensor::zeros([2, 2]).long(), 1).is_err());
+    assert!(Tensor::zeros([3, 4]).try_rot90(1, [1, 1]).is_err());
+    // Gradients flow through each.
+    let m = [make(&data, &[3, 4], DType::F64, Layout::Permuted)];
+    gradcheck(|t| t[0].repeat_interleave(2, Some(1)) * 1.5, &m, 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].diag(1), &m, 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].rot90(1, [0, 1]), &m, 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].narrow(0, 0, 1).squeeze(0).diag(-1), &m, 1e-6, 1e-6).unwrap();
+}

@@ -1,6 +1,7 @@
 //! The tensor handle and its attributes.
 
 mod arith;
+mod arrange;
 mod autocast;
 mod checks;
 mod create;
@@ -26,6 +27,7 @@ use kiln_runtime::{Buffer, Device};
 use smallvec::SmallVec;
 
 pub use arith::Operand;
+pub use arrange::Indexing;
 pub use einsum::{einsum, try_einsum};
 pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
