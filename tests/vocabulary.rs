@@ -384,3 +384,52 @@ fn rearrangements_match_pytorch() {
     gradcheck(|t| t[0].rot90(1, [0, 1]), &m, 1e-6, 1e-6).unwrap();
     gradcheck(|t| t[0].narrow(0, 0, 1).squeeze(0).diag(-1), &m, 1e-6, 1e-6).unwrap();
 }
+
+#[test]
+fn pixel_shuffles_ranking_losses_and_identity_match_pytorch() {
+    use kiln::nn::functional::{self as F, Reduction};
+    use kiln::nn::{Identity, Module, PixelShuffle, PixelUnshuffle};
+    // out[n, c, h·r + i, w·r + j] = in[n, c·r² + i·r + j, h, w].
+    let (n, c, h, w, r) = (2usize, 3, 2, 3, 2);
+    let x = Tensor::arange(0i64, (n * c * r * r * h * w) as i64, 1).reshape(&[2, 12, 2, 3]);
+    let y = F::pixel_shuffle(&x, r);
+    assert_eq!(y.dims(), [n, c, h * r, w * r]);
+    let (xs, ys) = (x.to_vec::<i64>(), y.to_vec::<i64>());
+    for (flat, &got) in ys.iter().enumerate() {
+        let idx = unravel(flat, &[n, c, h * r, w * r]);
+        let (hh, i, ww, j) = (idx[2] / r, idx[2] % r, idx[3] / r, idx[3] % r);
+        let want = xs[ravel(&[idx[0], idx[1] * r * r + i * r + j, hh, ww], &[n, c * r * r, h, w])];
+        assert_eq!(got, want, "{idx:?}");
+    }
+    assert_eq!(F::pixel_unshuffle(&y, r).to_vec::<i64>(), xs);
+    assert_eq!(PixelUnshuffle(2).forward(&PixelShuffle(2).forward(&x)).to_vec::<i64>(), xs);
+    assert!(F::try_pixel_shuffle(&x.narrow(1, 0, 5), 2).is_err());
+    assert!(F::try_pixel_unshuffle(&x, 2).is_err());
+    assert_eq!(Identity.forward(&x).to_vec::<i64>(), xs);
+    let mut rng = Rng::new(488);
+    let (a, b) = (values(&mut rng, 6, DType::F64), values(&mut rng, 6, DType::F64));
+    let (x1, x2) = (tensor(&a, &[6], DType::F64), tensor(&b, &[6], DType::F64));
+    let y = Tensor::from_vec(vec![1.0f64, -1.0, 1.0, 1.0, -1.0, -1.0], [6]);
+    let ys = y.to_vec::<f64>();
+    let want: f64 = (0..6).map(|i| (-ys[i] * (a[i] - b[i]) + 0.3).max(0.0)).sum::<f64>() / 6.0;
+    let got = F::margin_ranking_loss(&x1, &x2, &y, 0.3, Reduction::Mean).item::<f64>();
+    assert_close(&[got], &[want], DType::F64, "margin_ranking");
+    let t = |rng: &mut Rng| tensor(&values(rng, 12, DType::F64), &[3, 4], DType::F64);
+    let (an, po, ne) = (t(&mut rng), t(&mut rng), t(&mut rng));
+    let d = |u: &Tensor, v: &Tensor| -> Vec<f64> {
+        let (u, v) = (u.to_vec::<f64>(), v.to_vec::<f64>());
+        (0..3)
+            .map(|r| {
+                (0..4).map(|k| (u[r * 4 + k] - v[r * 4 + k] + 1e-6).powi(2)).sum::<f64>().sqrt()
+            })
+            .collect()
+    };
+    let (dp, dn, ds) = (d(&an, &po), d(&an, &ne), d(&po, &ne));
+    for swap in [false, true] {
+        let want: Vec<f64> = (0..3)
+            .map(|i| (dp[i] - if swap { dn[i].min(ds[i]) } else { dn[i] } + 1.0).max(0.0))
+            .collect();
+        let got = F::triplet_margin_loss(&an, &po, &ne, 1.0, 2.0, 1e-6, swap, Reduction::None);
+        assert_close(&got.to_vec::<f64>(), &want, DType::F64, &format!("triplet swap {swap}"));
+    }
+}

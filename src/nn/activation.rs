@@ -37,6 +37,8 @@ activation! {
     /// GELU with the tanh approximation ([`Tensor::gelu_tanh`], PyTorch's
     /// `nn.GELU(approximate="tanh")`).
     GELUTanh => |x| Ok(x.gelu_tanh());
+    /// The input itself (PyTorch's `nn.Identity`: a placeholder where a layer is optional).
+    Identity => |x| Ok(x.clone());
 }
 
 /// `x` where positive, `slope·x` elsewhere (PyTorch's `nn.LeakyReLU`; its default slope

@@ -31,8 +31,9 @@ pub use super::fold::{
     try_unfold, unfold,
 };
 pub use super::losses::{
-    KlReduction, binary_cross_entropy, huber_loss, kl_div, l1_loss, smooth_l1_loss,
-    try_binary_cross_entropy, try_huber_loss, try_kl_div, try_l1_loss, try_smooth_l1_loss,
+    KlReduction, binary_cross_entropy, huber_loss, kl_div, l1_loss, margin_ranking_loss,
+    smooth_l1_loss, triplet_margin_loss, try_binary_cross_entropy, try_huber_loss, try_kl_div,
+    try_l1_loss, try_margin_ranking_loss, try_smooth_l1_loss, try_triplet_margin_loss,
 };
 pub use super::norm::{group_norm, rms_norm, try_group_norm, try_rms_norm};
 pub use super::pool::{
@@ -43,6 +44,7 @@ pub use super::pool::{
 pub use super::resize::{
     InterpolateMode, PadMode, Resize, interpolate, pad, try_interpolate, try_pad,
 };
+pub use super::shuffle::{pixel_shuffle, pixel_unshuffle, try_pixel_shuffle, try_pixel_unshuffle};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 

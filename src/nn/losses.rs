@@ -206,3 +206,89 @@ pub fn try_kl_div(
         },
     }
 }
+
+/// `max(0, -y·(x1 - x2) + margin)` for labels `y` of ±1 (PyTorch's `margin_ranking_loss`).
+///
+/// # Panics
+/// As [`try_margin_ranking_loss`] fails.
+#[must_use]
+#[track_caller]
+pub fn margin_ranking_loss(
+    x1: &Tensor,
+    x2: &Tensor,
+    y: &Tensor,
+    margin: f64,
+    reduction: Reduction,
+) -> Tensor {
+    crate::error::ok(try_margin_ranking_loss(x1, x2, y, margin, reduction))
+}
+
+/// [`margin_ranking_loss`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] when the shapes differ.
+#[track_caller]
+pub fn try_margin_ranking_loss(
+    x1: &Tensor,
+    x2: &Tensor,
+    y: &Tensor,
+    margin: f64,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    same_shape("margin_ranking_loss", x1, x2)?;
+    same_shape("margin_ranking_loss", x1, y)?;
+    let losses = (-(y.try_mul(&x1.try_sub(x2)?)?) + margin).relu();
+    reduction.apply(&losses)
+}
+
+/// `max(d(a, p) - d(a, n) + margin, 0)` with `d` the [`super::functional::pairwise_distance`]
+/// of order `p` (and `eps`) along the last dimension; with `swap`, `d(a, n)` is the
+/// smaller of it and `d(p, n)` (PyTorch's `triplet_margin_loss`; margin 1, p 2, eps 1e-6
+/// there).
+///
+/// # Panics
+/// As [`try_triplet_margin_loss`] fails.
+#[allow(clippy::too_many_arguments, reason = "PyTorch's arguments, in its order")]
+#[must_use]
+#[track_caller]
+pub fn triplet_margin_loss(
+    anchor: &Tensor,
+    positive: &Tensor,
+    negative: &Tensor,
+    margin: f64,
+    p: f64,
+    eps: f64,
+    swap: bool,
+    reduction: Reduction,
+) -> Tensor {
+    crate::error::ok(try_triplet_margin_loss(
+        anchor, positive, negative, margin, p, eps, swap, reduction,
+    ))
+}
+
+/// [`triplet_margin_loss`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] when the shapes do not broadcast.
+#[allow(clippy::too_many_arguments, reason = "PyTorch's arguments, in its order")]
+#[track_caller]
+pub fn try_triplet_margin_loss(
+    anchor: &Tensor,
+    positive: &Tensor,
+    negative: &Tensor,
+    margin: f64,
+    p: f64,
+    eps: f64,
+    swap: bool,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    use super::functional::try_pairwise_distance as d;
+    let _at = crate::engine::origin::enter();
+    let near = d(anchor, positive, p, eps, false)?;
+    let mut far = d(anchor, negative, p, eps, false)?;
+    if swap {
+        far = far.try_minimum(&d(positive, negative, p, eps, false)?)?;
+    }
+    reduction.apply(&(near.try_sub(&far)? + margin).relu())
+}

@@ -51,8 +51,11 @@ mod norm;
 mod pool;
 mod resize;
 mod sequential;
+mod shuffle;
 
-pub use activation::{ELU, GELU, GELUTanh, LeakyReLU, ReLU, SiLU, Sigmoid, Softplus, Tanh};
+pub use activation::{
+    ELU, GELU, GELUTanh, Identity, LeakyReLU, ReLU, SiLU, Sigmoid, Softplus, Tanh,
+};
 pub use attention::MultiheadAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{Conv1d, Conv2d};
@@ -65,6 +68,7 @@ pub use norm::{GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{Flatten, Upsample};
 pub use sequential::Sequential;
+pub use shuffle::{PixelShuffle, PixelUnshuffle};
 
 use crate::error::ok;
 use crate::{Device, Error, Result, Tensor};
