@@ -433,3 +433,62 @@ fn pixel_shuffles_ranking_losses_and_identity_match_pytorch() {
         assert_close(&got.to_vec::<f64>(), &want, DType::F64, &format!("triplet swap {swap}"));
     }
 }
+
+#[test]
+fn hyperbolic_functions_and_hypot_keep_their_digits() {
+    unary("sinh", Tensor::sinh, f64::sinh);
+    unary("cosh", Tensor::cosh, f64::cosh);
+    unary("asinh", Tensor::asinh, f64::asinh);
+    unary("acosh", Tensor::acosh, f64::acosh);
+    unary("atanh", Tensor::atanh, f64::atanh);
+    // Near their delicate points, in f64: tiny arguments, 1 for acosh, huge ones.
+    let tiny = Tensor::from_vec(vec![1e-300f64, -3e-17, 1e-8], [3]);
+    for (name, got, want) in [
+        ("sinh", tiny.sinh(), f64::sinh as fn(f64) -> f64),
+        ("asinh", tiny.asinh(), f64::asinh),
+        ("atanh", tiny.atanh(), f64::atanh),
+    ] {
+        let want: Vec<f64> = tiny.to_vec::<f64>().iter().map(|&v| want(v)).collect();
+        assert_close_tol(&got.to_vec::<f64>(), &want, 1e-15, name);
+    }
+    let near_one = Tensor::from_vec(vec![1.0f64 + 1e-12, 1.5, 1e300], [3]);
+    let want: Vec<f64> = near_one.to_vec::<f64>().iter().map(|v| v.acosh()).collect();
+    assert_close_tol(&near_one.acosh().to_vec::<f64>(), &want, 1e-12, "acosh");
+    let huge = Tensor::from_vec(vec![-1e300f64, 3e8], [2]);
+    let want: Vec<f64> = huge.to_vec::<f64>().iter().map(|v| v.asinh()).collect();
+    assert_close_tol(&huge.asinh().to_vec::<f64>(), &want, 1e-15, "asinh huge");
+    let mut rng = Rng::new(489);
+    let (a, b) = (edgy(&mut rng, 35), edgy(&mut rng, 7));
+    for dtype in [DType::F32, DType::F64] {
+        let x = make(&a, &[5, 7], dtype, Layout::Sliced);
+        let y = make(&b, &[1, 7], dtype, Layout::Contiguous);
+        let (xs, ys) = (x.to_vec::<f64>(), y.to_vec::<f64>());
+        let want: Vec<f64> =
+            xs.iter().enumerate().map(|(i, u)| round_to(dtype, u.hypot(ys[i % 7]))).collect();
+        assert_close(&read(&x.hypot(&y), dtype), &want, dtype, &format!("hypot {dtype:?}"));
+    }
+    let big = Tensor::from_vec(vec![3e300f64, 1e-300], [2]);
+    let other = Tensor::from_vec(vec![4e300f64, 1e-300], [2]);
+    assert_close_tol(
+        &big.hypot(&other).to_vec::<f64>(),
+        &[5e300, 2f64.sqrt() * 1e-300],
+        1e-15,
+        "hypot range",
+    );
+    let mut rng = Rng::new(490);
+    let mk = |rng: &mut Rng, lo: f64, hi: f64| {
+        let data: Vec<f64> = (0..12).map(|_| rng.uniform(lo, hi)).collect();
+        make(&data, &[3, 4], DType::F64, Layout::Permuted)
+    };
+    gradcheck(|t| t[0].sinh() + t[0].cosh() + t[0].asinh(), &[mk(&mut rng, -2.0, 2.0)], 1e-6, 1e-6)
+        .unwrap();
+    gradcheck(|t| t[0].acosh(), &[mk(&mut rng, 1.5, 3.0)], 1e-6, 1e-6).unwrap();
+    gradcheck(|t| t[0].atanh(), &[mk(&mut rng, -0.8, 0.8)], 1e-6, 1e-6).unwrap();
+    gradcheck(
+        |t| t[0].hypot(&t[1]),
+        &[mk(&mut rng, -2.0, 2.0), mk(&mut rng, 0.5, 2.0)],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}

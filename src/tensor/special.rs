@@ -26,15 +26,16 @@ impl Tensor {
     pub fn log1p(&self) -> Tensor {
         let x = self.floating();
         let u = &x + 1.0;
-        let one = u.eq(1.0);
-        // Where u == 1 the general branch is 0/0: it is not taken, and its denominator is
-        // replaced *before* the division so that its gradient stays finite too.
-        let denominator = Tensor::where_(&one, 1.0, &u - 1.0);
-        Tensor::where_(&one, &x, u.log() * &x / denominator)
+        // Where u == 1 the general branch is 0/0, and inf/inf where u is infinite: neither
+        // is taken (x itself is the answer), and the denominator is replaced *before* the
+        // division so that the gradient stays finite too.
+        let own = u.eq(1.0).logical_or(u.eq(f64::INFINITY));
+        let denominator = Tensor::where_(&own, 1.0, &u - 1.0);
+        Tensor::where_(&own, &x, u.log() * &x / denominator)
     }
 
     /// `e^x - 1`, accurate for tiny `x` (Kahan's method: `u = e^x`, then `x` where `u == 1`,
-    /// `-1` where `u - 1 == -1`, else `(u - 1)·x / ln(u)`).
+    /// `u - 1` where that is -1 or `u` overflowed, else `(u - 1)·x / ln(u)`).
     ///
     /// ```
     /// # use kiln::prelude::*;
@@ -51,7 +52,8 @@ impl Tensor {
         let u = x.exp();
         let um1 = &u - 1.0;
         let one = u.eq(1.0);
-        let saturated = um1.eq(-1.0);
+        // Below about -37 (f64) e^x - 1 is -1; above the overflow it is inf.
+        let saturated = um1.eq(-1.0).logical_or(u.eq(f64::INFINITY));
         // The untaken branches' inputs are replaced before the log and the division, so
         // that neither they nor their gradients become infinite.
         let safe_u = Tensor::where_(&one.logical_or(&saturated), std::f64::consts::E, &u);
@@ -350,4 +352,116 @@ impl Tensor {
         let high = end.try_sub(diff.try_mul(&(1.0 - weight))?)?;
         Tensor::try_where_(&weight.lt(0.5), &low, &high)
     }
+
+    /// Hyperbolic sine, `(e^x - e^-x) / 2` from two `expm1`s, so tiny `x` keep their digits.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1e-10f64, 1.0, -2.0], [3]);
+    /// let (s, c) = (x.sinh().to_vec::<f64>(), x.cosh().to_vec::<f64>());
+    /// assert!((s[0] - 1e-10).abs() < 1e-25 && (s[1] - 1f64.sinh()).abs() < 1e-15);
+    /// assert!((c[2] - 2f64.cosh()).abs() < 1e-14);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn sinh(&self) -> Tensor {
+        let x = self.floating();
+        (x.expm1() - (-&x).expm1()) * 0.5
+    }
+
+    /// Hyperbolic cosine, `(e^x + e^-x) / 2`.
+    #[must_use]
+    #[track_caller]
+    pub fn cosh(&self) -> Tensor {
+        let x = self.floating();
+        (x.exp() + (-&x).exp()) * 0.5
+    }
+
+    /// Inverse hyperbolic sine: `sign(x)·log1p(|x| + x²/(1 + √(1 + x²)))`, accurate near 0,
+    /// and `sign(x)·(ln|x| + ln 2)` above 2²⁸ where `x²` would lose the rest.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1e-12f64, -3.0, 1e200], [3]);
+    /// let y = x.asinh().to_vec::<f64>();
+    /// assert!((y[0] - 1e-12).abs() < 1e-27 && (y[1] - (-3f64).asinh()).abs() < 1e-15);
+    /// assert!((y[2] - 1e200f64.asinh()).abs() < 1e-12);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn asinh(&self) -> Tensor {
+        let x = self.floating();
+        let a = x.abs();
+        let big = a.gt(BIG);
+        // Where the large-argument branch is taken, the other one sees 1 (no overflow).
+        let small = Tensor::where_(&big, 1.0, &a);
+        let near = (&small + small.square() / (small.square() + 1.0).sqrt().add(1.0)).log1p();
+        let far = a.log() + std::f64::consts::LN_2;
+        let magnitude = Tensor::where_(&big, far, near);
+        Tensor::where_(&x.lt(0.0), -&magnitude, &magnitude)
+    }
+
+    /// Inverse hyperbolic cosine: `log1p((x - 1) + √((x - 1)(x + 1)))`, accurate near 1, and
+    /// `ln x + ln 2` above 2²⁸; NaN below 1.
+    #[must_use]
+    #[track_caller]
+    pub fn acosh(&self) -> Tensor {
+        let x = self.floating();
+        let big = x.gt(BIG);
+        let small = Tensor::where_(&big, 1.0, &x);
+        let t = &small - 1.0;
+        let near = (&t + (&t * (&small + 1.0)).sqrt()).log1p();
+        Tensor::where_(&big, x.log() + std::f64::consts::LN_2, near)
+    }
+
+    /// Inverse hyperbolic tangent: `log1p(2x / (1 - x)) / 2`, accurate near 0; `±inf` at
+    /// `±1`, NaN beyond.
+    #[must_use]
+    #[track_caller]
+    pub fn atanh(&self) -> Tensor {
+        let x = self.floating();
+        ((&x * 2.0) / (1.0 - &x)).log1p() * 0.5
+    }
+
+    /// `√(a² + b²)` without overflow or underflow (PyTorch's `hypot`): the larger magnitude
+    /// times `√(1 + (smaller/larger)²)`.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let a = Tensor::from_vec(vec![3e200f64, 0.0], [2]);
+    /// let b = Tensor::from_vec(vec![4e200f64, 0.0], [2]);
+    /// let h = a.hypot(&b).to_vec::<f64>();
+    /// assert!((h[0] / 5e200 - 1.0).abs() < 1e-15 && h[1] == 0.0);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_hypot`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn hypot(&self, other: &Tensor) -> Tensor {
+        crate::error::ok(self.try_hypot(other))
+    }
+
+    /// [`Tensor::hypot`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] when the shapes do not broadcast.
+    #[track_caller]
+    pub fn try_hypot(&self, other: &Tensor) -> Result<Tensor> {
+        let (a, b) = (self.floating().abs(), other.floating().abs());
+        let larger = a.try_maximum(&b)?;
+        let smaller = a.try_minimum(&b)?;
+        // 0/0 where both are 0: the ratio is taken as 0 there.
+        let safe = Tensor::where_(&larger.eq(0.0), 1.0, &larger);
+        let ratio = smaller / &safe;
+        let y = &larger * (ratio.square() + 1.0).sqrt();
+        // inf/inf is NaN: an infinite side makes the result infinite, even beside NaN (as
+        // C's hypot).
+        let infinite = a.isinf().try_logical_or(b.isinf())?;
+        Tensor::try_where_(&infinite, f64::INFINITY, &y)
+    }
 }
+
+/// Where the inverse hyperbolic functions switch to their large-argument forms: `x²` has
+/// no room for the `1` beyond it.
+const BIG: f64 = 268_435_456.0;
