@@ -171,7 +171,9 @@ fn format_dtype(dtype: DType) -> Dtype {
     }
 }
 
-fn kiln_dtype(dtype: Dtype) -> Option<DType> {
+/// kiln's dtype of a safetensors dtype (`None` for one kiln does not have: `i8`, `u16`,
+/// the 8-bit floats, ...): what [`load`] and kiln-models' checkpoints read.
+pub fn kiln_dtype(dtype: Dtype) -> Option<DType> {
     Some(match dtype {
         Dtype::F32 => DType::F32,
         Dtype::F64 => DType::F64,

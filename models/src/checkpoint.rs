@@ -178,9 +178,9 @@ impl Checkpoint {
             detail: format!("missing: {name} (not in {})", self.dir.display()),
         })?;
         let data = &self.files[entry.file].1.bytes()[entry.bytes.clone()];
-        let dtype = dtype_of(entry.dtype).ok_or_else(|| {
+        let dtype = kiln::serialize::kiln_dtype(entry.dtype).ok_or_else(|| {
             io(format!(
-                "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32 and u8 it does)",
+                "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32, u8 and bool it does)",
                 self.files[entry.file].0.display(),
                 entry.dtype
             ))
@@ -214,20 +214,6 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     }
     files.sort();
     Ok((files, expected))
-}
-
-/// kiln's dtype of a safetensors dtype (`None` for one kiln does not have).
-fn dtype_of(dtype: Dtype) -> Option<DType> {
-    Some(match dtype {
-        Dtype::F32 => DType::F32,
-        Dtype::F64 => DType::F64,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::I64 => DType::I64,
-        Dtype::I32 => DType::I32,
-        Dtype::U8 => DType::U8,
-        _ => return None,
-    })
 }
 
 /// Takes a model's tensors out of a [`Checkpoint`] by name, converting each to the

@@ -109,9 +109,7 @@ impl Config {
     /// [`Error::Io`] when the file is missing or not JSON, a needed key is missing or of the
     /// wrong type, or the `model_type` or `rope_type` is one kiln does not run.
     pub fn from_dir(dir: &Path) -> Result<Config> {
-        let value = read_json(dir)?;
-        let path = dir.join("config.json");
-        Config::from_json(&value, &path.display().to_string())
+        read_dir(dir).map(|(config, _)| config)
     }
 
     /// Reads a parsed `config.json`; `file` names it in errors.
@@ -130,8 +128,16 @@ impl Config {
     }
 }
 
+/// `dir/config.json` read once: the config, and the file's JSON (which `save_pretrained`
+/// writes back with its other keys).
+pub(crate) fn read_dir(dir: &Path) -> Result<(Config, Value)> {
+    let value = read_json(dir)?;
+    let config = Config::from_json(&value, &dir.join("config.json").display().to_string())?;
+    Ok((config, value))
+}
+
 /// `dir/config.json`, parsed.
-pub(crate) fn read_json(dir: &Path) -> Result<Value> {
+fn read_json(dir: &Path) -> Result<Value> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| {
         io(format!("cannot read {}: {e} (a Hugging Face model folder holds one)", path.display()))

@@ -61,7 +61,8 @@ impl Gpt2 {
     /// another architecture; [`kiln::Error::Load`] listing every missing, unexpected or
     /// mis-shaped tensor.
     pub fn from_pretrained(dir: &Path, options: LoadOptions) -> Result<Gpt2> {
-        let config = match Config::from_dir(dir)? {
+        let (config, source) = crate::config::read_dir(dir)?;
+        let config = match config {
             Config::Gpt2(c) => c,
             other => {
                 return Err(kiln::Error::Io {
@@ -75,7 +76,7 @@ impl Gpt2 {
         };
         let checkpoint = Checkpoint::open(dir)?;
         let mut model = Gpt2::load(config, &checkpoint, options)?;
-        model.source = crate::config::read_json(dir).ok();
+        model.source = Some(source);
         Ok(model)
     }
 

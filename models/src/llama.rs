@@ -92,7 +92,8 @@ impl Llama {
     /// another architecture; [`kiln::Error::Load`] listing every missing, unexpected or
     /// mis-shaped tensor.
     pub fn from_pretrained(dir: &Path, options: LoadOptions) -> Result<Llama> {
-        let config = match Config::from_dir(dir)? {
+        let (config, source) = crate::config::read_dir(dir)?;
+        let config = match config {
             Config::Llama(c) => c,
             other => {
                 return Err(kiln::Error::Io {
@@ -106,7 +107,7 @@ impl Llama {
         };
         let checkpoint = Checkpoint::open(dir)?;
         let mut model = Llama::load(config, &checkpoint, options)?;
-        model.source = crate::config::read_json(dir).ok();
+        model.source = Some(source);
         Ok(model)
     }
 

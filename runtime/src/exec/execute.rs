@@ -344,7 +344,12 @@ impl Run<'_> {
             let (arg_bufs, (out, kind)) = match fill {
                 Some(value) => {
                     let arg_bufs: Vec<&Buffer> = args[1..].iter().map(|a| &self.bufs[a]).collect();
-                    let out = native::scatter_onto_fill(graph, n, value, &arg_bufs)?;
+                    let out = native::scatter_into(
+                        graph,
+                        n,
+                        native::Base::Fill(value, graph.node(n).dtype),
+                        &arg_bufs,
+                    )?;
                     (arg_bufs, (out, StepKind::Library))
                 }
                 None => {
@@ -446,7 +451,7 @@ impl Run<'_> {
         let started = Instant::now();
         let (index, src) = (&self.bufs[&args[1]], &self.bufs[&args[2]]);
         let bytes_read = trace::bytes(index) + trace::bytes(src);
-        let out = native::scatter_in_place(graph, n, base, &[index, src])?;
+        let out = native::scatter_into(graph, n, native::Base::Own(base), &[index, src])?;
         if self.tracing {
             let node = graph.node(n);
             let name = node.op.name();

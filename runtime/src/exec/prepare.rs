@@ -39,6 +39,9 @@ pub struct Prepared {
     pub(super) cuda_graph: super::graph::GraphState,
     /// The step computing each node that is a step of its own (a random fill, a gather).
     node_step: HashMap<NodeId, usize>,
+    /// For each input, in order, whether a step writes into its buffer
+    /// ([`Prepared::writes_into_inputs`]).
+    writes_inputs: Vec<bool>,
     /// Steps whose values changed ([`Prepared::rebind`]) since the graph's launches were
     /// last updated: an update walks only these.
     pub(super) dirty: Vec<bool>,
@@ -130,9 +133,11 @@ impl Prepared {
             gpu_groups: Vec::new(),
             cuda_graph: super::graph::GraphState::default(),
             node_step,
+            writes_inputs: Vec::new(),
             dirty: Vec::new(),
         };
         prepared.dirty = vec![false; prepared.steps.len()];
+        prepared.writes_inputs = prepared.inputs_written();
         prepared.schedule();
         let (gpu_compiling, took) = precompile_gpu(&prepared);
         // Each kernel's compile time, reported by its first run.
@@ -245,7 +250,12 @@ impl Prepared {
     /// For each of the plan's inputs, in order, whether a step writes into its buffer when
     /// nothing else holds it (the base of an in-place assign or scatter): a caller that will
     /// not read the value again may hand the buffer over ([`Prepared::run_owned`]).
-    pub fn writes_into_inputs(&self) -> Vec<bool> {
+    pub fn writes_into_inputs(&self) -> &[bool] {
+        &self.writes_inputs
+    }
+
+    /// [`Prepared::writes_into_inputs`], found once when the plan is made.
+    fn inputs_written(&self) -> Vec<bool> {
         let bases: Vec<NodeId> = self
             .steps
             .iter()

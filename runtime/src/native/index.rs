@@ -46,53 +46,31 @@ pub(super) fn gather(
     })
 }
 
-/// Scatter node `id` (a `Scatter` op) into `base`, its first argument's buffer, which
-/// nothing else holds ([`Buffer::is_unique_on_host`]): the result is that buffer, written in
-/// place. `args` are the index and the source.
-pub(crate) fn scatter_in_place(
+/// Scatter node `id` (a `Scatter` op) into `base`, which stands for its first argument: a
+/// buffer of its own ([`Base::Own`], written in place) or one value everywhere
+/// ([`Base::Fill`]: the plan does not materialize a constant base, so the result is filled,
+/// not copied). `args` are the index and the source.
+pub(crate) fn scatter_into(
     graph: &Graph,
     id: NodeId,
-    base: Buffer,
+    base: Base<'_>,
     args: &[&Buffer],
 ) -> Result<Buffer, RunError> {
     let node = graph.node(id);
     let at =
         |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
     let Op::Scatter { axis, accumulate } = node.op else {
-        unreachable!("only scatters are planned in place")
+        unreachable!("only scatters are planned in place or onto a fill")
     };
     let ids = graph.args(id);
     let shape_of = |i: usize| &graph.node(ids[i]).shape;
-    let base = Base::Own(base);
-    scatter(base, shape_of(0), args[0], shape_of(1), args[1], shape_of(2), axis, accumulate)
-        .map_err(at)
-}
-
-/// Scatter node `id` (a `Scatter` op) onto a base that is one value everywhere: the plan
-/// does not materialize a constant base (the gradient of a gather scatters into zeros), so
-/// the result is filled, not copied. `args` are the index and the source.
-pub(crate) fn scatter_onto_fill(
-    graph: &Graph,
-    id: NodeId,
-    fill: Scalar,
-    args: &[&Buffer],
-) -> Result<Buffer, RunError> {
-    let node = graph.node(id);
-    let at =
-        |error: RuntimeError| RunError { error, op: Some(node.op.name()), origin: node.origin };
-    let Op::Scatter { axis, accumulate } = node.op else {
-        unreachable!("only scatters are planned onto a fill")
-    };
-    let ids = graph.args(id);
-    let shape_of = |i: usize| &graph.node(ids[i]).shape;
-    let base = Base::Fill(fill, node.dtype);
     scatter(base, shape_of(0), args[0], shape_of(1), args[1], shape_of(2), axis, accumulate)
         .map_err(at)
 }
 
 /// What a scatter writes into: a copy of a buffer, one value everywhere, or a buffer of its
 /// own, in place.
-pub(super) enum Base<'a> {
+pub(crate) enum Base<'a> {
     Buffer(&'a Buffer),
     Fill(Scalar, kiln_ir::DType),
     /// A host buffer nothing else holds ([`Buffer::is_unique_on_host`]).

@@ -19,8 +19,8 @@ use crate::{Buffer, RunError, RuntimeError};
 mod index;
 mod strided;
 
-use index::{Base, gather, scatter};
-pub(crate) use index::{scatter_in_place, scatter_onto_fill};
+pub(crate) use index::{Base, scatter_into};
+use index::{gather, scatter};
 
 /// The op's value when it has a native loop; `None` sends it to the reference executor.
 pub(crate) fn eval(
