@@ -87,11 +87,13 @@ fn main() -> kiln::Result<()> {
         return match Config::from_dir(&dir)? {
             Config::Gpt2(_) => profile(&Gpt2::from_pretrained(&dir, options)?),
             Config::Llama(_) => profile(&Llama::from_pretrained(&dir, options)?),
+            Config::Bert(_) => Err(not_generative(&dir)),
         };
     }
     let (decode, prefill) = match Config::from_dir(&dir)? {
         Config::Gpt2(_) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
         Config::Llama(_) => measure(&Llama::from_pretrained(&dir, options)?, new, reps)?,
+        Config::Bert(_) => return Err(not_generative(&dir)),
     };
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     println!("{name} {dtype}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s");
@@ -108,4 +110,12 @@ fn main() -> kiln::Result<()> {
         .expect("a write");
     }
     Ok(())
+}
+
+/// BERT encodes; it does not generate.
+fn not_generative(dir: &std::path::Path) -> kiln::Error {
+    kiln::Error::Value {
+        op: "bench_generate",
+        detail: format!("{} holds a BERT encoder, which does not generate text", dir.display()),
+    }
 }

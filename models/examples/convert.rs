@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use kiln::DType;
+use kiln_models::bert::Bert;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
 use kiln_models::{Config, LoadOptions, SaveOptions, Tokenizer};
@@ -44,6 +45,7 @@ fn main() -> kiln::Result<()> {
         Config::Llama(_) => {
             Llama::from_pretrained(&model, load)?.save_pretrained_with(&out, save)?;
         }
+        Config::Bert(_) => Bert::from_pretrained(&model, load)?.save_pretrained_with(&out, save)?,
     }
     if model.join("tokenizer.json").exists() {
         Tokenizer::from_dir(&model)?.save(&out)?;

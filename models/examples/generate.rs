@@ -109,6 +109,16 @@ fn main() {
         let generation = match Config::from_dir(&dir)? {
             Config::Gpt2(_) => run(&Gpt2::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
             Config::Llama(_) => run(&Llama::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
+            Config::Bert(_) => {
+                return Err(kiln::Error::Value {
+                    op: "generate",
+                    detail: format!(
+                        "{} holds a BERT encoder, which does not generate text \
+                         (kiln_models::SentenceEncoder embeds sentences with it)",
+                        dir.display()
+                    ),
+                });
+            }
         };
         eprintln!(
             "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s){}",

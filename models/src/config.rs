@@ -15,6 +15,68 @@ pub enum Config {
     /// `llama`, and `qwen2` (the same layers with biases on the query, key and value
     /// projections).
     Llama(LlamaConfig),
+    /// `bert` (and the MiniLM sentence encoders built on it).
+    Bert(BertConfig),
+}
+
+/// BERT's sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BertConfig {
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// The hidden size.
+    pub hidden_size: usize,
+    /// Encoder layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// The feed-forward layer's inner size.
+    pub intermediate_size: usize,
+    /// The feed-forward layer's activation (`hidden_act`).
+    pub hidden_act: Activation,
+    /// The longest sequence (rows of the position embedding).
+    pub max_position_embeddings: usize,
+    /// Rows of the token-type (segment) embedding.
+    pub type_vocab_size: usize,
+    /// Layer norms' epsilon.
+    pub layer_norm_eps: f64,
+    /// The padding token's id (`pad_token_id`).
+    pub pad_token_id: i64,
+}
+
+/// An activation named in `config.json` (`hidden_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `gelu`: the exact form, `x·Φ(x)`.
+    Gelu,
+    /// `gelu_new`, `gelu_pytorch_tanh`: the tanh approximation.
+    GeluTanh,
+    /// `relu`.
+    Relu,
+    /// `silu` or `swish`.
+    Silu,
+}
+
+impl Activation {
+    /// The activation of `x`.
+    pub fn apply(self, x: &kiln::Tensor) -> kiln::Tensor {
+        match self {
+            Activation::Gelu => x.gelu(),
+            Activation::GeluTanh => x.gelu_tanh(),
+            Activation::Relu => x.relu(),
+            Activation::Silu => x.silu(),
+        }
+    }
+
+    /// transformers' name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_pytorch_tanh",
+            Activation::Relu => "relu",
+            Activation::Silu => "silu",
+        }
+    }
 }
 
 /// GPT-2's sizes.
@@ -121,8 +183,9 @@ impl Config {
         match json.str("model_type")? {
             "gpt2" => Ok(Config::Gpt2(gpt2(&json)?)),
             kind @ ("llama" | "qwen2") => Ok(Config::Llama(llama(&json, kind == "qwen2")?)),
+            "bert" => Ok(Config::Bert(bert(&json)?)),
             other => Err(io(format!(
-                "{file}: model_type {other:?} is not one kiln-models runs (gpt2, llama, qwen2)"
+                "{file}: model_type {other:?} is not one kiln-models runs (gpt2, llama, qwen2, bert)"
             ))),
         }
     }
@@ -191,6 +254,49 @@ fn llama(json: &Json<'_>, qwen2: bool) -> Result<LlamaConfig> {
         qkv_bias: qwen2 || attention_bias,
         o_bias: !qwen2 && attention_bias,
         mlp_bias: json.bool_or("mlp_bias", false)?,
+    })
+}
+
+fn bert(json: &Json<'_>) -> Result<BertConfig> {
+    let hidden_size = json.usize("hidden_size")?;
+    let heads = json.usize("num_attention_heads")?;
+    if heads == 0 || hidden_size % heads != 0 {
+        return Err(io(format!(
+            "{}: hidden_size {hidden_size} is not a multiple of num_attention_heads {heads}",
+            json.file
+        )));
+    }
+    let position = json.value.get("position_embedding_type").and_then(Value::as_str);
+    if position.is_some_and(|p| p != "absolute") {
+        return Err(io(format!(
+            "{}: position_embedding_type {position:?} is not one kiln-models computes (absolute)",
+            json.file
+        )));
+    }
+    let hidden_act = match json.value.get("hidden_act").and_then(Value::as_str).unwrap_or("gelu") {
+        "gelu" => Activation::Gelu,
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
+        "relu" => Activation::Relu,
+        "silu" | "swish" => Activation::Silu,
+        other => {
+            return Err(io(format!(
+                "{}: hidden_act {other:?} is not one kiln-models computes \
+                 (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)",
+                json.file
+            )));
+        }
+    };
+    Ok(BertConfig {
+        vocab_size: json.usize("vocab_size")?,
+        hidden_size,
+        num_hidden_layers: json.usize("num_hidden_layers")?,
+        num_attention_heads: heads,
+        intermediate_size: json.usize("intermediate_size")?,
+        hidden_act,
+        max_position_embeddings: json.usize_or("max_position_embeddings", 512)?,
+        type_vocab_size: json.usize_or("type_vocab_size", 2)?,
+        layer_norm_eps: json.f64_or("layer_norm_eps", 1e-12)?,
+        pad_token_id: json.usize_or("pad_token_id", 0)? as i64,
     })
 }
 

@@ -10,11 +10,14 @@
 //! Architectures: GPT-2, and the Llama family in one implementation (Llama 2 and 3,
 //! TinyLlama, SmolLM, Qwen2): RMS norm, rotary embeddings (default, `linear` and `llama3`
 //! scaling), grouped-query attention, the SwiGLU MLP, tied or untied heads, optional
-//! biases. Their logits match transformers' (tests against fixtures it wrote).
+//! biases. Their logits match transformers' (tests against fixtures it wrote). And BERT
+//! ([`bert::Bert`]), with [`SentenceEncoder`] for sentence-transformers folders such as
+//! `all-MiniLM-L6-v2`: padded batches, mean (or `[CLS]`, max) pooling, L2 normalisation.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bert;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
@@ -23,6 +26,7 @@ pub mod gpt2;
 pub mod llama;
 pub mod rope;
 pub mod save;
+pub mod sentence;
 pub mod tokenizer;
 
 pub use cache::KvCache;
@@ -30,6 +34,7 @@ pub use checkpoint::{Checkpoint, LoadOptions, Loader};
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Generation, generate};
 pub use save::SaveOptions;
+pub use sentence::{Pooling, SentenceEncoder};
 pub use tokenizer::{PaddingSide, Tokenizer};
 
 /// The last `logits_to_keep` positions of hidden states `[batch, len, hidden]` (all of them

@@ -10,7 +10,7 @@ use std::path::Path;
 use kiln::{DType, Error, Result, Tensor};
 use serde_json::{Map, Value, json};
 
-use crate::config::{Config, Gpt2Config, LlamaConfig, RopeScaling};
+use crate::config::{BertConfig, Config, Gpt2Config, LlamaConfig, RopeScaling};
 
 /// How [`crate::llama::Llama::save_pretrained`] and friends write a folder.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -119,7 +119,27 @@ pub fn config_json(config: &Config, dtype: DType) -> Value {
     match config {
         Config::Gpt2(c) => gpt2_json(c, dtype),
         Config::Llama(c) => llama_json(c, dtype),
+        Config::Bert(c) => bert_json(c, dtype),
     }
+}
+
+fn bert_json(c: &BertConfig, dtype: DType) -> Value {
+    json!({
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "intermediate_size": c.intermediate_size,
+        "hidden_act": c.hidden_act.name(),
+        "max_position_embeddings": c.max_position_embeddings,
+        "type_vocab_size": c.type_vocab_size,
+        "layer_norm_eps": c.layer_norm_eps,
+        "pad_token_id": c.pad_token_id,
+        "position_embedding_type": "absolute",
+        "dtype": dtype_name(dtype),
+    })
 }
 
 fn gpt2_json(c: &Gpt2Config, dtype: DType) -> Value {

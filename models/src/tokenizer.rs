@@ -73,6 +73,44 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer truncating every encoding to at most `max_length` ids, special tokens
+    /// included (they are kept: BERT's `[CLS] … [SEP]` stays whole), as transformers'
+    /// `truncation=True, max_length=…`; `None` truncates nothing.
+    ///
+    /// # Errors
+    /// [`Error::Value`] when `max_length` leaves no room beside the special tokens.
+    pub fn with_truncation(mut self, max_length: Option<usize>) -> Result<Tokenizer> {
+        let params = match max_length {
+            None => None,
+            Some(max_length) => {
+                let special = self.encode("", true)?.len();
+                if max_length <= special {
+                    return Err(failed(
+                        "Tokenizer::with_truncation",
+                        format!(
+                            "max_length {max_length} leaves no room for text beside the \
+                             {special} special tokens the tokenizer adds"
+                        ),
+                    ));
+                }
+                Some(tokenizers::TruncationParams { max_length, ..Default::default() })
+            }
+        };
+        self.inner
+            .with_truncation(params)
+            .map_err(|e| failed("Tokenizer::with_truncation", e))?;
+        Ok(self)
+    }
+
+    /// The tokenizer without the padding its `tokenizer.json` may ask for (some pad every
+    /// text to a fixed length): [`Tokenizer::encode_padded`] then pads each batch to its
+    /// longest text only.
+    #[must_use]
+    pub fn without_padding(mut self) -> Tokenizer {
+        self.inner.with_padding(None);
+        self
+    }
+
     /// Tokens in the vocabulary, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -110,7 +148,23 @@ impl Tokenizer {
         side: PaddingSide,
         device: Device,
     ) -> Result<(Tensor, Tensor)> {
-        let encoded = self.encode_batch(texts, add_special_tokens)?;
+        // The real tokens of each text: padding its tokenizer.json asks for is replaced by
+        // this batch's own.
+        let encoded = texts
+            .iter()
+            .map(|text| {
+                let e = self
+                    .inner
+                    .encode(*text, add_special_tokens)
+                    .map_err(|e| failed("encode_padded", e))?;
+                Ok(e.get_ids()
+                    .iter()
+                    .zip(e.get_attention_mask())
+                    .filter(|&(_, &real)| real == 1)
+                    .map(|(&id, _)| i64::from(id))
+                    .collect::<Vec<i64>>())
+            })
+            .collect::<Result<Vec<_>>>()?;
         let len = encoded.iter().map(Vec::len).max().unwrap_or(0);
         let (mut ids, mut mask) = (Vec::new(), Vec::new());
         for seq in &encoded {
