@@ -114,9 +114,12 @@ impl Bert {
     /// # Errors
     /// As [`Bert::from_pretrained`].
     pub fn load(config: BertConfig, checkpoint: &Checkpoint, options: LoadOptions) -> Result<Bert> {
-        let prefix =
-            if checkpoint.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" }
-                .to_string();
+        let prefix = if checkpoint.contains("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            ""
+        }
+        .to_string();
         let mut l = Loader::new(checkpoint, options);
         let (h, inner) = (config.hidden_size, config.intermediate_size);
         let p = |name: &str| format!("{prefix}{name}");
@@ -125,8 +128,10 @@ impl Bert {
             (l.take(&format!("{name}.weight"), &weight), l.take(&format!("{name}.bias"), &[out]))
         };
         let word = l.take(&p("embeddings.word_embeddings.weight"), &[config.vocab_size, h]);
-        let position =
-            l.take(&p("embeddings.position_embeddings.weight"), &[config.max_position_embeddings, h]);
+        let position = l.take(
+            &p("embeddings.position_embeddings.weight"),
+            &[config.max_position_embeddings, h],
+        );
         let token_type =
             l.take(&p("embeddings.token_type_embeddings.weight"), &[config.type_vocab_size, h]);
         let embeddings_norm = pair(&mut l, &p("embeddings.LayerNorm"), h, None);
@@ -211,11 +216,13 @@ impl Bert {
         let c = &self.config;
         let (batch, len) = match ids.dims() {
             &[b, t] if t <= c.max_position_embeddings => (b, t),
-            _ => return Err(shape(format!(
-                "takes token ids [batch, len] with len <= max_position_embeddings {}, got {}",
-                c.max_position_embeddings,
-                ids.shape()
-            ))),
+            _ => {
+                return Err(shape(format!(
+                    "takes token ids [batch, len] with len <= max_position_embeddings {}, got {}",
+                    c.max_position_embeddings,
+                    ids.shape()
+                )));
+            }
         };
         for (name, t) in [("token_type_ids", token_type_ids), ("attention_mask", attention_mask)] {
             if let Some(t) = t

@@ -102,7 +102,8 @@ impl SentenceEncoder {
             .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64))
             .map_or(model.config().max_position_embeddings, |n| n as usize)
             .min(model.config().max_position_embeddings);
-        let tokenizer = Tokenizer::from_dir(dir)?.without_padding().with_truncation(Some(max_len))?;
+        let tokenizer =
+            Tokenizer::from_dir(dir)?.without_padding().with_truncation(Some(max_len))?;
         let pad_id = tokenizer.token_to_id("[PAD]").unwrap_or(model.config().pad_token_id);
         Ok(SentenceEncoder { model, tokenizer, pooling, normalize, pad_id })
     }

@@ -96,9 +96,7 @@ impl Tokenizer {
                 Some(tokenizers::TruncationParams { max_length, ..Default::default() })
             }
         };
-        self.inner
-            .with_truncation(params)
-            .map_err(|e| failed("Tokenizer::with_truncation", e))?;
+        self.inner.with_truncation(params).map_err(|e| failed("Tokenizer::with_truncation", e))?;
         Ok(self)
     }
 

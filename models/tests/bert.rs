@@ -110,7 +110,12 @@ fn bf16_autocast_embeddings_stay_within_a_percent_of_f32() {
 }
 
 /// The f64 reference of sentence-transformers' poolings.
-fn pool_reference(h: &[f64], mask: &[bool], (b, l, d): (usize, usize, usize), p: Pooling) -> Vec<f64> {
+fn pool_reference(
+    h: &[f64],
+    mask: &[bool],
+    (b, l, d): (usize, usize, usize),
+    p: Pooling,
+) -> Vec<f64> {
     let mut out = vec![0.0; b * d];
     for i in 0..b {
         let real: Vec<usize> = (0..l).filter(|&t| mask[i * l + t]).collect();
@@ -122,9 +127,9 @@ fn pool_reference(h: &[f64], mask: &[bool], (b, l, d): (usize, usize, usize), p:
                 Pooling::Mean => sum / n,
                 Pooling::MeanSqrtLen => sum / n.sqrt(),
                 Pooling::Cls => at(0),
-                Pooling::Max => {
-                    (0..l).map(|t| if mask[i * l + t] { at(t) } else { -1e9 }).fold(f64::MIN, f64::max)
-                }
+                Pooling::Max => (0..l)
+                    .map(|t| if mask[i * l + t] { at(t) } else { -1e9 })
+                    .fold(f64::MIN, f64::max),
             };
         }
     }
@@ -172,7 +177,8 @@ fn parameter_names_are_the_checkpoints_and_save_pretrained_round_trips() {
     model.save_pretrained(&out).unwrap();
     let again = Bert::from_pretrained(&out, LoadOptions::default()).unwrap();
     let ids = expected("typed_input_ids");
-    let (a, b) = (model.forward(&ids, None, None).unwrap(), again.forward(&ids, None, None).unwrap());
+    let (a, b) =
+        (model.forward(&ids, None, None).unwrap(), again.forward(&ids, None, None).unwrap());
     assert_close(&b.last_hidden_state, &a.last_hidden_state, 0.0, "saved and loaded");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -201,11 +207,13 @@ fn a_task_checkpoint_with_the_bert_prefix_and_heads_loads_its_encoder() {
 fn bad_inputs_are_errors_naming_the_call_and_the_shapes() {
     let model = Bert::from_pretrained(&fixture(), LoadOptions::default()).unwrap();
     let ids = expected("input_ids");
-    let message = |r: kiln::Result<kiln_models::bert::BertOutput>| {
-        r.expect_err("an error").to_string()
-    };
+    let message =
+        |r: kiln::Result<kiln_models::bert::BertOutput>| r.expect_err("an error").to_string();
     let m = message(model.forward(&ids, None, Some(&Tensor::ones([5, 3]).bool())));
-    assert!(m.contains("Bert::forward") && m.contains("attention_mask") && m.contains("[5, 3]"), "{m}");
+    assert!(
+        m.contains("Bert::forward") && m.contains("attention_mask") && m.contains("[5, 3]"),
+        "{m}"
+    );
     let m = message(model.forward(&ids.narrow(0, 0, 1).reshape(&[16]), None, None));
     assert!(m.contains("[batch, len]"), "{m}");
     let long = Tensor::zeros([1, 41]).long();

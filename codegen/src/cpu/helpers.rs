@@ -96,6 +96,7 @@ pub(super) enum Batch {
     Exp,
     Tanh,
     Sigmoid,
+    Erf,
 }
 
 impl Batch {
@@ -105,6 +106,7 @@ impl Batch {
             UnaryOp::Exp => Some(Batch::Exp),
             UnaryOp::Tanh => Some(Batch::Tanh),
             UnaryOp::Sigmoid => Some(Batch::Sigmoid),
+            UnaryOp::Erf => Some(Batch::Erf),
             UnaryOp::Neg
             | UnaryOp::Abs
             | UnaryOp::Sqrt
@@ -113,7 +115,6 @@ impl Batch {
             | UnaryOp::Cos
             | UnaryOp::Tan
             | UnaryOp::Relu
-            | UnaryOp::Erf
             | UnaryOp::Recip
             | UnaryOp::Floor
             | UnaryOp::Ceil
@@ -132,13 +133,14 @@ impl Batch {
             Batch::Exp => "kiln_exp_f32s_preserving",
             Batch::Tanh => "kiln_tanh_f32s_preserving",
             Batch::Sigmoid => "kiln_sigmoid_f32s_preserving",
+            Batch::Erf => "kiln_erf_f32s_preserving",
         }
     }
 }
 
 impl Helper {
     /// Every helper, in the order kernels' modules declare them (it shows in CLIF text).
-    pub(super) const ALL: [Helper; 19] = [
+    pub(super) const ALL: [Helper; 20] = [
         Helper::Exp,
         Helper::Log,
         Helper::Sin,
@@ -154,6 +156,7 @@ impl Helper {
         Helper::Batch(Batch::Exp),
         Helper::Batch(Batch::Tanh),
         Helper::Batch(Batch::Sigmoid),
+        Helper::Batch(Batch::Erf),
         Helper::LseF32s,
         Helper::LseEnd,
         Helper::LseEndF64,
@@ -202,6 +205,7 @@ impl Helper {
             Helper::Batch(Batch::Exp) => "kiln_exp_f32s",
             Helper::Batch(Batch::Tanh) => "kiln_tanh_f32s",
             Helper::Batch(Batch::Sigmoid) => "kiln_sigmoid_f32s",
+            Helper::Batch(Batch::Erf) => "kiln_erf_f32s",
             Helper::LseF32s => "kiln_lse_f32s",
             Helper::LseEnd => "kiln_lse_end",
             Helper::LseEndF64 => "kiln_lse_end_f64",

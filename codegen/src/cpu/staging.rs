@@ -1,4 +1,4 @@
-//! Staged transcendentals: a vector loop whose kernel has `exp`, `tanh` or `sigmoid` of f32
+//! Staged transcendentals: a vector loop whose kernel has `exp`, `tanh`, `sigmoid` or `erf` of f32
 //! values computes them a block at a time with the host's widest vectors (`wide.rs`).
 //!
 //! For each block of [`BLOCK`] elements, a short loop over the block computes only the

@@ -1,4 +1,4 @@
-//! `exp`, `tanh` and `sigmoid` over arrays of `f32`, compiled by rustc for the host's widest
+//! `exp`, `tanh`, `sigmoid` and `erf` over arrays of `f32`, compiled by rustc for the host's widest
 //! vectors (AVX-512: sixteen lanes; AVX2: eight), for kernels to call on blocks of values
 //! (`staging.rs`). Cranelift's vectors are 128-bit, so these polynomials cost about a
 //! quarter (AVX-512) or half (AVX2) of the instructions per value there.
@@ -9,7 +9,7 @@
 //! fused multiply-adds, so a value computed here is bit for bit the value the inline
 //! polynomial computes; the tests check that on every input they sweep.
 
-use super::math::{EXP_P, TANH_P};
+use super::math::{ERF_EDGE, ERF_LARGE_HI, ERF_LARGE_LO, ERF_LARGE_MID, ERF_SMALL, EXP_P, TANH_P};
 
 /// One lane of `math::exp`.
 #[inline(always)]
@@ -42,6 +42,27 @@ fn tanh1(x: f32) -> f32 {
     let large = 1.0 - 2.0 / (e + 1.0);
     let large = f32::from_bits(large.to_bits() | (x.to_bits() & 0x8000_0000));
     if ax < 0.625 { small } else { large }
+}
+
+/// One lane of `math::erf`.
+#[inline(always)]
+fn erf1(x: f32) -> f32 {
+    let ax = x.abs();
+    let s = x * x;
+    let p = horner(s, &ERF_SMALL);
+    let small = p.mul_add(x, x);
+    let t = if 10.0 < ax { 10.0 } else { ax };
+    let t2 = t * t;
+    let r = horner(t, &ERF_LARGE_HI);
+    let u = horner(t, &ERF_LARGE_MID);
+    let mut r = r.mul_add(t2, u);
+    for c in ERF_LARGE_LO {
+        r = r.mul_add(t, c);
+    }
+    let r = r.mul_add(t, -t);
+    let large = 1.0 - exp1(r);
+    let large = f32::from_bits(large.to_bits() | (x.to_bits() & 0x8000_0000));
+    if ax < ERF_EDGE { small } else { large }
 }
 
 /// One lane of `math::sigmoid`.
@@ -118,6 +139,7 @@ macro_rules! batch {
 batch!(exp_batch, exp1);
 batch!(tanh_batch, tanh1);
 batch!(sigmoid_batch, sigmoid1);
+batch!(erf_batch, erf1);
 
 /// The running state of a one-pass `logsumexp` over a row (`logsumexp.rs` keeps one per
 /// output in the kernel's stack frame): the largest value seen, and the sum of `exp(v - c)`
@@ -437,21 +459,36 @@ pub(super) fn lanes() -> Option<usize> {
 /// `None`: kernels do not call it there).
 pub(super) fn for_host(batch: super::helpers::Batch) -> Batch {
     use super::helpers::Batch as Op;
-    type Three = (Batch, Batch, Batch);
+    type Four = [Batch; 4];
     #[cfg(target_arch = "x86_64")]
-    let wide: Option<Three> = match lanes() {
-        Some(16) => Some((exp_batch::on_avx512, tanh_batch::on_avx512, sigmoid_batch::on_avx512)),
-        Some(_) => Some((exp_batch::on_avx2, tanh_batch::on_avx2, sigmoid_batch::on_avx2)),
+    let wide: Option<Four> = match lanes() {
+        Some(16) => Some([
+            exp_batch::on_avx512,
+            tanh_batch::on_avx512,
+            sigmoid_batch::on_avx512,
+            erf_batch::on_avx512,
+        ]),
+        Some(_) => Some([
+            exp_batch::on_avx2,
+            tanh_batch::on_avx2,
+            sigmoid_batch::on_avx2,
+            erf_batch::on_avx2,
+        ]),
         None => None,
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let wide: Option<Three> = None;
-    let (exp, tanh, sigmoid) =
-        wide.unwrap_or((exp_batch::plain, tanh_batch::plain, sigmoid_batch::plain));
+    let wide: Option<Four> = None;
+    let [exp, tanh, sigmoid, erf] = wide.unwrap_or([
+        exp_batch::plain,
+        tanh_batch::plain,
+        sigmoid_batch::plain,
+        erf_batch::plain,
+    ]);
     match batch {
         Op::Exp => exp,
         Op::Tanh => tanh,
         Op::Sigmoid => sigmoid,
+        Op::Erf => erf,
     }
 }
 
@@ -464,12 +501,13 @@ mod tests {
         let mut inputs: Vec<f32> = (0..40_000).map(|i| -100.0 + i as f32 * 0.005_000_1).collect();
         inputs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-30, -1e-30]);
         use super::super::helpers::Batch as Op;
-        for op in [Op::Exp, Op::Tanh, Op::Sigmoid] {
+        for op in [Op::Exp, Op::Tanh, Op::Sigmoid, Op::Erf] {
             let (f, name) = (for_host(op), format!("{op:?}"));
             let one: fn(f32) -> f32 = match op {
                 Op::Exp => exp1,
                 Op::Tanh => tanh1,
                 Op::Sigmoid => sigmoid1,
+                Op::Erf => erf1,
             };
             // Odd lengths and offsets reach the vector loop's remainder.
             for n in [1, 7, 16, 37, inputs.len()] {
