@@ -3,6 +3,7 @@
 
 use kiln::Execution;
 use kiln::debug::{RowGroupSizes, with_row_group_sizes};
+use kiln::nn::functional as F;
 use kiln::prelude::*;
 
 use crate::common::*;
@@ -490,6 +491,41 @@ fn casts_of_stored_values_are_written_by_the_value_kernel() {
     assert_close(&bias.to_vec::<f64>(), &want_bias, DType::F32, "the sum of the value");
     let want_low: Vec<f64> = want_g.iter().map(|&v| round_to(DType::BF16, v)).collect();
     assert_close(&low.to_vec::<f64>(), &want_low, DType::BF16, "its cast");
+}
+
+/// A post-norm residual stream under autocast (BERT's layers: `h = layer_norm(x·Wᵀ + b + h)`,
+/// each product reading the stream cast to bf16): the sum a norm reduces is written by its
+/// reduction kernel, and every later kernel reads it there; none recomputes the stream
+/// from every earlier layer's product (a kernel per layer whose work grew with the depth).
+#[test]
+fn a_post_norm_stream_under_autocast_is_read_not_recomputed_from_every_layer() {
+    let (rows, width, layers) = (12, 32, 8);
+    let mut rng = Rng::new(17);
+    let h0 = tensor(&values(&mut rng, rows * width, DType::F32), &[rows, width], DType::F32);
+    let weights: Vec<Tensor> = (0..layers)
+        .map(|_| {
+            let w = values(&mut rng, width * width, DType::F32);
+            tensor(&w.iter().map(|v| v / 4.0).collect::<Vec<_>>(), &[width, width], DType::F32)
+        })
+        .collect();
+    let b = tensor(&values(&mut rng, width, DType::F32), &[width], DType::F32);
+    let run = || {
+        let mut h = h0.clone();
+        for w in &weights {
+            let y = h.matmul(&w.t()) + &b;
+            h = F::layer_norm(&(y + &h), &[width], Some(&b), Some(&b), 1e-5);
+        }
+        h
+    };
+    let h = kiln::autocast(DType::BF16, run);
+    let (_, kernels) = kiln::debug::kernels(|| h.realize().clone());
+    for k in &kernels {
+        let products = k.ops.matches("cast(f32)").count();
+        assert!(products <= 1, "{} reads {products} layers' products: {}", k.name, k.ops);
+    }
+    let unfused = kiln::with_execution(Execution::Unfused, || kiln::autocast(DType::BF16, run))
+        .to_vec::<f64>();
+    assert_close(&h.to_vec::<f64>(), &unfused, DType::BF16, "fused against unfused");
 }
 
 #[test]

@@ -399,11 +399,6 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
     }
     let inline_stored: HashMap<NodeId, Cut> =
         stored.iter().filter(|(n, _)| !merged.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
-    let reduce_inline: HashMap<NodeId, Cut> = inline_stored
-        .iter()
-        .filter(|(n, _)| !reduced_by.contains_key(n))
-        .map(|(&n, &c)| (n, c))
-        .collect();
     let writes: HashMap<NodeId, NodeId> = reduced_by.iter().map(|(&v, &r)| (r, v)).collect();
     let kernel = |step: KernelStep| Step::Kernel(Box::new(step));
     let mut steps = Vec::new();
@@ -424,10 +419,14 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             }));
         } else if let Some(&value) = writes.get(&n) {
             // The value it reduces, and the kept results that value's own kernel would
-            // have written, stored unreduced.
+            // have written, stored unreduced. It computes that value; the values other
+            // reductions wrote before it are buffers it reads (recomputing them would
+            // recompute, say, a post-norm residual stream from every earlier layer).
             let mut extra = vec![value];
             extra.extend(written_by.get(&value).into_iter().flatten().copied());
-            steps.push(kernel(build_reduce_kernel(graph, n, &reduce_inline, &extra)));
+            let mut inline = inline_stored.clone();
+            inline.remove(&value);
+            steps.push(kernel(build_reduce_kernel(graph, n, &inline, &extra)));
         } else if op.is_kernel_reduce() {
             steps.push(kernel(build_reduce_kernel(graph, n, stored, &[])));
         } else if reads_views(graph, n, options) {
