@@ -95,6 +95,33 @@ fn attention_matches_the_loop_with_broadcasts_masks_and_layouts() {
     }
 }
 
+/// A padding mask `[batch, 1, 1, keys]` (the same row for every query, as BERT's) over more
+/// than one tile of queries and keys, one key tile hidden whole in one entry: against the
+/// loop, in f32 and f64.
+#[test]
+fn a_padding_mask_broadcast_over_queries_matches_the_loop() {
+    let mut rng = Rng::new(403);
+    let (qs, ks) = ([2usize, 2, 70, 8], [2usize, 2, 130, 8]);
+    let data = |rng: &mut Rng, s: &[usize]| values(rng, s.iter().product(), DType::F64);
+    let (qd, kd, vd) = (data(&mut rng, &qs), data(&mut rng, &ks), data(&mut rng, &ks));
+    // Entry 0 sees its first 61 keys, entry 1 all but keys 3 and 100.
+    let keep: Vec<bool> =
+        (0..2 * 130).map(|i| if i < 130 { i < 61 } else { !matches!(i - 130, 3 | 100) }).collect();
+    let block: MaskFn<'_> = &|b, _, j| if keep[b[0] * 130 + j] { 0.0 } else { f64::NEG_INFINITY };
+    let want = reference((&qd, &qs), (&kd, &ks), (&vd, &ks), &[2, 2], 1.0 / 8f64.sqrt(), block);
+    for dtype in [DType::F64, DType::F32] {
+        let (q, k, v) = (
+            make(&qd, &qs, dtype, LAYOUTS[0]),
+            make(&kd, &ks, dtype, LAYOUTS[0]),
+            make(&vd, &ks, dtype, LAYOUTS[0]),
+        );
+        let mask = Tensor::from_vec(keep.clone(), [2, 1, 1, 130]);
+        let got = F::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false).to_vec::<f64>();
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        assert_close_tol(&got, &want, tol, &format!("padding mask {dtype:?}"));
+    }
+}
+
 #[test]
 fn attention_passes_gradcheck() {
     let mut rng = Rng::new(402);

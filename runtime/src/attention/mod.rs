@@ -492,7 +492,9 @@ fn forward_tile<T: Real>(
 impl Operand<'_, bool> {
     /// Whether the mask hides every key of tile `t` from every query of it.
     fn hides_tile(&self, t: &Tile) -> bool {
-        (t.r0..t.r1).all(|r| (t.c0..t.c1).all(|c| !self.at(t.b, r, c)))
+        // Rows 0 apart are one row: check it once.
+        let rows = if self.rs == 0 { t.r0..t.r0 + 1 } else { t.r0..t.r1 };
+        rows.into_iter().all(|r| (t.c0..t.c1).all(|c| !self.at(t.b, r, c)))
     }
 }
 
@@ -517,10 +519,13 @@ impl<T> Inputs<'_, T> {
     fn keys_seen_by(&self, b: usize, rows: std::ops::Range<usize>, d: &Dims) -> usize {
         use kiln_ir::AttentionMask;
         match (d.mask, &self.mask) {
-            (AttentionMask::Given, Some(m)) => rows
-                .filter_map(|r| (0..d.s).rev().find(|&c| m.at(b, r, c)))
-                .max()
-                .map_or(0, |c| c + 1),
+            (AttentionMask::Given, Some(m)) => {
+                // Rows 0 apart are one row: look at it once.
+                let rows = if m.rs == 0 { rows.start..rows.end.min(rows.start + 1) } else { rows };
+                rows.filter_map(|r| (0..d.s).rev().find(|&c| m.at(b, r, c)))
+                    .max()
+                    .map_or(0, |c| c + 1)
+            }
             (AttentionMask::Causal, _) if rows.end > 0 => d.keys_of(rows.end - 1),
             _ => d.s,
         }
@@ -536,6 +541,18 @@ impl<T: Real> Inputs<'_, T> {
     /// `-inf`.
     fn hide(&self, s: &mut [T], t: &Tile) {
         let Some(mask) = &self.mask else { return };
+        if mask.rs == 0 {
+            // One mask row for every query (a padding mask broadcast over them): its
+            // hidden keys found once, usually none.
+            let hidden: Vec<usize> =
+                (0..t.width()).filter(|&c| !mask.at(t.b, 0, t.c0 + c)).collect();
+            if !hidden.is_empty() {
+                for row in s.chunks_mut(KT).take(t.rows()) {
+                    hidden.iter().for_each(|&c| row[c] = T::NEG_INF);
+                }
+            }
+            return;
+        }
         for (i, row) in s.chunks_mut(KT).take(t.rows()).enumerate() {
             for (c, x) in row[..t.width()].iter_mut().enumerate() {
                 if !mask.at(t.b, t.r0 + i, t.c0 + c) {
