@@ -12,6 +12,8 @@ use kiln::{Result, Tensor};
 use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
 use crate::config::{Config, LlamaConfig};
+use crate::linear::Linear;
+use crate::lora::{LoraConfig, LoraModel};
 use crate::rope;
 
 /// A Llama-family model with its language-model head.
@@ -38,30 +40,8 @@ pub struct Llama {
     inv_freq: Tensor,
     /// The `config.json` it was loaded from: `save_pretrained` keeps its other keys.
     source: Option<serde_json::Value>,
-}
-
-/// A projection: its weight `[out, in]` and optional bias.
-#[derive(Debug)]
-struct Proj {
-    weight: Tensor,
-    bias: Option<Tensor>,
-}
-
-impl Proj {
-    fn load(l: &mut Loader<'_>, name: &str, out: usize, inp: usize, bias: bool) -> Proj {
-        Proj {
-            weight: l.take(&format!("{name}.weight"), &[out, inp]),
-            bias: bias.then(|| l.take(&format!("{name}.bias"), &[out])),
-        }
-    }
-
-    fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.try_matmul(&self.weight.t())?;
-        Ok(match &self.bias {
-            Some(b) => y + b,
-            None => y,
-        })
-    }
+    /// The LoRA adapters' settings, while the projections have adapters.
+    lora: Option<LoraConfig>,
 }
 
 #[derive(Debug)]
@@ -69,7 +49,7 @@ struct Layer {
     input_layernorm: Tensor,
     /// `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`, in the
     /// order of [`PROJS`].
-    projs: [Proj; 7],
+    projs: [Linear; 7],
     post_attention_layernorm: Tensor,
 }
 
@@ -162,7 +142,7 @@ impl Llama {
                     input_layernorm: l.take(&format!("{at}.input_layernorm.weight"), &[e]),
                     projs: std::array::from_fn(|j| {
                         let (out, inp, bias) = sizes[j];
-                        Proj::load(&mut l, &format!("{at}.{}", PROJS[j]), out, inp, bias)
+                        Linear::load(&mut l, &format!("{at}.{}", PROJS[j]), out, inp, bias)
                     }),
                     post_attention_layernorm: l
                         .take(&format!("{at}.post_attention_layernorm.weight"), &[e]),
@@ -183,7 +163,17 @@ impl Llama {
             rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
         let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(options.device);
         inv_freq.try_realize()?;
-        Ok(Llama { config, embed_tokens, layers, norm, lm_head, positions, inv_freq, source: None })
+        Ok(Llama {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            positions,
+            inv_freq,
+            source: None,
+            lora: None,
+        })
     }
 
     /// The configuration.
@@ -314,6 +304,36 @@ impl Llama {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?.try_matmul(&head.t())
+    }
+}
+
+impl LoraModel for Llama {
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, proj) in PROJS.iter().zip(&layer.projs) {
+                out.push((format!("model.layers.{i}.{name}"), proj));
+            }
+        }
+        out
+    }
+
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for (name, proj) in PROJS.iter().zip(&mut layer.projs) {
+                out.push((format!("model.layers.{i}.{name}"), proj));
+            }
+        }
+        out
+    }
+
+    fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    fn set_lora_config(&mut self, config: Option<LoraConfig>) {
+        self.lora = config;
     }
 }
 
