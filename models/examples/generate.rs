@@ -1,7 +1,10 @@
 //! Generates text with a local Hugging Face model folder (GPT-2 or the Llama family), streaming
-//! the tokens, and ends with the prefill and decode speed.
+//! the tokens, and ends with the prefill and decode speed. Without `--model` it runs the
+//! bundled character-level Shakespeare model (`data/shakespeare-llama`, made by
+//! `train_llama`), sampling at temperature 0.8 with top-k 10 unless told otherwise.
 //!
 //! ```text
+//! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
@@ -18,7 +21,7 @@ use kiln_models::{
 };
 
 const HOW_TO_GET_A_MODEL: &str = "\
-generate needs --model DIR: a local Hugging Face folder with config.json, model.safetensors
+generate --model DIR runs a local Hugging Face folder with config.json, model.safetensors
 (or shards and model.safetensors.index.json) and tokenizer.json. kiln downloads nothing; get
 one with git (git lfs install; git clone https://huggingface.co/openai-community/gpt2) or
 `huggingface-cli download HuggingFaceTB/SmolLM2-135M --local-dir smollm2`, then:
@@ -29,6 +32,8 @@ GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run.";
 
 struct Args {
     model: Option<PathBuf>,
+    /// Whether a sampling flag was given (the bundled model samples by default).
+    sampling: bool,
     prompt: String,
     options: GenerateOptions,
     load: LoadOptions,
@@ -37,6 +42,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         model: None,
+        sampling: false,
         prompt: "The".into(),
         options: GenerateOptions { max_new_tokens: 64, ..GenerateOptions::default() },
         load: LoadOptions::default(),
@@ -45,6 +51,7 @@ fn parse() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         let number = |v: String| v.parse::<f64>().map_err(|e| format!("{flag}: {e}"));
+        args.sampling |= matches!(flag.as_str(), "--temperature" | "--top-k" | "--top-p");
         match flag.as_str() {
             "--model" => args.model = Some(PathBuf::from(value()?)),
             "--prompt" => args.prompt = value()?,
@@ -100,9 +107,22 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let Some(dir) = args.model.clone() else {
-        println!("{HOW_TO_GET_A_MODEL}");
-        return;
+    let mut args = args;
+    let dir = match args.model.clone() {
+        Some(dir) => dir,
+        None => {
+            let bundled =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-llama");
+            eprintln!(
+                "no --model: the bundled character-level Shakespeare model ({}).\n{HOW_TO_GET_A_MODEL}\n",
+                bundled.display()
+            );
+            if !args.sampling {
+                args.options.temperature = 0.8;
+                args.options.top_k = Some(10);
+            }
+            bundled
+        }
     };
     let result = (|| {
         let tokenizer = Tokenizer::from_dir(&dir)?;

@@ -110,6 +110,64 @@ impl Llama {
         crate::save::save(dir, self.source.as_ref(), &config, &self.named_parameters(), options)
     }
 
+    /// A new model of `config` with transformers' initialisation (projections and
+    /// embeddings drawn from `N(0, 0.02²)`, norms at 1; kiln's generator, so
+    /// [`kiln::manual_seed`] makes it reproducible), every parameter requiring gradients:
+    /// a Llama-architecture model to train from scratch and `save_pretrained`.
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    pub fn new(config: LlamaConfig, options: LoadOptions) -> Result<Llama> {
+        let c = &config;
+        let (e, d) = (c.hidden_size, c.head_dim);
+        let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let normal = |shape: &[usize]| {
+            (Tensor::randn(shape.to_vec()) * 0.02).to_dtype(options.dtype).to(options.device)
+        };
+        let ones = |n: usize| Tensor::ones([n]).to_dtype(options.dtype).to(options.device);
+        let linear = |out: usize, inp: usize, bias: bool| Linear {
+            weight: normal(&[out, inp]),
+            bias: bias.then(|| Tensor::zeros([out]).to_dtype(options.dtype).to(options.device)),
+            adapter: None,
+        };
+        let layers: Vec<Layer> = (0..c.num_hidden_layers)
+            .map(|_| Layer {
+                input_layernorm: ones(e),
+                projs: [
+                    linear(q, e, c.qkv_bias),
+                    linear(kv, e, c.qkv_bias),
+                    linear(kv, e, c.qkv_bias),
+                    linear(e, q, c.o_bias),
+                    linear(c.intermediate_size, e, c.mlp_bias),
+                    linear(c.intermediate_size, e, c.mlp_bias),
+                    linear(e, c.intermediate_size, c.mlp_bias),
+                ],
+                post_attention_layernorm: ones(e),
+            })
+            .collect();
+        let mut model = Llama {
+            embed_tokens: normal(&[c.vocab_size, e]),
+            layers,
+            norm: ones(e),
+            lm_head: (!c.tie_word_embeddings).then(|| normal(&[c.vocab_size, e])),
+            positions: positions_on(c.max_position_embeddings, options.device)?,
+            inv_freq: inv_freq_on(&config, options.device)?,
+            config,
+            source: None,
+            lora: None,
+        };
+        let mut params = Vec::new();
+        model.visit_mut("", &mut |_, t| {
+            *t = t.detach();
+            params.push(t.clone());
+        });
+        Tensor::try_realize_all(&params.iter().collect::<Vec<_>>())?;
+        for t in &params {
+            t.try_requires_grad_(true)?;
+        }
+        Ok(model)
+    }
+
     /// Builds the model of `config` from `checkpoint`'s tensors.
     ///
     /// # Errors
@@ -159,10 +217,7 @@ impl Llama {
         };
         l.finish()?;
         let positions = positions_on(config.max_position_embeddings, options.device)?;
-        let freqs: Vec<f32> =
-            rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
-        let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(options.device);
-        inv_freq.try_realize()?;
+        let inv_freq = inv_freq_on(&config, options.device)?;
         Ok(Llama {
             config,
             embed_tokens,
@@ -305,6 +360,15 @@ impl Llama {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?.try_matmul(&head.t())
     }
+}
+
+/// The rotary inverse frequencies of `config` (f32) on `device`, computed now.
+fn inv_freq_on(config: &LlamaConfig, device: kiln::Device) -> Result<Tensor> {
+    let freqs: Vec<f32> =
+        rope::inv_freq(&config.rope, config.head_dim).iter().map(|&f| f as f32).collect();
+    let inv_freq = Tensor::from_vec(freqs, [config.head_dim / 2]).to(device);
+    inv_freq.try_realize()?;
+    Ok(inv_freq)
 }
 
 impl LoraModel for Llama {

@@ -52,6 +52,43 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// A character-level tokenizer: character `chars[i]` is token `i`, text is split into
+    /// its characters and decoded by joining them (a BPE without merges, which
+    /// transformers' `PreTrainedTokenizerFast` reads too). A character outside `chars` is
+    /// left out of an encoding.
+    ///
+    /// ```
+    /// use kiln_models::Tokenizer;
+    /// let t = Tokenizer::from_characters(&['\n', ' ', 'a', 'b'])?;
+    /// assert_eq!(t.encode("ab a\n", false)?, vec![2, 3, 1, 2, 0]);
+    /// assert_eq!(t.decode(&[3, 1, 2], false)?, "b a");
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Value`] when a character repeats.
+    pub fn from_characters(chars: &[char]) -> Result<Tokenizer> {
+        let mut vocab = serde_json::Map::new();
+        for (i, c) in chars.iter().enumerate() {
+            if vocab.insert(c.to_string(), i.into()).is_some() {
+                return Err(failed("Tokenizer::from_characters", format!("{c:?} repeats")));
+            }
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": { "type": "Fuse" },
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+                "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": [],
+            },
+        });
+        let inner: tokenizers::Tokenizer =
+            json.to_string().parse().map_err(|e| failed("Tokenizer::from_characters", e))?;
+        Ok(Tokenizer { inner })
+    }
+
     /// Reads `dir/tokenizer.json`.
     ///
     /// # Errors

@@ -217,3 +217,28 @@ fn the_cache_is_written_in_place() {
     }
     assert_eq!(step.stats().plans, 1);
 }
+
+/// The model the repository ships (`data/shakespeare-llama`, which `train_llama` wrote): its
+/// tokenizer gives transformers' ids, and it gives transformers' logits and greedy text.
+#[test]
+fn the_bundled_model_generates_what_transformers_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-llama");
+    let saved = kiln::serialize::load(fixture("shakespeare-llama.expected.safetensors"))
+        .expect("make_fixtures.py's expectations");
+    let get = |name: &str| saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1.clone();
+    let tokenizer = kiln_models::Tokenizer::from_dir(&dir).expect("the bundled tokenizer");
+    let prompt = tokenizer.encode("ROMEO:\n", true).expect("a prompt");
+    assert_eq!(prompt, get("input_ids").to_vec::<i64>());
+    let model = Llama::from_pretrained(&dir, LoadOptions::default()).expect("the bundled model");
+    let ids = Tensor::from_vec(prompt.clone(), [1, prompt.len()]);
+    let (got, want) =
+        (model.forward(&ids).expect("logits").to_vec::<f64>(), get("logits").to_vec::<f64>());
+    let worst =
+        got.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
+    assert!(worst <= 1e-4, "logits differ by {worst:e}");
+    let options = GenerateOptions { max_new_tokens: 48, ..GenerateOptions::default() };
+    let out = generate(&model, &[prompt], &options, |_, _| {}).expect("greedy generation");
+    assert_eq!(out.tokens[0], get("greedy").to_vec::<i64>());
+    let text = tokenizer.decode(&out.tokens[0], false).expect("text");
+    assert!(text.chars().filter(char::is_ascii_alphabetic).count() > 20, "{text:?}");
+}
