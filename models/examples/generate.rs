@@ -114,7 +114,8 @@ fn main() {
             let bundled =
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-llama");
             eprintln!(
-                "no --model: the bundled character-level Shakespeare model ({}).\n{HOW_TO_GET_A_MODEL}\n",
+                "no --model: the bundled character-level Shakespeare model ({}); --model DIR \
+                 runs a local Hugging Face folder (GPT-2, the Llama family)\n",
                 bundled.display()
             );
             if !args.sampling {

@@ -68,6 +68,47 @@ fn a_peft_adapter_gives_peft_logits_loss_and_gradients() {
     }
 }
 
+/// On a CUDA device (the emulated one in CI's `emulator/run-tests`): PEFT's logits, loss and
+/// adapter gradients with the model, the adapters and the step on the GPU; a new adapter's
+/// matrices are made there.
+#[test]
+fn lora_on_cuda_matches_peft() {
+    let test = "lora_on_cuda_matches_peft";
+    if !kiln::cuda::is_available() {
+        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+        kiln_ir::testing::skip(
+            test,
+            &format!("there is no CUDA device ({why})"),
+            &["KILN_REQUIRE_GPU"],
+        );
+        return;
+    }
+    let options = LoadOptions { device: Device::Cuda(0), ..LoadOptions::default() };
+    let mut model = Llama::from_pretrained(&fixture("llama"), options).unwrap();
+    model.load_lora(&fixture("llama-lora")).unwrap();
+    let saved = expected();
+    let ids = get(&saved, "input_ids").to(Device::Cuda(0));
+    let logits = model.forward(&ids).unwrap();
+    assert_eq!(logits.device(), Device::Cuda(0));
+    assert_close(&logits, &get(&saved, "logits"), 1e-5, "logits on the device");
+    causal_loss(&logits, &ids).backward();
+    for (name, t) in model.lora_parameters() {
+        assert_eq!(t.device(), Device::Cuda(0), "{name}");
+        let grad = t.grad().unwrap_or_else(|| panic!("{name} has no gradient"));
+        assert_close(&grad, &get(&saved, &format!("grad.{name}")), 1e-4, &name);
+    }
+    model.merge_lora().unwrap();
+    assert_close(
+        &model.forward(&ids).unwrap(),
+        &get(&saved, "logits"),
+        1e-5,
+        "merged on the device",
+    );
+    let mut fresh = Llama::from_pretrained(&fixture("llama"), options).unwrap();
+    fresh.add_lora(&LoraConfig::new(2, 4.0, &["v_proj"])).unwrap();
+    assert!(fresh.lora_parameters().iter().all(|(_, t)| t.device() == Device::Cuda(0)));
+}
+
 #[test]
 fn frozen_weights_cost_no_gradient_products() {
     // A weight's gradient is a product contracting over the 14 tokens, `[out, 14] @ [14, in]`.
