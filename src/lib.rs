@@ -105,6 +105,7 @@ pub mod distributed;
 mod engine;
 mod error;
 pub mod nn;
+pub mod ops;
 pub mod optim;
 mod profile;
 mod random;

@@ -12,6 +12,7 @@ mod checkpoint;
 mod construction;
 mod conv;
 mod cuda;
+mod custom_ops;
 mod data;
 mod digits;
 mod display;

@@ -24,6 +24,28 @@ pub struct Node {
     pub dtype: DType,
     /// Where the op was recorded, when known.
     pub origin: Option<&'static Location<'static>>,
+    /// The user-defined op it was recorded inside, if any (`kiln::ops::Elementwise`):
+    /// profiles and kernel descriptions show it by that name.
+    pub label: Option<Label>,
+}
+
+/// The name of a user-defined op, on the nodes its definition records (and `grad` on the
+/// nodes of its gradient).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Label {
+    /// The op's name.
+    pub name: &'static str,
+    /// Whether the node belongs to the op's gradient.
+    pub grad: bool,
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.grad {
+            true => write!(f, "{}.grad", self.name),
+            false => f.write_str(self.name),
+        }
+    }
 }
 
 /// A dataflow graph of [`Op`]s. Edges run from an input to its consumer and carry the
@@ -61,7 +83,8 @@ impl Graph {
 
     /// Adds an `Input` node, bound to the next buffer passed when the graph runs.
     pub fn input(&mut self, shape: Shape, dtype: DType) -> NodeId {
-        let id = self.graph.add_node(Node { op: Op::Input, shape, dtype, origin: None });
+        let id =
+            self.graph.add_node(Node { op: Op::Input, shape, dtype, origin: None, label: None });
         self.arg_lists.push(Vec::new());
         self.inputs.push(id);
         id
@@ -74,7 +97,7 @@ impl Graph {
         }
         op.check_leaf(dtype)?;
         shape.check_size(op.name(), dtype)?;
-        let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
+        let id = self.graph.add_node(Node { op, shape, dtype, origin: None, label: None });
         self.arg_lists.push(Vec::new());
         Ok(id)
     }
@@ -91,7 +114,7 @@ impl Graph {
         }
         let (shape, dtype) = op.infer(&typed)?;
         shape.check_size(op.name(), dtype)?;
-        let id = self.graph.add_node(Node { op, shape, dtype, origin: None });
+        let id = self.graph.add_node(Node { op, shape, dtype, origin: None, label: None });
         for (slot, &i) in inputs.iter().enumerate() {
             self.graph.add_edge(i, id, slot);
         }
@@ -103,6 +126,22 @@ impl Graph {
     pub fn set_origin(&mut self, id: NodeId, origin: &'static Location<'static>) {
         if let Some(n) = self.graph.node_weight_mut(id) {
             n.origin = Some(origin);
+        }
+    }
+
+    /// Labels node `id` as part of a user-defined op.
+    pub fn set_label(&mut self, id: NodeId, label: Option<Label>) {
+        if let Some(n) = self.graph.node_weight_mut(id) {
+            n.label = label;
+        }
+    }
+
+    /// Gives node `id` the origin and label of `from` (a node of another graph it replaces,
+    /// as a pass rebuilds a graph).
+    pub fn copy_provenance(&mut self, id: NodeId, from: &Node) {
+        if let Some(n) = self.graph.node_weight_mut(id) {
+            n.origin = from.origin.or(n.origin);
+            n.label = from.label.or(n.label);
         }
     }
 

@@ -48,7 +48,7 @@ pub use check::Check;
 pub use collective::{Collective, CollectiveKind, CollectiveReduce};
 pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
-pub use graph::{Graph, Node, NodeId};
+pub use graph::{Graph, Label, Node, NodeId};
 pub use op::{BinaryOp, Op, RandomDist, ReduceOp, UnaryOp};
 pub use products::{AttentionDims, AttentionMask};
 pub use semantics::{bf16_from_f64, f16_from_f64};

@@ -173,9 +173,7 @@ fn rebuild(
             Some(new) => new,
             None => copy_node(graph, &mut out, id, &map),
         };
-        if let Some(origin) = graph.node(id).origin {
-            out.set_origin(new, origin);
-        }
+        out.copy_provenance(new, graph.node(id));
         map.insert(id, new);
     }
     for o in graph.outputs() {

@@ -222,23 +222,44 @@ use kiln_ir::{Graph, NodeId};
 use crate::Buffer;
 
 /// The ops of a fused kernel for people: scalar constants and their broadcasts are left
-/// out, reductions show their axes and casts their target.
+/// out, reductions show their axes and casts their target, and the ops of a user-defined op
+/// are grouped under its name (`swish(mul sigmoid mul)`).
 pub fn describe_ops(graph: &Graph, nodes: &[NodeId]) -> String {
     use kiln_ir::Op;
     let is_constant = |n: NodeId| matches!(graph.node(n).op, Op::Full(_));
-    let shown: Vec<String> = nodes
-        .iter()
-        .filter(|&&n| match &graph.node(n).op {
-            Op::Full(_) => false,
-            Op::View(_) => !graph.args(n).into_iter().all(is_constant),
-            _ => true,
-        })
-        .map(|&n| match &graph.node(n).op {
+    let shown = nodes.iter().filter(|&&n| match &graph.node(n).op {
+        Op::Full(_) => false,
+        Op::View(_) => !graph.args(n).into_iter().all(is_constant),
+        _ => true,
+    });
+    let mut out = String::new();
+    let mut open: Option<kiln_ir::Label> = None;
+    for &n in shown {
+        let node = graph.node(n);
+        let name = match &node.op {
             op @ (Op::Reduce { .. } | Op::Cast(_)) => op.to_string(),
             op => op.name().to_string(),
-        })
-        .collect();
-    shown.join(" ")
+        };
+        if node.label != open {
+            if open.is_some() {
+                out.push(')');
+            }
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            if let Some(label) = node.label {
+                out.push_str(&format!("{label}("));
+            }
+            open = node.label;
+        } else if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&name);
+    }
+    if open.is_some() {
+        out.push(')');
+    }
+    out
 }
 
 /// A buffer's size in bytes.

@@ -198,9 +198,14 @@ fn run_backward(
         check_versions(op, node, &inputs)?;
         // The gradient ops are recorded as coming from the forward op's line, so profiles and
         // errors point at user code rather than at the gradient rules.
-        let grads = crate::engine::lazy::with_origin(node.origin, || match &node.op {
-            Some(op) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
-            None => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
+        // A user-defined op's gradient is labelled as such (and an unlabelled op's is not,
+        // even when a labelled op's backward is running it).
+        let label = node.label.map(|l| kiln_ir::Label { grad: true, ..l });
+        let grads = crate::engine::lazy::with_origin(node.origin, || {
+            crate::engine::lazy::with_label(label, || match &node.op {
+                Some(op) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
+                None => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
+            })
         })?;
         for ((input, edge), gi) in inputs.iter().zip(&node.edges).zip(grads) {
             if let Some(gi) = gi

@@ -18,6 +18,8 @@ pub(crate) struct LazyNode {
     pub(crate) device: Device,
     /// The user's source line that recorded the op.
     pub(crate) origin: &'static Location<'static>,
+    /// The user-defined op it was recorded inside ([`with_label`]).
+    pub(crate) label: Option<kiln_ir::Label>,
     /// When the node was recorded: a process-wide counter (compile() tells the nodes its
     /// closure recorded from older ones by it).
     pub(crate) serial: u64,
@@ -30,6 +32,29 @@ thread_local! {
     /// The line that nodes recorded now are attributed to, instead of their caller's: set
     /// while backward records the gradient of a forward op.
     static ORIGIN: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+thread_local! {
+    /// The user-defined op whose definition is recording now.
+    static LABEL: Cell<Option<kiln_ir::Label>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every node it records labelled `label` (a user-defined op's name; `None`
+/// records unlabelled nodes, as the gradient of an unlabelled op does).
+pub(crate) fn with_label<T>(label: Option<kiln_ir::Label>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<kiln_ir::Label>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LABEL.with(|l| l.set(self.0));
+        }
+    }
+    let _restore = Restore(LABEL.with(|l| l.replace(label)));
+    f()
+}
+
+/// The label nodes recorded now get.
+pub(crate) fn current_label() -> Option<kiln_ir::Label> {
+    LABEL.with(Cell::get)
 }
 
 /// Runs `f` with every node it records attributed to `origin`.
@@ -75,6 +100,7 @@ impl LazyNode {
             dtype,
             device,
             origin: ORIGIN.with(Cell::get).unwrap_or(origin),
+            label: LABEL.with(Cell::get),
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::Pending(inputs)),
         })
@@ -91,6 +117,7 @@ impl LazyNode {
             device: buffer.device(),
             shape,
             origin,
+            label: None,
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::Realized(buffer)),
         })

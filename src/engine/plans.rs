@@ -45,7 +45,7 @@ struct Settings {
 struct CachedPlan {
     hash: u64,
     settings: Settings,
-    origins: Vec<&'static Location<'static>>,
+    origins: Vec<(&'static Location<'static>, Option<kiln_ir::Label>)>,
     recorded: Recorded,
     /// Whether the plan takes its constants as parameters (else they are folded in).
     rebindable: bool,
@@ -77,7 +77,10 @@ pub(crate) fn realize(
         let at = cache.iter().rposition(|e| {
             e.hash == hash
                 && e.settings == settings
-                && e.origins.iter().zip(&captured.nodes).all(|(&a, n)| *a == *n.origin)
+                && e.origins
+                    .iter()
+                    .zip(&captured.nodes)
+                    .all(|(&(a, l), n)| *a == *n.origin && l == n.label)
                 && e.recorded.mismatch(captured, &outputs).is_none()
         });
         at.map(|i| cache.remove(i))
@@ -117,7 +120,7 @@ fn plan(
     Ok(CachedPlan {
         hash,
         settings,
-        origins: captured.nodes.iter().map(|n| n.origin).collect(),
+        origins: captured.nodes.iter().map(|n| (n.origin, n.label)).collect(),
         recorded: Recorded::new(captured, outputs, &built.ids),
         rebindable,
         prepared: Prepared::new(&built.graph, options, settings.device),

@@ -334,6 +334,7 @@ pub(crate) fn build_graph(captured: &Captured, targets: &[Arc<LazyNode>]) -> Res
             }
         };
         graph.set_origin(id, node.origin);
+        graph.set_label(id, node.label);
         ids.push(id);
     }
     let outputs = output_slots(captured, targets);

@@ -49,6 +49,9 @@ pub(crate) struct GradNode {
     pub(crate) output: Weak<TensorInner>,
     /// Where the op was recorded.
     pub(crate) origin: &'static Location<'static>,
+    /// The user-defined op it was recorded inside: its gradient's nodes carry the label
+    /// too, marked as gradient.
+    pub(crate) label: Option<kiln_ir::Label>,
     /// Why no gradient may flow through this node (a view whose values an in-place write
     /// through another view changed); backward fails with it if a gradient reaches it.
     pub(crate) refused: Option<String>,
@@ -114,6 +117,7 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
         output: Arc::downgrade(&out.0),
         origin: crate::engine::origin::caller(),
+        label: crate::engine::lazy::current_label(),
         refused: None,
     };
     set_history(out, Some(Arc::new(node)));
@@ -139,6 +143,7 @@ pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
             versions: vec![input.storage().version()],
             output: Arc::downgrade(&out.0),
             origin: crate::engine::origin::caller(),
+            label: crate::engine::lazy::current_label(),
             refused: None,
         };
         set_history(out, Some(Arc::new(node)));
@@ -247,6 +252,7 @@ impl Tensor {
             versions: Vec::new(),
             output: Arc::downgrade(&self.0),
             origin: f.origin,
+            label: f.label,
             refused: Some(format!(
                 "a tensor of shape {} made by `{}` at {} is a view whose values an in-place write through another view of its storage (at {write}) changed; kiln cannot differentiate through such a view yet: take the view again after the write, or write out of place (Tensor::where_, Tensor::cat)",
                 self.shape(),

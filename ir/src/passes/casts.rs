@@ -65,9 +65,7 @@ pub fn casts_before_views(graph: &Graph) -> Option<Rewrite> {
             Some(&c) => c,
             None => {
                 let c = out.push(Op::Cast(dtype), &[map[&x]]).expect("a cast of a valid node");
-                if let Some(origin) = graph.node(id).origin {
-                    out.set_origin(c, origin);
-                }
+                out.copy_provenance(c, graph.node(id));
                 casts.insert((x, dtype), c);
                 c
             }

@@ -58,9 +58,7 @@ pub fn cse(graph: &Graph, constants: Constants) -> Rewrite {
             out.push(node.op.clone(), &args)
         }
         .expect("a node that was valid in the graph is valid with merged inputs of the same types");
-        if let Some(origin) = node.origin {
-            out.set_origin(new, origin);
-        }
+        out.copy_provenance(new, node);
         seen.insert(key, new);
         map.insert(id, new);
     }

@@ -106,9 +106,7 @@ pub fn gather_first(graph: &Graph) -> Option<Rewrite> {
             };
             let value = value.expect("a gather of an operand of the gathered shape");
             // The pushed gathers check the index: their errors name the gather's line.
-            if let Some(origin) = node.origin {
-                out.set_origin(value, origin);
-            }
+            out.copy_provenance(value, node);
             pushed.insert(*m, value);
         }
         Some(push_elementwise(graph, out, graph.args(id)[0], &mut pushed))
@@ -132,9 +130,7 @@ fn push_elementwise(
     let new = out
         .push(node.op.clone(), &args)
         .expect("an elementwise op over operands of one (gathered) shape");
-    if let Some(origin) = node.origin {
-        out.set_origin(new, origin);
-    }
+    out.copy_provenance(new, node);
     pushed.insert(n, new);
     new
 }

@@ -210,9 +210,7 @@ pub(super) fn simplify_with(graph: &Graph, fold_constants: bool) -> Rewrite {
                     .expect("replacements have the shape and dtype of what they replace")
             }
         };
-        if let Some(origin) = node.origin {
-            out.set_origin(new, origin);
-        }
+        out.copy_provenance(new, node);
         map.insert(id, new);
     }
     for &o in graph.outputs() {
