@@ -40,5 +40,6 @@ mod reductions;
 mod rows;
 mod serialize;
 mod special;
+mod statistics;
 mod vision;
 mod vocabulary;

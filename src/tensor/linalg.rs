@@ -270,17 +270,28 @@ impl Tensor {
     #[track_caller]
     pub fn try_addmm(&self, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
         m1.expect_ranks("addmm", m2, 2)?;
-        let product = m1.try_matmul(m2)?;
+        self.try_addmm_like("addmm", m1.try_matmul(m2)?, beta, alpha)
+    }
+
+    /// `beta · self + alpha · product`, `self` broadcast to the product's shape (and not
+    /// read when `beta` is 0), for `addmm` and `baddbmm`.
+    fn try_addmm_like(
+        &self,
+        op: &'static str,
+        product: Tensor,
+        beta: f64,
+        alpha: f64,
+    ) -> Result<Tensor> {
         let scaled = if alpha == 1.0 { product } else { product * alpha };
         if beta == 0.0 {
-            self.shape().broadcast(scaled.shape(), "addmm")?;
+            self.shape().broadcast(scaled.shape(), op)?;
             return Ok(scaled);
         }
         let base = if beta == 1.0 { self.clone() } else { self * beta };
         let out = scaled.try_add(&base)?;
         if out.shape() != scaled.shape() {
             return Err(Error::shape(
-                "addmm",
+                op,
                 format!(
                     "self of shape {} does not broadcast to the product's shape {}",
                     self.shape(),
@@ -289,5 +300,48 @@ impl Tensor {
             ));
         }
         Ok(out)
+    }
+
+    /// `beta · self + alpha · (batch1 @ batch2)` for batches of matrices `[b, n, m]` and
+    /// `[b, m, p]` (PyTorch's `baddbmm`), `self` broadcast to `[b, n, p]`; with `beta` 0,
+    /// `self` is not read (NaNs in it do not propagate).
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let b1 = Tensor::ones([2, 1, 3]);
+    /// let b2 = Tensor::ones([2, 3, 1]);
+    /// let y = Tensor::ones([1]).baddbmm(&b1, &b2, 0.5, 2.0);
+    /// assert_eq!(y.to_vec::<f32>(), [6.5, 6.5]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_baddbmm`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn baddbmm(&self, batch1: &Tensor, batch2: &Tensor, beta: f64, alpha: f64) -> Tensor {
+        ok(self.try_baddbmm(batch1, batch2, beta, alpha))
+    }
+
+    /// [`Tensor::baddbmm`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless the batches are 3-D with equal batch and inner sizes and
+    /// `self` broadcasts to their product's shape.
+    #[track_caller]
+    pub fn try_baddbmm(
+        &self,
+        batch1: &Tensor,
+        batch2: &Tensor,
+        beta: f64,
+        alpha: f64,
+    ) -> Result<Tensor> {
+        batch1.expect_ranks("baddbmm", batch2, 3)?;
+        if batch1.dims()[0] != batch2.dims()[0] {
+            return Err(Error::shape(
+                "baddbmm",
+                format!("the batches hold {} and {} matrices", batch1.dims()[0], batch2.dims()[0]),
+            ));
+        }
+        self.try_addmm_like("baddbmm", batch1.try_matmul(batch2)?, beta, alpha)
     }
 }

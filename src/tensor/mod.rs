@@ -3,6 +3,7 @@
 mod arith;
 mod arrange;
 mod autocast;
+mod bins;
 mod checks;
 mod create;
 mod display;
@@ -19,6 +20,7 @@ mod sample;
 mod select;
 mod sort;
 mod special;
+mod statistics;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +33,7 @@ pub use arrange::Indexing;
 pub use einsum::{einsum, try_einsum};
 pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
+pub use statistics::Interpolation;
 
 use crate::engine::lazy::{Inputs, LazyNode};
 use crate::engine::storage::Storage;
