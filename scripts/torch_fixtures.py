@@ -126,3 +126,40 @@ out["embedding.ids"] = ids
 case("embedding", lambda w: F.embedding(ids, w), torch.randn(4, 5))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_transformer.safetensors")
 print(f"wrote {len(out)} tensors")
+
+# Recurrent layers: tests/data/torch_recurrent.safetensors (its own seed, so the files above
+# do not change when this section does).
+torch.manual_seed(100)
+out = {}
+
+
+def recurrent(name, module, x, state):
+    """The module's outputs for x from state, and the gradients of a random weighting of
+    them with respect to x, the state and every parameter, all float64."""
+    module = module.double()
+    x = x.double().requires_grad_(True)
+    state = tuple(s.double().requires_grad_(True) for s in state)
+    arg = state if len(state) == 2 else state[0]
+    y, final = module(x, arg)
+    final = final if isinstance(final, tuple) else (final,)
+    rs = [torch.randn_like(t) for t in (y, *final)]
+    loss = sum((t * r).sum() for t, r in zip((y, *final), rs))
+    named = list(module.named_parameters())
+    grads = torch.autograd.grad(loss, [x, *state] + [p_ for _, p_ in named])
+    out[f"{name}.x"], out[f"{name}.out"] = x.detach(), y.detach()
+    for i, (s, f, r) in enumerate(zip(state, final, rs[1:])):
+        out[f"{name}.state{i}"], out[f"{name}.final{i}"], out[f"{name}.r_final{i}"] = s.detach(), f.detach(), r
+    out[f"{name}.r_out"], out[f"{name}.grad_x"] = rs[0], grads[0]
+    for i in range(len(state)):
+        out[f"{name}.grad_state{i}"] = grads[1 + i]
+    for (n, p_), g in zip(named, grads[1 + len(state):]):
+        out[f"{name}.param.{n}"], out[f"{name}.grad.{n}"] = p_.detach().clone(), g
+
+
+recurrent("lstm", torch.nn.LSTM(5, 6, num_layers=2, bidirectional=True, batch_first=True),
+          torch.randn(3, 4, 5), (torch.randn(4, 3, 6), torch.randn(4, 3, 6)))
+recurrent("gru", torch.nn.GRU(5, 6), torch.randn(4, 3, 5), (torch.randn(1, 3, 6),))
+recurrent("rnn_relu", torch.nn.RNN(5, 6, num_layers=2, nonlinearity="relu", bias=False),
+          torch.randn(4, 5), (torch.randn(2, 6),))
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_recurrent.safetensors")
+print(f"wrote {len(out)} tensors")

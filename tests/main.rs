@@ -36,6 +36,7 @@ mod ordering;
 mod plans;
 mod profile;
 mod programs;
+mod recurrent;
 mod reductions;
 mod rows;
 mod serialize;
