@@ -17,7 +17,7 @@ def case(name, fn, *inputs):
     r = torch.randn_like(y)
     grads = torch.autograd.grad((y * r).sum(), xs)
     for i, x in enumerate(xs):
-        out[f"{name}.in{i}"] = x.detach().contiguous()
+        out[f"{name}.in{i}"] = x.detach().clone().contiguous()
         out[f"{name}.grad{i}"] = grads[i].contiguous()
     out[f"{name}.r"] = r.contiguous()
     out[f"{name}.out"] = y.detach().contiguous()
@@ -127,8 +127,8 @@ case("embedding", lambda w: F.embedding(ids, w), torch.randn(4, 5))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_transformer.safetensors")
 print(f"wrote {len(out)} tensors")
 
-# Recurrent layers: tests/data/torch_recurrent.safetensors (its own seed, so the files above
-# do not change when this section does).
+# Recurrent and transformer layers: tests/data/torch_layers.safetensors (its own seed, so the
+# files above do not change when this section does).
 torch.manual_seed(100)
 out = {}
 
@@ -161,5 +161,40 @@ recurrent("lstm", torch.nn.LSTM(5, 6, num_layers=2, bidirectional=True, batch_fi
 recurrent("gru", torch.nn.GRU(5, 6), torch.randn(4, 3, 5), (torch.randn(1, 3, 6),))
 recurrent("rnn_relu", torch.nn.RNN(5, 6, num_layers=2, nonlinearity="relu", bias=False),
           torch.randn(4, 5), (torch.randn(2, 6),))
-save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_recurrent.safetensors")
+
+
+def layer(name, module, inputs, call):
+    """`call(module, *inputs)`'s output and its gradients (of a random weighting) with respect
+    to the float inputs and every parameter, the parameters drawn wider than PyTorch's
+    initialisation so that every term matters, all float64."""
+    module = module.double()
+    with torch.no_grad():
+        for p_ in module.parameters():
+            p_.copy_(torch.randn_like(p_) * 0.4)
+    xs = [t.double().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+    y = call(module, *xs)
+    r = torch.randn_like(y)
+    named = list(module.named_parameters())
+    floats = [x for x in xs if x.is_floating_point()]
+    grads = torch.autograd.grad((y * r).sum(), floats + [p_ for _, p_ in named])
+    for i, x in enumerate(xs):
+        out[f"{name}.in{i}"] = x.detach().clone()
+    out[f"{name}.out"], out[f"{name}.r"] = y.detach(), r
+    for i, g in enumerate(grads[:len(floats)]):
+        out[f"{name}.grad_in{i}"] = g
+    for (n, p_), g in zip(named, grads[len(floats):]):
+        out[f"{name}.param.{n}"], out[f"{name}.grad.{n}"] = p_.detach().clone(), g
+
+
+padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+layer("encoder", torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", batch_first=True),
+      [torch.randn(2, 5, 8), padding], lambda m, x, kpm: m(x, src_key_padding_mask=kpm))
+causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+layer("encoder_prenorm", torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, norm_first=True),
+      [torch.randn(5, 2, 8), causal], lambda m, x, mask: m(x, src_mask=mask))
+layer("decoder", torch.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+      [torch.randn(2, 5, 8), torch.randn(2, 6, 8), causal,
+       torch.tensor([[False] * 6, [False, False, True, True, True, True]])],
+      lambda m, t, mem, mask, kpm: m(t, mem, tgt_mask=mask, memory_key_padding_mask=kpm))
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -2,7 +2,7 @@
 //! bidirectional, batch-first), `nn.GRU` and `nn.RNN` (relu, two layers, no bias, one
 //! unbatched sequence) in float64 and saved their parameters, inputs, initial states,
 //! outputs, final states and every gradient of a random weighting of the outputs
-//! (`tests/data/torch_recurrent.safetensors`). kiln's layers, given the same parameters by
+//! (`tests/data/torch_layers.safetensors`). kiln's layers, given the same parameters by
 //! name, must agree.
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use crate::common::*;
 
 fn fixture() -> HashMap<String, Tensor> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/torch_recurrent.safetensors");
+        .join("tests/data/torch_layers.safetensors");
     kiln::serialize::load(&path).expect("the fixture file").into_iter().collect()
 }
 

@@ -53,6 +53,7 @@ mod recurrent;
 mod resize;
 mod sequential;
 mod shuffle;
+mod transformer;
 
 pub use activation::{
     ELU, GELU, GELUTanh, Identity, LeakyReLU, ReLU, SiLU, Sigmoid, Softplus, Tanh,
@@ -71,6 +72,10 @@ pub use recurrent::{Gru, Lstm, RecurrentOptions, Rnn};
 pub use resize::{Flatten, Upsample};
 pub use sequential::Sequential;
 pub use shuffle::{PixelShuffle, PixelUnshuffle};
+pub use transformer::{
+    FeedForward, Masks, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    TransformerOptions,
+};
 
 use crate::error::ok;
 use crate::{Device, Error, Result, Tensor};

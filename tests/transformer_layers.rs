@@ -1,0 +1,143 @@
+//! PyTorch's transformer layers against PyTorch: `scripts/torch_fixtures.py` ran
+//! `nn.TransformerEncoderLayer` (post-norm, GELU, batch-first, a key padding mask; and
+//! pre-norm, ReLU, sequence-first, a causal mask) and `nn.TransformerDecoderLayer` (a causal
+//! target mask and a memory padding mask) in float64 with random parameters, and saved the
+//! outputs and every gradient of a random weighting of them
+//! (`tests/data/torch_layers.safetensors`). kiln's layers, given the parameters by name,
+//! must agree.
+
+use std::collections::HashMap;
+
+use kiln::nn::{
+    FeedForward, Masks, Parameters, TransformerDecoderLayer, TransformerEncoderLayer,
+    TransformerOptions,
+};
+use kiln::prelude::*;
+
+use crate::common::*;
+
+fn fixture() -> HashMap<String, Tensor> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/torch_layers.safetensors");
+    kiln::serialize::load(&path).expect("the fixture file").into_iter().collect()
+}
+
+/// Runs `forward` over the fixture's inputs with PyTorch's parameters loaded into `layer`,
+/// and checks the output and the gradients of the inputs (`floats` of them) and parameters.
+fn check<L: Parameters>(
+    name: &str,
+    mut layer: L,
+    floats: usize,
+    forward: impl Fn(&L, &[Tensor]) -> Tensor,
+) {
+    let file = fixture();
+    let get =
+        |k: &str| file.get(&format!("{name}.{k}")).unwrap_or_else(|| panic!("{name}.{k}")).clone();
+    let mut count = 0;
+    layer.visit_mut("", &mut |n, t| {
+        let p = get(&format!("param.{n}"));
+        assert_eq!(t.dims(), p.dims(), "{name}.{n}");
+        *t = p.requires_grad_(true);
+        count += 1;
+    });
+    assert_eq!(count, file.keys().filter(|k| k.starts_with(&format!("{name}.param."))).count());
+    let inputs: Vec<Tensor> = (0..)
+        .map_while(|i| file.get(&format!("{name}.in{i}")).cloned())
+        .enumerate()
+        .map(|(i, t)| if i < floats { t.requires_grad_(true) } else { t })
+        .collect();
+    let y = forward(&layer, &inputs);
+    assert_close_tol(
+        &y.to_vec::<f64>(),
+        &get("out").to_vec::<f64>(),
+        1e-10,
+        &format!("{name} output"),
+    );
+    (&y * &get("r")).sum().backward();
+    for (i, x) in inputs.iter().take(floats).enumerate() {
+        let want = get(&format!("grad_in{i}")).to_vec::<f64>();
+        assert_close_tol(
+            &x.grad().expect("an input gradient").to_vec::<f64>(),
+            &want,
+            1e-10,
+            &format!("{name} d input {i}"),
+        );
+    }
+    for (n, p) in layer.named_parameters() {
+        let want = get(&format!("grad.{n}")).to_vec::<f64>();
+        assert_close_tol(
+            &p.grad().expect("a parameter gradient").to_vec::<f64>(),
+            &want,
+            1e-10,
+            &format!("{name} d{n}"),
+        );
+    }
+}
+
+#[test]
+fn encoder_and_decoder_layers_match_pytorch() {
+    let options = TransformerOptions {
+        dim_feedforward: 16,
+        dropout: 0.0,
+        activation: FeedForward::Gelu,
+        batch_first: true,
+        ..Default::default()
+    };
+    check("encoder", TransformerEncoderLayer::with_options(8, 2, options), 1, |l, x| {
+        let masks = Masks { key_padding_mask: Some(&x[1]), ..Default::default() };
+        l.try_forward_with(&x[0], masks).unwrap()
+    });
+    let options = TransformerOptions {
+        dim_feedforward: 16,
+        dropout: 0.0,
+        norm_first: true,
+        ..Default::default()
+    };
+    check("encoder_prenorm", TransformerEncoderLayer::with_options(8, 2, options), 1, |l, x| {
+        let masks = Masks { attn_mask: Some(&x[1]), ..Default::default() };
+        l.try_forward_with(&x[0], masks).unwrap()
+    });
+    let options = TransformerOptions {
+        dim_feedforward: 16,
+        dropout: 0.0,
+        batch_first: true,
+        ..Default::default()
+    };
+    check("decoder", TransformerDecoderLayer::with_options(8, 2, options), 2, |l, x| {
+        let tgt = Masks { attn_mask: Some(&x[2]), ..Default::default() };
+        let memory = Masks { key_padding_mask: Some(&x[3]), ..Default::default() };
+        l.forward_with(&x[0], &x[1], tgt, memory)
+    });
+}
+
+#[test]
+fn transformer_layers_name_parameters_as_pytorch() {
+    let names: Vec<String> =
+        TransformerDecoderLayer::new(8, 2).named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "self_attn.in_proj_weight",
+            "self_attn.in_proj_bias",
+            "self_attn.out_proj.weight",
+            "self_attn.out_proj.bias",
+            "multihead_attn.in_proj_weight",
+            "multihead_attn.in_proj_bias",
+            "multihead_attn.out_proj.weight",
+            "multihead_attn.out_proj.bias",
+            "linear1.weight",
+            "linear1.bias",
+            "linear2.weight",
+            "linear2.bias",
+            "norm1.weight",
+            "norm1.bias",
+            "norm2.weight",
+            "norm2.bias",
+            "norm3.weight",
+            "norm3.bias",
+        ]
+    );
+    let m = TransformerEncoderLayer::try_with_options(10, 3, TransformerOptions::default())
+        .unwrap_err();
+    assert!(m.to_string().contains("num_heads"), "{m}");
+}
