@@ -196,5 +196,14 @@ layer("decoder", torch.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_f
       [torch.randn(2, 5, 8), torch.randn(2, 6, 8), causal,
        torch.tensor([[False] * 6, [False, False, True, True, True, True]])],
       lambda m, t, mem, mask, kpm: m(t, mem, tgt_mask=mask, memory_key_padding_mask=kpm))
+# Sequence pooling, instance norm, bilinear.
+seq = torch.randn(2, 3, 11)
+case("max_pool1d", lambda x: F.max_pool1d(x, 3, 2, 1, dilation=2, ceil_mode=True), seq)
+case("avg_pool1d", lambda x: F.avg_pool1d(x, 4, 3, 2, ceil_mode=True, count_include_pad=False), seq)
+case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4), seq)
+case("instance_norm", lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=1e-5),
+     torch.randn(2, 3, 4, 5), torch.randn(3), torch.randn(3))
+case("bilinear", lambda a, b, w, bias: F.bilinear(a, b, w, bias),
+     torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(6, 4, 5), torch.randn(6))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")

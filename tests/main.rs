@@ -42,6 +42,6 @@ mod rows;
 mod serialize;
 mod special;
 mod statistics;
-mod transformer_layers;
+mod torch_layers;
 mod vision;
 mod vocabulary;

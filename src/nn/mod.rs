@@ -51,6 +51,7 @@ mod norm;
 mod pool;
 mod recurrent;
 mod resize;
+mod sequence;
 mod sequential;
 mod shuffle;
 mod transformer;
@@ -70,6 +71,7 @@ pub use norm::{GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{Gru, Lstm, RecurrentOptions, Rnn};
 pub use resize::{Flatten, Upsample};
+pub use sequence::{AdaptiveAvgPool1d, AvgPool1d, Bilinear, InstanceNorm, MaxPool1d};
 pub use sequential::Sequential;
 pub use shuffle::{PixelShuffle, PixelUnshuffle};
 pub use transformer::{

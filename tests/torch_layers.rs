@@ -1,10 +1,10 @@
-//! PyTorch's transformer layers against PyTorch: `scripts/torch_fixtures.py` ran
-//! `nn.TransformerEncoderLayer` (post-norm, GELU, batch-first, a key padding mask; and
-//! pre-norm, ReLU, sequence-first, a causal mask) and `nn.TransformerDecoderLayer` (a causal
-//! target mask and a memory padding mask) in float64 with random parameters, and saved the
-//! outputs and every gradient of a random weighting of them
+//! Layers against PyTorch: `scripts/torch_fixtures.py` ran `nn.TransformerEncoderLayer`
+//! (post-norm, GELU, batch-first, a key padding mask; and pre-norm, ReLU, sequence-first, a
+//! causal mask), `nn.TransformerDecoderLayer` (a causal target mask and a memory padding
+//! mask), 1-D pooling, instance norm and the bilinear layer in float64 with random
+//! parameters, and saved the outputs and every gradient of a random weighting of them
 //! (`tests/data/torch_layers.safetensors`). kiln's layers, given the parameters by name,
-//! must agree.
+//! must agree. And `gumbel_softmax`'s samples follow their distribution.
 
 use std::collections::HashMap;
 
@@ -140,4 +140,87 @@ fn transformer_layers_name_parameters_as_pytorch() {
     let m = TransformerEncoderLayer::try_with_options(10, 3, TransformerOptions::default())
         .unwrap_err();
     assert!(m.to_string().contains("num_heads"), "{m}");
+}
+
+/// A fixture op's output and input gradients (`scripts/torch_fixtures.py`'s `case`).
+fn check_case(name: &str, op: &dyn Fn(&[Tensor]) -> Tensor) {
+    let file = fixture();
+    let get =
+        |k: &str| file.get(&format!("{name}.{k}")).unwrap_or_else(|| panic!("{name}.{k}")).clone();
+    let inputs: Vec<Tensor> = (0..)
+        .map_while(|i| file.get(&format!("{name}.in{i}")).map(|t| t.requires_grad_(true)))
+        .collect();
+    let y = op(&inputs);
+    assert_close_tol(
+        &y.to_vec::<f64>(),
+        &get("out").to_vec::<f64>(),
+        1e-10,
+        &format!("{name} output"),
+    );
+    (&y * &get("r")).sum().backward();
+    for (i, x) in inputs.iter().enumerate() {
+        let want = get(&format!("grad{i}")).to_vec::<f64>();
+        assert_close_tol(
+            &x.grad().expect("a gradient").to_vec::<f64>(),
+            &want,
+            1e-10,
+            &format!("{name} grad {i}"),
+        );
+    }
+}
+
+#[test]
+fn sequence_pooling_instance_norm_and_bilinear_match_pytorch() {
+    use kiln::nn::functional::{self as F, Pool1dOptions};
+    let max = Pool1dOptions {
+        stride: Some(2),
+        padding: 1,
+        dilation: 2,
+        ceil_mode: true,
+        ..Pool1dOptions::new(3)
+    };
+    check_case("max_pool1d", &|i| F::max_pool1d(&i[0], max));
+    let avg = Pool1dOptions {
+        stride: Some(3),
+        padding: 2,
+        ceil_mode: true,
+        count_include_pad: false,
+        ..Pool1dOptions::new(4)
+    };
+    check_case("avg_pool1d", &|i| F::avg_pool1d(&i[0], avg));
+    check_case("adaptive_avg_pool1d", &|i| F::adaptive_avg_pool1d(&i[0], 4));
+    check_case("instance_norm", &|i| F::instance_norm(&i[0], Some(&i[1]), Some(&i[2]), 1e-5));
+    check_case("bilinear", &|i| F::bilinear(&i[0], &i[1], &i[2], Some(&i[3])));
+}
+
+#[test]
+fn gumbel_softmax_samples_and_passes_gradients_straight_through() {
+    use kiln::nn::functional::gumbel_softmax;
+    kiln::manual_seed(3);
+    let logits =
+        Tensor::from_vec(vec![2.0f64, 0.0, -1.0, 0.5], [1, 4]).expand(&[4000, 4]).contiguous();
+    let hard = gumbel_softmax(&logits, 1.0, true, -1);
+    let counts = hard.sum_dim(0, false).to_vec::<f64>();
+    // Gumbel-max sampling draws category k with probability softmax(logits)_k.
+    let p = [2.0f64, 0.0, -1.0, 0.5].map(f64::exp);
+    let total: f64 = p.iter().sum();
+    for (k, c) in counts.iter().enumerate() {
+        let want = 4000.0 * p[k] / total;
+        assert!(
+            (c - want).abs() < 4.0 * want.sqrt() + 5.0,
+            "category {k}: {c} draws, about {want} expected"
+        );
+    }
+    assert!(hard.to_vec::<f64>().iter().all(|&v| v == 0.0 || v == 1.0));
+    let x = Tensor::randn([3, 5]).double().requires_grad_(true);
+    let soft = gumbel_softmax(&x, 0.5, false, 1);
+    let rows = soft.sum_dim(1, false).to_vec::<f64>();
+    assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-12), "{rows:?}");
+    gumbel_softmax(&x, 0.5, true, 1).square().sum().backward();
+    assert!(
+        x.grad().is_some_and(|g| g.abs().sum().item::<f64>() > 0.0),
+        "the soft sample's gradient"
+    );
+    let m = kiln::nn::functional::try_gumbel_softmax(&x, 0.0, false, 1).unwrap_err().to_string();
+    assert!(m.starts_with("gumbel_softmax") && m.contains("tau"), "{m}");
 }
