@@ -492,3 +492,95 @@ fn hyperbolic_functions_and_hypot_keep_their_digits() {
     )
     .unwrap();
 }
+
+#[test]
+fn inverse_trigonometry_signs_and_tensor_clamps_match_c() {
+    unary("asin", Tensor::asin, f64::asin);
+    unary("acos", Tensor::acos, f64::acos);
+    unary(
+        "signbit",
+        |x| x.signbit().to_dtype(x.dtype()),
+        |v| if v.is_sign_negative() && !v.is_nan() { 1.0 } else { 0.0 },
+    );
+    // Near the ends of [-1, 1], where 1 - x² would lose the digits.
+    let ends = [1.0 - 1e-12, -1.0 + 1e-12, 1.0 - 1e-6, 1e-300, -1.0, 1.0];
+    let x = Tensor::from_vec(ends.to_vec(), [6]);
+    for (name, got, f) in
+        [("asin", x.asin(), f64::asin as fn(f64) -> f64), ("acos", x.acos(), f64::acos)]
+    {
+        for (g, v) in got.to_vec::<f64>().iter().zip(ends) {
+            assert!(
+                (g - f(v)).abs() <= 8.0 * f64::EPSILON * f(v).abs().max(1e-300),
+                "{name}({v}) = {g}"
+            );
+        }
+    }
+    // atan2 over every pair of edges: signed zeros, infinities, NaN, both signs.
+    let edges = [0.0, -0.0, 1.0, -1.0, 2.5, -0.3, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    let (ys, xs): (Vec<f64>, Vec<f64>) =
+        edges.iter().flat_map(|&y| edges.iter().map(move |&x| (y, x))).unzip();
+    for dtype in [DType::F64, DType::F32] {
+        let (y, x) = (tensor(&ys, &[81], dtype), tensor(&xs, &[81], dtype));
+        let got = read(&y.atan2(&x), dtype);
+        for ((g, &a), &b) in got.iter().zip(&ys).zip(&xs) {
+            let want = round_to(dtype, a.atan2(b));
+            let ok = (g.is_nan() && want.is_nan())
+                || (g.to_bits() == want.to_bits())
+                || (g - want).abs() <= 4.0 * tolerance(dtype) * want.abs();
+            assert!(ok, "atan2({a}, {b}) = {g} in {dtype:?}, C gives {want}");
+        }
+        let got = read(&x.copysign(&y), dtype);
+        for ((g, &a), &b) in got.iter().zip(&xs).zip(&ys) {
+            let want = round_to(dtype, a.copysign(b));
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "copysign({a}, {b}) = {g}"
+            );
+        }
+    }
+    // Broadcast, through a view.
+    let mut rng = Rng::new(491);
+    let a = make(&values(&mut rng, 12, DType::F64), &[3, 4], DType::F64, Layout::Permuted);
+    let b = tensor(&values(&mut rng, 4, DType::F64), &[4], DType::F64);
+    let got = a.atan2(&b).to_vec::<f64>();
+    let (av, bv) = (a.to_vec::<f64>(), b.to_vec::<f64>());
+    for (i, g) in got.iter().enumerate() {
+        assert!((g - av[i].atan2(bv[i % 4])).abs() < 1e-14);
+    }
+    // clamp with tensor bounds: NaN kept, min > max gives max.
+    let x = Tensor::from_vec(vec![-3.0f64, 0.5, 7.0, f64::NAN, 2.0], [5]);
+    let lo = Tensor::from_vec(vec![-1.0f64, 1.0, 0.0, 0.0, 5.0], [5]);
+    let hi = Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 1.0, 4.0], [5]);
+    let got = x.clamp_tensor(Some(&lo), Some(&hi)).to_vec::<f64>();
+    assert_eq!(&got[..3], &[-1.0, 1.0, 3.0]);
+    assert!(got[3].is_nan() && got[4] == 4.0, "{got:?}");
+    assert!(x.try_clamp_tensor(None, None).unwrap_err().to_string().starts_with("clamp"));
+    let mk = |rng: &mut Rng, lo: f64, hi: f64| {
+        let data: Vec<f64> = (0..12).map(|_| rng.uniform(lo, hi)).collect();
+        make(&data, &[3, 4], DType::F64, Layout::Permuted)
+    };
+    gradcheck(|t| t[0].asin() + t[0].acos() * 2.0, &[mk(&mut rng, -0.9, 0.9)], 1e-6, 1e-6).unwrap();
+    gradcheck(
+        |t| t[0].atan2(&t[1]),
+        &[mk(&mut rng, -2.0, 2.0), mk(&mut rng, 0.5, 2.0)],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    gradcheck(
+        |t| t[0].atan2(&t[1]),
+        &[mk(&mut rng, -2.0, 2.0), mk(&mut rng, -2.0, -0.5)],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    let signs = mk(&mut rng, -1.0, 1.0);
+    gradcheck(|t| t[0].copysign(&signs), &[mk(&mut rng, 0.5, 2.0)], 1e-6, 1e-6).unwrap();
+    gradcheck(
+        |t| t[0].clamp_tensor(Some(&t[1]), None),
+        &[mk(&mut rng, -1.0, 1.0), mk(&mut rng, -1.0, 1.0)],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+}

@@ -21,6 +21,7 @@ mod select;
 mod sort;
 mod special;
 mod statistics;
+mod trig;
 
 use std::sync::{Arc, Mutex};
 

@@ -7,7 +7,7 @@ use crate::Result;
 impl Tensor {
     /// This tensor as floating point (`f32` for integers and booleans), as the
     /// transcendental ops take it.
-    fn floating(&self) -> Tensor {
+    pub(super) fn floating(&self) -> Tensor {
         if self.dtype().is_float() { self.clone() } else { self.to_dtype(crate::DType::F32) }
     }
 
