@@ -129,7 +129,7 @@ pub use profile::{
 pub use random::{RngState, get_rng_state, manual_seed, set_rng_state};
 pub use tensor::{
     Dims, Ellipsis, IndexOp, Indexing, Interpolation, NewAxis, Operand, Tensor, TensorIndex,
-    einsum, try_einsum,
+    Unique, einsum, try_einsum,
 };
 
 /// The names most programs need: `use kiln::prelude::*;`.

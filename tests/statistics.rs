@@ -221,3 +221,73 @@ fn index_add_and_baddbmm_match_loops_and_gradcheck() {
     let m = Tensor::zeros([1]).try_baddbmm(&t1, &Tensor::zeros([3, 4, 5]), 1.0, 1.0).unwrap_err();
     assert!(m.to_string().starts_with("baddbmm"), "{m}");
 }
+
+#[test]
+fn nonzero_unique_and_index_put_match_loops() {
+    let mut rng = Rng::new(904);
+    let data: Vec<f64> =
+        (0..3 * 4 * 5).map(|i| if i % 3 == 0 { rng.uniform(-1.0, 1.0) } else { 0.0 }).collect();
+    for layout in LAYOUTS {
+        let x = make(&data, &[3, 4, 5], DType::F32, layout);
+        let xs = x.to_vec::<f64>();
+        let want: Vec<i64> = (0..60)
+            .filter(|&i| xs[i] != 0.0)
+            .flat_map(|i| [(i / 20) as i64, ((i / 5) % 4) as i64, (i % 5) as i64])
+            .collect();
+        let got = x.nonzero();
+        assert_eq!(got.dims(), &[want.len() / 3, 3], "{layout:?}");
+        assert_eq!(got.to_vec::<i64>(), want, "{layout:?}");
+    }
+    assert_eq!(Tensor::zeros([2, 2]).nonzero().dims(), &[0, 2]);
+    // unique: floats with a repeated NaN and signed zeros, ints.
+    let x = Tensor::from_vec(vec![2.0f64, f64::NAN, -1.0, 2.0, 0.0, -0.0, f64::NAN], [7]);
+    let u = x.unique();
+    let v = u.values.to_vec::<f64>();
+    assert_eq!(&v[..3], &[-1.0, 0.0, 2.0]);
+    assert!(v.len() == 5 && v[3].is_nan() && v[4].is_nan(), "{v:?}");
+    assert_eq!(u.counts.to_vec::<i64>(), [1, 2, 2, 1, 1]);
+    let inv = u.inverse.to_vec::<i64>();
+    let xs = x.to_vec::<f64>();
+    for (i, &j) in inv.iter().enumerate() {
+        assert!(xs[i] == v[j as usize] || (xs[i].is_nan() && v[j as usize].is_nan()));
+    }
+    let ints: Vec<i64> = (0..40).map(|_| rng.uniform(0.0, 6.0).floor() as i64).collect();
+    let u = Tensor::from_vec(ints.clone(), [5, 8]).unique();
+    let mut want = ints.clone();
+    want.sort_unstable();
+    want.dedup();
+    assert_eq!(u.values.to_vec::<i64>(), want);
+    assert_eq!(u.inverse.dims(), &[5, 8]);
+    assert_eq!(u.counts.to_vec::<i64>().iter().sum::<i64>(), 40);
+    // index_put: broadcast index tuples, negative indices, slices, accumulate.
+    let base = values(&mut rng, 4 * 3 * 2, DType::F64);
+    let x = tensor(&base, &[4, 3, 2], DType::F64);
+    let rows = Tensor::from_vec(vec![0i64, -1, 2], [3]);
+    let cols = Tensor::from_vec(vec![1i64], [1]);
+    let vals = tensor(&values(&mut rng, 6, DType::F64), &[3, 2], DType::F64);
+    let vs = vals.to_vec::<f64>();
+    for accumulate in [false, true] {
+        let got = x.index_put(&[&rows, &cols], &vals, accumulate).to_vec::<f64>();
+        let mut want = base.clone();
+        for (k, &r) in [0usize, 3, 2].iter().enumerate() {
+            for j in 0..2 {
+                let at = r * 6 + 2 + j; // element [r, 1, j]
+                want[at] = if accumulate { want[at] + vs[k * 2 + j] } else { vs[k * 2 + j] };
+            }
+        }
+        assert_close_tol(&got, &want, 1e-12, &format!("index_put accumulate={accumulate}"));
+    }
+    let repeated = Tensor::from_vec(vec![1i64, 1, 1], [3]);
+    let got =
+        Tensor::zeros([3]).double().index_put(&[&repeated], &Tensor::ones([3]).double(), true);
+    assert_eq!(got.to_vec::<f64>(), [0.0, 3.0, 0.0]);
+    gradcheck(
+        |t| t[0].index_put(&[&rows, &cols], &t[1], true),
+        &[x.clone(), vals.clone()],
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    let m = x.try_index_put(&[&rows, &cols], &Tensor::ones([4]).double(), false).unwrap_err();
+    assert!(m.to_string().starts_with("index_put"), "{m}");
+}

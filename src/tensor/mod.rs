@@ -6,6 +6,7 @@ mod autocast;
 mod bins;
 mod checks;
 mod create;
+mod data_sized;
 mod display;
 mod einsum;
 pub(crate) mod grad_mode;
@@ -31,6 +32,7 @@ use smallvec::SmallVec;
 
 pub use arith::Operand;
 pub use arrange::Indexing;
+pub use data_sized::Unique;
 pub use einsum::{einsum, try_einsum};
 pub use index::{Ellipsis, IndexOp, NewAxis, TensorIndex};
 pub use reduce::Dims;
