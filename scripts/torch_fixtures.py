@@ -205,5 +205,11 @@ case("instance_norm", lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=1
      torch.randn(2, 3, 4, 5), torch.randn(3), torch.randn(3))
 case("bilinear", lambda a, b, w, bias: F.bilinear(a, b, w, bias),
      torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(6, 4, 5), torch.randn(6))
+# Spatial transformers: an affine grid, and bilinear sampling at a grid reaching outside.
+theta = torch.tensor([[[0.9, -0.3, 0.1], [0.2, 1.1, -0.2]], [[1.3, 0.4, 0.3], [-0.5, 0.7, 0.4]]])
+for ac in (False, True):
+    case(f"affine_grid_{ac}", lambda t, ac=ac: F.affine_grid(t, [2, 3, 4, 5], align_corners=ac), theta)
+    case(f"grid_sample_{ac}", lambda x, g, ac=ac: F.grid_sample(x, g, mode="bilinear", padding_mode="zeros", align_corners=ac),
+         torch.randn(2, 3, 4, 5), torch.rand(2, 6, 7, 2) * 2.6 - 1.3)
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")

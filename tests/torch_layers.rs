@@ -224,3 +224,13 @@ fn gumbel_softmax_samples_and_passes_gradients_straight_through() {
     let m = kiln::nn::functional::try_gumbel_softmax(&x, 0.0, false, 1).unwrap_err().to_string();
     assert!(m.starts_with("gumbel_softmax") && m.contains("tau"), "{m}");
 }
+
+#[test]
+fn affine_grid_and_grid_sample_match_pytorch() {
+    use kiln::nn::functional as F;
+    // The fixture names them as Python prints the flag.
+    for (ac, py) in [(false, "False"), (true, "True")] {
+        check_case(&format!("affine_grid_{py}"), &|i| F::affine_grid(&i[0], [2, 3, 4, 5], ac));
+        check_case(&format!("grid_sample_{py}"), &|i| F::grid_sample(&i[0], &i[1], ac));
+    }
+}

@@ -30,6 +30,7 @@ pub use super::fold::{
     ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
     try_unfold, unfold,
 };
+pub use super::grid::{affine_grid, grid_sample, try_affine_grid, try_grid_sample};
 pub use super::losses::{
     KlReduction, binary_cross_entropy, huber_loss, kl_div, l1_loss, margin_ranking_loss,
     smooth_l1_loss, triplet_margin_loss, try_binary_cross_entropy, try_huber_loss, try_kl_div,

@@ -44,6 +44,7 @@ mod dropout;
 mod embedding;
 mod fold;
 pub mod functional;
+mod grid;
 pub mod init;
 mod linear;
 mod losses;
