@@ -211,5 +211,16 @@ for ac in (False, True):
     case(f"affine_grid_{ac}", lambda t, ac=ac: F.affine_grid(t, [2, 3, 4, 5], align_corners=ac), theta)
     case(f"grid_sample_{ac}", lambda x, g, ac=ac: F.grid_sample(x, g, mode="bilinear", padding_mode="zeros", align_corners=ac),
          torch.randn(2, 3, 4, 5), torch.rand(2, 6, 7, 2) * 2.6 - 1.3)
+# Bags of embeddings: offsets with an empty bag, per-sample weights, fixed-length bags.
+bag_ids = torch.tensor([4, 0, 2, 2, 5, 1, 3])
+bag_offsets = torch.tensor([0, 3, 3, 5])
+out["embedding_bag.ids"], out["embedding_bag.offsets"] = bag_ids, bag_offsets
+table = torch.randn(6, 3)
+for mode in ("sum", "mean", "max"):
+    case(f"embedding_bag_{mode}", lambda w, mode=mode: F.embedding_bag(bag_ids, w, bag_offsets, mode=mode), table)
+case("embedding_bag_weighted", lambda w, p: F.embedding_bag(bag_ids, w, bag_offsets, mode="sum", per_sample_weights=p),
+     table, torch.randn(7))
+out["embedding_bag_2d.ids"] = bag_ids[:6].reshape(2, 3).clone()
+case("embedding_bag_2d", lambda w: F.embedding_bag(bag_ids[:6].reshape(2, 3), w, mode="mean"), table)
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -234,3 +234,25 @@ fn affine_grid_and_grid_sample_match_pytorch() {
         check_case(&format!("grid_sample_{py}"), &|i| F::grid_sample(&i[0], &i[1], ac));
     }
 }
+
+#[test]
+fn embedding_bags_match_pytorch() {
+    use kiln::nn::BagMode;
+    use kiln::nn::functional as F;
+    let file = fixture();
+    let (ids, offsets) = (file["embedding_bag.ids"].clone(), file["embedding_bag.offsets"].clone());
+    for (name, mode) in [("sum", BagMode::Sum), ("mean", BagMode::Mean), ("max", BagMode::Max)] {
+        check_case(&format!("embedding_bag_{name}"), &|i| {
+            F::embedding_bag(&ids, &i[0], Some(&offsets), mode, None)
+        });
+    }
+    check_case("embedding_bag_weighted", &|i| {
+        F::embedding_bag(&ids, &i[0], Some(&offsets), BagMode::Sum, Some(&i[1]))
+    });
+    let fixed = file["embedding_bag_2d.ids"].clone();
+    check_case("embedding_bag_2d", &|i| F::embedding_bag(&fixed, &i[0], None, BagMode::Mean, None));
+    let m = F::try_embedding_bag(&ids, &file["embedding_bag_sum.in0"], None, BagMode::Sum, None)
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("embedding_bag") && m.contains("offsets"), "{m}");
+}

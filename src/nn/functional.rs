@@ -25,7 +25,7 @@ pub use super::distance::{
     cosine_similarity, normalize, one_hot, pairwise_distance, try_cosine_similarity, try_normalize,
     try_one_hot, try_pairwise_distance,
 };
-pub use super::embedding::{embedding, try_embedding};
+pub use super::embedding::{embedding, embedding_bag, try_embedding, try_embedding_bag};
 pub use super::fold::{
     ConvTranspose2dOptions, FoldOptions, conv_transpose2d, fold, try_conv_transpose2d, try_fold,
     try_unfold, unfold,

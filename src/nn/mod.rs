@@ -65,7 +65,7 @@ pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{Conv1d, Conv2d};
 pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
 pub use dropout::Dropout;
-pub use embedding::Embedding;
+pub use embedding::{BagMode, Embedding, EmbeddingBag};
 pub use fold::ConvTranspose2d;
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm, RmsNorm};
