@@ -559,10 +559,17 @@ fn in_place_autograd_rules() {
     assert!(err.contains(&format!("autograd.rs:{write_line}:")), "{err}");
     y.narrow(0, 0, 1).sum().backward();
     assert_eq!(x.grad().unwrap().to_vec::<f64>(), vec![3.0, 0.0]);
-    // Writing into part of a tensor that requires grad is not differentiable yet: a clear error.
-    let h = &Tensor::ones([3]).requires_grad_(true) * 2.0;
-    let err = h.narrow(0, 0, 1).try_fill_(0.0).unwrap_err().to_string();
-    assert!(err.starts_with("fill_: in-place writes into part of a storage"), "{err}");
+    // Writing into part of a tensor that requires grad differentiates through the write
+    // (PyTorch's CopySlices): the filled element gets no gradient, the others theirs.
+    let x = Tensor::ones([3]).requires_grad_(true);
+    let h = &x * 2.0;
+    h.narrow(0, 0, 1).fill_(0.0);
+    h.sum().backward();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>(), vec![0.0, 2.0, 2.0]);
+    // A view of a leaf that requires grad may not be written (as in PyTorch).
+    let leaf = Tensor::ones([3]).requires_grad_(true);
+    let err = leaf.narrow(0, 0, 1).try_fill_(0.0).unwrap_err().to_string();
+    assert!(err.starts_with("fill_: a view of a leaf tensor that requires grad"), "{err}");
     // Overwriting a whole non-leaf with a constant cuts the gradient to zero.
     let x = Tensor::ones([2]).double().requires_grad_(true);
     let y = &x * 2.0;

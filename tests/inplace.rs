@@ -161,3 +161,86 @@ fn a_scatter_written_back_into_its_base_writes_in_place() {
     assert_eq!(held.to_vec::<f32>(), want);
     assert_eq!(cache.narrow(1, 7, 1).to_vec::<f32>(), vec![9.0; 6]);
 }
+
+/// Writes into views of a computed tensor under autograd (PyTorch's `CopySlices`): through
+/// narrow, select, a strided and a transposed view, a masked fill and a copy into a slice,
+/// each the gradients of the base's history and of the written values, checked against
+/// finite differences to first and second order.
+#[test]
+fn writes_into_views_differentiate_to_second_order() {
+    use kiln::autograd::gradcheck;
+    let mut rng = Rng::new(77);
+    let x = tensor(&values(&mut rng, 12, DType::F64), &[3, 4], DType::F64);
+    let w = tensor(&values(&mut rng, 4, DType::F64), &[4], DType::F64);
+    let mask = Tensor::from_vec((0..12).map(|i| i % 5 == 1).collect::<Vec<bool>>(), [3, 4]);
+    type Write = Box<dyn Fn(&Tensor, &Tensor)>;
+    let writes: Vec<(&str, Write)> = vec![
+        (
+            "narrow add_",
+            Box::new(|y, w| {
+                y.narrow(1, 1, 2).add_(w.narrow(0, 0, 2).square());
+            }),
+        ),
+        (
+            "select mul_",
+            Box::new(|y, w| {
+                y.select(0, 1).mul_(w);
+            }),
+        ),
+        (
+            "strided copy_",
+            Box::new(|y, w| {
+                // Every other element of the flat storage: stride 2.
+                y.reshape(&[6, 2]).select(1, 0).copy_(&w.narrow(0, 0, 3).repeat(&[2]).tanh());
+            }),
+        ),
+        (
+            "transposed sub_",
+            Box::new(|y, w| {
+                y.t().narrow(0, 2, 2).sub_(w.narrow(0, 1, 3).exp());
+            }),
+        ),
+        (
+            "two writes, overlapping",
+            Box::new(|y, w| {
+                y.narrow(0, 0, 2).mul_(w);
+                y.narrow(1, 0, 1).fill_(0.5);
+            }),
+        ),
+    ];
+    for (name, write) in &writes {
+        // y = x·x + 1 (computed), written through a view, then read whole.
+        let f = |t: &[Tensor]| {
+            let y = &t[0] * &t[0] + 1.0;
+            write(&y, &t[1]);
+            (&y * &y).sum()
+        };
+        gradcheck(f, &[x.clone(), w.clone()], 1e-6, 1e-6).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Second order: the gradient of the first gradient.
+        let first = |t: &[Tensor]| {
+            let (a, b) = (t[0].clone(), t[1].clone());
+            let g = kiln::grad(&[&f(&[a.clone(), b.clone()])], &[&a, &b], true);
+            (&g[0] * &g[0]).sum() + (&g[1] * &g[1]).sum()
+        };
+        gradcheck(first, &[x.clone(), w.clone()], 1e-6, 1e-5)
+            .unwrap_or_else(|e| panic!("{name}, second order: {e}"));
+    }
+    // A masked fill through a view; a slice of zeros that becomes a function of its values.
+    gradcheck(
+        |t| {
+            let y = t[0].exp();
+            y.narrow(0, 1, 2).masked_fill_(&mask.narrow(0, 1, 2), 0.0);
+            y.sum()
+        },
+        std::slice::from_ref(&x),
+        1e-6,
+        1e-6,
+    )
+    .unwrap();
+    let z = w.requires_grad_(true);
+    let out = Tensor::zeros([3, 4]).double();
+    out.select(0, 2).copy_(&(&z * 3.0));
+    assert!(out.requires_grad());
+    out.sum().backward();
+    assert_eq!(z.grad().expect("a gradient").to_vec::<f64>(), vec![3.0; 4]);
+}

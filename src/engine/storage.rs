@@ -21,6 +21,10 @@ pub(crate) struct Storage {
     /// (Read on every op recorded under autograd: an atomic; the line only when stale.)
     history_writes: AtomicU64,
     last_history_write: Mutex<Option<&'static Location<'static>>>,
+    /// After a write into part of it under autograd: the whole storage's value as a tensor
+    /// with that write's history (the tensor layer's type, which this layer does not name),
+    /// and the write's count. Its views take their history from it.
+    autograd_base: Mutex<Option<(u64, Arc<dyn std::any::Any + Send + Sync>)>>,
     dtype: DType,
     device: Device,
 }
@@ -34,6 +38,7 @@ impl Storage {
             version: AtomicU64::new(0),
             history_writes: AtomicU64::new(0),
             last_history_write: Mutex::new(None),
+            autograd_base: Mutex::new(None),
         })
     }
 
@@ -67,6 +72,22 @@ impl Storage {
         let mut last = self.last_history_write.lock().unwrap_or_else(PoisonError::into_inner);
         *last = Some(origin);
         self.history_writes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Records `base` as the value, with history, of the write just counted.
+    pub(crate) fn set_autograd_base(&self, base: Arc<dyn std::any::Any + Send + Sync>) {
+        let count = self.history_writes();
+        *self.autograd_base.lock().unwrap_or_else(PoisonError::into_inner) = Some((count, base));
+    }
+
+    /// The value with history that the last history-changing write left, if that write
+    /// was into part of the storage (and none came after it).
+    pub(crate) fn autograd_base(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        let slot = self.autograd_base.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*slot {
+            Some((count, base)) if *count == self.history_writes() => Some(base.clone()),
+            _ => None,
+        }
     }
 
     /// The element type of its values.

@@ -226,8 +226,15 @@ impl Tensor {
 
     /// Whether gradients flow to or through this tensor.
     pub fn requires_grad(&self) -> bool {
-        let m = meta(self);
-        m.requires_grad || m.grad_fn.is_some()
+        let (flag, has, seen) = {
+            let m = meta(self);
+            (m.requires_grad, m.grad_fn.is_some(), m.writes_seen)
+        };
+        if flag || self.storage().history_write_after(seen).is_none() {
+            return flag || has;
+        }
+        // A write into part of the storage since: the history is the base's, through this view.
+        self.grad_fn().is_some()
     }
 
     /// Whether this tensor was made by the user rather than by a recorded op (the tensors
@@ -236,15 +243,34 @@ impl Tensor {
         meta(self).grad_fn.is_none()
     }
 
-    /// This tensor's history: a refusal when an in-place write through another view of its
-    /// storage changed its values after the history was recorded (PyTorch replays the view
-    /// on the written base; kiln does not yet, and must not differentiate old values).
+    /// This tensor's history. After an in-place write into part of its storage under
+    /// autograd (PyTorch's `CopySlices`), it is this view of the written base, whose history
+    /// the write recorded: taken once and kept. After another history-changing write (a
+    /// whole write through another handle), a refusal: kiln must not differentiate the old
+    /// values.
     pub(crate) fn grad_fn(&self) -> Option<Arc<GradNode>> {
         let (f, seen) = {
             let m = meta(self);
-            (m.grad_fn.clone()?, m.writes_seen)
+            (m.grad_fn.clone(), m.writes_seen)
         };
-        let Some(write) = self.storage().history_write_after(seen) else { return Some(f) };
+        let Some(write) = self.storage().history_write_after(seen) else { return f };
+        if let Some(base) = self.storage().autograd_base()
+            && let Ok(base) = base.downcast::<Tensor>()
+        {
+            let node = Arc::new(GradNode {
+                op: Some(Op::View(self.layout().clone())),
+                inputs: Mutex::new(Some(vec![(*base).clone()])),
+                edges: vec![base.grad_fn()],
+                versions: vec![base.storage().version()],
+                output: Arc::downgrade(&self.0),
+                origin: write,
+                label: None,
+                refused: None,
+            });
+            set_history(self, Some(node.clone()));
+            return Some(node);
+        }
+        let f = f?;
         Some(Arc::new(GradNode {
             op: f.op.clone(),
             inputs: Mutex::new(Some(Vec::new())),

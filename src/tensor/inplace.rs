@@ -38,7 +38,15 @@ impl Tensor {
                 ),
             ));
         }
-        let old = self.snapshot();
+        let whole = self.layout().is_identity_of(&self.storage().node().shape);
+        // A write into part of the storage under autograd differentiates through the whole
+        // storage's value before it (PyTorch's `CopySlices`): the old values are read as a
+        // view of that base, so the new history does not hold this storage's handles.
+        let base = if grad_on && !whole { self.autograd_base(op)? } else { None };
+        let old = match &base {
+            Some(b) => Tensor::from_op(Op::View(self.layout().clone()), &[b])?,
+            None => self.snapshot(),
+        };
         let new = value(&old)?;
         if new.shape() != self.shape() {
             return Err(Error::shape(
@@ -80,7 +88,18 @@ impl Tensor {
             // zero gradient to that history, as PyTorch's FillBackward does.
             new = Tensor::try_where_(&Tensor::full(new.shape(), true), &new, &old)?;
         }
-        let whole = self.layout().is_identity_of(&self.storage().node().shape);
+        if let Some(base) = base
+            && (new.requires_grad() || base.requires_grad())
+        {
+            // The storage's new value is the base with the view's elements replaced; every
+            // handle of the storage takes its history from it (`Tensor::grad_fn`).
+            let written = Tensor::from_op(Op::Assign(self.layout().clone()), &[&base, &new])?;
+            self.storage().replace(written.node());
+            crate::engine::session::note_write(self.storage());
+            self.storage().note_history_write(crate::engine::origin::caller());
+            self.storage().set_autograd_base(std::sync::Arc::new(written));
+            return Ok(self.clone());
+        }
         if grad_on && new.requires_grad() && !whole {
             return Err(Error::Autograd {
                 op,
@@ -109,6 +128,48 @@ impl Tensor {
             super::history::adopt_history(self, &new);
         }
         Ok(self.clone())
+    }
+
+    /// The whole storage's current value with its history, for a write into part of it
+    /// under autograd: the value the last such write left, or the tensor this view was taken
+    /// from (followed through views of the same storage), or, when neither this view nor
+    /// its storage has a history, the values as a constant. `None` when the history cannot
+    /// be followed (the write is then refused if it needs gradients).
+    fn autograd_base(&self, op: &'static str) -> Result<Option<Tensor>> {
+        if let Some(base) = self.storage().autograd_base()
+            && let Ok(base) = base.downcast::<Tensor>()
+        {
+            return Ok(Some((*base).clone()));
+        }
+        let storage_shape = self.storage().node().shape.clone();
+        let mut t = self.clone();
+        loop {
+            if t.layout().is_identity_of(&storage_shape) {
+                if t.is_leaf() && t.requires_grad() {
+                    return Err(Error::Autograd {
+                        op,
+                        detail: "a view of a leaf tensor that requires grad cannot be modified in place; do it inside kiln::no_grad(..), or on a .detach()ed tensor".into(),
+                    });
+                }
+                return Ok(Some(t.snapshot()));
+            }
+            let Some(f) = super::history::meta(&t).grad_fn.clone() else {
+                // No history at all: the values are a constant to the write.
+                return Ok(if self.storage().history_writes() == 0 {
+                    Some(Tensor::from_node(self.storage().node()))
+                } else {
+                    None
+                });
+            };
+            let parent = match (&f.op, f.inputs().as_ref()) {
+                (Some(Op::View(_)), Some(inputs)) if inputs.len() == 1 => inputs[0].clone(),
+                _ => return Ok(None),
+            };
+            if !std::sync::Arc::ptr_eq(parent.storage(), self.storage()) {
+                return Ok(None);
+            }
+            t = parent;
+        }
     }
 
     /// A copy with its own storage (PyTorch's `clone()`; Rust's `clone` shares the handle).
@@ -238,12 +299,39 @@ impl Tensor {
     /// [`Tensor::fill_`], returning an error instead of panicking.
     ///
     /// # Errors
-    /// [`Error::Autograd`] on a leaf that requires grad, or on part of a tensor that requires
-    /// grad; [`Error::Shape`] on a broadcast view.
+    /// [`Error::Autograd`] on a leaf that requires grad (or a view of one); [`Error::Shape`]
+    /// on a broadcast view.
     #[track_caller]
     pub fn try_fill_(&self, value: impl Into<Scalar>) -> Result<Tensor> {
         let value = value.into();
         self.write("fill_", |old| Ok(Tensor::full_dtype(old.shape(), value, old.dtype())))
+    }
+
+    /// Sets the elements where `mask` (broadcast) is true to `value`, returning `self`
+    /// (PyTorch's `masked_fill_`; through a view it writes the base, differentiably).
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], [3]);
+    /// x.masked_fill_(&x.lt(0.0), 0.0);
+    /// assert_eq!(x.to_vec::<f32>(), [1.0, 0.0, 3.0]);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Tensor::try_masked_fill_`] fails.
+    #[track_caller]
+    pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Scalar>) -> Tensor {
+        ok(self.try_masked_fill_(mask, value))
+    }
+
+    /// [`Tensor::masked_fill_`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_masked_fill`], and [`Error::Autograd`] on a leaf that requires grad.
+    #[track_caller]
+    pub fn try_masked_fill_(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
+        let value = value.into();
+        self.write("masked_fill_", |old| old.try_masked_fill(mask, value))
     }
 
     /// Copies `src` into this tensor (broadcasting it, converting it to this tensor's dtype,
