@@ -133,8 +133,15 @@ impl LoraConfig {
             Some(Value::Array(a)) => {
                 a.iter().map(|t| t.as_str().map(String::from)).collect::<Option<Vec<_>>>()
             }
-            // A single string is a pattern; its alternatives are what kiln-models matches.
-            Some(Value::String(s)) => Some(vec![s.trim_start_matches(".*").to_string()]),
+            // A single string is PEFT's regular expression: kiln-models reads the common
+            // form `.*(q_proj|v_proj)$` as its alternatives of module names.
+            Some(Value::String(s)) => Some(vec![
+                s.trim_start_matches(".*")
+                    .trim_start_matches('(')
+                    .trim_end_matches('$')
+                    .trim_end_matches(')')
+                    .to_string(),
+            ]),
             _ => None,
         }
         .ok_or_else(|| io("target_modules should be a list of names".into()))?;

@@ -244,3 +244,26 @@ fn lora_mistakes_are_errors_that_say_what_to_do() {
     assert!(m.contains("adapter_config.json"), "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn peft_configs_read_as_peft_writes_them() {
+    let json = serde_json::json!({
+        "peft_type": "LORA", "r": 8, "lora_alpha": 32, "lora_dropout": 0.1,
+        "target_modules": ".*(q_proj|v_proj)$", "use_rslora": true, "bias": "none",
+    });
+    let c = LoraConfig::from_json(&json, "adapter_config.json").unwrap();
+    assert_eq!((c.r, c.alpha, c.dropout, c.use_rslora), (8, 32.0, 0.1, true));
+    assert!((c.scale() - 32.0 / 8f64.sqrt()).abs() < 1e-12);
+    assert!(
+        c.targets("model.layers.3.self_attn.q_proj")
+            && c.targets("model.layers.0.self_attn.v_proj")
+    );
+    assert!(
+        !c.targets("model.layers.0.self_attn.k_proj") && !c.targets("model.layers.0.mlp.up_proj")
+    );
+    let dora = serde_json::json!({ "peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "use_dora": true });
+    let m = LoraConfig::from_json(&dora, "adapter_config.json").unwrap_err().to_string();
+    assert!(m.contains("use_dora"), "{m}");
+    let round = LoraConfig::from_json(&c.to_json(None), "x").unwrap();
+    assert_eq!(round.target_modules, c.target_modules);
+}
