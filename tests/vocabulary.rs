@@ -584,3 +584,62 @@ fn inverse_trigonometry_signs_and_tensor_clamps_match_c() {
     )
     .unwrap();
 }
+
+#[test]
+fn lgamma_and_digamma_match_the_c_library_and_known_values() {
+    let mut xs: Vec<f64> = (0..1400).map(|i| -20.0 + i as f64 * 0.05 + 0.0173).collect();
+    xs.extend([0.5, 1.0, 2.0, 3.0, 1e-8, 1.0 + 1e-9, 2.0 - 1e-9, 1e6, 1e15, 171.5, -0.5, -7.5]);
+    let got = Tensor::from_vec(xs.clone(), [xs.len()]).lgamma().to_vec::<f64>();
+    for (g, &x) in got.iter().zip(&xs) {
+        let want = libm::lgamma(x);
+        assert!(
+            (g - want).abs() <= 2e-13 * want.abs().max(1.0),
+            "lgamma({x}) = {g}, C gives {want}"
+        );
+    }
+    let poles = Tensor::from_vec(vec![0.0f64, -1.0, -4.0, f64::INFINITY, f64::NAN], [5]).lgamma();
+    let p = poles.to_vec::<f64>();
+    assert!(p[..4].iter().all(|v| *v == f64::INFINITY) && p[4].is_nan(), "{p:?}");
+    // f32: the f64 value rounded.
+    let small: Vec<f64> = xs.iter().copied().filter(|x| x.abs() < 30.0).collect();
+    let got = tensor(&small, &[small.len()], DType::F32).lgamma().to_vec::<f32>();
+    for (g, &x) in got.iter().zip(&small) {
+        let want = libm::lgamma(f64::from(x as f32)) as f32;
+        assert!((g - want).abs() <= 4.0 * f32::EPSILON * want.abs().max(1.0), "f32 lgamma({x})");
+    }
+    // digamma: ψ(n + 1) = H(n) - γ, ψ(1/2) = -γ - 2 ln 2, and lgamma's slope elsewhere.
+    let euler = 0.577_215_664_901_532_9;
+    let known = Tensor::from_vec(vec![1.0f64, 5.0, 0.5], [3]).digamma().to_vec::<f64>();
+    let h4: f64 = (1..5).map(|k| 1.0 / k as f64).sum();
+    assert!((known[0] + euler).abs() < 1e-14 && (known[1] - (h4 - euler)).abs() < 1e-14);
+    assert!((known[2] + euler + 2.0 * 2f64.ln()).abs() < 1e-14, "{known:?}");
+    let got = Tensor::from_vec(xs.clone(), [xs.len()]).digamma().to_vec::<f64>();
+    for (g, &x) in got.iter().zip(&xs) {
+        if x.abs() > 1e5 || (x - x.round()).abs() < 1e-3 {
+            continue;
+        }
+        let h = 1e-6 * x.abs().max(1.0);
+        let slope = (libm::lgamma(x + h) - libm::lgamma(x - h)) / (2.0 * h);
+        assert!(
+            (g - slope).abs() <= 1e-6 * slope.abs().max(1.0),
+            "digamma({x}) = {g}, slope {slope}"
+        );
+    }
+    let edges = Tensor::from_vec(vec![0.0f64, -3.0, f64::INFINITY], [3]).digamma().to_vec::<f64>();
+    assert!(
+        edges[0] == f64::NEG_INFINITY && edges[1].is_nan() && edges[2] == f64::INFINITY,
+        "{edges:?}"
+    );
+    // lgamma's gradient is digamma; digamma's is checked numerically.
+    let x = Tensor::from_vec(vec![0.3f64, 1.7, 4.2, -2.4], [4]).requires_grad_(true);
+    x.lgamma().sum().backward();
+    let want = x.detach().digamma().to_vec::<f64>();
+    assert_close_tol(&x.grad().expect("a gradient").to_vec::<f64>(), &want, 1e-10, "d lgamma");
+    gradcheck(
+        |t| t[0].digamma(),
+        &[Tensor::from_vec(vec![0.3f64, 1.7, 4.2, -2.4], [4])],
+        1e-6,
+        1e-5,
+    )
+    .unwrap();
+}

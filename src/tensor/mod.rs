@@ -9,6 +9,7 @@ mod create;
 mod data_sized;
 mod display;
 mod einsum;
+mod gamma;
 pub(crate) mod grad_mode;
 pub(crate) mod history;
 mod index;
