@@ -222,5 +222,7 @@ case("embedding_bag_weighted", lambda w, p: F.embedding_bag(bag_ids, w, bag_offs
      table, torch.randn(7))
 out["embedding_bag_2d.ids"] = bag_ids[:6].reshape(2, 3).clone()
 case("embedding_bag_2d", lambda w: F.embedding_bag(bag_ids[:6].reshape(2, 3), w, mode="mean"), table)
+case("conv_transpose1d", lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, padding=1, output_padding=1, groups=2, dilation=2),
+     torch.randn(2, 4, 6), torch.randn(4, 3, 3), torch.randn(6))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -256,3 +256,11 @@ fn embedding_bags_match_pytorch() {
         .to_string();
     assert!(m.starts_with("embedding_bag") && m.contains("offsets"), "{m}");
 }
+
+#[test]
+fn conv_transpose1d_matches_pytorch() {
+    use kiln::nn::functional::{self as F, ConvTranspose1dOptions};
+    let o =
+        ConvTranspose1dOptions { stride: 3, padding: 1, output_padding: 1, groups: 2, dilation: 2 };
+    check_case("conv_transpose1d", &|i| F::conv_transpose1d(&i[0], &i[1], Some(&i[2]), o));
+}

@@ -46,9 +46,10 @@ pub use super::resize::{
     InterpolateMode, PadMode, Resize, interpolate, pad, try_interpolate, try_pad,
 };
 pub use super::sequence::{
-    Pool1dOptions, adaptive_avg_pool1d, avg_pool1d, bilinear, gumbel_softmax, instance_norm,
-    max_pool1d, try_adaptive_avg_pool1d, try_avg_pool1d, try_bilinear, try_gumbel_softmax,
-    try_instance_norm, try_max_pool1d,
+    ConvTranspose1dOptions, Pool1dOptions, adaptive_avg_pool1d, avg_pool1d, bilinear,
+    conv_transpose1d, gumbel_softmax, instance_norm, max_pool1d, try_adaptive_avg_pool1d,
+    try_avg_pool1d, try_bilinear, try_conv_transpose1d, try_gumbel_softmax, try_instance_norm,
+    try_max_pool1d,
 };
 pub use super::shuffle::{pixel_shuffle, pixel_unshuffle, try_pixel_shuffle, try_pixel_unshuffle};
 use crate::error::ok;

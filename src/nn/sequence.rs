@@ -1,7 +1,9 @@
 //! Layers over sequences and per-sample statistics: 1-D pooling (`max_pool1d`,
-//! `avg_pool1d`, `adaptive_avg_pool1d` and their modules, as the 2-D ops over a height of
-//! one), instance norm, the bilinear layer, and `gumbel_softmax`.
+//! `avg_pool1d`, `adaptive_avg_pool1d` and their modules) and the transposed 1-D
+//! convolution, as the 2-D ops over a height of one; instance norm, the bilinear layer, and
+//! `gumbel_softmax`.
 
+use super::fold::{ConvTranspose2dOptions, try_conv_transpose2d};
 use super::pool::{Pool2dOptions, try_adaptive_avg_pool2d, try_avg_pool2d, try_max_pool2d};
 use super::{Module, Parameters};
 use crate::error::ok;
@@ -374,4 +376,75 @@ pub fn try_gumbel_softmax(logits: &Tensor, tau: f64, hard: bool, dim: i64) -> Re
     let (_, index) = soft.try_max_dim(dim, true)?;
     let one_hot = soft.zeros_like().try_scatter(dim, &index, 1.0)?;
     Ok(&one_hot - soft.detach() + soft)
+}
+
+/// A transposed 1-D convolution (PyTorch's `conv_transpose1d`): `input` `[N, C_in, L]` (or
+/// `[C_in, L]`), `weight` `[C_in, C_out / groups, K]`; the 2-D op over a height of one.
+///
+/// ```
+/// use kiln::nn::functional::{ConvTranspose1dOptions, conv_transpose1d};
+/// use kiln::prelude::*;
+/// let y = conv_transpose1d(&Tensor::ones([1, 2, 4]), &Tensor::ones([2, 3, 3]), None,
+///     ConvTranspose1dOptions { stride: 2, ..Default::default() });
+/// assert_eq!(y.dims(), &[1, 3, 9]);
+/// ```
+#[track_caller]
+pub fn conv_transpose1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: ConvTranspose1dOptions,
+) -> Tensor {
+    ok(try_conv_transpose1d(input, weight, bias, options))
+}
+
+/// [`conv_transpose1d`]'s stride, padding, output padding, groups and dilation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvTranspose1dOptions {
+    /// Step between the output windows that input positions write.
+    pub stride: usize,
+    /// Removed from each end of the output.
+    pub padding: usize,
+    /// Added to the end of the output.
+    pub output_padding: usize,
+    /// Independent channel groups.
+    pub groups: usize,
+    /// Step between a window's elements.
+    pub dilation: usize,
+}
+
+impl Default for ConvTranspose1dOptions {
+    fn default() -> ConvTranspose1dOptions {
+        ConvTranspose1dOptions { stride: 1, padding: 0, output_padding: 0, groups: 1, dilation: 1 }
+    }
+}
+
+/// [`conv_transpose1d`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] when the weight is not `[C_in, C_out / groups, K]` for the input's
+/// channels; as the 2-D op otherwise.
+#[track_caller]
+pub fn try_conv_transpose1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: ConvTranspose1dOptions,
+) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    if weight.ndim() != 3 {
+        return Err(Error::shape(
+            "conv_transpose1d",
+            format!("takes a weight [C_in, C_out / groups, K], got {}", weight.shape()),
+        ));
+    }
+    let o = ConvTranspose2dOptions {
+        stride: [1, options.stride],
+        padding: [0, options.padding],
+        output_padding: [0, options.output_padding],
+        groups: options.groups,
+        dilation: [1, options.dilation],
+    };
+    let w = weight.try_unsqueeze(2)?;
+    as_2d("conv_transpose1d", input, |x| try_conv_transpose2d(x, &w, bias, o))
 }
