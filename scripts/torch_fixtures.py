@@ -222,6 +222,9 @@ case("embedding_bag_weighted", lambda w, p: F.embedding_bag(bag_ids, w, bag_offs
      table, torch.randn(7))
 out["embedding_bag_2d.ids"] = bag_ids[:6].reshape(2, 3).clone()
 case("embedding_bag_2d", lambda w: F.embedding_bag(bag_ids[:6].reshape(2, 3), w, mode="mean"), table)
+layer("transformer", torch.nn.Transformer(8, 2, num_encoder_layers=2, num_decoder_layers=1, dim_feedforward=16, dropout=0.0),
+      [torch.randn(6, 2, 8), torch.randn(5, 2, 8), causal],
+      lambda m, src, tgt, mask: m(src, tgt, tgt_mask=mask))
 case("conv_transpose1d", lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, padding=1, output_padding=1, groups=2, dilation=2),
      torch.randn(2, 4, 6), torch.randn(4, 3, 3), torch.randn(6))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")

@@ -264,3 +264,13 @@ fn conv_transpose1d_matches_pytorch() {
         ConvTranspose1dOptions { stride: 3, padding: 1, output_padding: 1, groups: 2, dilation: 2 };
     check_case("conv_transpose1d", &|i| F::conv_transpose1d(&i[0], &i[1], Some(&i[2]), o));
 }
+
+#[test]
+fn the_whole_transformer_matches_pytorch() {
+    use kiln::nn::Transformer;
+    let options = TransformerOptions { dim_feedforward: 16, dropout: 0.0, ..Default::default() };
+    check("transformer", Transformer::new(8, 2, 2, 1, options), 2, |m, x| {
+        let causal = Masks { attn_mask: Some(&x[2]), ..Default::default() };
+        m.forward_with(&x[0], &x[1], Masks::default(), causal, Masks::default())
+    });
+}

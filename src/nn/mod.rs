@@ -76,8 +76,8 @@ pub use sequence::{AdaptiveAvgPool1d, AvgPool1d, Bilinear, InstanceNorm, MaxPool
 pub use sequential::Sequential;
 pub use shuffle::{PixelShuffle, PixelUnshuffle};
 pub use transformer::{
-    FeedForward, Masks, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
-    TransformerOptions,
+    FeedForward, Masks, Transformer, TransformerDecoder, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
 };
 
 use crate::error::ok;

@@ -1,5 +1,5 @@
-//! PyTorch's transformer layers: `TransformerEncoderLayer`, `TransformerDecoderLayer` and
-//! the `TransformerEncoder` stack, with the same parameter names (`self_attn.in_proj_weight`,
+//! PyTorch's transformer layers: `TransformerEncoderLayer`, `TransformerDecoderLayer`, the
+//! `TransformerEncoder` and `TransformerDecoder` stacks and the whole `Transformer`, with the same parameter names (`self_attn.in_proj_weight`,
 //! `linear1.weight`, `norm1.bias`, ...), post-norm or pre-norm (`norm_first`), ReLU or GELU,
 //! dropout, sequence-first or batch-first, and PyTorch's masks (`true` hides a position).
 
@@ -420,5 +420,142 @@ impl Module for TransformerEncoder {
             return Err(Error::value("TransformerEncoder", "has no layers and no norm"));
         }
         self.try_forward_with(src, Masks::default())
+    }
+}
+
+/// PyTorch's `nn.TransformerDecoder`: `num_layers` decoder layers (`layers.0.…`) and an
+/// optional final norm.
+#[derive(Clone, Debug)]
+pub struct TransformerDecoder {
+    /// The layers.
+    pub layers: Vec<TransformerDecoderLayer>,
+    /// The final norm, when there is one.
+    pub norm: Option<LayerNorm>,
+}
+
+crate::parameters!(TransformerDecoder { layers, norm });
+
+impl TransformerDecoder {
+    /// `num_layers` layers of `d_model` with `nhead` heads, and a final norm if `norm`.
+    ///
+    /// # Panics
+    /// As [`TransformerDecoderLayer::try_with_options`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(
+        d_model: usize,
+        nhead: usize,
+        num_layers: usize,
+        options: TransformerOptions,
+        norm: bool,
+    ) -> TransformerDecoder {
+        let layers = (0..num_layers)
+            .map(|_| TransformerDecoderLayer::with_options(d_model, nhead, options))
+            .collect();
+        let norm = norm.then(|| ok(self::norm(d_model, options.layer_norm_eps)));
+        TransformerDecoder { layers, norm }
+    }
+
+    /// The stack over `tgt` attending to `memory`, every layer with the masks.
+    ///
+    /// # Errors
+    /// As [`TransformerDecoderLayer::try_forward_with`].
+    #[track_caller]
+    pub fn try_forward_with(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_masks: Masks<'_>,
+        memory_masks: Masks<'_>,
+    ) -> Result<Tensor> {
+        let mut x = tgt.clone();
+        for layer in &self.layers {
+            x = layer.try_forward_with(&x, memory, tgt_masks, memory_masks)?;
+        }
+        match &self.norm {
+            Some(n) => n.try_forward(&x),
+            None => Ok(x),
+        }
+    }
+}
+
+/// PyTorch's `nn.Transformer`: an encoder stack and a decoder stack, each with a final norm
+/// (`encoder.layers.0.…`, `encoder.norm`, `decoder.layers.0.…`, `decoder.norm`).
+///
+/// ```
+/// use kiln::nn::{Masks, Transformer, TransformerOptions};
+/// use kiln::prelude::*;
+/// let options = TransformerOptions { dim_feedforward: 32, dropout: 0.0, ..Default::default() };
+/// let model = Transformer::new(16, 2, 2, 2, options);
+/// let (src, tgt) = (Tensor::randn([9, 3, 16]), Tensor::randn([7, 3, 16]));
+/// let causal = Masks { is_causal: true, ..Default::default() };
+/// let y = model.forward_with(&src, &tgt, Masks::default(), causal, Masks::default());
+/// assert_eq!(y.dims(), &[7, 3, 16]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    /// The encoder stack.
+    pub encoder: TransformerEncoder,
+    /// The decoder stack.
+    pub decoder: TransformerDecoder,
+}
+
+crate::parameters!(Transformer { encoder, decoder });
+
+impl Transformer {
+    /// `d_model`, `nhead`, `num_encoder_layers`, `num_decoder_layers` and the layers'
+    /// options, both stacks with final norms (PyTorch's defaults are 512, 8, 6, 6).
+    ///
+    /// # Panics
+    /// As [`TransformerEncoderLayer::try_with_options`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(
+        d_model: usize,
+        nhead: usize,
+        num_encoder_layers: usize,
+        num_decoder_layers: usize,
+        options: TransformerOptions,
+    ) -> Transformer {
+        Transformer {
+            encoder: TransformerEncoder::new(d_model, nhead, num_encoder_layers, options, true),
+            decoder: TransformerDecoder::new(d_model, nhead, num_decoder_layers, options, true),
+        }
+    }
+
+    /// The decoder's output for `tgt` attending to the encoded `src` (PyTorch's `forward`:
+    /// `src_mask`/`src_key_padding_mask`, `tgt_mask`/`tgt_key_padding_mask`, and the
+    /// memory's masks).
+    ///
+    /// # Panics
+    /// As [`Transformer::try_forward_with`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn forward_with(
+        &self,
+        src: &Tensor,
+        tgt: &Tensor,
+        src_masks: Masks<'_>,
+        tgt_masks: Masks<'_>,
+        memory_masks: Masks<'_>,
+    ) -> Tensor {
+        ok(self.try_forward_with(src, tgt, src_masks, tgt_masks, memory_masks))
+    }
+
+    /// [`Transformer::forward_with`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// As the layers'.
+    #[track_caller]
+    pub fn try_forward_with(
+        &self,
+        src: &Tensor,
+        tgt: &Tensor,
+        src_masks: Masks<'_>,
+        tgt_masks: Masks<'_>,
+        memory_masks: Masks<'_>,
+    ) -> Result<Tensor> {
+        let memory = self.encoder.try_forward_with(src, src_masks)?;
+        self.decoder.try_forward_with(tgt, &memory, tgt_masks, memory_masks)
     }
 }
