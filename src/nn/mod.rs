@@ -49,6 +49,8 @@ pub mod init;
 mod linear;
 mod losses;
 mod norm;
+// `pool_modules!` serves the 1-D modules of `sequence.rs` too.
+#[macro_use]
 mod pool;
 mod recurrent;
 mod resize;

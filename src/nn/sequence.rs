@@ -141,22 +141,7 @@ pub struct AvgPool1d(pub Pool1dOptions);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveAvgPool1d(pub usize);
 
-macro_rules! stateless {
-    ($($t:ty => $f:ident),*) => {$(
-        impl Parameters for $t {
-            fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor)) {}
-            fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor)) {}
-        }
-
-        impl Module for $t {
-            #[track_caller]
-            fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-                $f(input, self.0)
-            }
-        }
-    )*};
-}
-stateless!(
+pool_modules!(
     MaxPool1d => try_max_pool1d,
     AvgPool1d => try_avg_pool1d,
     AdaptiveAvgPool1d => try_adaptive_avg_pool1d

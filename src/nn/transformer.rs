@@ -89,6 +89,14 @@ fn attention(d_model: usize, nhead: usize, dropout: f64) -> Result<MultiheadAtte
     MultiheadAttention::try_new(d_model, nhead, dropout, true)
 }
 
+/// A stack's output through its final norm, when it has one.
+fn with_final_norm(norm: Option<&LayerNorm>, x: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.try_forward(&x),
+        None => Ok(x),
+    }
+}
+
 fn attend(mha: &MultiheadAttention, q: &Tensor, kv: &Tensor, masks: Masks<'_>) -> Result<Tensor> {
     mha.try_attend(q, kv, kv, masks.attn_mask, masks.key_padding_mask, masks.is_causal)
 }
@@ -407,10 +415,7 @@ impl TransformerEncoder {
         for layer in &self.layers {
             x = layer.try_forward_with(&x, masks)?;
         }
-        match &self.norm {
-            Some(n) => n.try_forward(&x),
-            None => Ok(x),
-        }
+        with_final_norm(self.norm.as_ref(), x)
     }
 }
 
@@ -472,10 +477,7 @@ impl TransformerDecoder {
         for layer in &self.layers {
             x = layer.try_forward_with(&x, memory, tgt_masks, memory_masks)?;
         }
-        match &self.norm {
-            Some(n) => n.try_forward(&x),
-            None => Ok(x),
-        }
+        with_final_norm(self.norm.as_ref(), x)
     }
 }
 
