@@ -54,6 +54,15 @@ pub fn vjp<B: GradBuilder>(
         // A check passes its first input through; the check itself has no gradient.
         Op::Check(_) => vec![Some(g), None],
         Op::Collective(c) => vec![Some(r.collective(c, g)?)],
+        // A user's op differentiates by the user's backward, which the layer that holds it
+        // runs instead of this rule.
+        Op::Custom(c) => {
+            return Err(IrError::InvalidGraph(format!(
+                "the user-defined op `{}` is differentiated by its own backward, not by an IR rule",
+                c.name
+            ))
+            .into());
+        }
         Op::Attention { mask, scale } => r.attention(*mask, *scale, inputs, g)?,
         Op::AttentionGrad { .. } => {
             return Err(IrError::InvalidGraph(
@@ -162,6 +171,7 @@ pub fn is_differentiable(op: &Op) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
         Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Collective(_) | Op::Check(_) => true,
+        Op::Custom(c) => c.differentiable,
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
@@ -185,7 +195,8 @@ pub fn reads_input(op: &Op, i: usize) -> bool {
     match op {
         Op::Input | Op::Full(_) | Op::Random { .. } | Op::ArgSort { .. } => false,
         Op::Collective(_) | Op::Check(_) => false,
-        Op::Attention { .. } | Op::AttentionGrad { .. } => true,
+        // A user's backward may read any input (and the output, saved as one more).
+        Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Custom(_) => true,
         Op::Unary(u) => !matches!(
             u,
             UnaryOp::Neg | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not

@@ -448,6 +448,7 @@ fn reads_views(graph: &Graph, n: NodeId, options: &PlanOptions) -> bool {
         Op::Unview { .. } | Op::Assign(_) => {
             target.library_reads_views && node.dtype != crate::DType::Bool
         }
+        Op::Custom(_) => target.custom_ops_read_views,
         _ => false,
     }
 }
@@ -463,7 +464,7 @@ fn reads_view_of(
 ) -> bool {
     let op = &graph.node(m).op;
     reads_views(graph, m, options)
-        && (matches!(op, Op::MatMul)
+        && (matches!(op, Op::MatMul | Op::Custom(_))
             || (view.strides().iter().all(|&s| s >= 0)
                 && (!matches!(op, Op::Assign(_)) || graph.arg_slice(m)[0] != arg)))
 }

@@ -24,6 +24,7 @@
 pub mod autodiff;
 mod check;
 mod collective;
+mod custom;
 mod dtype;
 mod error;
 pub mod fuse;
@@ -45,6 +46,7 @@ pub mod text;
 mod view;
 
 pub use check::Check;
+pub use custom::Custom;
 pub use collective::{Collective, CollectiveKind, CollectiveReduce};
 pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;

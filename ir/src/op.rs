@@ -8,7 +8,7 @@
 use std::fmt;
 
 use crate::products::{AttentionMask, infer_attention_op, infer_matmul};
-use crate::{Check, Collective, DType, IrError, Scalar, Shape, View};
+use crate::{Check, Collective, Custom, DType, IrError, Scalar, Shape, View};
 
 /// Elementwise functions of one argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -228,6 +228,9 @@ pub enum Op {
     /// split into as many equal runs, in row-major order) is true; otherwise running the
     /// graph fails with the [`Check`]'s message naming the first row that is not.
     Check(Check),
+    /// A user-defined opaque op ([`Custom`]): a step of its own, run by the implementation
+    /// registered under its id.
+    Custom(Custom),
 }
 
 impl Op {
@@ -255,6 +258,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
             Op::Check(c) => c.op(),
+            Op::Custom(c) => c.name,
         }
     }
 
@@ -314,6 +318,7 @@ impl Op {
             Op::Where | Op::Scatter { .. } => 3,
             Op::Attention { mask, .. } => 3 + mask.operands(),
             Op::AttentionGrad { mask, .. } => 4 + mask.operands(),
+            Op::Custom(c) => c.inputs,
         }
     }
 
@@ -455,6 +460,7 @@ impl Op {
                 .map(|()| (inputs[0].0.clone(), DType::I64)),
             Op::Collective(c) => c.infer(inputs[0].0, inputs[0].1),
             Op::Check(c) => c.infer(inputs),
+            Op::Custom(c) => c.infer(),
         }
     }
 }
@@ -466,6 +472,7 @@ impl fmt::Display for Op {
             Op::Random { dist, key } => write!(f, "random({dist:?}, key={key:#x})"),
             Op::Cast(d) => write!(f, "cast({d})"),
             Op::Collective(c) => write!(f, "{c}"),
+            Op::Custom(c) => write!(f, "{c}"),
             Op::Reduce { op, axes } => write!(f, "{}{axes:?}", op.name()),
             Op::View(v) => write!(f, "view(strides {:?}, offset {})", v.strides(), v.offset()),
             Op::Unview { view, .. } => {

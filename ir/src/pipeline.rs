@@ -23,7 +23,7 @@
 //! use kiln_ir::pipeline::{Constants, Fusion, PlanOptions, Planner};
 //! use kiln_ir::target::{OpCosts, Target};
 //! use kiln_ir::{BinaryOp, DType, Graph, Op, Shape, UnaryOp};
-//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], library_reads_views: true, reductions_store_inputs: true, fused_logsumexp: true, writes_in_place: true };
+//! # const TARGET: Target = Target { name: "cpu", costs: OpCosts { transcendental: 32, division: 4, arithmetic: 1 }, gemm_dtypes: &[DType::F32], library_reads_views: true, reductions_store_inputs: true, fused_logsumexp: true, writes_in_place: true, custom_ops_read_views: true };
 //! let mut g = Graph::new();
 //! let x = g.input(Shape::from([8]), DType::F32);
 //! let e = g.push(Op::Unary(UnaryOp::Exp), &[x])?;

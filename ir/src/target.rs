@@ -36,6 +36,10 @@ pub struct Target {
     /// [`crate::fuse::Step::ScatterOntoFill`]). A GPU plan's buffers may belong to a CUDA
     /// graph's captured launches, so there it is off.
     pub writes_in_place: bool,
+    /// Whether user-defined opaque ops read their operands through views of stored
+    /// buffers (the CPU, whose user functions take strides); elsewhere they read dense
+    /// buffers, as a GPU's user kernels do.
+    pub custom_ops_read_views: bool,
 }
 
 /// Relative per-element costs of elementwise ops. The fuser recomputes a shared value in
@@ -94,5 +98,6 @@ pub(crate) mod testing {
         reductions_store_inputs: true,
         fused_logsumexp: true,
         writes_in_place: true,
+    custom_ops_read_views: true,
     };
 }

@@ -19,6 +19,7 @@ const CPU: Target = Target {
     reductions_store_inputs: true,
     fused_logsumexp: true,
     writes_in_place: true,
+    custom_ops_read_views: true,
 };
 
 const CUDA: Target = Target {
@@ -29,6 +30,7 @@ const CUDA: Target = Target {
     reductions_store_inputs: false,
     fused_logsumexp: false,
     writes_in_place: false,
+    custom_ops_read_views: false,
 };
 
 /// The text's lines without comments and blank lines, each trimmed.

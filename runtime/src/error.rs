@@ -70,6 +70,15 @@ pub enum RuntimeError {
         /// What went wrong, with the engine's message.
         detail: String,
     },
+    /// A user-defined op's implementation failed, or broke its contract (an element of its
+    /// result not written, a GPU result that differs from its CPU implementation's).
+    #[error("{op}: {detail}")]
+    Custom {
+        /// The op's name.
+        op: &'static str,
+        /// What went wrong, and where.
+        detail: String,
+    },
     /// The correctness check (`KILN_CHECK=1`) found a fused kernel whose result differs from
     /// the reference executor's. This is a bug in kiln's code generation: the report holds
     /// what is needed to reproduce it.

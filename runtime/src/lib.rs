@@ -12,6 +12,7 @@
 //! - [`reference::run`]: the reference executor, one op at a time with plain loops, the
 //!   oracle that generated kernels are tested against.
 //!
+//! - [`custom`]: user-defined opaque ops' implementations, registered by id.
 //! - [`cuda`]: whether CUDA devices are there (the driver is loaded at run time).
 //! - [`trace`]: what the executor ran, for profiles and `KILN_DEBUG`.
 //! - [`rows`]: row groups, CPU kernels over the same rows run a tile of rows at a time.
@@ -27,6 +28,7 @@ mod buffer;
 pub mod cache;
 pub mod collective;
 pub mod cuda;
+pub mod custom;
 mod device;
 mod error;
 pub mod exec;

@@ -299,6 +299,18 @@ fn eval(
         Op::ArgSort { axis, descending } => argsort(args[0], shape, *axis, *descending),
         Op::Collective(c) => load(&crate::collective::eval(c, &store(args[0], dtypes[0])?, n)?),
         Op::Check(c) => checked(*c, args)?,
+        // A user's op: its CPU implementation, over buffers of the inputs' own dtypes.
+        Op::Custom(c) => {
+            let buffers = args
+                .iter()
+                .zip(dtypes)
+                .map(|(v, &d)| store(v, d))
+                .collect::<Result<Vec<_>, _>>()?;
+            let views: Vec<kiln_ir::View> =
+                shapes.iter().map(|&s| kiln_ir::View::contiguous(s.clone())).collect();
+            let inputs: Vec<_> = buffers.iter().zip(&views).collect();
+            load(&crate::custom::run_cpu(c, &inputs, false)?)
+        }
     })
 }
 

@@ -202,9 +202,10 @@ fn run_backward(
         // even when a labelled op's backward is running it).
         let label = node.label.map(|l| kiln_ir::Label { grad: true, ..l });
         let grads = crate::engine::lazy::with_origin(node.origin, || {
-            crate::engine::lazy::with_label(label, || match &node.op {
-                Some(op) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
-                None => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
+            crate::engine::lazy::with_label(label, || match (&node.op, &node.backward) {
+                (_, Some(backward)) => backward(&inputs, &g),
+                (Some(op), None) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
+                (None, None) => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
             })
         })?;
         for ((input, edge), gi) in inputs.iter().zip(&node.edges).zip(grads) {

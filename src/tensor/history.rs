@@ -55,7 +55,14 @@ pub(crate) struct GradNode {
     /// Why no gradient may flow through this node (a view whose values an in-place write
     /// through another view changed); backward fails with it if a gradient reaches it.
     pub(crate) refused: Option<String>,
+    /// A user-defined op's gradient, in place of the op's IR rule: given the saved inputs
+    /// (the op's inputs, then its output) and the output's gradient.
+    pub(crate) backward: Option<Arc<CustomBackward>>,
 }
+
+/// A user-defined op's gradient (see [`GradNode::backward`]).
+pub(crate) type CustomBackward =
+    dyn Fn(&[Tensor], &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
 
 impl GradNode {
     pub(crate) fn name(&self) -> &'static str {
@@ -119,6 +126,38 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
         origin: crate::engine::origin::caller(),
         label: crate::engine::lazy::current_label(),
         refused: None,
+        backward: None,
+    };
+    set_history(out, Some(Arc::new(node)));
+}
+
+/// Attaches to `out` the grad node of the user-defined op `op` over `inputs`: `backward`
+/// computes its gradients from the inputs and `output` (a detached alias of `out`, saved
+/// beside them), or without one, `refused` says why there is none.
+#[track_caller]
+pub(crate) fn attach_custom(
+    out: &Tensor,
+    op: Op,
+    inputs: &[&Tensor],
+    backward: Result<Arc<CustomBackward>, String>,
+) {
+    let output = out.detach();
+    let saved: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).chain([output]).collect();
+    let label = kiln_ir::Label { name: op.name(), grad: false };
+    let (backward, refused) = match backward {
+        Ok(b) => (Some(b), None),
+        Err(why) => (None, Some(why)),
+    };
+    let node = GradNode {
+        op: Some(op),
+        edges: inputs.iter().map(|t| t.grad_fn()).chain([None]).collect(),
+        versions: saved.iter().map(|t| t.storage().version()).collect(),
+        inputs: Mutex::new(Some(saved)),
+        output: Arc::downgrade(&out.0),
+        origin: crate::engine::origin::caller(),
+        label: Some(label),
+        refused,
+        backward,
     };
     set_history(out, Some(Arc::new(node)));
 }
@@ -145,6 +184,7 @@ pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
             origin: crate::engine::origin::caller(),
             label: crate::engine::lazy::current_label(),
             refused: None,
+            backward: None,
         };
         set_history(out, Some(Arc::new(node)));
     }
@@ -266,6 +306,7 @@ impl Tensor {
                 origin: write,
                 label: None,
                 refused: None,
+                backward: None,
             });
             set_history(self, Some(node.clone()));
             return Some(node);
@@ -279,6 +320,7 @@ impl Tensor {
             output: Arc::downgrade(&self.0),
             origin: f.origin,
             label: f.label,
+            backward: f.backward.clone(),
             refused: Some(format!(
                 "a tensor of shape {} made by `{}` at {} is a view whose values an in-place write through another view of its storage (at {write}) changed; kiln cannot differentiate through such a view yet: take the view again after the write, or write out of place (Tensor::where_, Tensor::cat)",
                 self.shape(),

@@ -327,6 +327,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     reductions_store_inputs: true,
     fused_logsumexp: true,
     writes_in_place: true,
+    custom_ops_read_views: true,
 };
 
 /// The host's ISA, detected and configured once per process (an `Arc`: each kernel's JIT

@@ -54,6 +54,7 @@ pub const TARGET: kiln_ir::target::Target = kiln_ir::target::Target {
     reductions_store_inputs: false,
     fused_logsumexp: false,
     writes_in_place: false,
+    custom_ops_read_views: false,
 };
 
 /// The options NVRTC compiles kiln's CUDA C with, for `arch` (`sm_90` for a device NVRTC
@@ -122,6 +123,12 @@ pub fn source(kernel: &Kernel) -> String {
         merge(&mut src, kernel, red.op, d);
     }
     src
+}
+
+/// A user's CUDA C source with kiln's helpers before it (`k_b2f`, `k_f2b`, `k_h2f`, `k_f2h`
+/// convert bf16 and f16 bits to and from `float`).
+pub fn with_prelude(source: &str) -> String {
+    format!("{PRELUDE}{source}")
 }
 
 /// Helpers every kernel may use; unused ones cost nothing once compiled.

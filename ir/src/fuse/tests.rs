@@ -16,6 +16,7 @@ const GPU: Target = Target {
     reductions_store_inputs: false,
     fused_logsumexp: false,
     writes_in_place: false,
+    custom_ops_read_views: false,
 };
 
 /// The steps of `graph` partitioned and lowered.

@@ -13,6 +13,7 @@
 //!   which runs nothing, and launched on the device's: `graph.rs`.)
 
 mod blas;
+mod custom;
 mod deferred;
 mod graph;
 mod kernels;

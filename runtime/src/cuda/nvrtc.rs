@@ -138,6 +138,16 @@ fn fnv(text: &str) -> u64 {
 /// `source` compiled for `gpu` and loaded as a module: from the disk cache when it holds
 /// this exact compile, else compiled now (and stored there).
 pub(crate) fn load(gpu: &Gpu, name: &str, source: &str) -> Result<Arc<CudaModule>, RuntimeError> {
+    load_blaming(gpu, name, source, "a bug in kiln")
+}
+
+/// [`load`], with `blame` saying whose source failed to compile.
+pub(crate) fn load_blaming(
+    gpu: &Gpu,
+    name: &str,
+    source: &str,
+    blame: &str,
+) -> Result<Arc<CudaModule>, RuntimeError> {
     let Some((major, minor)) = version() else {
         return Err(RuntimeError::BackendUnavailable {
             device: gpu.device(),
@@ -164,7 +174,7 @@ pub(crate) fn load(gpu: &Gpu, name: &str, source: &str) -> Result<Arc<CudaModule
     let compiled = cached(&key, source).map_or_else(
         || {
             let compiled = compile_now(name, source, &options).map_err(|log| {
-                gpu.error(&format!("compiling kernel {name} with NVRTC (a bug in kiln)"), log)
+                gpu.error(&format!("compiling kernel {name} with NVRTC ({blame})"), log)
             })?;
             store(&key, source, &compiled);
             Ok::<_, RuntimeError>(compiled)

@@ -51,6 +51,30 @@ pub(super) fn eval_node_on(
     Ok((out, kind))
 }
 
+/// Under `KILN_CHECK`, a user-defined op's GPU result against its CPU implementation's on
+/// host copies of the same inputs (which must write every element).
+pub(super) fn check_custom(
+    graph: &Graph,
+    n: NodeId,
+    args: &[&Buffer],
+    got: &Buffer,
+    scale: f64,
+) -> Result<(), RunError> {
+    let node = graph.node(n);
+    let kiln_ir::Op::Custom(c) = &node.op else { return Ok(()) };
+    let at = |error| RunError { error, op: Some(node.op.name()), origin: node.origin };
+    let host = on_device(&args.iter().map(|&b| b.clone()).collect::<Vec<_>>(), Device::Cpu)?;
+    let views: Vec<kiln_ir::View> = graph
+        .arg_slice(n)
+        .iter()
+        .map(|&a| kiln_ir::View::contiguous(graph.node(a).shape.clone()))
+        .collect();
+    let inputs: Vec<_> = host.iter().zip(&views).collect();
+    let want = crate::custom::run_cpu(c, &inputs, true).map_err(at)?;
+    let got = got.to_device(Device::Cpu).map_err(at)?;
+    crate::custom::compare(c, &got, &want, scale).map_err(at)
+}
+
 /// A matrix product: `gemm` on the CPU, cuBLAS on a GPU, or the host's `gemm` over copies
 /// for what cuBLAS cannot take (a batch layout with no single stride, `k == 0`, sizes past
 /// 2³¹, integer dtypes): that is [`StepKind::Host`] in profiles, counted by

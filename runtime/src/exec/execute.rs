@@ -355,6 +355,9 @@ impl Run<'_> {
                 None => {
                     let arg_bufs: Vec<&Buffer> = args.iter().map(|a| &self.bufs[a]).collect();
                     let out = dispatch::eval_node_on(self.gpu, graph, n, &arg_bufs)?;
+                    if let (Some(scale), Some(_)) = (self.check, self.gpu) {
+                        dispatch::check_custom(graph, n, &arg_bufs, &out.0, scale)?;
+                    }
                     (arg_bufs, out)
                 }
             };
@@ -496,6 +499,11 @@ impl Run<'_> {
             }
             (Op::Assign(view), [(base, _), (values, src)]) => {
                 native::assign_from(&self.bufs[base], view, &self.bufs[values], src).map_err(at)?
+            }
+            // A user's op on the CPU, reading its operands through their views.
+            (Op::Custom(c), _) => {
+                let inputs: Vec<_> = operands.iter().map(|(a, v)| (&self.bufs[a], v)).collect();
+                crate::custom::run_cpu(c, &inputs, self.check.is_some()).map_err(at)?
             }
             _ => {
                 // Fused attention: the planner reads views into it on the CPU only.

@@ -62,6 +62,13 @@ pub(crate) fn eval(
             let len = crate::collective::result_len(c, args[0].len());
             Some(crate::collective::eval(c, args[0], len).map_err(at))
         }
+        // A user's op on dense inputs (a GPU plan's, on host copies; the CPU planner reads
+        // views into it as a library step).
+        Op::Custom(c) => {
+            let views: Vec<View> = (0..args.len()).map(|i| View::contiguous(shape_of(i).clone())).collect();
+            let inputs: Vec<_> = args.iter().copied().zip(&views).collect();
+            Some(crate::custom::run_cpu(c, &inputs, false).map_err(at))
+        }
         Op::ArgSort { axis, descending } => {
             Some(argsort(args[0], &node.shape, *axis, *descending).map_err(at))
         }

@@ -1,4 +1,4 @@
-//! User-defined ops.
+//! User-defined ops, of two kinds.
 //!
 //! An [`Elementwise`] op is defined once by an expression over kiln's own elementwise
 //! operations (arithmetic, comparisons, `where_`, the transcendental functions, casts,
@@ -19,6 +19,20 @@
 //! y.backward();
 //! assert_eq!(x.grad().unwrap().dims(), &[3]);
 //! ```
+//!
+//! An [`Opaque`] op is a name, a shape and dtype rule, a CPU implementation (a Rust function
+//! over strided input views, run on every thread), optionally CUDA C source and a backward
+//! written with kiln ops. It runs as a step of its own between fused kernels; `compile()`,
+//! autocast ([`AutocastPolicy`]), profiles (by name), errors (naming the caller's line) and
+//! `KILN_CHECK` (an element the CPU function leaves unwritten, a CUDA result that differs
+//! from the CPU function's) all know it.
+
+mod opaque;
+
+pub use opaque::{
+    AutocastPolicy, Backward, CpuInput, CpuOutput, CudaKernel, Opaque, OpaqueBuilder, Saved,
+    ShapeRule, Split,
+};
 
 use std::sync::Arc;
 
