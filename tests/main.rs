@@ -31,6 +31,7 @@ mod mixed_precision;
 mod movement;
 mod nn;
 mod norm;
+mod opaque_ops;
 mod optim;
 mod ordering;
 mod plans;

@@ -46,8 +46,8 @@ pub mod text;
 mod view;
 
 pub use check::Check;
-pub use custom::Custom;
 pub use collective::{Collective, CollectiveKind, CollectiveReduce};
+pub use custom::Custom;
 pub use dtype::{Category, DType, Element, Participant, Scalar, result_type};
 pub use error::IrError;
 pub use graph::{Graph, Label, Node, NodeId};

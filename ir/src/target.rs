@@ -98,6 +98,6 @@ pub(crate) mod testing {
         reductions_store_inputs: true,
         fused_logsumexp: true,
         writes_in_place: true,
-    custom_ops_read_views: true,
+        custom_ops_read_views: true,
     };
 }

@@ -11,8 +11,8 @@
 //!   differently, is reported), and a GPU run is compared with the CPU function's result.
 
 use std::any::{Any, TypeId};
-use std::marker::PhantomData;
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +124,19 @@ impl<'a> Input<'a> {
         self.offset().wrapping_add_signed(from_start)
     }
 
+    /// The position in [`Input::data`] of the input's element number `i` in row-major
+    /// order (below the input's element count, which is not checked).
+    pub fn position_of(&self, mut i: usize) -> usize {
+        let mut at = self.offset();
+        for (&size, &stride) in self.shape().iter().zip(self.strides()).rev() {
+            if size > 0 {
+                at = at.wrapping_add_signed((i % size) as isize * stride);
+                i /= size;
+            }
+        }
+        at
+    }
+
     /// The whole buffer the view reads, as elements of `T`: element `index` of the input is
     /// `data[position(index)]`.
     ///
@@ -196,7 +209,11 @@ impl Output<'_> {
     /// When `T` is not the result's element type.
     pub fn values<T: Element>(&mut self) -> Result<&mut [T], String> {
         if TypeId::of::<T>() != self.element {
-            return Err(format!("the result holds {} elements, written as {}", self.dtype, T::DTYPE));
+            return Err(format!(
+                "the result holds {} elements, written as {}",
+                self.dtype,
+                T::DTYPE
+            ));
         }
         // SAFETY: `chunk` holds `len` initialized elements of `T` (its type id is `T`'s),
         // borrowed mutably for as long as `self` is.
@@ -274,9 +291,8 @@ fn filled<T: Element>(
                     start,
                     len,
                 };
-                let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    (imp.cpu)(inputs, &mut output)
-                }));
+                let result =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| (imp.cpu)(inputs, &mut output)));
                 let message = match result {
                     Ok(Ok(())) => return,
                     Ok(Err(message)) => message,
@@ -320,7 +336,8 @@ fn unwritten(op: &Custom, first: &Buffer, second: &Buffer) -> Result<(), Runtime
         // SAFETY: a host buffer of `len` elements of `size` bytes each.
         unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len() * size) }
     };
-    let differs = bytes(first).chunks(size).zip(bytes(second).chunks(size)).position(|(a, b)| a != b);
+    let differs =
+        bytes(first).chunks(size).zip(bytes(second).chunks(size)).position(|(a, b)| a != b);
     let Some(at) = differs else { return Ok(()) };
     let index = unravel(&op.shape, at);
     Err(RuntimeError::Custom {
@@ -367,7 +384,7 @@ pub(crate) fn compare(
     let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
     let bad = g.iter().zip(&w).position(|(&a, &b)| {
         let same_nan = a.is_nan() && b.is_nan();
-        !same_nan && !(a == b || (a - b).abs() <= tolerance * a.abs().max(b.abs()).max(1.0))
+        !(same_nan || a == b || (a - b).abs() <= tolerance * a.abs().max(b.abs()).max(1.0))
     });
     let Some(at) = bad else { return Ok(()) };
     Err(RuntimeError::Custom {

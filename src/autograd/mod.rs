@@ -203,7 +203,14 @@ fn run_backward(
         let label = node.label.map(|l| kiln_ir::Label { grad: true, ..l });
         let grads = crate::engine::lazy::with_origin(node.origin, || {
             crate::engine::lazy::with_label(label, || match (&node.op, &node.backward) {
-                (_, Some(backward)) => backward(&inputs, &g),
+                (_, Some(backward)) => {
+                    // The saved output (last) carries this node's history again.
+                    let mut saved = inputs.clone();
+                    if let Some(output) = saved.last_mut() {
+                        *output = crate::tensor::history::with_history(output, Arc::clone(node));
+                    }
+                    backward(&saved, &g)
+                }
                 (Some(op), None) => autodiff::vjp(&mut TensorBuilder, op, &inputs, &g),
                 (None, None) => inputs.iter().map(|x| g.try_to(x.device()).map(Some)).collect(),
             })

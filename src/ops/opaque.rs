@@ -17,9 +17,8 @@ use crate::tensor::history::{self, CustomBackward};
 
 /// The shape and dtype rule of an [`Opaque`] op: its result's shape and dtype from its
 /// inputs', or a message saying what does not fit.
-pub type ShapeRule = dyn Fn(&[(Shape, DType)]) -> std::result::Result<(Shape, DType), String>
-    + Send
-    + Sync;
+pub type ShapeRule =
+    dyn Fn(&[(Shape, DType)]) -> std::result::Result<(Shape, DType), String> + Send + Sync;
 
 /// The backward of an [`Opaque`] op: the gradient of each input (`None` for an input that
 /// gets none) from the saved tensors and the output's gradient, written with kiln ops (so
@@ -52,8 +51,8 @@ impl Saved<'_> {
         self.inputs
     }
 
-    /// The op's output (without history: differentiating through it again goes through
-    /// the gradient the backward writes).
+    /// The op's output, with the op's history: a backward that reads it is differentiable
+    /// again through the op (second derivatives).
     pub fn output(&self) -> &Tensor {
         self.output
     }
@@ -201,7 +200,8 @@ impl Opaque {
                 ),
             });
         }
-        let typed: Vec<(Shape, DType)> = cast.iter().map(|t| (t.shape().clone(), t.dtype())).collect();
+        let typed: Vec<(Shape, DType)> =
+            cast.iter().map(|t| (t.shape().clone(), t.dtype())).collect();
         let (shape, dtype) = match &d.shape {
             Some(rule) => rule(&typed).map_err(|detail| Error::Shape { op: d.name, detail })?,
             None => typed.first().cloned().ok_or_else(|| Error::Shape {

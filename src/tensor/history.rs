@@ -162,6 +162,15 @@ pub(crate) fn attach_custom(
     set_history(out, Some(Arc::new(node)));
 }
 
+/// Another handle of `t`'s storage and view whose history is `f`: a user-defined op's
+/// saved output as its backward sees it, so that a gradient recorded from it flows back
+/// through the op again (saved without it, which would make a cycle through the node).
+pub(crate) fn with_history(t: &Tensor, f: Arc<GradNode>) -> Tensor {
+    let out = t.with_view(t.layout().clone());
+    set_history(&out, Some(f));
+    out
+}
+
 /// Makes `f` the history of `t`, as of the storage's current in-place writes.
 fn set_history(t: &Tensor, f: Option<Arc<GradNode>>) {
     let writes = t.storage().history_writes();

@@ -15,7 +15,11 @@ use crate::{Buffer, RuntimeError};
 /// # Errors
 /// [`RuntimeError::Custom`] when the op has no CUDA implementation; NVRTC's log when its
 /// source does not compile; a failed launch.
-pub(crate) fn run(gpu: &'static Gpu, op: &Custom, args: &[&Buffer]) -> Result<Buffer, RuntimeError> {
+pub(crate) fn run(
+    gpu: &'static Gpu,
+    op: &Custom,
+    args: &[&Buffer],
+) -> Result<Buffer, RuntimeError> {
     let imp = crate::custom::lookup(op)?;
     let Some(kernel) = &imp.cuda else {
         return Err(RuntimeError::Custom {

@@ -65,7 +65,8 @@ pub(crate) fn eval(
         // A user's op on dense inputs (a GPU plan's, on host copies; the CPU planner reads
         // views into it as a library step).
         Op::Custom(c) => {
-            let views: Vec<View> = (0..args.len()).map(|i| View::contiguous(shape_of(i).clone())).collect();
+            let views: Vec<View> =
+                (0..args.len()).map(|i| View::contiguous(shape_of(i).clone())).collect();
             let inputs: Vec<_> = args.iter().copied().zip(&views).collect();
             Some(crate::custom::run_cpu(c, &inputs, false).map_err(at))
         }
