@@ -54,15 +54,8 @@ pub fn vjp<B: GradBuilder>(
         // A check passes its first input through; the check itself has no gradient.
         Op::Check(_) => vec![Some(g), None],
         Op::Collective(c) => vec![Some(r.collective(c, g)?)],
-        // A user's op differentiates by the user's backward, which the layer that holds it
-        // runs instead of this rule.
-        Op::Custom(c) => {
-            return Err(IrError::InvalidGraph(format!(
-                "the user-defined op `{}` is differentiated by its own backward, not by an IR rule",
-                c.name
-            ))
-            .into());
-        }
+        // A user's op differentiates by the user's backward, run above this crate.
+        Op::Custom(c) => return Err(c.no_ir_rule().into()),
         Op::Attention { mask, scale } => r.attention(*mask, *scale, inputs, g)?,
         Op::AttentionGrad { .. } => {
             return Err(IrError::InvalidGraph(

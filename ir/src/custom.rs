@@ -30,6 +30,17 @@ impl Custom {
     }
 }
 
+impl Custom {
+    /// The error of asking the IR for this op's gradient rule: the user's backward, held
+    /// above this crate, is its rule.
+    pub(crate) fn no_ir_rule(&self) -> IrError {
+        IrError::InvalidGraph(format!(
+            "the user-defined op `{}` is differentiated by its own backward, not by an IR rule",
+            self.name
+        ))
+    }
+}
+
 impl std::fmt::Display for Custom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "custom({}#{})", self.name, self.id)
