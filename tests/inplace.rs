@@ -201,6 +201,12 @@ fn writes_into_views_differentiate_to_second_order() {
             }),
         ),
         (
+            "a view that covers the whole storage",
+            Box::new(|y, w| {
+                y.reshape(&[3, 4]).narrow(0, 0, 3).mul_(w);
+            }),
+        ),
+        (
             "two writes, overlapping",
             Box::new(|y, w| {
                 y.narrow(0, 0, 2).mul_(w);
@@ -243,4 +249,18 @@ fn writes_into_views_differentiate_to_second_order() {
     assert!(out.requires_grad());
     out.sum().backward();
     assert_eq!(z.grad().expect("a gradient").to_vec::<f64>(), vec![3.0; 4]);
+}
+
+/// A write under `no_grad` between two writes into views under autograd: the second builds
+/// on the values the unrecorded write left, not on the value with history the first left.
+#[test]
+fn a_write_without_history_between_writes_into_views() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [4]).requires_grad_(true);
+    let y = &x * 1.0;
+    y.narrow(0, 0, 2).mul_(2.0);
+    kiln::no_grad(|| {
+        y.fill_(0.0);
+    });
+    y.narrow(0, 2, 2).add_(1.0);
+    assert_eq!(y.to_vec::<f32>(), vec![0.0, 0.0, 1.0, 1.0]);
 }

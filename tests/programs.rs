@@ -143,7 +143,7 @@ const DTYPES: [DType; 8] = [
 ];
 
 /// How many ops [`program_full`] chooses from.
-const OPS: i64 = 29;
+const OPS: i64 = 30;
 
 /// A random program: inputs of random shapes, dtypes and layouts, then random elementwise
 /// ops, broadcasts, movement ops, casts, reductions, products, gathers, in-place writes
@@ -302,6 +302,36 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
                 let before = &y + 1.0;
                 y.mul_(1.5);
                 named("y = x.float() * 1; b = y + 1; y.mul_(1.5); b + y", &before + &y)
+            }
+            // A write into part of a computed tensor, under autograd too (PyTorch's
+            // `CopySlices`): through a narrow, a select, a column (strided), a transposed
+            // narrow, or a mask. (Case 25 stays as it was, so that kept regressions replay.)
+            29 if x.ndim() >= 1 && x.dims()[0] > 1 => {
+                let y = fl(&x) * 1.0;
+                let wide = x.ndim() >= 2;
+                let how = match c.int(0, 5) {
+                    0 => {
+                        y.narrow(0, 0, 1).mul_(2.0);
+                        "y.narrow(0, 0, 1).mul_(2)"
+                    }
+                    1 => {
+                        y.select(0, 1).add_(0.5);
+                        "y.select(0, 1).add_(0.5)"
+                    }
+                    2 if wide => {
+                        y.narrow(-1, 0, 1).mul_(-1.5);
+                        "y.narrow(-1, 0, 1).mul_(-1.5)"
+                    }
+                    3 if wide => {
+                        y.transpose(0, -1).narrow(0, 0, 1).sub_(0.25);
+                        "y.transpose(0, -1).narrow(0, 0, 1).sub_(0.25)"
+                    }
+                    _ => {
+                        y.masked_fill_(&y.gt(0.5), 0.25);
+                        "y.masked_fill_(y > 0.5, 0.25)"
+                    }
+                };
+                named(&format!("y = x.float() * 1; {how}; y"), y)
             }
             _ => cos(&x),
         };

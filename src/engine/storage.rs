@@ -21,9 +21,10 @@ pub(crate) struct Storage {
     /// (Read on every op recorded under autograd: an atomic; the line only when stale.)
     history_writes: AtomicU64,
     last_history_write: Mutex<Option<&'static Location<'static>>>,
-    /// After a write into part of it under autograd: the whole storage's value as a tensor
-    /// with that write's history (the tensor layer's type, which this layer does not name),
-    /// and the write's count. Its views take their history from it.
+    /// After a write under autograd that gave it a new history: the whole storage's value
+    /// as a tensor with that write's history (the tensor layer's type, which this layer
+    /// does not name), and the storage's version it is the value of. Its views take their
+    /// history from it; any later write (one without history too) makes it stale.
     autograd_base: Mutex<Option<(u64, Arc<dyn std::any::Any + Send + Sync>)>>,
     dtype: DType,
     device: Device,
@@ -74,18 +75,19 @@ impl Storage {
         self.history_writes.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Records `base` as the value, with history, of the write just counted.
+    /// Records `base` as the value, with history, of the write just made.
     pub(crate) fn set_autograd_base(&self, base: Arc<dyn std::any::Any + Send + Sync>) {
-        let count = self.history_writes();
-        *self.autograd_base.lock().unwrap_or_else(PoisonError::into_inner) = Some((count, base));
+        let version = self.version();
+        *self.autograd_base.lock().unwrap_or_else(PoisonError::into_inner) = Some((version, base));
     }
 
-    /// The value with history that the last history-changing write left, if that write
-    /// was into part of the storage (and none came after it).
+    /// The value with history that the last write left, if it recorded one and no write
+    /// came after it. (A count of history-changing writes alone would let a write without
+    /// history, under `no_grad`, leave a stale value here for the next write to build on.)
     pub(crate) fn autograd_base(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         let slot = self.autograd_base.lock().unwrap_or_else(PoisonError::into_inner);
         match &*slot {
-            Some((count, base)) if *count == self.history_writes() => Some(base.clone()),
+            Some((version, base)) if *version == self.version() => Some(base.clone()),
             _ => None,
         }
     }

@@ -126,6 +126,11 @@ impl Tensor {
         crate::engine::session::note_write(self.storage());
         if grad_on {
             super::history::adopt_history(self, &new);
+            // Other handles of the storage (the tensor this view was taken from) take
+            // their history from the new value, as after a write into part of it.
+            if whole && new.requires_grad() {
+                self.storage().set_autograd_base(std::sync::Arc::new(new));
+            }
         }
         Ok(self.clone())
     }
