@@ -272,8 +272,11 @@ fn run_backward(
 /// Fails if an input whose value the gradient rule reads was modified in place after the op
 /// was recorded (its values are gone, so the gradient would be wrong).
 fn check_versions(op: &'static str, node: &GradNode, inputs: &[Tensor]) -> Result<()> {
-    for (i, (t, &saved)) in inputs.iter().zip(&node.versions).enumerate() {
-        let now = t.storage().version();
+    let saved = inputs.iter().zip(&node.versions).zip(&node.sources);
+    for (i, ((t, &saved), source)) in saved.enumerate() {
+        // A storage no handle holds any more can be written no more; the values saved
+        // are the values read.
+        let Some(now) = source.upgrade().map(|s| s.version()) else { continue };
         // A copy reads no input values: its gradient is the copy back.
         if now != saved && node.op.as_ref().is_some_and(|op| autodiff::reads_input(op, i)) {
             return Err(Error::Autograd {

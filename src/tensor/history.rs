@@ -10,6 +10,7 @@ use kiln_ir::{DType, Op};
 
 use super::TensorInner;
 use super::grad_mode::is_grad_enabled;
+use crate::engine::storage::Storage;
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 
@@ -37,7 +38,9 @@ pub(crate) struct AutogradMeta {
 pub(crate) struct GradNode {
     /// The op, or `None` for a copy between devices (whose gradient is the copy back).
     pub(crate) op: Option<Op>,
-    /// The op's inputs; `None` once a backward pass without `retain_graph` freed them.
+    /// The op's inputs as saved ([`save`]: a leaf that requires grad itself, any other
+    /// tensor its value then under that history); `None` once a backward pass without
+    /// `retain_graph` freed them.
     pub(crate) inputs: Mutex<Option<Vec<Tensor>>>,
     /// Each input's history when the op was recorded: where its gradient goes. (An
     /// in-place write later gives the input's handle a new history, which the gradient of
@@ -45,6 +48,10 @@ pub(crate) struct GradNode {
     pub(crate) edges: Vec<Option<Arc<GradNode>>>,
     /// The storage version of each input when the op was recorded.
     pub(crate) versions: Vec<u64>,
+    /// Each input's storage, to tell a later in-place write by its version (weakly: a
+    /// storage a history holds could hold that history back, through a handle a write
+    /// gave it, and neither would be freed).
+    pub(crate) sources: Vec<Weak<Storage>>,
     /// The tensor this node produced, for `retain_grad`.
     pub(crate) output: Weak<TensorInner>,
     /// Where the op was recorded.
@@ -117,11 +124,13 @@ pub(crate) fn wants_grad(op: &Op, out_dtype: DType, inputs: &[&Tensor]) -> bool 
 /// Attaches a [`GradNode`] for `op` over `inputs` to `out`.
 #[track_caller]
 pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
+    let edges: Vec<Option<Arc<GradNode>>> = inputs.iter().map(|t| t.grad_fn()).collect();
     let node = GradNode {
         op: Some(op),
-        inputs: Mutex::new(Some(inputs.iter().map(|&t| t.clone()).collect())),
-        edges: inputs.iter().map(|t| t.grad_fn()).collect(),
+        inputs: Mutex::new(Some(inputs.iter().zip(&edges).map(|(t, e)| save(t, e)).collect())),
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
+        sources: inputs.iter().map(|t| Arc::downgrade(t.storage())).collect(),
+        edges,
         output: Arc::downgrade(&out.0),
         origin: crate::engine::origin::caller(),
         label: crate::engine::lazy::current_label(),
@@ -129,6 +138,32 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
         backward: None,
     };
     set_history(out, Some(Arc::new(node)));
+}
+
+/// `t` as a grad node saves it: a leaf that requires grad is itself (its gradient
+/// accumulates there); any other tensor is its current value in a storage of its own with
+/// the history `edge`, so that no later in-place write through `t` gives the saved
+/// handle a history that holds this node (a cycle that would never be freed).
+fn save(t: &Tensor, edge: &Option<Arc<GradNode>>) -> Tensor {
+    if meta(t).requires_grad {
+        return t.clone();
+    }
+    with_value(t.storage().node(), t.layout().clone(), edge.clone())
+}
+
+/// A handle of `node`'s value, in a storage of its own, read through `view`, with the
+/// history `grad_fn`.
+pub(crate) fn with_value(
+    node: Arc<crate::engine::lazy::LazyNode>,
+    view: kiln_ir::View,
+    grad_fn: Option<Arc<GradNode>>,
+) -> Tensor {
+    let autograd = AutogradMeta { grad_fn, ..AutogradMeta::default() };
+    Tensor(Arc::new(TensorInner {
+        storage: Storage::new(node),
+        view,
+        autograd: Mutex::new(autograd),
+    }))
 }
 
 /// Attaches to `out` the grad node of the user-defined op `op` over `inputs`: `backward`
@@ -141,8 +176,12 @@ pub(crate) fn attach_custom(
     inputs: &[&Tensor],
     backward: Result<Arc<CustomBackward>, String>,
 ) {
+    let edges: Vec<Option<Arc<GradNode>>> =
+        inputs.iter().map(|t| t.grad_fn()).chain([None]).collect();
+    let originals: Vec<&Tensor> = inputs.iter().copied().chain([out]).collect();
     let output = out.detach();
-    let saved: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).chain([output]).collect();
+    let saved: Vec<Tensor> =
+        inputs.iter().zip(&edges).map(|(t, e)| save(t, e)).chain([save(&output, &None)]).collect();
     let label = kiln_ir::Label { name: op.name(), grad: false };
     let (backward, refused) = match backward {
         Ok(b) => (Some(b), None),
@@ -150,8 +189,9 @@ pub(crate) fn attach_custom(
     };
     let node = GradNode {
         op: Some(op),
-        edges: inputs.iter().map(|t| t.grad_fn()).chain([None]).collect(),
-        versions: saved.iter().map(|t| t.storage().version()).collect(),
+        versions: originals.iter().map(|t| t.storage().version()).collect(),
+        sources: originals.iter().map(|t| Arc::downgrade(t.storage())).collect(),
+        edges,
         inputs: Mutex::new(Some(saved)),
         output: Arc::downgrade(&out.0),
         origin: crate::engine::origin::caller(),
@@ -184,11 +224,13 @@ fn set_history(t: &Tensor, f: Option<Arc<GradNode>>) {
 #[track_caller]
 pub(crate) fn record_copy(out: &Tensor, input: &Tensor) {
     if is_grad_enabled() && out.dtype().is_float() && input.requires_grad() {
+        let edge = input.grad_fn();
         let node = GradNode {
             op: None,
-            inputs: Mutex::new(Some(vec![input.clone()])),
-            edges: vec![input.grad_fn()],
+            inputs: Mutex::new(Some(vec![save(input, &edge)])),
+            edges: vec![edge],
             versions: vec![input.storage().version()],
+            sources: vec![Arc::downgrade(input.storage())],
             output: Arc::downgrade(&out.0),
             origin: crate::engine::origin::caller(),
             label: crate::engine::lazy::current_label(),
@@ -306,11 +348,13 @@ impl Tensor {
         if let Some(base) = self.storage().autograd_base()
             && let Ok(base) = base.downcast::<Tensor>()
         {
+            let edge = base.grad_fn();
             let node = Arc::new(GradNode {
                 op: Some(Op::View(self.layout().clone())),
-                inputs: Mutex::new(Some(vec![(*base).clone()])),
-                edges: vec![base.grad_fn()],
+                inputs: Mutex::new(Some(vec![save(&base, &edge)])),
+                edges: vec![edge],
                 versions: vec![base.storage().version()],
+                sources: vec![Arc::downgrade(base.storage())],
                 output: Arc::downgrade(&self.0),
                 origin: write,
                 label: None,
@@ -326,6 +370,7 @@ impl Tensor {
             inputs: Mutex::new(Some(Vec::new())),
             edges: Vec::new(),
             versions: Vec::new(),
+            sources: Vec::new(),
             output: Arc::downgrade(&self.0),
             origin: f.origin,
             label: f.label,

@@ -156,7 +156,10 @@ impl Tensor {
                         detail: "a view of a leaf tensor that requires grad cannot be modified in place; do it inside kiln::no_grad(..), or on a .detach()ed tensor".into(),
                     });
                 }
-                return Ok(Some(t.snapshot()));
+                // The storage's current value, under the history of the handle found.
+                let history = super::history::meta(&t).grad_fn.clone();
+                let view = t.layout().clone();
+                return Ok(Some(super::history::with_value(self.storage().node(), view, history)));
             }
             let Some(f) = super::history::meta(&t).grad_fn.clone() else {
                 // No history at all: the values are a constant to the write.
@@ -170,7 +173,10 @@ impl Tensor {
                 (Some(Op::View(_)), Some(inputs)) if inputs.len() == 1 => inputs[0].clone(),
                 _ => return Ok(None),
             };
-            if !std::sync::Arc::ptr_eq(parent.storage(), self.storage()) {
+            // A view saves a value of its own: whether it was taken from this storage is
+            // the recorded source's to say.
+            let source = f.sources.first().and_then(std::sync::Weak::upgrade);
+            if !source.is_some_and(|s| std::sync::Arc::ptr_eq(&s, self.storage())) {
                 return Ok(None);
             }
             t = parent;
@@ -379,5 +385,48 @@ impl Tensor {
             }
             Ok(src.to_dtype(dtype).broadcast_to(&shape))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::Tensor;
+
+    /// Writes under autograd whose values read the tensor written (or a result its history
+    /// holds), never differentiated: the storage is freed with its last handle, as no
+    /// history holds a handle whose history holds it back.
+    #[test]
+    fn writes_that_read_their_own_tensor_free_its_storage() {
+        type Write = fn(&Tensor);
+        let writes: [(&str, Write); 5] = [
+            ("whole, from itself", |y| {
+                y.copy_(&(y * 2.0));
+            }),
+            ("whole, from an earlier result", |y| {
+                let z = y * 3.0;
+                y.copy_(&z);
+            }),
+            ("part, in place", |y| {
+                y.narrow(0, 0, 2).mul_(2.0);
+            }),
+            ("part, from itself", |y| {
+                let v = y.narrow(0, 0, 2);
+                v.copy_(&(&v * 2.0));
+            }),
+            ("part, from the whole", |y| {
+                y.narrow(1, 1, 2).copy_(&(y.narrow(1, 0, 2) + y.narrow(1, 2, 2)));
+            }),
+        ];
+        let x = Tensor::randn([4, 4]).requires_grad_(true);
+        for (name, write) in writes {
+            let y = &x * 1.0;
+            let storage = Arc::downgrade(y.storage());
+            write(&y);
+            y.realize();
+            drop(y);
+            assert!(storage.upgrade().is_none(), "{name}: the storage outlives its handles");
+        }
     }
 }
