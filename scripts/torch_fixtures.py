@@ -229,3 +229,27 @@ case("conv_transpose1d", lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, p
      torch.randn(2, 4, 6), torch.randn(4, 3, 3), torch.randn(6))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_layers.safetensors")
 print(f"wrote {len(out)} tensors")
+
+# Dense linear algebra: tests/data/torch_linalg.safetensors (its own seed). Inputs are made
+# well-posed inside each case (a positive-definite A Aᵀ + 4I, a triangle with 3 added to its
+# diagonal), so kiln's test builds the same matrices from the same inputs and the gradients
+# are those of the raw inputs.
+torch.manual_seed(200)
+out = {}
+eye = torch.eye(5, dtype=torch.float64)
+spd = lambda a: a @ a.mT + 4 * eye
+case("cholesky", lambda a: torch.linalg.cholesky(spd(a)), torch.randn(3, 5, 5))
+case("cholesky_upper", lambda a: torch.linalg.cholesky(spd(a), upper=True), torch.randn(5, 5))
+case("solve", lambda a, b: torch.linalg.solve(a + 3 * eye, b), torch.randn(2, 5, 5), torch.randn(2, 5, 3))
+case("solve_vector", lambda a, b: torch.linalg.solve(a + 3 * eye, b), torch.randn(5, 5), torch.randn(5))
+case("solve_broadcast", lambda a, b: torch.linalg.solve(a + 3 * eye, b), torch.randn(5, 5), torch.randn(4, 5, 2))
+case("solve_lower", lambda a, b: torch.linalg.solve_triangular(a.tril() + 3 * eye, b, upper=False),
+     torch.randn(2, 5, 5), torch.randn(2, 5, 3))
+case("solve_upper", lambda a, b: torch.linalg.solve_triangular(a.triu() + 3 * eye, b, upper=True),
+     torch.randn(2, 5, 5), torch.randn(2, 5, 3))
+case("inv", lambda a: torch.linalg.inv(a + 3 * eye), torch.randn(3, 5, 5))
+case("det", lambda a: torch.linalg.det(a), torch.randn(4, 5, 5))
+case("logabsdet", lambda a: torch.linalg.slogdet(a)[1], torch.randn(4, 5, 5))
+out["logabsdet.sign"] = torch.linalg.slogdet(out["logabsdet.in0"])[0]
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
+print(f"wrote {len(out)} tensors")

@@ -104,6 +104,7 @@ pub mod debug;
 pub mod distributed;
 mod engine;
 mod error;
+pub mod linalg;
 pub mod nn;
 pub mod ops;
 pub mod optim;

@@ -14,6 +14,7 @@ mod conv;
 mod cuda;
 mod custom_ops;
 mod data;
+mod dense_linalg;
 mod digits;
 mod display;
 mod distributed;

@@ -35,6 +35,8 @@ pub enum Split {
     Elements,
     /// Whole rows of the output's last dimension.
     Rows,
+    /// Whole matrices of the output's last two dimensions.
+    Matrices,
     /// No split: one call fills the whole output.
     Whole,
 }
@@ -64,6 +66,9 @@ pub struct Implementation {
     pub split: Split,
     /// The CUDA implementation, if there is one.
     pub cuda: Option<CudaKernel>,
+    /// Without a CUDA implementation: whether GPU inputs run the CPU implementation on host
+    /// copies (a host step in profiles) rather than failing.
+    pub host_on_gpu: bool,
 }
 
 /// The registered implementations, by definition id.
@@ -259,10 +264,12 @@ fn filled<T: Element>(
     // SAFETY: the tasks write disjoint chunks.
     unsafe impl<T> Sync for Shared<T> {}
     let n = op.shape.numel();
-    let inner = op.shape.dims().last().copied().unwrap_or(1).max(1);
+    let dims = op.shape.dims();
+    let trailing = |k: usize| dims[dims.len().saturating_sub(k)..].iter().product::<usize>().max(1);
     let chunk = match imp.split {
         Split::Elements => CHUNK,
-        Split::Rows => (CHUNK / inner).max(1) * inner,
+        Split::Rows => (CHUNK / trailing(1)).max(1) * trailing(1),
+        Split::Matrices => (CHUNK / trailing(2)).max(1) * trailing(2),
         Split::Whole => n.max(1),
     };
     let failure: Mutex<Option<(usize, String)>> = Mutex::new(None);

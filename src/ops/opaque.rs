@@ -101,7 +101,7 @@ struct Definition {
     shape: Option<Box<ShapeRule>>,
     backward: Option<Arc<Backward>>,
     autocast: AutocastPolicy,
-    has_cuda: bool,
+    runs_on_gpu: bool,
 }
 
 /// An [`Opaque`] op being defined: [`Opaque::builder`], then the optional parts, then
@@ -112,6 +112,7 @@ pub struct OpaqueBuilder {
     cpu: Box<CpuFn>,
     split: Split,
     cuda: Option<CudaKernel>,
+    host_on_gpu: bool,
     shape: Option<Box<ShapeRule>>,
     backward: Option<Arc<Backward>>,
     autocast: AutocastPolicy,
@@ -144,6 +145,7 @@ impl Opaque {
             cpu: Box::new(cpu),
             split: Split::Elements,
             cuda: None,
+            host_on_gpu: false,
             shape: None,
             backward: None,
             autocast: AutocastPolicy::Keep,
@@ -189,13 +191,14 @@ impl Opaque {
             })
             .collect();
         if let Some(gpu) = cast.iter().find(|t| t.device() != crate::Device::Cpu)
-            && !d.has_cuda
+            && !d.runs_on_gpu
         {
             return Err(Error::Device {
                 op: d.name,
                 detail: format!(
                     "an input is on {}, and the op has no CUDA implementation: give it one \
-                     with OpaqueBuilder::cuda, or move its inputs to the CPU",
+                     with OpaqueBuilder::cuda (or let it run on host copies with \
+                     OpaqueBuilder::host_on_gpu), or move its inputs to the CPU",
                     gpu.device()
                 ),
             });
@@ -300,6 +303,14 @@ impl OpaqueBuilder {
         self
     }
 
+    /// Without a CUDA implementation, GPU inputs run the CPU implementation on host copies
+    /// (their values copied to the host and the result back, inside the plan: a host step
+    /// in profiles, and a plan that does not run as one CUDA graph) instead of being refused.
+    pub fn host_on_gpu(mut self) -> OpaqueBuilder {
+        self.host_on_gpu = true;
+        self
+    }
+
     /// The backward: each input's gradient from the [`Saved`] tensors and the output's
     /// gradient (see [`Backward`]). Without one, a gradient reaching the op is an error.
     pub fn backward<F>(mut self, backward: F) -> OpaqueBuilder
@@ -318,12 +329,13 @@ impl OpaqueBuilder {
 
     /// The op, ready to call (its implementations registered with the runtime).
     pub fn build(self) -> Opaque {
-        let has_cuda = self.cuda.is_some();
+        let runs_on_gpu = self.cuda.is_some() || self.host_on_gpu;
         let id = registry::register(Implementation {
             name: self.name,
             cpu: self.cpu,
             split: self.split,
             cuda: self.cuda,
+            host_on_gpu: self.host_on_gpu,
         });
         Opaque(Arc::new(Definition {
             name: self.name,
@@ -332,7 +344,7 @@ impl OpaqueBuilder {
             shape: self.shape,
             backward: self.backward,
             autocast: self.autocast,
-            has_cuda,
+            runs_on_gpu,
         }))
     }
 }

@@ -127,7 +127,7 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
     let edges: Vec<Option<Arc<GradNode>>> = inputs.iter().map(|t| t.grad_fn()).collect();
     let node = GradNode {
         op: Some(op),
-        inputs: Mutex::new(Some(inputs.iter().zip(&edges).map(|(t, e)| save(t, e)).collect())),
+        inputs: Mutex::new(Some(save_all(inputs, &edges))),
         versions: inputs.iter().map(|t| t.storage().version()).collect(),
         sources: inputs.iter().map(|t| Arc::downgrade(t.storage())).collect(),
         edges,
@@ -138,6 +138,19 @@ pub(crate) fn attach(out: &Tensor, op: Op, inputs: &[&Tensor]) {
         backward: None,
     };
     set_history(out, Some(Arc::new(node)));
+}
+
+/// [`save`] of each input, once per handle (`x * x` saves `x` once).
+fn save_all(inputs: &[&Tensor], edges: &[Option<Arc<GradNode>>]) -> Vec<Tensor> {
+    let mut saved: Vec<Tensor> = Vec::with_capacity(inputs.len());
+    for (i, (t, e)) in inputs.iter().zip(edges).enumerate() {
+        let earlier = inputs[..i].iter().position(|u| Arc::ptr_eq(&u.0, &t.0));
+        saved.push(match earlier {
+            Some(j) => saved[j].clone(),
+            None => save(t, e),
+        });
+    }
+    saved
 }
 
 /// `t` as a grad node saves it: a leaf that requires grad is itself (its gradient

@@ -10,22 +10,36 @@ use super::Gpu;
 use super::kernels::{Arg, grid_config, launch};
 use crate::{Buffer, RuntimeError};
 
-/// `op`'s result computed by its CUDA implementation over `args` (dense device buffers).
+/// `op`'s result computed by its CUDA implementation over `args` (dense device buffers), or
+/// `None` for an op whose CPU implementation runs on host copies instead.
 ///
 /// # Errors
-/// [`RuntimeError::Custom`] when the op has no CUDA implementation; NVRTC's log when its
-/// source does not compile; a failed launch.
+/// [`RuntimeError::Custom`] when the op has neither; NVRTC's log when its source does not
+/// compile; a failed launch.
 pub(crate) fn run(
     gpu: &'static Gpu,
     op: &Custom,
     args: &[&Buffer],
+) -> Option<Result<Buffer, RuntimeError>> {
+    match crate::custom::lookup(op) {
+        Ok(imp) if imp.cuda.is_none() && imp.host_on_gpu => None,
+        Ok(imp) => Some(launch_user(gpu, op, &imp, args)),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+fn launch_user(
+    gpu: &'static Gpu,
+    op: &Custom,
+    imp: &crate::custom::Implementation,
+    args: &[&Buffer],
 ) -> Result<Buffer, RuntimeError> {
-    let imp = crate::custom::lookup(op)?;
     let Some(kernel) = &imp.cuda else {
         return Err(RuntimeError::Custom {
             op: op.name,
             detail: "it has no CUDA implementation, and its inputs are on a GPU: give it one \
-                     (`Custom::cuda`), or move its inputs to the CPU"
+                     (`OpaqueBuilder::cuda`), let it run on host copies \
+                     (`OpaqueBuilder::host_on_gpu`), or move its inputs to the CPU"
                 .into(),
         });
     };

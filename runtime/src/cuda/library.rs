@@ -43,7 +43,8 @@ pub(crate) fn eval(
             })
         }
         Op::CumSum { axis } => cumsum(gpu, args[0], &node.shape, *axis),
-        Op::Custom(c) => super::custom::run(gpu, c, args),
+        // `None`: the CPU implementation on host copies (the caller's fallback).
+        Op::Custom(c) => super::custom::run(gpu, c, args)?,
         Op::Attention { mask, scale } | Op::AttentionGrad { mask, scale } => {
             let kiln_ir::AttentionDims { n, l, e, s, ev } =
                 kiln_ir::AttentionDims::of(shape_of(0), shape_of(1), shape_of(2));

@@ -1,0 +1,284 @@
+//! The linear algebra ops: faer on each matrix of a batch, and PyTorch's gradients written
+//! with kiln ops (and with these ops: the gradient of a solve is a solve).
+
+use std::sync::LazyLock;
+
+use faer::linalg::solvers::{DenseSolveCore, Solve};
+use faer::{Mat, MatRef, Par, Side};
+use kiln_ir::{DType, Shape};
+
+use super::{mt, solve_triangular};
+use crate::Element;
+use crate::error::Result;
+use crate::ops::{CpuInput, CpuOutput, Opaque, Split};
+
+/// The float types faer factorizes.
+trait Real: Element + faer::traits::RealField + Copy {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// Matrix `b` of the batch `x` (`[.., rows, cols]`), read through its strides.
+fn matrix<T: Real>(x: &CpuInput<'_>, b: usize) -> Result<Mat<T>, String> {
+    let d = x.shape();
+    let (rows, cols) = (d[d.len() - 2], d[d.len() - 1]);
+    let data = x.data::<T>()?;
+    let base = b * rows * cols;
+    Ok(Mat::from_fn(rows, cols, |i, j| data[x.position_of(base + i * cols + j)]))
+}
+
+/// Writes `m` row-major into `out`.
+fn store<T: Real>(out: &mut [T], m: MatRef<'_, T>) {
+    for (i, row) in out.chunks_mut(m.ncols()).enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = m[(i, j)];
+        }
+    }
+}
+
+/// Calls `f` with each matrix of the output chunk (whole matrices: [`Split::Matrices`]) and
+/// its batch index.
+fn each_matrix<T: Real>(
+    out: &mut CpuOutput<'_>,
+    per: usize,
+    mut f: impl FnMut(usize, &mut [T]) -> Result<(), String>,
+) -> Result<(), String> {
+    let first = out.start() / per.max(1);
+    for (k, chunk) in out.values::<T>()?.chunks_mut(per.max(1)).enumerate() {
+        f(first + k, chunk)?;
+    }
+    Ok(())
+}
+
+/// An op over f32 and f64 batches, its CPU function `cpu::<T>`.
+macro_rules! float_op {
+    ($name:expr, $inputs:expr, $cpu:ident) => {
+        Opaque::builder($name, $inputs, |inputs, out| match out.dtype() {
+            DType::F32 => $cpu::<f32>(inputs, out),
+            DType::F64 => $cpu::<f64>(inputs, out),
+            d => Err(format!("computes in f32 or f64, not {d}")),
+        })
+        .host_on_gpu()
+    };
+}
+
+fn cholesky_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let n = out.shape()[out.shape().len() - 1];
+    each_matrix::<T>(out, n * n, |b, chunk| {
+        let a = matrix::<T>(&inputs[0], b)?;
+        let llt = a.llt(Side::Lower).map_err(|e| {
+            let faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index } = e;
+            format!(
+                "the factorization could not be completed because matrix {b} of the batch is not \
+                 positive-definite (the leading minor of order {} is not positive-definite)",
+                index + 1
+            )
+        })?;
+        store(chunk, llt.L());
+        Ok(())
+    })
+}
+
+/// `L = cholesky(A)`: `gA = ½ (S + Sᵀ)` with `S = L⁻ᵀ Φ(Lᵀ gL) L⁻¹` and `Φ` the lower
+/// triangle with its diagonal halved (PyTorch's `cholesky_backward`).
+pub(super) static CHOLESKY: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.cholesky", 1, cholesky_cpu)
+        .split(Split::Matrices)
+        .backward(|saved, g| {
+            let l = saved.output();
+            let lt = mt(l);
+            let x = lt.try_matmul(g)?;
+            let phi = x.tril(0) - x.tril(0).triu(0) * 0.5;
+            let y = solve_triangular(&lt, &phi, true);
+            let s = mt(&solve_triangular(&lt, &mt(&y), true));
+            Ok(vec![Some((&s + &mt(&s)) * 0.5)])
+        })
+        .build()
+});
+
+fn solve_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let (n, k) =
+        (inputs[0].shape()[inputs[0].shape().len() - 1], out.shape()[out.shape().len() - 1]);
+    each_matrix::<T>(out, n * k, |b, chunk| {
+        let a = matrix::<T>(&inputs[0], b)?;
+        let lu = a.partial_piv_lu();
+        singular(lu.U(), b)?;
+        store(chunk, lu.solve(matrix::<T>(&inputs[1], b)?).as_ref());
+        Ok(())
+    })
+}
+
+/// Fails for a factor `U` with a zero on its diagonal: a singular matrix.
+fn singular<T: Real>(u: MatRef<'_, T>, b: usize) -> Result<(), String> {
+    let zero = T::from_scalar(kiln_ir::Scalar::F64(0.0));
+    if (0..u.nrows()).any(|i| u[(i, i)] == zero) {
+        return Err(format!("matrix {b} of the batch is singular: it has no inverse"));
+    }
+    Ok(())
+}
+
+/// `X = A⁻¹ B`: `gB = A⁻ᵀ gX`, `gA = -gB Xᵀ`.
+pub(super) static SOLVE: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.solve", 2, solve_cpu)
+        .split(Split::Matrices)
+        .shape(|inputs| Ok((inputs[1].0.clone(), inputs[1].1)))
+        .backward(|saved, g| {
+            let (a, x) = (&saved.inputs()[0], saved.output());
+            let gb = SOLVE.try_call(&[&mt(a), g])?;
+            let ga = -gb.try_matmul(&mt(x))?;
+            Ok(vec![Some(ga), Some(gb)])
+        })
+        .build()
+});
+
+fn triangular_cpu<T: Real>(
+    inputs: &[CpuInput<'_>],
+    out: &mut CpuOutput<'_>,
+    upper: bool,
+) -> Result<(), String> {
+    let (n, k) =
+        (inputs[0].shape()[inputs[0].shape().len() - 1], out.shape()[out.shape().len() - 1]);
+    each_matrix::<T>(out, n * k, |b, chunk| {
+        let a = matrix::<T>(&inputs[0], b)?;
+        let mut x = matrix::<T>(&inputs[1], b)?;
+        if upper {
+            faer::linalg::triangular_solve::solve_upper_triangular_in_place(
+                a.as_ref(),
+                x.as_mut(),
+                Par::Seq,
+            );
+        } else {
+            faer::linalg::triangular_solve::solve_lower_triangular_in_place(
+                a.as_ref(),
+                x.as_mut(),
+                Par::Seq,
+            );
+        }
+        store(chunk, x.as_ref());
+        Ok(())
+    })
+}
+
+fn lower_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    triangular_cpu::<T>(inputs, out, false)
+}
+
+fn upper_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    triangular_cpu::<T>(inputs, out, true)
+}
+
+/// `X = A⁻¹ B` for a triangular `A`: `gB = A⁻ᵀ gX`, `gA = -gB Xᵀ` on `A`'s triangle.
+fn triangular(name: &'static str, upper: bool) -> Opaque {
+    let cpu = if upper { float_op!(name, 2, upper_cpu) } else { float_op!(name, 2, lower_cpu) };
+    cpu.split(Split::Matrices)
+        .shape(|inputs| Ok((inputs[1].0.clone(), inputs[1].1)))
+        .backward(move |saved, g| {
+            let (a, x) = (&saved.inputs()[0], saved.output());
+            let gb = solve_triangular(&mt(a), g, !upper);
+            let full = -gb.try_matmul(&mt(x))?;
+            let ga = if upper { full.triu(0) } else { full.tril(0) };
+            Ok(vec![Some(ga), Some(gb)])
+        })
+        .build()
+}
+
+pub(super) static SOLVE_LOWER: LazyLock<Opaque> =
+    LazyLock::new(|| triangular("linalg.solve_triangular", false));
+pub(super) static SOLVE_UPPER: LazyLock<Opaque> =
+    LazyLock::new(|| triangular("linalg.solve_triangular", true));
+
+fn inv_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let n = out.shape()[out.shape().len() - 1];
+    each_matrix::<T>(out, n * n, |b, chunk| {
+        let lu = matrix::<T>(&inputs[0], b)?.partial_piv_lu();
+        singular(lu.U(), b)?;
+        store(chunk, lu.inverse().as_ref());
+        Ok(())
+    })
+}
+
+/// `Y = A⁻¹`: `gA = -Yᵀ gY Yᵀ`.
+pub(super) static INV: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.inv", 1, inv_cpu)
+        .split(Split::Matrices)
+        .backward(|saved, g| {
+            let yt = mt(saved.output());
+            Ok(vec![Some(-yt.try_matmul(g)?.try_matmul(&yt)?)])
+        })
+        .build()
+});
+
+fn det_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    each_matrix::<T>(out, 1, |b, chunk| {
+        chunk[0] = matrix::<T>(&inputs[0], b)?.determinant();
+        Ok(())
+    })
+}
+
+/// The shape of a determinant: the batch dimensions.
+fn batch_shape(inputs: &[(Shape, DType)], extra: &[usize]) -> (Shape, DType) {
+    let d = inputs[0].0.dims();
+    let dims: Vec<usize> = d[..d.len() - 2].iter().chain(extra).copied().collect();
+    (Shape::from(dims), inputs[0].1)
+}
+
+/// `d = det(A)`: `gA = g d A⁻ᵀ`.
+pub(super) static DET: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.det", 1, det_cpu)
+        .shape(|inputs| Ok(batch_shape(inputs, &[])))
+        .backward(|saved, g| {
+            let (a, d) = (&saved.inputs()[0], saved.output());
+            let scale = (g * d).try_unsqueeze(-1)?.try_unsqueeze(-1)?;
+            Ok(vec![Some(scale * mt(&INV.try_call(&[a])?))])
+        })
+        .build()
+});
+
+fn slogdet_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    each_matrix::<T>(out, 2, |b, chunk| {
+        let lu = matrix::<T>(&inputs[0], b)?.partial_piv_lu();
+        let u = lu.U();
+        // The permutation's sign: one flip per cycle of even length.
+        let perm = lu.P().arrays().0.to_vec();
+        let mut seen = vec![false; perm.len()];
+        let mut negative = false;
+        for start in 0..perm.len() {
+            let mut len = 0;
+            let mut i = start;
+            while !seen[i] {
+                seen[i] = true;
+                i = perm[i];
+                len += 1;
+            }
+            negative ^= len > 0 && len % 2 == 0;
+        }
+        let mut log = 0.0f64;
+        for i in 0..u.nrows() {
+            let v = u[(i, i)].to_scalar().to_f64();
+            negative ^= v < 0.0;
+            log += v.abs().ln();
+        }
+        let sign = if log == f64::NEG_INFINITY {
+            0.0
+        } else if negative {
+            -1.0
+        } else {
+            1.0
+        };
+        chunk[0] = T::from_scalar(kiln_ir::Scalar::F64(sign));
+        chunk[1] = T::from_scalar(kiln_ir::Scalar::F64(log));
+        Ok(())
+    })
+}
+
+/// `(sign, log |det A|)` packed as `[.., 2]`: `gA = g_log A⁻ᵀ` (the sign has none).
+pub(super) static SLOGDET: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.slogdet", 1, slogdet_cpu)
+        .split(Split::Rows)
+        .shape(|inputs| Ok(batch_shape(inputs, &[2])))
+        .backward(|saved, g| {
+            let a = &saved.inputs()[0];
+            let scale = g.try_select(-1, 1)?.try_unsqueeze(-1)?.try_unsqueeze(-1)?;
+            Ok(vec![Some(scale * mt(&INV.try_call(&[a])?))])
+        })
+        .build()
+});

@@ -1,0 +1,257 @@
+//! Dense linear algebra, PyTorch's `torch.linalg`: factorizations and solves of square
+//! matrices batched over leading dimensions, with PyTorch's gradients.
+//!
+//! Each is an [`crate::ops::Opaque`] op whose CPU implementation calls
+//! [`faer`](https://docs.rs/faer) on each matrix of the batch (matrices split across
+//! threads; a transposed or sliced input is read through its strides), and whose backward is
+//! written with kiln ops, so gradients of gradients work too. f32 and f64; 16-bit inputs are
+//! computed in f32 under autocast. A CUDA tensor is factorized on the host: its matrices are
+//! copied there and the result back, both shown as copies in profiles.
+//!
+//! ```
+//! use kiln::linalg;
+//! use kiln::prelude::*;
+//! let a = Tensor::from_vec(vec![4.0f64, 2.0, 2.0, 3.0], [2, 2]);
+//! let b = Tensor::from_vec(vec![2.0f64, 1.0], [2]);
+//! let x = linalg::solve(&a, &b);
+//! assert_eq!(a.matmul(&x).to_vec::<f64>(), vec![2.0, 1.0]);
+//! assert_eq!(linalg::det(&a).item::<f64>(), 8.0);
+//! let l = linalg::cholesky(&a, false);
+//! let back = l.matmul(&l.transpose(-2, -1)).to_vec::<f64>();
+//! assert!(back.iter().zip([4.0, 2.0, 2.0, 3.0]).all(|(x, y)| (x - y).abs() < 1e-12));
+//! ```
+
+mod kernels;
+
+use kiln_ir::{DType, Shape};
+
+use crate::error::{Error, Result, ok};
+use crate::tensor::Tensor;
+
+/// The batch dimensions of `a` (`[.., n, n]`) and `b` (`[.., n, k]`) broadcast together, and
+/// both expanded to them: `(a, b)`.
+fn broadcast_batches(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (ra, rb) = (a.ndim(), b.ndim());
+    let batch_a = Shape::from(&a.dims()[..ra - 2]);
+    let batch_b = Shape::from(&b.dims()[..rb - 2]);
+    let batch = batch_a.broadcast(&batch_b, op).map_err(|_| Error::Shape {
+        op,
+        detail: format!(
+            "the batch dimensions of A (shape {}) and B (shape {}) do not broadcast",
+            a.shape(),
+            b.shape()
+        ),
+    })?;
+    let to = |t: &Tensor, tail: &[usize]| -> Result<Tensor> {
+        let dims: Vec<i64> = batch.dims().iter().chain(tail).map(|&d| d as i64).collect();
+        t.try_expand(&dims)
+    };
+    Ok((to(a, &a.dims()[ra - 2..])?, to(b, &b.dims()[rb - 2..])?))
+}
+
+/// Checks that `a` is a batch of square matrices of a float dtype.
+fn square(op: &'static str, a: &Tensor) -> Result<usize> {
+    let d = a.dims();
+    if d.len() < 2 || d[d.len() - 1] != d[d.len() - 2] {
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "A must be a batch of square matrices, of shape [.., n, n]; got {}",
+                a.shape()
+            ),
+        });
+    }
+    if !a.dtype().is_float() {
+        return Err(Error::DType {
+            op,
+            detail: format!(
+                "A must be a float tensor, got {}; convert it with .float()",
+                a.dtype()
+            ),
+        });
+    }
+    Ok(d[d.len() - 1])
+}
+
+/// `a` in the dtype the factorization runs in (f32 for 16-bit floats).
+#[track_caller]
+fn computable(a: &Tensor) -> Tensor {
+    if matches!(a.dtype(), DType::F16 | DType::BF16) { a.to_dtype(DType::F32) } else { a.clone() }
+}
+
+/// `t` in `dtype`.
+#[track_caller]
+fn returned(t: Tensor, dtype: DType) -> Tensor {
+    if t.dtype() == dtype { t } else { t.to_dtype(dtype) }
+}
+
+/// The last two dimensions swapped.
+#[track_caller]
+fn mt(t: &Tensor) -> Tensor {
+    t.transpose(-2, -1)
+}
+
+/// The lower Cholesky factor `L` of each symmetric positive-definite matrix of `a`
+/// (`A = L Lᵀ`), or the upper one (`A = Uᵀ U`) with `upper` (PyTorch's
+/// `torch.linalg.cholesky`). Only the lower triangle of `a` is read.
+///
+/// # Panics
+/// As [`try_cholesky`] fails.
+#[track_caller]
+pub fn cholesky(a: &Tensor, upper: bool) -> Tensor {
+    ok(try_cholesky(a, upper))
+}
+
+/// [`cholesky`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] unless `a` is `[.., n, n]`; [`Error::DType`] for a non-float `a`. A
+/// matrix that is not positive-definite fails when the result is computed, naming the
+/// matrix and the leading minor that is not.
+#[track_caller]
+pub fn try_cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    square("linalg.cholesky", a)?;
+    let l = kernels::CHOLESKY.try_call(&[&computable(a)])?;
+    let l = returned(l, a.dtype());
+    Ok(if upper { mt(&l) } else { l })
+}
+
+/// `X` with `A X = B` for each triangular matrix `A` of `a` (its lower triangle, or with
+/// `upper` its upper one; the other is not read) and each `B` of `b` (`[.., n, k]`; batch
+/// dimensions broadcast), as PyTorch's `torch.linalg.solve_triangular(A, B, upper=upper)`.
+///
+/// # Panics
+/// As [`try_solve_triangular`] fails.
+#[track_caller]
+pub fn solve_triangular(a: &Tensor, b: &Tensor, upper: bool) -> Tensor {
+    ok(try_solve_triangular(a, b, upper))
+}
+
+/// [`solve_triangular`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_solve`].
+#[track_caller]
+pub fn try_solve_triangular(a: &Tensor, b: &Tensor, upper: bool) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    let op = "linalg.solve_triangular";
+    let n = square(op, a)?;
+    matrix_rhs(op, b, n)?;
+    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(&b.to_dtype(a.dtype())))?;
+    let def = if upper { &*kernels::SOLVE_UPPER } else { &*kernels::SOLVE_LOWER };
+    Ok(returned(def.try_call(&[&a2, &b2])?, a.dtype()))
+}
+
+/// Checks that `b` is `[.., n, k]` for an `A` of size `n`.
+fn matrix_rhs(op: &'static str, b: &Tensor, n: usize) -> Result<()> {
+    let d = b.dims();
+    if d.len() < 2 || d[d.len() - 2] != n {
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "B must be [.., {n}, k] for an A of shape [.., {n}, {n}]; got {}",
+                b.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `X` with `A X = B` for each matrix of `a` (`[.., n, n]`) and `b` (`[.., n, k]`, or `[n]`
+/// or `[.., n]` with `a`'s batch: a vector), by LU with partial pivoting (PyTorch's
+/// `torch.linalg.solve`).
+///
+/// # Panics
+/// As [`try_solve`] fails.
+#[track_caller]
+pub fn solve(a: &Tensor, b: &Tensor) -> Tensor {
+    ok(try_solve(a, b))
+}
+
+/// [`solve`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] for shapes that do not fit; [`Error::DType`] for non-float inputs. A
+/// singular matrix fails when the result is computed, naming it.
+#[track_caller]
+pub fn try_solve(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    let op = "linalg.solve";
+    let n = square(op, a)?;
+    // PyTorch's rule: B is a vector when it is 1-d, or has A's batch and one dimension less.
+    let vector = b.ndim() == 1
+        || (b.ndim() == a.ndim() - 1 && b.dims()[..b.ndim() - 1] == a.dims()[..a.ndim() - 2]);
+    let bm = if vector { b.try_unsqueeze(-1)? } else { b.clone() };
+    matrix_rhs(op, &bm, n)?;
+    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(&bm.to_dtype(a.dtype())))?;
+    let x = returned(kernels::SOLVE.try_call(&[&a2, &b2])?, a.dtype());
+    if vector { x.try_squeeze(-1) } else { Ok(x) }
+}
+
+/// The inverse of each matrix of `a` (`[.., n, n]`), by LU with partial pivoting (PyTorch's
+/// `torch.linalg.inv`).
+///
+/// # Panics
+/// As [`try_inv`] fails.
+#[track_caller]
+pub fn inv(a: &Tensor) -> Tensor {
+    ok(try_inv(a))
+}
+
+/// [`inv`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_solve`].
+#[track_caller]
+pub fn try_inv(a: &Tensor) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    square("linalg.inv", a)?;
+    Ok(returned(kernels::INV.try_call(&[&computable(a)])?, a.dtype()))
+}
+
+/// The determinant of each matrix of `a` (`[.., n, n]` gives `[..]`), by LU with partial
+/// pivoting (PyTorch's `torch.linalg.det`). Its gradient is `det(A) · A⁻ᵀ`, defined where
+/// `A` is invertible (at a singular matrix the backward fails, naming it).
+///
+/// # Panics
+/// As [`try_det`] fails.
+#[track_caller]
+pub fn det(a: &Tensor) -> Tensor {
+    ok(try_det(a))
+}
+
+/// [`det`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_cholesky`], for the shape and dtype.
+#[track_caller]
+pub fn try_det(a: &Tensor) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    square("linalg.det", a)?;
+    Ok(returned(kernels::DET.try_call(&[&computable(a)])?, a.dtype()))
+}
+
+/// The sign and the natural logarithm of the absolute value of the determinant of each
+/// matrix of `a` (PyTorch's `torch.linalg.slogdet`): `(sign, logabsdet)`, each `[..]`. A
+/// singular matrix gives sign 0 and `-inf`.
+///
+/// # Panics
+/// As [`try_slogdet`] fails.
+#[track_caller]
+pub fn slogdet(a: &Tensor) -> (Tensor, Tensor) {
+    ok(try_slogdet(a))
+}
+
+/// [`slogdet`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_det`].
+#[track_caller]
+pub fn try_slogdet(a: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _at = crate::engine::origin::enter();
+    square("linalg.slogdet", a)?;
+    let packed = returned(kernels::SLOGDET.try_call(&[&computable(a)])?, a.dtype());
+    let sign = packed.try_select(-1, 0)?.detach();
+    Ok((sign, packed.try_select(-1, 1)?))
+}

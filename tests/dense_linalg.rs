@@ -1,0 +1,174 @@
+//! Dense linear algebra (`kiln::linalg`) against PyTorch: `scripts/torch_fixtures.py` ran
+//! `torch.linalg`'s `cholesky` (lower and upper), `solve` (matrices, a vector, broadcast
+//! batches), `solve_triangular` (lower and upper), `inv`, `det` and `slogdet` in float64 and
+//! saved the outputs and the gradients of a random weighting of them
+//! (`tests/data/torch_linalg.safetensors`). Also: second derivatives, views read through
+//! their strides, errors for shapes, dtypes and singular or indefinite matrices, a compiled
+//! function, and the emulated device (host factorization).
+
+use std::collections::HashMap;
+
+use kiln::autograd::gradcheck;
+use kiln::linalg;
+use kiln::prelude::*;
+
+use crate::common::*;
+
+fn fixture() -> HashMap<String, Tensor> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/torch_linalg.safetensors");
+    kiln::serialize::load(&path).expect("the fixture file").into_iter().collect()
+}
+
+/// Runs `f` on the case's inputs and checks its output and the gradients of `(f · r).sum()`
+/// against PyTorch's.
+fn check(file: &HashMap<String, Tensor>, name: &str, f: impl Fn(&[Tensor]) -> Tensor) {
+    let get = |k: &str| file.get(&format!("{name}.{k}")).unwrap_or_else(|| panic!("{name}.{k}"));
+    let inputs: Vec<Tensor> = (0..)
+        .map_while(|i| file.get(&format!("{name}.in{i}")))
+        .map(|t| t.clone().requires_grad_(true))
+        .collect();
+    let y = f(&inputs);
+    assert_close_tol(&y.to_vec::<f64>(), &get("out").to_vec::<f64>(), 1e-10, name);
+    (&y * get("r")).sum().backward();
+    for (i, x) in inputs.iter().enumerate() {
+        let want = get(&format!("grad{i}")).to_vec::<f64>();
+        let got = x.grad().expect("a gradient").to_vec::<f64>();
+        assert_close_tol(&got, &want, 1e-9, &format!("{name} gradient {i}"));
+    }
+}
+
+fn eye5() -> Tensor {
+    Tensor::eye(5).double()
+}
+
+#[test]
+fn factorizations_and_solves_agree_with_pytorch() {
+    let file = fixture();
+    let spd = |a: &Tensor| a.matmul(&a.transpose(-2, -1)) + eye5() * 4.0;
+    check(&file, "cholesky", |t| linalg::cholesky(&spd(&t[0]), false));
+    check(&file, "cholesky_upper", |t| linalg::cholesky(&spd(&t[0]), true));
+    for name in ["solve", "solve_vector", "solve_broadcast"] {
+        check(&file, name, |t| linalg::solve(&(&t[0] + eye5() * 3.0), &t[1]));
+    }
+    check(&file, "solve_lower", |t| {
+        linalg::solve_triangular(&(t[0].tril(0) + eye5() * 3.0), &t[1], false)
+    });
+    check(&file, "solve_upper", |t| {
+        linalg::solve_triangular(&(t[0].triu(0) + eye5() * 3.0), &t[1], true)
+    });
+    check(&file, "inv", |t| linalg::inv(&(&t[0] + eye5() * 3.0)));
+    check(&file, "det", |t| linalg::det(&t[0]));
+    check(&file, "logabsdet", |t| linalg::slogdet(&t[0]).1);
+    let (sign, _) = linalg::slogdet(&file["logabsdet.in0"]);
+    assert_eq!(sign.to_vec::<f64>(), file["logabsdet.sign"].to_vec::<f64>());
+}
+
+#[test]
+fn second_derivatives_and_views() {
+    let mut rng = Rng::new(91);
+    let a = tensor(&values(&mut rng, 2 * 4 * 4, DType::F64), &[2, 4, 4], DType::F64)
+        + Tensor::eye(4).double() * 3.0;
+    let b = tensor(&values(&mut rng, 2 * 4 * 3, DType::F64), &[2, 4, 3], DType::F64);
+    gradcheck(|t| linalg::inv(&t[0]), std::slice::from_ref(&a), 1e-6, 1e-6).unwrap();
+    gradcheck(|t| linalg::solve(&t[0], &t[1]), &[a.clone(), b.clone()], 1e-6, 1e-6).unwrap();
+    let first = |t: &[Tensor]| {
+        let (x, y) = (t[0].clone(), t[1].clone());
+        let g = kiln::grad(&[&linalg::solve(&x, &y).square().sum()], &[&x, &y], true);
+        (&g[0] * &g[0]).sum() + (&g[1] * &g[1]).sum()
+    };
+    gradcheck(first, &[a.clone(), b.clone()], 1e-6, 1e-5).unwrap();
+    let det2 = |t: &[Tensor]| {
+        let x = t[0].clone();
+        kiln::grad(&[&linalg::det(&x).sum()], &[&x], true).remove(0)
+    };
+    gradcheck(det2, std::slice::from_ref(&a), 1e-6, 1e-5).unwrap();
+    let spd = a.matmul(&a.transpose(-2, -1));
+    let chol2 = |t: &[Tensor]| {
+        let x = t[0].clone();
+        let s = (&x + &x.transpose(-2, -1)) * 0.5;
+        kiln::grad(&[&linalg::cholesky(&s, false).square().sum()], &[&x], true).remove(0)
+    };
+    gradcheck(chol2, std::slice::from_ref(&spd), 1e-6, 1e-5).unwrap();
+    // A transposed and a sliced input are read through their strides.
+    let at = a.transpose(-2, -1);
+    assert!(!at.is_contiguous());
+    let want = linalg::inv(&at.copy()).to_vec::<f64>();
+    assert_close_tol(
+        &linalg::inv(&at).to_vec::<f64>(),
+        &want,
+        1e-12,
+        "inverse of a transposed view",
+    );
+    let wide = Tensor::cat(&[&b, &b], 2);
+    let x = linalg::solve(&a, &wide.narrow(2, 1, 3));
+    let want = linalg::solve(&a, &wide.narrow(2, 1, 3).copy()).to_vec::<f64>();
+    assert_close_tol(&x.to_vec::<f64>(), &want, 1e-12, "a sliced right-hand side");
+    // f32, and a batch large enough to be split across threads.
+    let big = Tensor::randn([300, 6, 6]) + Tensor::eye(6) * 4.0;
+    let inv = linalg::inv(&big);
+    let id = big.matmul(&inv).to_vec::<f32>();
+    let eye = Tensor::eye(6).expand(&[300, 6, 6]).to_vec::<f32>();
+    let worst = id.iter().zip(&eye).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "A · inv(A) is I within {worst}");
+}
+
+#[test]
+fn bad_inputs_are_errors_naming_the_op() {
+    let m = linalg::try_inv(&Tensor::randn([3, 4])).unwrap_err().to_string();
+    assert!(
+        m.starts_with("linalg.inv") && m.contains("square matrices") && m.contains("[3, 4]"),
+        "{m}"
+    );
+    let m = linalg::try_det(&Tensor::ones([2, 2]).long()).unwrap_err().to_string();
+    assert!(m.contains("float tensor, got i64"), "{m}");
+    let m =
+        linalg::try_solve(&Tensor::randn([3, 3]), &Tensor::randn([4, 2])).unwrap_err().to_string();
+    assert!(m.starts_with("linalg.solve") && m.contains("[.., 3, k]"), "{m}");
+    let m = linalg::try_solve(&Tensor::randn([2, 3, 3]), &Tensor::randn([4, 3, 1]))
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("do not broadcast"), "{m}");
+    // Found while computing: an indefinite matrix, a singular one; each names the matrix.
+    let indefinite = Tensor::from_vec(vec![1.0f64, 0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 1.0], [2, 2, 2]);
+    let m = linalg::cholesky(&indefinite, false).try_realize().map(|_| ()).unwrap_err().to_string();
+    assert!(m.contains("matrix 1 of the batch is not positive-definite"), "{m}");
+    assert!(m.contains("leading minor of order 2"), "{m}");
+    assert!(m.contains("dense_linalg.rs"), "names the caller's line: {m}");
+    let singular = Tensor::from_vec(vec![1.0f64, 2.0, 2.0, 4.0], [2, 2]);
+    let m = linalg::inv(&singular).try_realize().map(|_| ()).unwrap_err().to_string();
+    assert!(m.contains("matrix 0 of the batch is singular"), "{m}");
+    let (sign, logabs) = linalg::slogdet(&singular);
+    assert_eq!((sign.item::<f64>(), logabs.item::<f64>()), (0.0, f64::NEG_INFINITY));
+    assert_eq!(linalg::det(&singular).item::<f64>(), 0.0);
+}
+
+fn on_device(device: Device) {
+    kiln::manual_seed(4);
+    let a = (Tensor::randn([3, 4, 4]) + Tensor::eye(4) * 3.0).to(device);
+    let b = Tensor::randn([3, 4, 2]).to(device).requires_grad_(true);
+    let a = a.requires_grad_(true);
+    // Planned once inside a compiled function, with its gradient.
+    let mut f = kiln::compile(|(a, b): (&Tensor, &Tensor)| {
+        let loss = linalg::solve(a, b).square().sum() + linalg::slogdet(a).1.sum();
+        kiln::grad(&[&loss], &[a, b], false)
+    });
+    let grads: Vec<Vec<Tensor>> = (0..3).map(|_| f.call((&a, &b))).collect();
+    assert_eq!(f.stats().plans, 1, "{:?}", f.stats());
+    assert_eq!(grads[2][0].device(), device);
+    let (ac, bc) = (
+        a.to(Device::Cpu).detach().requires_grad_(true),
+        b.to(Device::Cpu).detach().requires_grad_(true),
+    );
+    let loss = linalg::solve(&ac, &bc).square().sum() + linalg::slogdet(&ac).1.sum();
+    let want = kiln::grad(&[&loss], &[&ac, &bc], false);
+    for (g, w) in grads[2].iter().zip(&want) {
+        assert_close_tol(&g.to_vec::<f64>(), &w.to_vec::<f64>(), 1e-5, "gradients");
+    }
+    // On a GPU the factorization is a host step, and profiles say so.
+    let (_, profile) = kiln::profile(|| linalg::inv(&a.detach()).realize().clone());
+    let step = profile.kernels().into_iter().find(|k| k.name == "linalg.inv").expect("a step");
+    let want = if device == Device::Cpu { kiln::StepKind::Library } else { kiln::StepKind::Host };
+    assert_eq!(step.kind, want);
+}
+device_test!(linalg_plans_once_in_a_compiled_function, super::on_device);
