@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/data/torch_vision.safetensors: inputs, outputs and input gradients of the
+"""Writes tests/data/torch_vision.safetensors (and, further down, torch_transformer,
+torch_layers and torch_linalg): inputs, outputs and input gradients of the
 convolutional ops computed by PyTorch in float64, which tests/vision.rs compares kiln with
 (so CI checks agreement with PyTorch itself without installing it). Regenerate with
 `python scripts/torch_fixtures.py` (needs torch and safetensors)."""

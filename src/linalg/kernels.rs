@@ -4,7 +4,9 @@
 use std::sync::LazyLock;
 
 use faer::linalg::solvers::{DenseSolveCore, Solve};
-use faer::{Mat, MatRef, Par, Side};
+use std::borrow::Cow;
+
+use faer::{MatMut, MatRef, Par, Side};
 use kiln_ir::{DType, Shape};
 
 use super::{mt, solve_triangular};
@@ -17,22 +19,49 @@ trait Real: Element + faer::traits::RealField + Copy {}
 impl Real for f32 {}
 impl Real for f64 {}
 
-/// Matrix `b` of the batch `x` (`[.., rows, cols]`), read through its strides.
-fn matrix<T: Real>(x: &CpuInput<'_>, b: usize) -> Result<Mat<T>, String> {
-    let d = x.shape();
+/// Matrix `b` of the batch `x` (`[.., rows, cols]`), row-major: borrowed from a dense
+/// input, else gathered through its strides.
+fn rows_of<'a, T: Real>(x: &CpuInput<'a>, b: usize) -> Result<Cow<'a, [T]>, String> {
+    let (d, s) = (x.shape(), x.strides());
     let (rows, cols) = (d[d.len() - 2], d[d.len() - 1]);
+    let per = rows * cols;
+    if let Some(all) = x.contiguous::<T>()? {
+        return Ok(Cow::Borrowed(&all[b * per..(b + 1) * per]));
+    }
     let data = x.data::<T>()?;
-    let base = b * rows * cols;
-    Ok(Mat::from_fn(rows, cols, |i, j| data[x.position_of(base + i * cols + j)]))
+    let (row_stride, col_stride) = (s[s.len() - 2], s[s.len() - 1]);
+    let first = x.position_of(b * per);
+    let mut out = Vec::with_capacity(per);
+    for i in 0..rows {
+        let row = first.wrapping_add_signed(i as isize * row_stride);
+        out.extend((0..cols).map(|j| data[row.wrapping_add_signed(j as isize * col_stride)]));
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// `rows` (a matrix of `x`, from [`rows_of`]) as faer reads it.
+fn view<'m, T: Real>(x: &CpuInput<'_>, rows: &'m [T]) -> MatRef<'m, T> {
+    let d = x.shape();
+    MatRef::from_row_major_slice(rows, d[d.len() - 2], d[d.len() - 1])
+}
+
+/// `rows` read as a column-major matrix: the transpose of the matrix, for free. A
+/// factorization of `Aᵀ` gives what kiln needs of `A` (`det Aᵀ = det A`, `(Aᵀ)⁻¹ = (A⁻¹)ᵀ`,
+/// and a column-major result of it is the row-major result for `A`) without faer copying a
+/// row-major matrix into its column-major storage across the cache.
+fn view_t<'m, T: Real>(x: &CpuInput<'_>, rows: &'m [T]) -> MatRef<'m, T> {
+    let d = x.shape();
+    MatRef::from_column_major_slice(rows, d[d.len() - 1], d[d.len() - 2])
 }
 
 /// Writes `m` row-major into `out`.
 fn store<T: Real>(out: &mut [T], m: MatRef<'_, T>) {
-    for (i, row) in out.chunks_mut(m.ncols()).enumerate() {
-        for (j, v) in row.iter_mut().enumerate() {
-            *v = m[(i, j)];
-        }
-    }
+    MatMut::from_row_major_slice_mut(out, m.nrows(), m.ncols()).copy_from(m);
+}
+
+/// Writes `m` column-major into `out`: `mᵀ` row-major.
+fn store_t<T: Real>(out: &mut [T], m: MatRef<'_, T>) {
+    MatMut::from_column_major_slice_mut(out, m.nrows(), m.ncols()).copy_from(m);
 }
 
 /// Calls `f` with each matrix of the output chunk (whole matrices: [`Split::Matrices`]) and
@@ -64,8 +93,9 @@ macro_rules! float_op {
 fn cholesky_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     let n = out.shape()[out.shape().len() - 1];
     each_matrix::<T>(out, n * n, |b, chunk| {
-        let a = matrix::<T>(&inputs[0], b)?;
-        let llt = a.llt(Side::Lower).map_err(|e| {
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        // The upper triangle of Aᵀ is A's lower one: L of A, stored column-major, is U = Lᵀ.
+        let llt = view_t(&inputs[0], &rows).llt(Side::Upper).map_err(|e| {
             let faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index } = e;
             format!(
                 "the factorization could not be completed because matrix {b} of the batch is not \
@@ -73,23 +103,23 @@ fn cholesky_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Re
                 index + 1
             )
         })?;
-        store(chunk, llt.L());
+        store_t(chunk, llt.L());
         Ok(())
     })
 }
 
-/// `L = cholesky(A)`: `gA = ½ (S + Sᵀ)` with `S = L⁻ᵀ Φ(Lᵀ gL) L⁻¹` and `Φ` the lower
-/// triangle with its diagonal halved (PyTorch's `cholesky_backward`).
+/// `U = Lᵀ` for `L = cholesky(A)` (written so because faer's column-major `L` is a
+/// row-major `U` as it is): `gA = ½ (S + Sᵀ)` with `S = L⁻ᵀ Φ(Lᵀ gL) L⁻¹` and `Φ` the
+/// lower triangle with its diagonal halved (PyTorch's `cholesky_backward`).
 pub(super) static CHOLESKY: LazyLock<Opaque> = LazyLock::new(|| {
     float_op!("linalg.cholesky", 1, cholesky_cpu)
         .split(Split::Matrices)
-        .backward(|saved, g| {
-            let l = saved.output();
-            let lt = mt(l);
-            let x = lt.try_matmul(g)?;
+        .backward(|saved, gu| {
+            let (u, gl) = (saved.output(), mt(gu));
+            let x = u.try_matmul(&gl)?;
             let phi = x.tril(0) - x.tril(0).triu(0) * 0.5;
-            let y = solve_triangular(&lt, &phi, true);
-            let s = mt(&solve_triangular(&lt, &mt(&y), true));
+            let y = solve_triangular(u, &phi, true);
+            let s = mt(&solve_triangular(u, &mt(&y), true));
             Ok(vec![Some((&s + &mt(&s)) * 0.5)])
         })
         .build()
@@ -99,10 +129,10 @@ fn solve_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Resul
     let (n, k) =
         (inputs[0].shape()[inputs[0].shape().len() - 1], out.shape()[out.shape().len() - 1]);
     each_matrix::<T>(out, n * k, |b, chunk| {
-        let a = matrix::<T>(&inputs[0], b)?;
-        let lu = a.partial_piv_lu();
+        let (rows, rhs) = (rows_of::<T>(&inputs[0], b)?, rows_of::<T>(&inputs[1], b)?);
+        let lu = view_t(&inputs[0], &rows).partial_piv_lu();
         singular(lu.U(), b)?;
-        store(chunk, lu.solve(matrix::<T>(&inputs[1], b)?).as_ref());
+        store(chunk, lu.solve_transpose(view(&inputs[1], &rhs)).as_ref());
         Ok(())
     })
 }
@@ -138,8 +168,9 @@ fn triangular_cpu<T: Real>(
     let (n, k) =
         (inputs[0].shape()[inputs[0].shape().len() - 1], out.shape()[out.shape().len() - 1]);
     each_matrix::<T>(out, n * k, |b, chunk| {
-        let a = matrix::<T>(&inputs[0], b)?;
-        let mut x = matrix::<T>(&inputs[1], b)?;
+        let (rows, rhs) = (rows_of::<T>(&inputs[0], b)?, rows_of::<T>(&inputs[1], b)?);
+        let a = view(&inputs[0], &rows);
+        let mut x = view(&inputs[1], &rhs).to_owned();
         if upper {
             faer::linalg::triangular_solve::solve_upper_triangular_in_place(
                 a.as_ref(),
@@ -189,9 +220,10 @@ pub(super) static SOLVE_UPPER: LazyLock<Opaque> =
 fn inv_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     let n = out.shape()[out.shape().len() - 1];
     each_matrix::<T>(out, n * n, |b, chunk| {
-        let lu = matrix::<T>(&inputs[0], b)?.partial_piv_lu();
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        let lu = view_t(&inputs[0], &rows).partial_piv_lu();
         singular(lu.U(), b)?;
-        store(chunk, lu.inverse().as_ref());
+        store_t(chunk, lu.inverse().as_ref());
         Ok(())
     })
 }
@@ -209,7 +241,7 @@ pub(super) static INV: LazyLock<Opaque> = LazyLock::new(|| {
 
 fn det_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     each_matrix::<T>(out, 1, |b, chunk| {
-        chunk[0] = matrix::<T>(&inputs[0], b)?.determinant();
+        chunk[0] = view_t(&inputs[0], &rows_of::<T>(&inputs[0], b)?).determinant();
         Ok(())
     })
 }
@@ -235,7 +267,8 @@ pub(super) static DET: LazyLock<Opaque> = LazyLock::new(|| {
 
 fn slogdet_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     each_matrix::<T>(out, 2, |b, chunk| {
-        let lu = matrix::<T>(&inputs[0], b)?.partial_piv_lu();
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        let lu = view_t(&inputs[0], &rows).partial_piv_lu();
         let u = lu.U();
         // The permutation's sign: one flip per cycle of even length.
         let perm = lu.P().arrays().0.to_vec();

@@ -112,9 +112,8 @@ pub fn cholesky(a: &Tensor, upper: bool) -> Tensor {
 pub fn try_cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
     let _at = crate::engine::origin::enter();
     square("linalg.cholesky", a)?;
-    let l = kernels::CHOLESKY.try_call(&[&computable(a)])?;
-    let l = returned(l, a.dtype());
-    Ok(if upper { mt(&l) } else { l })
+    let u = returned(kernels::CHOLESKY.try_call(&[&computable(a)])?, a.dtype());
+    Ok(if upper { u } else { mt(&u) })
 }
 
 /// `X` with `A X = B` for each triangular matrix `A` of `a` (its lower triangle, or with
