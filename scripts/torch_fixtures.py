@@ -252,5 +252,10 @@ case("inv", lambda a: torch.linalg.inv(a + 3 * eye), torch.randn(3, 5, 5))
 case("det", lambda a: torch.linalg.det(a), torch.randn(4, 5, 5))
 case("logabsdet", lambda a: torch.linalg.slogdet(a)[1], torch.randn(4, 5, 5))
 out["logabsdet.sign"] = torch.linalg.slogdet(out["logabsdet.in0"])[0]
+# Eigenvectors' signs are not unique: the values and the squared vectors are.
+def eigh_invariant(a):
+    values, vectors = torch.linalg.eigh(a + a.mT)
+    return torch.cat([values, (vectors * vectors).flatten(-2)], -1)
+case("eigh", eigh_invariant, torch.randn(3, 5, 5))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -1,6 +1,7 @@
 //! Dense linear algebra (`kiln::linalg`) against PyTorch: `scripts/torch_fixtures.py` ran
 //! `torch.linalg`'s `cholesky` (lower and upper), `solve` (matrices, a vector, broadcast
-//! batches), `solve_triangular` (lower and upper), `inv`, `det` and `slogdet` in float64 and
+//! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet` and `eigh` in
+//! float64 and
 //! saved the outputs and the gradients of a random weighting of them
 //! (`tests/data/torch_linalg.safetensors`). Also: second derivatives, views read through
 //! their strides, errors for shapes, dtypes and singular or indefinite matrices, a compiled
@@ -60,6 +61,10 @@ fn factorizations_and_solves_agree_with_pytorch() {
     check(&file, "inv", |t| linalg::inv(&(&t[0] + eye5() * 3.0)));
     check(&file, "det", |t| linalg::det(&t[0]));
     check(&file, "logabsdet", |t| linalg::slogdet(&t[0]).1);
+    check(&file, "eigh", |t| {
+        let (values, vectors) = linalg::eigh(&(&t[0] + &t[0].transpose(-2, -1)));
+        Tensor::cat(&[&values, &(&vectors * &vectors).reshape(&[3, 25])], -1)
+    });
     let (sign, _) = linalg::slogdet(&file["logabsdet.in0"]);
     assert_eq!(sign.to_vec::<f64>(), file["logabsdet.sign"].to_vec::<f64>());
 }
@@ -90,6 +95,19 @@ fn second_derivatives_and_views() {
         kiln::grad(&[&linalg::cholesky(&s, false).square().sum()], &[&x], true).remove(0)
     };
     gradcheck(chol2, std::slice::from_ref(&spd), 1e-6, 1e-5).unwrap();
+    // Eigenvalues and eigenvectors: A V = V diag(λ), and gradients of gradients.
+    let sym = (&a + &a.transpose(-2, -1)) * 0.5;
+    let (values, vectors) = linalg::eigh(&sym);
+    let av = sym.matmul(&vectors).to_vec::<f64>();
+    let vl = (&vectors * &values.unsqueeze(-2)).to_vec::<f64>();
+    assert_close_tol(&av, &vl, 1e-10, "A V = V diag(λ)");
+    let eig2 = |t: &[Tensor]| {
+        let x = t[0].clone();
+        let (l, v) = linalg::eigh(&((&x + &x.transpose(-2, -1)) * 0.5));
+        let loss = l.square().sum() + (&v * &v * &v * &v).sum();
+        kiln::grad(&[&loss], &[&x], true).remove(0)
+    };
+    gradcheck(eig2, std::slice::from_ref(&a), 1e-6, 1e-5).unwrap();
     // A transposed and a sliced input are read through their strides.
     let at = a.transpose(-2, -1);
     assert!(!at.is_contiguous());

@@ -13,6 +13,7 @@ use super::{mt, solve_triangular};
 use crate::Element;
 use crate::error::Result;
 use crate::ops::{CpuInput, CpuOutput, Opaque, Split};
+use crate::tensor::Tensor;
 
 /// The float types faer factorizes.
 trait Real: Element + faer::traits::RealField + Copy {}
@@ -312,6 +313,53 @@ pub(super) static SLOGDET: LazyLock<Opaque> = LazyLock::new(|| {
             let a = &saved.inputs()[0];
             let scale = g.try_select(-1, 1)?.try_unsqueeze(-1)?.try_unsqueeze(-1)?;
             Ok(vec![Some(scale * mt(&INV.try_call(&[a])?))])
+        })
+        .build()
+});
+
+fn eigh_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let n = out.shape()[out.shape().len() - 1];
+    each_matrix::<T>(out, (n + 1) * n, |b, chunk| {
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        // The upper triangle of Aᵀ is A's lower one, as PyTorch's UPLO='L' reads.
+        let evd = view_t(&inputs[0], &rows).self_adjoint_eigen(Side::Upper).map_err(|e| {
+            format!("the eigendecomposition of matrix {b} of the batch did not converge ({e:?})")
+        })?;
+        let (values, vectors) = chunk.split_at_mut(n);
+        for (v, s) in values.iter_mut().zip(evd.S().column_vector().iter()) {
+            *v = *s;
+        }
+        store(vectors, evd.U());
+        Ok(())
+    })
+}
+
+/// Eigenvalues (ascending; row 0) and eigenvectors (columns; rows 1 to n) packed as
+/// `[.., n + 1, n]`: `gA = V (diag(gλ) + skew(Vᵀ gV) / E) Vᵀ` with `E_ij = λ_j - λ_i`
+/// (PyTorch's `linalg_eig_backward` for a symmetric matrix), symmetrized as the input's
+/// one triangle is read for both.
+pub(super) static EIGH: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.eigh", 1, eigh_cpu)
+        .split(Split::Matrices)
+        .shape(|inputs| {
+            let d = inputs[0].0.dims();
+            let n = d[d.len() - 1];
+            let dims: Vec<usize> = d[..d.len() - 2].iter().copied().chain([n + 1, n]).collect();
+            Ok((Shape::from(dims), inputs[0].1))
+        })
+        .backward(|saved, g| {
+            let packed = saved.output();
+            let n = packed.dims()[packed.ndim() - 1];
+            let (l, v) = (packed.try_select(-2, 0)?, packed.try_narrow(-2, 1, n)?);
+            let (gl, gv) = (g.try_select(-2, 0)?, g.try_narrow(-2, 1, n)?);
+            let vtgv = mt(&v).try_matmul(&gv)?;
+            let skew = (&vtgv - &mt(&vtgv)) * 0.5;
+            let e = l.try_unsqueeze(-2)? - l.try_unsqueeze(-1)?;
+            let eye = Tensor::eye(n).to_dtype(l.dtype()).to(l.device());
+            // Off the diagonal skew / E; on it gλ (E's diagonal is 0: shifted to 1 there).
+            let inner = &skew / &(&e + &eye) + gl.try_unsqueeze(-1)? * &eye;
+            let ga = v.try_matmul(&inner)?.try_matmul(&mt(&v))?;
+            Ok(vec![Some((&ga + &mt(&ga)) * 0.5)])
         })
         .build()
 });

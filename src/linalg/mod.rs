@@ -254,3 +254,27 @@ pub fn try_slogdet(a: &Tensor) -> Result<(Tensor, Tensor)> {
     let sign = packed.try_select(-1, 0)?.detach();
     Ok((sign, packed.try_select(-1, 1)?))
 }
+
+/// The eigenvalues (ascending, `[.., n]`) and eigenvectors (the columns of `[.., n, n]`) of
+/// each symmetric matrix of `a`, reading its lower triangle (PyTorch's
+/// `torch.linalg.eigh(A)`). An eigenvector's sign is not unique; the gradient is defined
+/// where the eigenvalues are distinct (repeated ones give infinities, as in PyTorch).
+///
+/// # Panics
+/// As [`try_eigh`] fails.
+#[track_caller]
+pub fn eigh(a: &Tensor) -> (Tensor, Tensor) {
+    ok(try_eigh(a))
+}
+
+/// [`eigh`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_det`].
+#[track_caller]
+pub fn try_eigh(a: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _at = crate::engine::origin::enter();
+    let n = square("linalg.eigh", a)?;
+    let packed = returned(kernels::EIGH.try_call(&[&computable(a)])?, a.dtype());
+    Ok((packed.try_select(-2, 0)?, packed.try_narrow(-2, 1, n)?))
+}
