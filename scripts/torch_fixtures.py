@@ -257,5 +257,12 @@ def eigh_invariant(a):
     values, vectors = torch.linalg.eigh(a + a.mT)
     return torch.cat([values, (vectors * vectors).flatten(-2)], -1)
 case("eigh", eigh_invariant, torch.randn(3, 5, 5))
+# So are a QR factor's: a column of Q and the row of R beside it may change sign together.
+def qr_invariant(a):
+    q, r = torch.linalg.qr(a)
+    return torch.cat([(q * q).flatten(-2), (r * r).flatten(-2)], -1)
+case("qr", qr_invariant, torch.randn(2, 6, 4))
+case("qr_square", qr_invariant, torch.randn(5, 5))
+case("lstsq", lambda a, b: torch.linalg.lstsq(a, b).solution, torch.randn(2, 7, 4), torch.randn(2, 7, 3))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -1,7 +1,7 @@
 //! Dense linear algebra (`kiln::linalg`) against PyTorch: `scripts/torch_fixtures.py` ran
 //! `torch.linalg`'s `cholesky` (lower and upper), `solve` (matrices, a vector, broadcast
-//! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet` and `eigh` in
-//! float64 and
+//! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet`, `eigh`, `qr`
+//! and `lstsq` in float64 and
 //! saved the outputs and the gradients of a random weighting of them
 //! (`tests/data/torch_linalg.safetensors`). Also: second derivatives, views read through
 //! their strides, errors for shapes, dtypes and singular or indefinite matrices, a compiled
@@ -65,6 +65,19 @@ fn factorizations_and_solves_agree_with_pytorch() {
         let (values, vectors) = linalg::eigh(&(&t[0] + &t[0].transpose(-2, -1)));
         Tensor::cat(&[&values, &(&vectors * &vectors).reshape(&[3, 25])], -1)
     });
+    let qr_invariant = |t: &[Tensor]| {
+        let (q, r) = linalg::qr(&t[0]);
+        let flat = |x: &Tensor| {
+            let d = x.dims();
+            let mut dims: Vec<i64> = d[..d.len() - 2].iter().map(|&v| v as i64).collect();
+            dims.push((d[d.len() - 2] * d[d.len() - 1]) as i64);
+            (x * x).reshape(&dims)
+        };
+        Tensor::cat(&[&flat(&q), &flat(&r)], -1)
+    };
+    check(&file, "qr", qr_invariant);
+    check(&file, "qr_square", qr_invariant);
+    check(&file, "lstsq", |t| linalg::lstsq(&t[0], &t[1]));
     let (sign, _) = linalg::slogdet(&file["logabsdet.in0"]);
     assert_eq!(sign.to_vec::<f64>(), file["logabsdet.sign"].to_vec::<f64>());
 }
@@ -97,9 +110,9 @@ fn second_derivatives_and_views() {
     gradcheck(chol2, std::slice::from_ref(&spd), 1e-6, 1e-5).unwrap();
     // Eigenvalues and eigenvectors: A V = V diag(λ), and gradients of gradients.
     let sym = (&a + &a.transpose(-2, -1)) * 0.5;
-    let (values, vectors) = linalg::eigh(&sym);
+    let (lambda, vectors) = linalg::eigh(&sym);
     let av = sym.matmul(&vectors).to_vec::<f64>();
-    let vl = (&vectors * &values.unsqueeze(-2)).to_vec::<f64>();
+    let vl = (&vectors * &lambda.unsqueeze(-2)).to_vec::<f64>();
     assert_close_tol(&av, &vl, 1e-10, "A V = V diag(λ)");
     let eig2 = |t: &[Tensor]| {
         let x = t[0].clone();
@@ -108,6 +121,26 @@ fn second_derivatives_and_views() {
         kiln::grad(&[&loss], &[&x], true).remove(0)
     };
     gradcheck(eig2, std::slice::from_ref(&a), 1e-6, 1e-5).unwrap();
+    // Q has orthonormal columns and Q R = A; a gradient of the gradient through QR.
+    let tall = tensor(&values(&mut rng, 2 * 6 * 4, DType::F64), &[2, 6, 4], DType::F64);
+    let (q, r) = linalg::qr(&tall);
+    assert_close_tol(&q.matmul(&r).to_vec::<f64>(), &tall.to_vec::<f64>(), 1e-12, "Q R = A");
+    let qtq = q.transpose(-2, -1).matmul(&q).to_vec::<f64>();
+    let eye4 = Tensor::eye(4).double().expand(&[2, 4, 4]).to_vec::<f64>();
+    assert_close_tol(&qtq, &eye4, 1e-12, "QᵀQ = I");
+    let qr2 = |t: &[Tensor]| {
+        let x = t[0].clone();
+        let (q, r) = linalg::qr(&x);
+        let loss = (&q * &q * &q * &q).sum() + (&r * &r).sum();
+        kiln::grad(&[&loss], &[&x], true).remove(0)
+    };
+    gradcheck(qr2, std::slice::from_ref(&tall), 1e-6, 1e-5).unwrap();
+    let m =
+        linalg::try_lstsq(&Tensor::randn([3, 5]), &Tensor::randn([3, 1])).unwrap_err().to_string();
+    assert!(m.contains("fewer rows than columns"), "{m}");
+    let wide = linalg::qr(&Tensor::randn([3, 5]).double().requires_grad_(true)).1.sum();
+    let m = wide.try_backward().unwrap_err().to_string();
+    assert!(m.contains("at least as many rows as columns; this one is 3 × 5"), "{m}");
     // A transposed and a sliced input are read through their strides.
     let at = a.transpose(-2, -1);
     assert!(!at.is_contiguous());

@@ -363,3 +363,63 @@ pub(super) static EIGH: LazyLock<Opaque> = LazyLock::new(|| {
         })
         .build()
 });
+
+fn qr_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let d = inputs[0].shape();
+    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let k = m.min(n);
+    each_matrix::<T>(out, m * k + k * n, |b, chunk| {
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        let qr = view(&inputs[0], &rows).qr();
+        let (q, r) = chunk.split_at_mut(m * k);
+        store(q, qr.compute_thin_Q().as_ref());
+        store(r, qr.thin_R());
+        Ok(())
+    })
+}
+
+/// The reduced `Q` (`m × k`) and `R` (`k × n`), `k = min(m, n)`, packed as `[.., m·k + k·n]`:
+/// for `m ≥ n`, `gA = (gQ + Q copyltu(M)) R⁻ᵀ` with `M = R gRᵀ - gQᵀ Q` and `copyltu` the
+/// lower triangle mirrored onto the upper one.
+pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.qr", 1, qr_cpu)
+        .split(Split::Rows)
+        .shape(|inputs| {
+            let d = inputs[0].0.dims();
+            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let k = m.min(n);
+            let dims: Vec<usize> =
+                d[..d.len() - 2].iter().copied().chain([m * k + k * n]).collect();
+            Ok((Shape::from(dims), inputs[0].1))
+        })
+        .backward(|saved, g| {
+            let a = &saved.inputs()[0];
+            let d = a.dims();
+            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            if m < n {
+                return Err(crate::Error::Autograd {
+                    op: "linalg.qr",
+                    detail: format!(
+                        "the gradient of a QR factorization is implemented for matrices with at \
+                         least as many rows as columns; this one is {m} × {n}"
+                    ),
+                });
+            }
+            let unpack = |t: &Tensor| -> Result<(Tensor, Tensor)> {
+                let batch: Vec<i64> = d[..d.len() - 2].iter().map(|&x| x as i64).collect();
+                let shape = |r: usize, c: usize| -> Vec<i64> {
+                    batch.iter().copied().chain([r as i64, c as i64]).collect()
+                };
+                let q = t.try_narrow(-1, 0, m * n)?.try_reshape(&shape(m, n))?;
+                let r = t.try_narrow(-1, m * n, n * n)?.try_reshape(&shape(n, n))?;
+                Ok((q, r))
+            };
+            let ((q, r), (gq, gr)) = (unpack(saved.output())?, unpack(g)?);
+            let mm = r.try_matmul(&mt(&gr))? - mt(&gq).try_matmul(&q)?;
+            let copyltu = mm.tril(0) + mt(&mm.tril(-1));
+            let y = gq + q.try_matmul(&copyltu)?;
+            // Y R⁻ᵀ = (R⁻¹ Yᵀ)ᵀ.
+            Ok(vec![Some(mt(&solve_triangular(&r, &mt(&y), true)))])
+        })
+        .build()
+});

@@ -1,5 +1,6 @@
-//! Dense linear algebra, PyTorch's `torch.linalg`: factorizations and solves of square
-//! matrices batched over leading dimensions, with PyTorch's gradients.
+//! Dense linear algebra, PyTorch's `torch.linalg`: `cholesky`, `solve`, `solve_triangular`,
+//! `inv`, `det`, `slogdet`, `eigh`, `qr` and `lstsq`, batched over leading dimensions, with
+//! PyTorch's gradients.
 //!
 //! Each is an [`crate::ops::Opaque`] op whose CPU implementation calls
 //! [`faer`](https://docs.rs/faer) on each matrix of the batch (matrices split across
@@ -277,4 +278,98 @@ pub fn try_eigh(a: &Tensor) -> Result<(Tensor, Tensor)> {
     let n = square("linalg.eigh", a)?;
     let packed = returned(kernels::EIGH.try_call(&[&computable(a)])?, a.dtype());
     Ok((packed.try_select(-2, 0)?, packed.try_narrow(-2, 1, n)?))
+}
+
+/// The reduced QR factorization of each matrix of `a` (`[.., m, n]`): `Q` (`[.., m, k]`,
+/// orthonormal columns) and `R` (`[.., k, n]`, upper triangular), `k = min(m, n)`, by
+/// Householder reflections (PyTorch's `torch.linalg.qr(A)`, mode `reduced`). The signs of
+/// `R`'s diagonal are the factorization's (as LAPACK's, not made positive). Gradients for
+/// `m ≥ n`.
+///
+/// # Panics
+/// As [`try_qr`] fails.
+#[track_caller]
+pub fn qr(a: &Tensor) -> (Tensor, Tensor) {
+    ok(try_qr(a))
+}
+
+/// [`qr`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] for fewer than two dimensions; [`Error::DType`] for a non-float `a`.
+#[track_caller]
+pub fn try_qr(a: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _at = crate::engine::origin::enter();
+    let (m, n) = matrix_dims("linalg.qr", a)?;
+    let k = m.min(n);
+    let packed = returned(kernels::QR.try_call(&[&computable(a)])?, a.dtype());
+    let batch: Vec<i64> = a.dims()[..a.ndim() - 2].iter().map(|&x| x as i64).collect();
+    let shape = |r: usize, c: usize| -> Vec<i64> {
+        batch.iter().copied().chain([r as i64, c as i64]).collect()
+    };
+    let q = packed.try_narrow(-1, 0, m * k)?.try_reshape(&shape(m, k))?;
+    let r = packed.try_narrow(-1, m * k, k * n)?.try_reshape(&shape(k, n))?;
+    Ok((q, r))
+}
+
+/// The least-squares solution `X` minimizing `‖A X - B‖` for each full-rank matrix `A` of
+/// `a` with at least as many rows as columns (`[.., m, n]`, `m ≥ n`) and `B` of `b`
+/// (`[.., m, k]`), by QR: `X = R⁻¹ Qᵀ B` (PyTorch's `torch.linalg.lstsq(A, B).solution`; the
+/// residuals, rank and singular values it also returns are not computed). Differentiable
+/// through the QR factorization and the triangular solve.
+///
+/// # Panics
+/// As [`try_lstsq`] fails.
+#[track_caller]
+pub fn lstsq(a: &Tensor, b: &Tensor) -> Tensor {
+    ok(try_lstsq(a, b))
+}
+
+/// [`lstsq`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Shape`] for a wide `A` or a `B` whose rows do not match; as [`try_qr`].
+#[track_caller]
+pub fn try_lstsq(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    let op = "linalg.lstsq";
+    let (m, n) = matrix_dims(op, a)?;
+    if m < n {
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "A of shape {} has fewer rows than columns; kiln's lstsq solves full-rank \
+                 systems with m ≥ n (for a wide A, solve the transposed problem)",
+                a.shape()
+            ),
+        });
+    }
+    matrix_rhs(op, b, m)?;
+    let (q, r) = try_qr(a)?;
+    let qtb = mt(&q).try_matmul(&b.to_dtype(a.dtype()))?;
+    try_solve_triangular(&r, &qtb, true)
+}
+
+/// The rows and columns of a batch of matrices of a float dtype.
+fn matrix_dims(op: &'static str, a: &Tensor) -> Result<(usize, usize)> {
+    let d = a.dims();
+    if d.len() < 2 {
+        return Err(Error::Shape {
+            op,
+            detail: format!(
+                "A must be a batch of matrices, of shape [.., m, n]; got {}",
+                a.shape()
+            ),
+        });
+    }
+    if !a.dtype().is_float() {
+        return Err(Error::DType {
+            op,
+            detail: format!(
+                "A must be a float tensor, got {}; convert it with .float()",
+                a.dtype()
+            ),
+        });
+    }
+    Ok((d[d.len() - 2], d[d.len() - 1]))
 }
