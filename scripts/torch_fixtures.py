@@ -263,6 +263,11 @@ def qr_invariant(a):
     return torch.cat([(q * q).flatten(-2), (r * r).flatten(-2)], -1)
 case("qr", qr_invariant, torch.randn(2, 6, 4))
 case("qr_square", qr_invariant, torch.randn(5, 5))
+def svd_invariant(a):
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    return torch.cat([s, (u * u).flatten(-2), (vh * vh).flatten(-2)], -1)
+case("svd_tall", svd_invariant, torch.randn(2, 6, 4))
+case("svd_wide", svd_invariant, torch.randn(4, 6))
 case("lstsq", lambda a, b: torch.linalg.lstsq(a, b).solution, torch.randn(2, 7, 4), torch.randn(2, 7, 3))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -1,7 +1,7 @@
 //! Dense linear algebra (`kiln::linalg`) against PyTorch: `scripts/torch_fixtures.py` ran
 //! `torch.linalg`'s `cholesky` (lower and upper), `solve` (matrices, a vector, broadcast
-//! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet`, `eigh`, `qr`
-//! and `lstsq` in float64 and
+//! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet`, `eigh`, `qr`,
+//! `svd` and `lstsq` in float64 and
 //! saved the outputs and the gradients of a random weighting of them
 //! (`tests/data/torch_linalg.safetensors`). Also: second derivatives, views read through
 //! their strides, errors for shapes, dtypes and singular or indefinite matrices, a compiled
@@ -78,6 +78,18 @@ fn factorizations_and_solves_agree_with_pytorch() {
     check(&file, "qr", qr_invariant);
     check(&file, "qr_square", qr_invariant);
     check(&file, "lstsq", |t| linalg::lstsq(&t[0], &t[1]));
+    let flat = |x: &Tensor| {
+        let d = x.dims();
+        let mut dims: Vec<i64> = d[..d.len() - 2].iter().map(|&v| v as i64).collect();
+        dims.push((d[d.len() - 2] * d[d.len() - 1]) as i64);
+        (x * x).reshape(&dims)
+    };
+    for name in ["svd_tall", "svd_wide"] {
+        check(&file, name, |t| {
+            let (u, s, vh) = linalg::svd(&t[0]);
+            Tensor::cat(&[&s, &flat(&u), &flat(&vh)], -1)
+        });
+    }
     let (sign, _) = linalg::slogdet(&file["logabsdet.in0"]);
     assert_eq!(sign.to_vec::<f64>(), file["logabsdet.sign"].to_vec::<f64>());
 }

@@ -423,3 +423,74 @@ pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
         })
         .build()
 });
+
+fn svd_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
+    let d = inputs[0].shape();
+    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let k = m.min(n);
+    each_matrix::<T>(out, m * k + k + k * n, |b, chunk| {
+        let rows = rows_of::<T>(&inputs[0], b)?;
+        let svd = view(&inputs[0], &rows).thin_svd().map_err(|e| {
+            format!("the singular value decomposition of matrix {b} of the batch did not converge ({e:?})")
+        })?;
+        let (u, rest) = chunk.split_at_mut(m * k);
+        let (s, vh) = rest.split_at_mut(k);
+        store(u, svd.U());
+        for (v, x) in s.iter_mut().zip(svd.S().column_vector().iter()) {
+            *v = *x;
+        }
+        // Vᵀ row-major is V column-major.
+        store_t(vh, svd.V());
+        Ok(())
+    })
+}
+
+/// The reduced `U` (`m × k`), `S` (`k`) and `Vᵀ` (`k × n`) packed as
+/// `[.., m·k + k + k·n]`: Townsend's gradient, with `F_ij = 1 / (s_j² - s_i²)` off the
+/// diagonal, `gA = U [(F ∘ (UᵀgU - gUᵀU)) S + diag(gS) + S (F ∘ (VᵀgV - gVᵀV))] Vᵀ
+/// + (I - UUᵀ) gU S⁻¹ Vᵀ + U S⁻¹ gVᵀ (I - VVᵀ)`.
+pub(super) static SVD: LazyLock<Opaque> = LazyLock::new(|| {
+    float_op!("linalg.svd", 1, svd_cpu)
+        .split(Split::Rows)
+        .shape(|inputs| {
+            let d = inputs[0].0.dims();
+            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let k = m.min(n);
+            let dims: Vec<usize> =
+                d[..d.len() - 2].iter().copied().chain([m * k + k + k * n]).collect();
+            Ok((Shape::from(dims), inputs[0].1))
+        })
+        .backward(|saved, g| {
+            let a = &saved.inputs()[0];
+            let (u, s, vh) = super::unpack_svd(saved.output(), a.dims())?;
+            let (gu, gs, gvh) = super::unpack_svd(g, a.dims())?;
+            let (v, gv) = (mt(&vh), mt(&gvh));
+            let k = s.dims()[s.ndim() - 1];
+            let eye = Tensor::eye(k).to_dtype(s.dtype()).to(s.device());
+            let s2 = s.square();
+            // F: 1 / (s_j² - s_i²) off the diagonal, 0 on it.
+            let diff = s2.try_unsqueeze(-2)? - s2.try_unsqueeze(-1)?;
+            let f = (&eye * -1.0 + 1.0) / (&diff + &eye);
+            let (sr, sc) = (s.try_unsqueeze(-2)?, s.try_unsqueeze(-1)?);
+            let utgu = mt(&u).try_matmul(&gu)?;
+            let vtgv = mt(&v).try_matmul(&gv)?;
+            let inner = (&f * &(&utgu - &mt(&utgu))) * &sr
+                + gs.try_unsqueeze(-1)? * &eye
+                + &sc * &(&f * &(&vtgv - &mt(&vtgv)));
+            let mut ga = u.try_matmul(&inner)?.try_matmul(&vh)?;
+            let d = a.dims();
+            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            if m > k {
+                let eye_m = Tensor::eye(m).to_dtype(s.dtype()).to(s.device());
+                let proj = eye_m - u.try_matmul(&mt(&u))?;
+                ga = ga + proj.try_matmul(&(&gu / &sr))?.try_matmul(&vh)?;
+            }
+            if n > k {
+                let eye_n = Tensor::eye(n).to_dtype(s.dtype()).to(s.device());
+                let proj = eye_n - v.try_matmul(&vh)?;
+                ga = ga + (&u / &sr).try_matmul(&mt(&gv))?.try_matmul(&proj)?;
+            }
+            Ok(vec![Some(ga)])
+        })
+        .build()
+});

@@ -1,6 +1,6 @@
 //! Dense linear algebra, PyTorch's `torch.linalg`: `cholesky`, `solve`, `solve_triangular`,
-//! `inv`, `det`, `slogdet`, `eigh`, `qr` and `lstsq`, batched over leading dimensions, with
-//! PyTorch's gradients.
+//! `inv`, `det`, `slogdet`, `eigh`, `qr`, `svd`, `svdvals` and `lstsq`, batched over leading
+//! dimensions, with PyTorch's gradients.
 //!
 //! Each is an [`crate::ops::Opaque`] op whose CPU implementation calls
 //! [`faer`](https://docs.rs/faer) on each matrix of the batch (matrices split across
@@ -372,4 +372,53 @@ fn matrix_dims(op: &'static str, a: &Tensor) -> Result<(usize, usize)> {
         });
     }
     Ok((d[d.len() - 2], d[d.len() - 1]))
+}
+
+/// The reduced singular value decomposition of each matrix of `a` (`[.., m, n]`): `U`
+/// (`[.., m, k]`), the singular values `S` (`[.., k]`, descending) and `Vᵀ` (`[.., k, n]`),
+/// `k = min(m, n)` (PyTorch's `torch.linalg.svd(A, full_matrices=False)`). Singular vectors'
+/// signs are not unique; the gradient is defined where the singular values are distinct
+/// and non-zero (else infinities, as in PyTorch).
+///
+/// # Panics
+/// As [`try_svd`] fails.
+#[track_caller]
+pub fn svd(a: &Tensor) -> (Tensor, Tensor, Tensor) {
+    ok(try_svd(a))
+}
+
+/// [`svd`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_qr`].
+#[track_caller]
+pub fn try_svd(a: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let _at = crate::engine::origin::enter();
+    matrix_dims("linalg.svd", a)?;
+    let packed = returned(kernels::SVD.try_call(&[&computable(a)])?, a.dtype());
+    unpack_svd(&packed, a.dims())
+}
+
+/// The singular values of each matrix of `a`, descending (PyTorch's
+/// `torch.linalg.svdvals`), differentiable.
+///
+/// # Panics
+/// As [`try_svd`] fails.
+#[track_caller]
+pub fn svdvals(a: &Tensor) -> Tensor {
+    ok(try_svd(a)).1
+}
+
+/// `U`, `S` and `Vᵀ` of `packed` (`[.., m·k + k + k·n]`) for an `A` of dimensions `dims`.
+fn unpack_svd(packed: &Tensor, dims: &[usize]) -> Result<(Tensor, Tensor, Tensor)> {
+    let (m, n) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let k = m.min(n);
+    let batch: Vec<i64> = dims[..dims.len() - 2].iter().map(|&x| x as i64).collect();
+    let shape = |tail: &[usize]| -> Vec<i64> {
+        batch.iter().copied().chain(tail.iter().map(|&x| x as i64)).collect()
+    };
+    let u = packed.try_narrow(-1, 0, m * k)?.try_reshape(&shape(&[m, k]))?;
+    let s = packed.try_narrow(-1, m * k, k)?;
+    let vh = packed.try_narrow(-1, m * k + k, k * n)?.try_reshape(&shape(&[k, n]))?;
+    Ok((u, s, vh))
 }
