@@ -263,6 +263,12 @@ def qr_invariant(a):
     return torch.cat([(q * q).flatten(-2), (r * r).flatten(-2)], -1)
 case("qr", qr_invariant, torch.randn(2, 6, 4))
 case("qr_square", qr_invariant, torch.randn(5, 5))
+# Ill-conditioned: a 6 × 6 Hilbert matrix (condition number about 1.5e7) plus a small
+# random perturbation, solved and inverted.
+hilbert = 1.0 / (torch.arange(6, dtype=torch.float64)[:, None] + torch.arange(6, dtype=torch.float64) + 1)
+case("solve_ill", lambda a, b: torch.linalg.solve(hilbert + 1e-9 * a, b), torch.randn(6, 6), torch.randn(6, 2))
+case("inv_ill", lambda a: torch.linalg.inv(hilbert + 1e-9 * a), torch.randn(6, 6))
+out["hilbert"] = hilbert
 def svd_invariant(a):
     u, s, vh = torch.linalg.svd(a, full_matrices=False)
     return torch.cat([s, (u * u).flatten(-2), (vh * vh).flatten(-2)], -1)
