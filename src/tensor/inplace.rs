@@ -110,6 +110,13 @@ impl Tensor {
             });
         }
         let base = self.storage().node();
+        // Other handles of the storage (the tensor this view was taken from) take their
+        // history from the new value, as after a write into part of it: a handle of its
+        // own (`new` itself may be a view of this storage, which would then hold itself).
+        let whole_base = (grad_on && whole && new.requires_grad()).then(|| {
+            let view = kiln_ir::View::contiguous(new.shape().clone());
+            super::history::with_value(new.node(), view, new.grad_fn())
+        });
         let node = if whole {
             new.node()
         } else {
@@ -126,10 +133,8 @@ impl Tensor {
         crate::engine::session::note_write(self.storage());
         if grad_on {
             super::history::adopt_history(self, &new);
-            // Other handles of the storage (the tensor this view was taken from) take
-            // their history from the new value, as after a write into part of it.
-            if whole && new.requires_grad() {
-                self.storage().set_autograd_base(std::sync::Arc::new(new));
+            if let Some(base) = whole_base {
+                self.storage().set_autograd_base(std::sync::Arc::new(base));
             }
         }
         Ok(self.clone())
@@ -400,9 +405,12 @@ mod tests {
     #[test]
     fn writes_that_read_their_own_tensor_free_its_storage() {
         type Write = fn(&Tensor);
-        let writes: [(&str, Write); 5] = [
+        let writes: [(&str, Write); 6] = [
             ("whole, from itself", |y| {
                 y.copy_(&(y * 2.0));
+            }),
+            ("whole, from a view of itself", |y| {
+                y.copy_(&y.flip(&[0]));
             }),
             ("whole, from an earlier result", |y| {
                 let z = y * 3.0;
