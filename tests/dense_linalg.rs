@@ -210,6 +210,10 @@ fn bad_inputs_are_errors_naming_the_op() {
         .unwrap_err()
         .to_string();
     assert!(m.contains("do not broadcast"), "{m}");
+    let m = linalg::try_solve(&Tensor::randn([3, 3]), &Tensor::randn([3, 1]).double())
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("A (f32) and B (f64) must have the same dtype"), "{m}");
     // Found while computing: an indefinite matrix, a singular one; each names the matrix.
     let indefinite = Tensor::from_vec(vec![1.0f64, 0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 1.0], [2, 2, 2]);
     let m = linalg::cholesky(&indefinite, false).try_realize().map(|_| ()).unwrap_err().to_string();

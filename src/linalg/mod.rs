@@ -138,9 +138,25 @@ pub fn try_solve_triangular(a: &Tensor, b: &Tensor, upper: bool) -> Result<Tenso
     let op = "linalg.solve_triangular";
     let n = square(op, a)?;
     matrix_rhs(op, b, n)?;
-    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(&b.to_dtype(a.dtype())))?;
+    same_dtype(op, a, b)?;
+    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(b))?;
     let def = if upper { &*kernels::SOLVE_UPPER } else { &*kernels::SOLVE_LOWER };
     Ok(returned(def.try_call(&[&a2, &b2])?, a.dtype()))
+}
+
+/// Checks that `a` and `b` have one dtype, as PyTorch requires.
+fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DType {
+            op,
+            detail: format!(
+                "A ({}) and B ({}) must have the same dtype; convert one with .to_dtype()",
+                a.dtype(),
+                b.dtype()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks that `b` is `[.., n, k]` for an `A` of size `n`.
@@ -184,7 +200,8 @@ pub fn try_solve(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         || (b.ndim() == a.ndim() - 1 && b.dims()[..b.ndim() - 1] == a.dims()[..a.ndim() - 2]);
     let bm = if vector { b.try_unsqueeze(-1)? } else { b.clone() };
     matrix_rhs(op, &bm, n)?;
-    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(&bm.to_dtype(a.dtype())))?;
+    same_dtype(op, a, b)?;
+    let (a2, b2) = broadcast_batches(op, &computable(a), &computable(&bm))?;
     let x = returned(kernels::SOLVE.try_call(&[&a2, &b2])?, a.dtype());
     if vector { x.try_squeeze(-1) } else { Ok(x) }
 }
@@ -346,7 +363,8 @@ pub fn try_lstsq(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     matrix_rhs(op, b, m)?;
     let (q, r) = try_qr(a)?;
-    let qtb = mt(&q).try_matmul(&b.to_dtype(a.dtype()))?;
+    same_dtype(op, a, b)?;
+    let qtb = mt(&q).try_matmul(b)?;
     try_solve_triangular(&r, &qtb, true)
 }
 

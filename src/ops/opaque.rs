@@ -327,7 +327,9 @@ impl OpaqueBuilder {
         self
     }
 
-    /// The op, ready to call (its implementations registered with the runtime).
+    /// The op, ready to call (its implementations registered with the runtime for the life
+    /// of the process: define an op once, in a `static` `LazyLock` or a struct that keeps
+    /// it, not once per call).
     pub fn build(self) -> Opaque {
         let runs_on_gpu = self.cuda.is_some() || self.host_on_gpu;
         let id = registry::register(Implementation {
