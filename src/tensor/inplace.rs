@@ -110,13 +110,8 @@ impl Tensor {
             });
         }
         let base = self.storage().node();
-        // Other handles of the storage (the tensor this view was taken from) take their
-        // history from the new value, as after a write into part of it: a handle of its
-        // own (`new` itself may be a view of this storage, which would then hold itself).
-        let whole_base = (grad_on && whole && new.requires_grad()).then(|| {
-            let view = kiln_ir::View::contiguous(new.shape().clone());
-            super::history::with_value(new.node(), view, new.grad_fn())
-        });
+        let whole_base =
+            (grad_on && whole && new.requires_grad()).then(|| Tensor::whole_base_of(&new));
         let node = if whole {
             new.node()
         } else {
@@ -138,6 +133,14 @@ impl Tensor {
             }
         }
         Ok(self.clone())
+    }
+
+    /// The value other handles of the storage (the tensor a view was taken from) take their
+    /// history from after a whole write of `new`, as after a write into part of it: a handle
+    /// of its own (`new` itself may be a view of the storage, which would then hold itself).
+    fn whole_base_of(new: &Tensor) -> Tensor {
+        let view = kiln_ir::View::contiguous(new.shape().clone());
+        super::history::with_value(new.node(), view, new.grad_fn())
     }
 
     /// The whole storage's current value with its history, for a write into part of it
