@@ -108,6 +108,34 @@ fn factorizations_and_solves_agree_with_pytorch() {
             Tensor::cat(&[&s, &flat(&u), &flat(&vh)], -1)
         });
     }
+    check(&file, "vector_norm2", |t| linalg::vector_norm(&t[0], 2.0, &[-1], false));
+    check(&file, "vector_norm3", |t| linalg::vector_norm(&t[0], 3.0, &[0, 2], true));
+    check(&file, "vector_norm_inf", |t| linalg::vector_norm(&t[0], f64::INFINITY, &[], false));
+    check(&file, "vector_norm1", |t| linalg::vector_norm(&t[0], 1.0, &[1], false));
+    use linalg::MatrixOrd;
+    for (name, ord) in [
+        ("fro", MatrixOrd::Frobenius),
+        ("nuc", MatrixOrd::Nuclear),
+        ("2", MatrixOrd::Spectral(1)),
+        ("m2", MatrixOrd::Spectral(-1)),
+        ("1", MatrixOrd::Columns(1)),
+        ("m1", MatrixOrd::Columns(-1)),
+        ("inf", MatrixOrd::Rows(1)),
+        ("minf", MatrixOrd::Rows(-1)),
+    ] {
+        check(&file, &format!("matrix_norm_{name}"), |t| linalg::matrix_norm(&t[0], ord));
+    }
+    check(&file, "cross", |t| linalg::cross(&t[0], &t[1]));
+    check(&file, "vecdot", |t| linalg::vecdot(&t[0], &t[1], -1));
+    check(&file, "multi_dot", |t| linalg::multi_dot(&[&t[0], &t[1], &t[2]]));
+    check(&file, "matrix_power3", |t| linalg::matrix_power(&t[0], 3));
+    check(&file, "matrix_power_m2", |t| {
+        linalg::matrix_power(&(&t[0] + Tensor::eye(4).double() * 3.0), -2)
+    });
+    check(&file, "pinv", |t| linalg::pinv(&t[0]));
+    check(&file, "cond", |t| linalg::cond(&t[0]));
+    check(&file, "eigvalsh", |t| linalg::eigvalsh(&(&t[0] + &t[0].transpose(-2, -1))));
+    check(&file, "vander", |t| linalg::vander(&t[0], 4));
     let (sign, _) = linalg::slogdet(&file["logabsdet.in0"]);
     assert_eq!(sign.to_vec::<f64>(), file["logabsdet.sign"].to_vec::<f64>());
 }

@@ -1,6 +1,8 @@
 //! Dense linear algebra, PyTorch's `torch.linalg`: `cholesky`, `solve`, `solve_triangular`,
 //! `inv`, `det`, `slogdet`, `eigh`, `qr`, `svd`, `svdvals` and `lstsq`, batched over leading
-//! dimensions, with PyTorch's gradients.
+//! dimensions, with PyTorch's gradients; and the compositions of `derived.rs` (norms,
+//! `cross`, `vecdot`, `multi_dot`, `matrix_power`, `pinv`, `matrix_rank`, `cond`,
+//! `eigvalsh`, `vander`).
 //!
 //! Each is an [`crate::ops::Opaque`] op whose CPU implementation calls
 //! [`faer`](https://docs.rs/faer) on each matrix of the batch (matrices split across
@@ -22,7 +24,13 @@
 //! assert!(back.iter().zip([4.0, 2.0, 2.0, 3.0]).all(|(x, y)| (x - y).abs() < 1e-12));
 //! ```
 
+mod derived;
 mod kernels;
+
+pub use derived::{
+    MatrixOrd, cond, cross, eigvalsh, matrix_norm, matrix_power, matrix_rank, multi_dot, pinv,
+    try_cross, try_matrix_norm, try_multi_dot, try_vector_norm, vander, vecdot, vector_norm,
+};
 
 use kiln_ir::{DType, Shape};
 
