@@ -1,7 +1,8 @@
 //! Dense linear algebra (`kiln::linalg`) against PyTorch: `scripts/torch_fixtures.py` ran
 //! `torch.linalg`'s `cholesky` (lower and upper), `solve` (matrices, a vector, broadcast
 //! batches), `solve_triangular` (lower and upper), `inv`, `det`, `slogdet`, `eigh`, `qr`,
-//! `svd` and `lstsq` in float64 and
+//! `svd`, `lstsq` and the compositions (norms, `cross`, `vecdot`, `multi_dot`,
+//! `matrix_power`, `pinv`, `cond`, `eigvalsh`, `vander`) in float64 and
 //! saved the outputs and the gradients of a random weighting of them
 //! (`tests/data/torch_linalg.safetensors`). Also: second derivatives, views read through
 //! their strides, errors for shapes, dtypes and singular or indefinite matrices, a compiled
