@@ -379,14 +379,7 @@ pub(crate) fn compare(
     want: &Buffer,
     scale: f64,
 ) -> Result<(), RuntimeError> {
-    let tolerance = scale
-        * match op.dtype {
-            DType::F64 => 1e-12,
-            DType::F32 => 1e-5,
-            DType::F16 => 4e-3,
-            DType::BF16 => 3e-2,
-            DType::I64 | DType::I32 | DType::U8 | DType::Bool => 0.0,
-        };
+    let tolerance = scale * crate::exec::check_tolerance(op.dtype);
     let all = View::contiguous(Shape::from([got.len()]));
     let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
     let bad = g.iter().zip(&w).position(|(&a, &b)| {

@@ -201,8 +201,7 @@ pub fn matrix_power(a: &Tensor, n: i64) -> Tensor {
             base = base.matmul(&base);
         }
     }
-    result
-        .unwrap_or_else(|| Tensor::eye(size).to_dtype(a.dtype()).to(a.device()).expand_as(a).copy())
+    result.unwrap_or_else(|| super::eye_like(size, a).expand_as(a).copy())
 }
 
 /// The singular values at or below `rtol · σ_max` (PyTorch's default `rtol`: `eps · max(m, n)`
@@ -225,8 +224,8 @@ fn significant(s: &Tensor, m: usize, n: usize, dtype: DType) -> Tensor {
 #[track_caller]
 pub fn pinv(a: &Tensor) -> Tensor {
     let (u, s, vh) = svd(a);
-    let d = a.dims();
-    let keep = significant(&s, d[d.len() - 2], d[d.len() - 1], a.dtype());
+    let (m, n) = super::last_two(a.dims());
+    let keep = significant(&s, m, n, a.dtype());
     let ones = Tensor::ones_like(&s);
     let inv_s = Tensor::where_(&keep, &(&ones / &Tensor::where_(&keep, &s, &ones)), 0.0);
     (mt(&vh) * inv_s.unsqueeze(-2)).matmul(&mt(&u))
@@ -241,9 +240,8 @@ pub fn pinv(a: &Tensor) -> Tensor {
 pub fn matrix_rank(a: &Tensor) -> Tensor {
     let s = super::svdvals(&a.detach());
     let d = a.dims();
-    significant(&s, d[d.len() - 2], d[d.len() - 1], a.dtype())
-        .to_dtype(DType::I64)
-        .sum_dim(-1, false)
+    let (m, n) = super::last_two(d);
+    significant(&s, m, n, a.dtype()).to_dtype(DType::I64).sum_dim(-1, false)
 }
 
 /// The 2-norm condition number of each matrix, `σ_max / σ_min` (PyTorch's

@@ -9,11 +9,10 @@ use std::borrow::Cow;
 use faer::{MatMut, MatRef, Par, Side};
 use kiln_ir::{DType, Shape};
 
-use super::{mt, solve_triangular};
+use super::{last_two, mt, solve_triangular};
 use crate::Element;
 use crate::error::Result;
 use crate::ops::{CpuInput, CpuOutput, Opaque, Split};
-use crate::tensor::Tensor;
 
 /// The float types faer factorizes.
 trait Real: Element + faer::traits::RealField + Copy {}
@@ -24,7 +23,7 @@ impl Real for f64 {}
 /// input, else gathered through its strides.
 fn rows_of<'a, T: Real>(x: &CpuInput<'a>, b: usize) -> Result<Cow<'a, [T]>, String> {
     let (d, s) = (x.shape(), x.strides());
-    let (rows, cols) = (d[d.len() - 2], d[d.len() - 1]);
+    let (rows, cols) = last_two(d);
     let per = rows * cols;
     if let Some(all) = x.contiguous::<T>()? {
         return Ok(Cow::Borrowed(&all[b * per..(b + 1) * per]));
@@ -43,7 +42,8 @@ fn rows_of<'a, T: Real>(x: &CpuInput<'a>, b: usize) -> Result<Cow<'a, [T]>, Stri
 /// `rows` (a matrix of `x`, from [`rows_of`]) as faer reads it.
 fn view<'m, T: Real>(x: &CpuInput<'_>, rows: &'m [T]) -> MatRef<'m, T> {
     let d = x.shape();
-    MatRef::from_row_major_slice(rows, d[d.len() - 2], d[d.len() - 1])
+    let (r, c) = last_two(d);
+    MatRef::from_row_major_slice(rows, r, c)
 }
 
 /// `rows` read as a column-major matrix: the transpose of the matrix, for free. A
@@ -58,6 +58,13 @@ fn view_t<'m, T: Real>(x: &CpuInput<'_>, rows: &'m [T]) -> MatRef<'m, T> {
 /// Writes `m` row-major into `out`.
 fn store<T: Real>(out: &mut [T], m: MatRef<'_, T>) {
     MatMut::from_row_major_slice_mut(out, m.nrows(), m.ncols()).copy_from(m);
+}
+
+/// Writes the entries of the diagonal `d` into `out`.
+fn store_diagonal<T: Real>(out: &mut [T], d: faer::diag::DiagRef<'_, T>) {
+    for (v, x) in out.iter_mut().zip(d.column_vector().iter()) {
+        *v = *x;
+    }
 }
 
 /// Writes `m` column-major into `out`: `mᵀ` row-major.
@@ -247,7 +254,8 @@ fn det_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<
     })
 }
 
-/// The shape of a determinant: the batch dimensions.
+/// The first input's batch dimensions followed by `extra`, in its dtype: a packed result's
+/// type.
 fn batch_shape(inputs: &[(Shape, DType)], extra: &[usize]) -> (Shape, DType) {
     let d = inputs[0].0.dims();
     let dims: Vec<usize> = d[..d.len() - 2].iter().chain(extra).copied().collect();
@@ -326,9 +334,7 @@ fn eigh_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result
             format!("the eigendecomposition of matrix {b} of the batch did not converge ({e:?})")
         })?;
         let (values, vectors) = chunk.split_at_mut(n);
-        for (v, s) in values.iter_mut().zip(evd.S().column_vector().iter()) {
-            *v = *s;
-        }
+        store_diagonal(values, evd.S());
         store(vectors, evd.U());
         Ok(())
     })
@@ -342,10 +348,8 @@ pub(super) static EIGH: LazyLock<Opaque> = LazyLock::new(|| {
     float_op!("linalg.eigh", 1, eigh_cpu)
         .split(Split::Matrices)
         .shape(|inputs| {
-            let d = inputs[0].0.dims();
-            let n = d[d.len() - 1];
-            let dims: Vec<usize> = d[..d.len() - 2].iter().copied().chain([n + 1, n]).collect();
-            Ok((Shape::from(dims), inputs[0].1))
+            let n = inputs[0].0.dims()[inputs[0].0.rank() - 1];
+            Ok(batch_shape(inputs, &[n + 1, n]))
         })
         .backward(|saved, g| {
             let packed = saved.output();
@@ -355,7 +359,7 @@ pub(super) static EIGH: LazyLock<Opaque> = LazyLock::new(|| {
             let vtgv = mt(&v).try_matmul(&gv)?;
             let skew = (&vtgv - &mt(&vtgv)) * 0.5;
             let e = l.try_unsqueeze(-2)? - l.try_unsqueeze(-1)?;
-            let eye = Tensor::eye(n).to_dtype(l.dtype()).to(l.device());
+            let eye = super::eye_like(n, &l);
             // Off the diagonal skew / E; on it gλ (E's diagonal is 0: shifted to 1 there).
             let inner = &skew / &(&e + &eye) + gl.try_unsqueeze(-1)? * &eye;
             let ga = v.try_matmul(&inner)?.try_matmul(&mt(&v))?;
@@ -366,7 +370,7 @@ pub(super) static EIGH: LazyLock<Opaque> = LazyLock::new(|| {
 
 fn qr_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     let d = inputs[0].shape();
-    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let (m, n) = last_two(d);
     let k = m.min(n);
     each_matrix::<T>(out, m * k + k * n, |b, chunk| {
         let rows = rows_of::<T>(&inputs[0], b)?;
@@ -385,17 +389,14 @@ pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
     float_op!("linalg.qr", 1, qr_cpu)
         .split(Split::Rows)
         .shape(|inputs| {
-            let d = inputs[0].0.dims();
-            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let (m, n) = last_two(inputs[0].0.dims());
             let k = m.min(n);
-            let dims: Vec<usize> =
-                d[..d.len() - 2].iter().copied().chain([m * k + k * n]).collect();
-            Ok((Shape::from(dims), inputs[0].1))
+            Ok(batch_shape(inputs, &[m * k + k * n]))
         })
         .backward(|saved, g| {
             let a = &saved.inputs()[0];
             let d = a.dims();
-            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let (m, n) = last_two(d);
             if m < n {
                 return Err(crate::Error::Autograd {
                     op: "linalg.qr",
@@ -405,16 +406,8 @@ pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
                     ),
                 });
             }
-            let unpack = |t: &Tensor| -> Result<(Tensor, Tensor)> {
-                let batch: Vec<i64> = d[..d.len() - 2].iter().map(|&x| x as i64).collect();
-                let shape = |r: usize, c: usize| -> Vec<i64> {
-                    batch.iter().copied().chain([r as i64, c as i64]).collect()
-                };
-                let q = t.try_narrow(-1, 0, m * n)?.try_reshape(&shape(m, n))?;
-                let r = t.try_narrow(-1, m * n, n * n)?.try_reshape(&shape(n, n))?;
-                Ok((q, r))
-            };
-            let ((q, r), (gq, gr)) = (unpack(saved.output())?, unpack(g)?);
+            let ((q, r), (gq, gr)) =
+                (super::unpack_qr(saved.output(), d)?, super::unpack_qr(g, d)?);
             let mm = r.try_matmul(&mt(&gr))? - mt(&gq).try_matmul(&q)?;
             let copyltu = mm.tril(0) + mt(&mm.tril(-1));
             let y = gq + q.try_matmul(&copyltu)?;
@@ -426,7 +419,7 @@ pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
 
 fn svd_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(), String> {
     let d = inputs[0].shape();
-    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let (m, n) = last_two(d);
     let k = m.min(n);
     each_matrix::<T>(out, m * k + k + k * n, |b, chunk| {
         let rows = rows_of::<T>(&inputs[0], b)?;
@@ -436,9 +429,7 @@ fn svd_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<
         let (u, rest) = chunk.split_at_mut(m * k);
         let (s, vh) = rest.split_at_mut(k);
         store(u, svd.U());
-        for (v, x) in s.iter_mut().zip(svd.S().column_vector().iter()) {
-            *v = *x;
-        }
+        store_diagonal(s, svd.S());
         // Vᵀ row-major is V column-major.
         store_t(vh, svd.V());
         Ok(())
@@ -453,12 +444,9 @@ pub(super) static SVD: LazyLock<Opaque> = LazyLock::new(|| {
     float_op!("linalg.svd", 1, svd_cpu)
         .split(Split::Rows)
         .shape(|inputs| {
-            let d = inputs[0].0.dims();
-            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let (m, n) = last_two(inputs[0].0.dims());
             let k = m.min(n);
-            let dims: Vec<usize> =
-                d[..d.len() - 2].iter().copied().chain([m * k + k + k * n]).collect();
-            Ok((Shape::from(dims), inputs[0].1))
+            Ok(batch_shape(inputs, &[m * k + k + k * n]))
         })
         .backward(|saved, g| {
             let a = &saved.inputs()[0];
@@ -466,7 +454,7 @@ pub(super) static SVD: LazyLock<Opaque> = LazyLock::new(|| {
             let (gu, gs, gvh) = super::unpack_svd(g, a.dims())?;
             let (v, gv) = (mt(&vh), mt(&gvh));
             let k = s.dims()[s.ndim() - 1];
-            let eye = Tensor::eye(k).to_dtype(s.dtype()).to(s.device());
+            let eye = super::eye_like(k, &s);
             let s2 = s.square();
             // F: 1 / (s_j² - s_i²) off the diagonal, 0 on it.
             let diff = s2.try_unsqueeze(-2)? - s2.try_unsqueeze(-1)?;
@@ -479,15 +467,13 @@ pub(super) static SVD: LazyLock<Opaque> = LazyLock::new(|| {
                 + &sc * &(&f * &(&vtgv - &mt(&vtgv)));
             let mut ga = u.try_matmul(&inner)?.try_matmul(&vh)?;
             let d = a.dims();
-            let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+            let (m, n) = last_two(d);
             if m > k {
-                let eye_m = Tensor::eye(m).to_dtype(s.dtype()).to(s.device());
-                let proj = eye_m - u.try_matmul(&mt(&u))?;
+                let proj = super::eye_like(m, &s) - u.try_matmul(&mt(&u))?;
                 ga = ga + proj.try_matmul(&(&gu / &sr))?.try_matmul(&vh)?;
             }
             if n > k {
-                let eye_n = Tensor::eye(n).to_dtype(s.dtype()).to(s.device());
-                let proj = eye_n - v.try_matmul(&vh)?;
+                let proj = super::eye_like(n, &s) - v.try_matmul(&vh)?;
                 ga = ga + (&u / &sr).try_matmul(&mt(&gv))?.try_matmul(&proj)?;
             }
             Ok(vec![Some(ga)])

@@ -325,16 +325,9 @@ pub fn qr(a: &Tensor) -> (Tensor, Tensor) {
 #[track_caller]
 pub fn try_qr(a: &Tensor) -> Result<(Tensor, Tensor)> {
     let _at = crate::engine::origin::enter();
-    let (m, n) = matrix_dims("linalg.qr", a)?;
-    let k = m.min(n);
+    matrix_dims("linalg.qr", a)?;
     let packed = returned(kernels::QR.try_call(&[&computable(a)])?, a.dtype());
-    let batch: Vec<i64> = a.dims()[..a.ndim() - 2].iter().map(|&x| x as i64).collect();
-    let shape = |r: usize, c: usize| -> Vec<i64> {
-        batch.iter().copied().chain([r as i64, c as i64]).collect()
-    };
-    let q = packed.try_narrow(-1, 0, m * k)?.try_reshape(&shape(m, k))?;
-    let r = packed.try_narrow(-1, m * k, k * n)?.try_reshape(&shape(k, n))?;
-    Ok((q, r))
+    unpack_qr(&packed, a.dims())
 }
 
 /// The least-squares solution `X` minimizing `‖A X - B‖` for each full-rank matrix `A` of
@@ -397,7 +390,7 @@ fn matrix_dims(op: &'static str, a: &Tensor) -> Result<(usize, usize)> {
             ),
         });
     }
-    Ok((d[d.len() - 2], d[d.len() - 1]))
+    Ok(last_two(d))
 }
 
 /// The reduced singular value decomposition of each matrix of `a` (`[.., m, n]`): `U`
@@ -437,14 +430,42 @@ pub fn svdvals(a: &Tensor) -> Tensor {
 
 /// `U`, `S` and `Vᵀ` of `packed` (`[.., m·k + k + k·n]`) for an `A` of dimensions `dims`.
 fn unpack_svd(packed: &Tensor, dims: &[usize]) -> Result<(Tensor, Tensor, Tensor)> {
-    let (m, n) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let (m, n) = last_two(dims);
     let k = m.min(n);
-    let batch: Vec<i64> = dims[..dims.len() - 2].iter().map(|&x| x as i64).collect();
-    let shape = |tail: &[usize]| -> Vec<i64> {
-        batch.iter().copied().chain(tail.iter().map(|&x| x as i64)).collect()
-    };
-    let u = packed.try_narrow(-1, 0, m * k)?.try_reshape(&shape(&[m, k]))?;
+    let u = packed_matrix(packed, dims, 0, m, k)?;
     let s = packed.try_narrow(-1, m * k, k)?;
-    let vh = packed.try_narrow(-1, m * k + k, k * n)?.try_reshape(&shape(&[k, n]))?;
+    let vh = packed_matrix(packed, dims, m * k + k, k, n)?;
     Ok((u, s, vh))
+}
+
+/// `Q` and `R` of `packed` (`[.., m·k + k·n]`) for an `A` of dimensions `dims`.
+fn unpack_qr(packed: &Tensor, dims: &[usize]) -> Result<(Tensor, Tensor)> {
+    let (m, n) = last_two(dims);
+    let k = m.min(n);
+    Ok((packed_matrix(packed, dims, 0, m, k)?, packed_matrix(packed, dims, m * k, k, n)?))
+}
+
+/// The `rows × cols` matrices stored from position `start` of each row of `packed`, under
+/// the batch dimensions of `dims`.
+fn packed_matrix(
+    packed: &Tensor,
+    dims: &[usize],
+    start: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Tensor> {
+    let shape: Vec<i64> =
+        dims[..dims.len() - 2].iter().chain(&[rows, cols]).map(|&x| x as i64).collect();
+    packed.try_narrow(-1, start, rows * cols)?.try_reshape(&shape)
+}
+
+/// The last two dimensions: a matrix's rows and columns.
+fn last_two(d: &[usize]) -> (usize, usize) {
+    (d[d.len() - 2], d[d.len() - 1])
+}
+
+/// The `n × n` identity in `like`'s dtype, on its device.
+#[track_caller]
+fn eye_like(n: usize, like: &Tensor) -> Tensor {
+    Tensor::eye(n).to_dtype(like.dtype()).to(like.device())
 }

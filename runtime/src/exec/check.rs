@@ -34,6 +34,19 @@ pub fn unchecked_runs() -> u64 {
 use super::execute::Bufs;
 use crate::{Buffer, CheckReport, Device, RunError, RuntimeError, reference};
 
+/// How far a generated result of `dtype` may be from the reference's, relative to its
+/// magnitude: a few ULP (0 for integers and bools, which must be equal).
+pub(crate) fn tolerance(dtype: kiln_ir::DType) -> f64 {
+    use kiln_ir::DType;
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        DType::F16 => 4e-3,
+        DType::BF16 => 3e-2,
+        DType::I64 | DType::I32 | DType::U8 | DType::Bool => 0.0,
+    }
+}
+
 /// Compares a kernel's output number `output` with the reference value, within a tolerance
 /// for its dtype (scaled by `scale`): generated math is a few ULP from the reference's f64
 /// math. An output that passes a jump of approximated math (see [`after_a_jump`]) is not
@@ -46,17 +59,9 @@ pub(super) fn compare(
     want: &Buffer,
     scale: f64,
 ) -> Result<(), RunError> {
-    use kiln_ir::DType;
     if after_a_jump(&step.kernel)[output] {
         return Ok(());
     }
-    let tolerance = |d: DType| match d {
-        DType::F64 => 1e-12,
-        DType::F32 => 1e-5,
-        DType::F16 => 4e-3,
-        DType::BF16 => 3e-2,
-        _ => 0.0,
-    };
     // A float result is as precise as the least precise float the kernel computes with (an
     // f64 result of f32 math carries f32 rounding).
     let dtype = got.dtype();
