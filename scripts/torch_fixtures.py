@@ -293,3 +293,104 @@ case("vander", lambda x: torch.linalg.vander(x, N=4), torch.randn(2, 5))
 case("lstsq", lambda a, b: torch.linalg.lstsq(a, b).solution, torch.randn(2, 7, 4), torch.randn(2, 7, 3))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
 print(f"wrote {len(out)} tensors")
+
+# The everyday vocabulary: tests/data/torch_vocabulary.safetensors (its own seed). Inputs
+# hold the domain edges (±0, ±inf, NaN, poles, ties); `values` records results without
+# gradients (integer ops, indices), `case` values and gradients.
+torch.manual_seed(300)
+out = {}
+
+
+def values(name, fn, *inputs):
+    for i, x in enumerate(inputs):
+        out[f"{name}.in{i}"] = x.clone().contiguous()
+    y = fn(*inputs)
+    for i, t in enumerate(y if isinstance(y, tuple) else (y,)):
+        out[f"{name}.out{i}"] = t.contiguous()
+
+
+d = lambda *v: torch.tensor(v, dtype=torch.float64)
+inf, nan = float("inf"), float("nan")
+case("erfc", torch.erfc, torch.cat([torch.randn(40) * 3, d(0.0, -0.0, 26.0, -30.0, 5.5, 0.4)]))
+values("erfc_edges", torch.erfc, d(inf, -inf, nan, 27.3, -0.0))
+case("erfinv", torch.erfinv, torch.cat([torch.rand(40) * 2 - 1, d(0.0, 0.999999, -(1 - 1e-12), 1e-300, 0.5)]))
+values("erfinv_edges", torch.erfinv, d(1.0, -1.0, 1.5, -2.0, nan, -0.0, 1 - 1e-16))
+numer = torch.cat([torch.randn(30) * 10, d(7.5, -7.5, 7.5, -7.5, 1e10, -1e-3, 0.0, -0.0, 5.0, inf, 3.0, nan, 1e300)])
+denom = torch.cat([torch.randn(30) * 3, d(2.0, 2.0, -2.0, -2.0, 3.0, 2.0, 3.0, -3.0, 0.0, 2.0, inf, 1.0, 3.0)])
+values("fmod", torch.fmod, numer, denom)
+values("remainder", torch.remainder, numer, denom)
+values("floor_divide", torch.floor_divide, numer, denom)
+values("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), numer, denom)
+smooth_a, smooth_b = torch.randn(20) * 10, torch.randn(20) * 3 + 0.5
+case("fmod_grad", torch.fmod, smooth_a, smooth_b)
+case("remainder_grad", torch.remainder, smooth_a, smooth_b)
+ia = torch.cat([torch.randint(-50, 50, (30,)), torch.tensor([7, -7, 7, -7, 0, -2**63])])
+ib = torch.cat([torch.randint(1, 8, (30,)) * torch.randint(0, 2, (30,)).mul(2).sub(1), torch.tensor([2, 2, -2, -2, 3, 3])])
+for dtype in (torch.int64, torch.int32):
+    n = "i64" if dtype == torch.int64 else "i32"
+    a, b = ia.to(dtype), ib.to(dtype)
+    if dtype == torch.int32:
+        a[-1] = -2**31
+    values(f"int_fmod_{n}", torch.fmod, a, b)
+    values(f"int_remainder_{n}", torch.remainder, a, b)
+    values(f"int_floor_divide_{n}", torch.floor_divide, a, b)
+    values(f"int_div_trunc_{n}", lambda a, b: torch.div(a, b, rounding_mode="trunc"), a, b)
+bits = torch.cat([torch.randint(-2**40, 2**40, (20,)), torch.tensor([0, -1, 2**62, -2**63])])
+other = torch.cat([torch.randint(-2**40, 2**40, (20,)), torch.tensor([5, -1, -2**62, 3])])
+shifts = torch.cat([torch.randint(0, 70, (20,)), torch.tensor([0, 63, 64, 100])])
+for dtype, n in ((torch.int64, "i64"), (torch.int32, "i32"), (torch.uint8, "u8")):
+    a, b = bits.to(dtype), other.to(dtype)
+    s = shifts.clamp(max=200).to(dtype)
+    values(f"bitwise_{n}", lambda a, b, s: (a & b, a | b, a ^ b, ~a, a << s, a >> s), a, b, s)
+# Scans and counts along a dimension.
+lse_in = torch.randn(3, 7) * 4
+lse_in[0] = d(-1000.0, 0.0, -1e3, 5.0, -inf, 2.0, 700.0)
+case("logcumsumexp1", lambda x: torch.logcumsumexp(x, 1), lse_in[1:])
+values("logcumsumexp_edges", lambda x: torch.logcumsumexp(x, 1), lse_in)
+case("logcumsumexp0", lambda x: torch.logcumsumexp(x, 0), torch.randn(5, 3))
+ties = d(1.0, 3.0, 3.0, nan, 2.0, nan, -1.0, 0.0, 0.0)
+values("cummax", lambda x: torch.cummax(x, 0), ties)
+values("cummin", lambda x: torch.cummin(x, 0), ties)
+case("cummax_grad", lambda x: torch.cummax(x, 1)[0], torch.randn(3, 6))
+modes = torch.tensor([[2, 2, 1, 1, 1, 2], [3, 1, 3, 1, 2, 0], [5, 5, 5, 5, 5, 5], [4, 0, 4, 0, 9, 9]])
+values("mode_int", lambda x: torch.mode(x, 1), modes)
+values("mode_dim0", lambda x: torch.mode(x, 0), modes)
+values("mode_float", lambda x: torch.mode(x, 1), d(5.0, nan, nan, 1.0, 1.0, 5.0).reshape(1, 6))
+case("mode_grad", lambda x: torch.mode(x, 1)[0], modes.double() + torch.randn(4, 6) * 0)
+# scatter_reduce: every reduction, with and without self.
+sr_index = torch.randint(0, 5, (3, 4))
+out["scatter_reduce.index"] = sr_index
+for how in ("sum", "prod", "mean", "amax", "amin"):
+    for inc in (True, False):
+        case(f"scatter_reduce_{how}_{inc}",
+             lambda s, src, how=how, inc=inc: s.scatter_reduce(1, sr_index, src, reduce=how, include_self=inc),
+             torch.randn(3, 5), torch.randn(3, 4))
+tie_index = torch.tensor([[0, 0, 1, 1]])
+out["scatter_reduce_ties.index"] = tie_index
+case("scatter_reduce_ties", lambda s, src: s.scatter_reduce(1, tie_index, src, reduce="amax"),
+     d(2.0, 1.0).reshape(1, 2), d(2.0, 2.0, 0.5, 1.0).reshape(1, 4))
+# CTC: PyTorch's gradient for log-probabilities, and for logits through log_softmax.
+ctc_targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0], [3, 3, 1, 0]])
+out["ctc.targets"] = ctc_targets
+ctc_in, ctc_tg = [12, 10, 7], [4, 2, 3]
+logits = torch.randn(12, 3, 5)
+case("ctc_logits", lambda x: F.ctc_loss(x.log_softmax(2), ctc_targets, ctc_in, ctc_tg), logits)
+case("ctc_log_probs", lambda lp: F.ctc_loss(lp, ctc_targets, ctc_in, ctc_tg, reduction="none"),
+     logits.log_softmax(2))
+case("ctc_sum_blank", lambda x: F.ctc_loss(x.log_softmax(2), ctc_targets + 1, ctc_in, ctc_tg, blank=0, reduction="sum"),
+     torch.randn(12, 3, 6))
+case("ctc_zero_infinity", lambda x: F.ctc_loss(x.log_softmax(2), ctc_targets, [12, 3, 7], ctc_tg, reduction="none", zero_infinity=True),
+     logits)
+# Volumes and the 1-d and 3-d pools.
+vol = torch.randn(2, 4, 5, 6, 7)
+case("conv3d", lambda x, w, b: F.conv3d(x, w, b, stride=(2, 1, 2), padding=(1, 0, 1), dilation=(1, 2, 1), groups=2),
+     vol, torch.randn(6, 2, 3, 2, 3), torch.randn(6))
+case("max_pool3d", lambda x: F.max_pool3d(x, (3, 2, 3), (2, 2, 1), (1, 1, 1), dilation=(1, 1, 2), ceil_mode=True), vol)
+case("avg_pool3d", lambda x: F.avg_pool3d(x, (3, 3, 2), (2, 2, 2), (1, 1, 0), ceil_mode=True, count_include_pad=False), vol)
+case("avg_pool3d_pad", lambda x: F.avg_pool3d(x, 3, 2, 1), vol)
+case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 4, 3)), vol)
+case("adaptive_max_pool3d", lambda x: F.adaptive_max_pool3d(x, (2, 4, 3)), vol)
+case("adaptive_max_pool1d", lambda x: F.adaptive_max_pool1d(x, 4), torch.randn(2, 3, 11))
+case("instance_norm3d", lambda x: F.instance_norm(x, eps=1e-5), vol)
+save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_vocabulary.safetensors")
+print(f"wrote {len(out)} tensors")

@@ -123,14 +123,15 @@ pub use engine::execution::{Execution, execution, with_check, with_check_scale, 
 pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Scalar, Shape};
 pub use kiln_runtime::{CheckReport, Device, RunError, RuntimeError};
+pub use ops::ScatterReduce;
 pub use profile::{
     Comparison, KernelStats, MemoryPeak, Profile, StepEvent, StepKind, copy_ceiling,
     machine_bandwidth, profile,
 };
 pub use random::{RngState, get_rng_state, manual_seed, set_rng_state};
 pub use tensor::{
-    Dims, Ellipsis, IndexOp, Indexing, Interpolation, NewAxis, Operand, Tensor, TensorIndex,
-    Unique, einsum, try_einsum,
+    Dims, Ellipsis, IndexOp, Indexing, Interpolation, NewAxis, Operand, Rounding, Tensor,
+    TensorIndex, Unique, einsum, try_einsum,
 };
 
 /// The names most programs need: `use kiln::prelude::*;`.

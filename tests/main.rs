@@ -45,5 +45,6 @@ mod serialize;
 mod special;
 mod statistics;
 mod torch_layers;
+mod torch_vocabulary;
 mod vision;
 mod vocabulary;

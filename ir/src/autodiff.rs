@@ -168,7 +168,9 @@ pub fn is_differentiable(op: &Op) -> bool {
         Op::Unary(u) => {
             !matches!(u, UnaryOp::Not | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
         }
-        Op::Binary(b) => !b.is_comparison() && !matches!(b, BinaryOp::And | BinaryOp::Or),
+        Op::Binary(b) => {
+            !b.is_comparison() && !b.is_bitwise() && !matches!(b, BinaryOp::And | BinaryOp::Or)
+        }
         Op::Reduce { op, .. } => !matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin),
         Op::Cast(to) => to.is_float(),
         Op::Where
@@ -400,6 +402,14 @@ impl<B: GradBuilder> Rules<'_, B> {
                 let d = self.scale(&e, std::f64::consts::FRAC_2_SQRT_PI)?;
                 self.mul(&g, &d)?
             }
+            UnaryOp::Erfc => {
+                // -2/sqrt(pi) * exp(-x^2)
+                let x2 = self.mul(x, x)?;
+                let nx2 = self.un(UnaryOp::Neg, &x2)?;
+                let e = self.un(UnaryOp::Exp, &nx2)?;
+                let d = self.scale(&e, -std::f64::consts::FRAC_2_SQRT_PI)?;
+                self.mul(&g, &d)?
+            }
             UnaryOp::Recip => {
                 // -g / x^2
                 let x2 = self.mul(x, x)?;
@@ -466,7 +476,28 @@ impl<B: GradBuilder> Rules<'_, B> {
                 let gy = self.select(&y_wins, &g, &tie_part)?;
                 vec![Some(gx), Some(gy)]
             }
-            _ => vec![None, None],
+            BinaryOp::Rem => {
+                // a - trunc(a / b) * b: d/da = g, d/db = -g * trunc(a / b), as PyTorch's fmod.
+                let q = self.bin(BinaryOp::Div, x, y)?;
+                let below = self.cmp_const(BinaryOp::Lt, &q, 0.0)?;
+                let (up, down) = (self.un(UnaryOp::Ceil, &q)?, self.un(UnaryOp::Floor, &q)?);
+                let t = self.select(&below, &up, &down)?;
+                let gt = self.mul(&g, &t)?;
+                vec![Some(g), Some(self.un(UnaryOp::Neg, &gt)?)]
+            }
+            BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr => vec![None, None],
         })
     }
 

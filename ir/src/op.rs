@@ -41,6 +41,8 @@ pub enum UnaryOp {
     Relu,
     /// The error function.
     Erf,
+    /// The complementary error function `1 - erf(x)`, accurate where it is tiny.
+    Erfc,
     /// `1 / x`.
     Recip,
     /// Rounds toward negative infinity.
@@ -62,7 +64,8 @@ pub enum BinaryOp {
     Sub,
     /// `a * b` (integers wrap).
     Mul,
-    /// `a / b`, floats only.
+    /// `a / b`; integers round toward zero, and give 0 where `b` is 0 (C and PyTorch's CPU
+    /// raise or leave it undefined; a fused kernel cannot stop).
     Div,
     /// `a ^ b`, floats only.
     Pow,
@@ -86,6 +89,20 @@ pub enum BinaryOp {
     And,
     /// Logical or of two `Bool`s.
     Or,
+    /// The remainder of division rounded toward zero, with `a`'s sign: C's `fmod` (exact) for
+    /// floats, `%` for integers (0 where `b` is 0).
+    Rem,
+    /// Bitwise and of two integers.
+    BitAnd,
+    /// Bitwise or of two integers.
+    BitOr,
+    /// Bitwise exclusive or of two integers.
+    BitXor,
+    /// `a << b` of integers, wrapping to the dtype; 0 where `b` is negative or at least 64.
+    Shl,
+    /// `a >> b` of integers (sign-filling for the signed types); a shift by a negative `b` or
+    /// by at least 64 fills with the sign.
+    Shr,
 }
 
 /// Reductions over a set of axes. The reduced axes keep size 1 in the result.
@@ -373,30 +390,7 @@ impl Op {
                 }
                 Ok((shape.clone(), dtype))
             }
-            Op::Binary(b) => {
-                let (sa, da) = inputs[0];
-                let (sb, db) = inputs[1];
-                same_shape(b.name(), sa, sb)?;
-                if da != db {
-                    return Err(IrError::dtype(
-                        b.name(),
-                        format!("inputs have dtypes {da} and {db}"),
-                    ));
-                }
-                let ok = match b {
-                    BinaryOp::Div | BinaryOp::Pow => da.is_float(),
-                    BinaryOp::And | BinaryOp::Or => da == DType::Bool,
-                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul => da != DType::Bool,
-                    _ => true,
-                };
-                if !ok {
-                    return Err(IrError::dtype(
-                        b.name(),
-                        format!("is not defined for {da} inputs"),
-                    ));
-                }
-                Ok((sa.clone(), if b.is_comparison() { DType::Bool } else { da }))
-            }
+            Op::Binary(b) => infer_binary(*b, inputs),
             Op::Where => {
                 let (sc, dc) = inputs[0];
                 let (sa, da) = inputs[1];
@@ -506,7 +500,8 @@ impl UnaryOp {
             | UnaryOp::Tan
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
-            | UnaryOp::Erf => true,
+            | UnaryOp::Erf
+            | UnaryOp::Erfc => true,
             UnaryOp::Neg
             | UnaryOp::Abs
             | UnaryOp::Sqrt
@@ -537,6 +532,7 @@ impl UnaryOp {
             | UnaryOp::Sigmoid
             | UnaryOp::Relu
             | UnaryOp::Erf
+            | UnaryOp::Erfc
             | UnaryOp::Recip
             | UnaryOp::Not => false,
         }
@@ -557,6 +553,7 @@ impl UnaryOp {
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Relu => "relu",
             UnaryOp::Erf => "erf",
+            UnaryOp::Erfc => "erfc",
             UnaryOp::Recip => "reciprocal",
             UnaryOp::Floor => "floor",
             UnaryOp::Ceil => "ceil",
@@ -585,6 +582,12 @@ impl BinaryOp {
             BinaryOp::Ge => "ge",
             BinaryOp::And => "logical_and",
             BinaryOp::Or => "logical_or",
+            BinaryOp::Rem => "fmod",
+            BinaryOp::BitAnd => "bitwise_and",
+            BinaryOp::BitOr => "bitwise_or",
+            BinaryOp::BitXor => "bitwise_xor",
+            BinaryOp::Shl => "bitwise_left_shift",
+            BinaryOp::Shr => "bitwise_right_shift",
         }
     }
 
@@ -606,8 +609,22 @@ impl BinaryOp {
             | BinaryOp::Gt
             | BinaryOp::Ge
             | BinaryOp::And
-            | BinaryOp::Or => false,
+            | BinaryOp::Or
+            | BinaryOp::Rem
+            | BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr => false,
         }
+    }
+
+    /// Whether the op takes integers only (the bitwise ops and shifts).
+    pub fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr
+        )
     }
 
     /// Whether the op compares and gives `Bool`.
@@ -627,7 +644,13 @@ impl BinaryOp {
             | BinaryOp::Maximum
             | BinaryOp::Minimum
             | BinaryOp::And
-            | BinaryOp::Or => false,
+            | BinaryOp::Or
+            | BinaryOp::Rem
+            | BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr => false,
         }
     }
 }
@@ -645,6 +668,38 @@ impl ReduceOp {
             ReduceOp::ArgMin => "argmin",
         }
     }
+}
+
+/// [`Op::infer`] of a binary op: one shape, one dtype, and a dtype the op takes.
+fn infer_binary(b: BinaryOp, inputs: &[(&Shape, DType)]) -> Result<(Shape, DType), IrError> {
+    let (sa, da) = inputs[0];
+    let (sb, db) = inputs[1];
+    same_shape(b.name(), sa, sb)?;
+    if da != db {
+        return Err(IrError::dtype(b.name(), format!("inputs have dtypes {da} and {db}")));
+    }
+    let ok = match b {
+        BinaryOp::Pow => da.is_float(),
+        BinaryOp::And | BinaryOp::Or => da == DType::Bool,
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem => {
+            da != DType::Bool
+        }
+        BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr => {
+            !da.is_float() && da != DType::Bool
+        }
+        BinaryOp::Maximum
+        | BinaryOp::Minimum
+        | BinaryOp::Eq
+        | BinaryOp::Ne
+        | BinaryOp::Lt
+        | BinaryOp::Le
+        | BinaryOp::Gt
+        | BinaryOp::Ge => true,
+    };
+    if !ok {
+        return Err(IrError::dtype(b.name(), format!("is not defined for {da} inputs")));
+    }
+    Ok((sa.clone(), if b.is_comparison() { DType::Bool } else { da }))
 }
 
 /// [`Op::infer`] of `reduce`.

@@ -6,7 +6,7 @@ use crate::{BinaryOp, ReduceOp, UnaryOp};
 
 impl UnaryOp {
     /// Every unary op, in declaration order.
-    pub const ALL: [UnaryOp; 17] = [
+    pub const ALL: [UnaryOp; 18] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Sqrt,
@@ -24,12 +24,13 @@ impl UnaryOp {
         UnaryOp::Ceil,
         UnaryOp::Round,
         UnaryOp::Not,
+        UnaryOp::Erfc,
     ];
 }
 
 impl BinaryOp {
     /// Every binary op, in declaration order.
-    pub const ALL: [BinaryOp; 15] = [
+    pub const ALL: [BinaryOp; 21] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -45,6 +46,12 @@ impl BinaryOp {
         BinaryOp::Ge,
         BinaryOp::And,
         BinaryOp::Or,
+        BinaryOp::Rem,
+        BinaryOp::BitAnd,
+        BinaryOp::BitOr,
+        BinaryOp::BitXor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
     ];
 }
 
@@ -82,6 +89,7 @@ fn unary_position(op: UnaryOp) -> usize {
         UnaryOp::Ceil => 14,
         UnaryOp::Round => 15,
         UnaryOp::Not => 16,
+        UnaryOp::Erfc => 17,
     }
 }
 
@@ -104,6 +112,12 @@ fn binary_position(op: BinaryOp) -> usize {
         BinaryOp::Ge => 12,
         BinaryOp::And => 13,
         BinaryOp::Or => 14,
+        BinaryOp::Rem => 15,
+        BinaryOp::BitAnd => 16,
+        BinaryOp::BitOr => 17,
+        BinaryOp::BitXor => 18,
+        BinaryOp::Shl => 19,
+        BinaryOp::Shr => 20,
     }
 }
 

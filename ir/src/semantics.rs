@@ -56,6 +56,7 @@ pub fn unary(op: UnaryOp, x: f64) -> f64 {
             }
         }
         UnaryOp::Erf => erf(x),
+        UnaryOp::Erfc => libm::erfc(x),
         UnaryOp::Recip => 1.0 / x,
         UnaryOp::Floor => x.floor(),
         UnaryOp::Ceil => x.ceil(),
@@ -87,6 +88,8 @@ pub fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
+        // Rust's `%` of floats is C's `fmod`, exact.
+        BinaryOp::Rem => a % b,
         BinaryOp::Pow => a.powf(b),
         BinaryOp::Maximum | BinaryOp::Minimum if a.is_nan() || b.is_nan() => f64::NAN,
         BinaryOp::Maximum => a.max(b),
@@ -106,6 +109,20 @@ pub fn binary_int(op: BinaryOp, a: i64, b: i64) -> i64 {
         BinaryOp::Mul => a.wrapping_mul(b),
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
+        BinaryOp::Div if b == 0 => 0,
+        BinaryOp::Div => a.wrapping_div(b),
+        BinaryOp::Rem if b == 0 => 0,
+        BinaryOp::Rem => a.wrapping_rem(b),
+        BinaryOp::BitAnd => a & b,
+        BinaryOp::BitOr => a | b,
+        BinaryOp::BitXor => a ^ b,
+        // A narrower dtype's value is held sign- or zero-extended, so shifting the i64 and
+        // wrapping to the dtype afterwards is the narrow shift (0 past its width for `<<`,
+        // the sign past it for `>>`).
+        BinaryOp::Shl if (0..64).contains(&b) => a << b,
+        BinaryOp::Shl => 0,
+        BinaryOp::Shr if (0..64).contains(&b) => a >> b,
+        BinaryOp::Shr => a >> 63,
         other => unreachable!("{} does not take integers", other.name()),
     }
 }
@@ -291,6 +308,14 @@ mod tests {
         assert_eq!(wrap(DType::U8, 300), 44);
         assert_eq!(wrap(DType::U8, -1), 255);
         assert_eq!(binary_int(BinaryOp::Add, i64::MAX, 1), i64::MIN);
+        assert_eq!(binary_int(BinaryOp::Div, -7, 2), -3);
+        assert_eq!(binary_int(BinaryOp::Div, i64::MIN, -1), i64::MIN);
+        assert_eq!(binary_int(BinaryOp::Rem, -7, 2), -1);
+        assert_eq!(binary_int(BinaryOp::Rem, 7, 0), 0);
+        assert_eq!(wrap(DType::I32, binary_int(BinaryOp::Shl, 1, 40)), 0);
+        assert_eq!(wrap(DType::U8, binary_int(BinaryOp::Shl, 200, 1)), 144);
+        assert_eq!(binary_int(BinaryOp::Shr, -5, 70), -1);
+        assert_eq!(binary_int(BinaryOp::Shl, 5, -1), 0);
         assert_eq!(unary_int(UnaryOp::Abs, i64::MIN), i64::MIN);
         assert_eq!(round(DType::I32, 2_147_483_648.0), -2_147_483_648.0);
         assert_eq!(cast(-2.7, DType::F32, DType::I64), -2.0);
@@ -304,6 +329,9 @@ mod tests {
         assert!(binary(BinaryOp::Minimum, 1.0, f64::NAN).is_nan());
         assert_eq!(binary(BinaryOp::Pow, 0.0, 0.0), 1.0);
         assert!(binary(BinaryOp::Pow, -8.0, 1.0 / 3.0).is_nan());
+        assert_eq!(binary(BinaryOp::Rem, -7.5, 2.0), -1.5);
+        assert_eq!(binary(BinaryOp::Rem, 1e300, 3.0), 1e300 % 3.0);
+        assert!(binary(BinaryOp::Rem, 1.0, 0.0).is_nan());
         assert_eq!(unary(UnaryOp::Round, 2.5), 2.0);
         assert_eq!(unary(UnaryOp::Round, -3.5), -4.0);
         assert_eq!(unary(UnaryOp::Relu, -3.0), 0.0);

@@ -317,9 +317,9 @@ pub fn try_conv2d(
 pub(super) fn layer_parameters(
     layer: &'static str,
     [in_channels, out_channels]: [usize; 2],
-    kernel_size: [usize; 2],
+    kernel_size: &[usize],
     groups: usize,
-    weight_shape: [usize; 4],
+    weight_shape: &[usize],
     per_group_in: usize,
 ) -> Result<(Tensor, Tensor)> {
     if groups == 0 || !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
@@ -336,14 +336,14 @@ pub(super) fn layer_parameters(
             format!("kernel_size must be positive, got {kernel_size:?}"),
         ));
     }
-    let fan_in = per_group_in * kernel_size[0] * kernel_size[1];
+    let fan_in = per_group_in * kernel_size.iter().product::<usize>();
     let bound = if fan_in == 0 { 0.0 } else { 1.0 / (fan_in as f64).sqrt() };
     let uniform = |shape: &[usize]| -> Result<Tensor> {
         let t = (Tensor::try_rand(shape)? * (2.0 * bound) - bound).to_dtype(DType::F32);
         t.try_realize()?;
         Ok(t.requires_grad_(true))
     };
-    Ok((uniform(&weight_shape)?, uniform(&[out_channels])?))
+    Ok((uniform(weight_shape)?, uniform(&[out_channels])?))
 }
 
 /// A 2-D convolution layer (PyTorch's `nn.Conv2d`), with its weight and bias initialized as
@@ -398,9 +398,9 @@ impl Conv2d {
         let (weight, bias) = layer_parameters(
             "Conv2d",
             [in_channels, out_channels],
-            kernel_size,
+            &kernel_size,
             g,
-            [out_channels, in_channels / g.max(1), kernel_size[0], kernel_size[1]],
+            &[out_channels, in_channels / g.max(1), kernel_size[0], kernel_size[1]],
             in_channels / g.max(1),
         )?;
         Ok(Conv2d { weight, bias: Some(bias), options })

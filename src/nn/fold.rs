@@ -371,9 +371,9 @@ impl ConvTranspose2d {
         let (weight, bias) = super::conv::layer_parameters(
             "ConvTranspose2d",
             [in_channels, out_channels],
-            kernel_size,
+            &kernel_size,
             g,
-            [in_channels, out_channels / g.max(1), kernel_size[0], kernel_size[1]],
+            &[in_channels, out_channels / g.max(1), kernel_size[0], kernel_size[1]],
             out_channels / g.max(1),
         )?;
         Ok(ConvTranspose2d { weight, bias: Some(bias), options })

@@ -21,6 +21,7 @@ pub use super::attention::{
 };
 pub use super::batchnorm::{BatchNormOptions, batch_norm, try_batch_norm};
 pub use super::conv::{Conv1dOptions, Conv2dOptions, conv1d, conv2d, try_conv1d, try_conv2d};
+pub use super::ctc::{CtcLossOptions, ctc_loss, try_ctc_loss};
 pub use super::distance::{
     cosine_similarity, normalize, one_hot, pairwise_distance, try_cosine_similarity, try_normalize,
     try_one_hot, try_pairwise_distance,
@@ -46,12 +47,17 @@ pub use super::resize::{
     InterpolateMode, PadMode, Resize, interpolate, pad, try_interpolate, try_pad,
 };
 pub use super::sequence::{
-    ConvTranspose1dOptions, Pool1dOptions, adaptive_avg_pool1d, avg_pool1d, bilinear,
-    conv_transpose1d, gumbel_softmax, instance_norm, max_pool1d, try_adaptive_avg_pool1d,
-    try_avg_pool1d, try_bilinear, try_conv_transpose1d, try_gumbel_softmax, try_instance_norm,
-    try_max_pool1d,
+    ConvTranspose1dOptions, Pool1dOptions, adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d,
+    bilinear, conv_transpose1d, gumbel_softmax, instance_norm, max_pool1d, try_adaptive_avg_pool1d,
+    try_adaptive_max_pool1d, try_avg_pool1d, try_bilinear, try_conv_transpose1d,
+    try_gumbel_softmax, try_instance_norm, try_max_pool1d,
 };
 pub use super::shuffle::{pixel_shuffle, pixel_unshuffle, try_pixel_shuffle, try_pixel_unshuffle};
+pub use super::volume::{
+    Conv3dOptions, Pool3dOptions, adaptive_avg_pool3d, adaptive_max_pool3d, avg_pool3d, conv3d,
+    max_pool3d, try_adaptive_avg_pool3d, try_adaptive_max_pool3d, try_avg_pool3d, try_conv3d,
+    try_max_pool3d,
+};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
 

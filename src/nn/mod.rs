@@ -38,6 +38,7 @@ mod activation;
 mod attention;
 mod batchnorm;
 mod conv;
+mod ctc;
 mod ddp;
 mod distance;
 mod dropout;
@@ -58,6 +59,7 @@ mod sequence;
 mod sequential;
 mod shuffle;
 mod transformer;
+mod volume;
 
 pub use activation::{
     ELU, GELU, GELUTanh, Identity, LeakyReLU, ReLU, SiLU, Sigmoid, Softplus, Tanh,
@@ -74,13 +76,17 @@ pub use norm::{GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{Gru, Lstm, RecurrentOptions, Rnn};
 pub use resize::{Flatten, Upsample};
-pub use sequence::{AdaptiveAvgPool1d, AvgPool1d, Bilinear, InstanceNorm, MaxPool1d};
+pub use sequence::{
+    AdaptiveAvgPool1d, AdaptiveMaxPool1d, AvgPool1d, Bilinear, ConvTranspose1d, InstanceNorm,
+    InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, MaxPool1d,
+};
 pub use sequential::Sequential;
 pub use shuffle::{PixelShuffle, PixelUnshuffle};
 pub use transformer::{
     FeedForward, Masks, Transformer, TransformerDecoder, TransformerDecoderLayer,
     TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
 };
+pub use volume::{AdaptiveAvgPool3d, AdaptiveMaxPool3d, AvgPool3d, Conv3d, MaxPool3d};
 
 use crate::error::ok;
 use crate::{Device, Error, Result, Tensor};

@@ -4,7 +4,9 @@
 //! `gumbel_softmax`.
 
 use super::fold::{ConvTranspose2dOptions, try_conv_transpose2d};
-use super::pool::{Pool2dOptions, try_adaptive_avg_pool2d, try_avg_pool2d, try_max_pool2d};
+use super::pool::{
+    Pool2dOptions, try_adaptive_avg_pool2d, try_adaptive_max_pool2d, try_avg_pool2d, try_max_pool2d,
+};
 use super::{Module, Parameters};
 use crate::error::ok;
 use crate::{Error, Result, Tensor};
@@ -129,6 +131,30 @@ pub fn try_adaptive_avg_pool1d(input: &Tensor, output_size: usize) -> Result<Ten
     as_2d("adaptive_avg_pool1d", input, |x| try_adaptive_avg_pool2d(x, [1, output_size]))
 }
 
+/// Max pooling of the last dimension to `output_size` windows (PyTorch's
+/// `adaptive_max_pool1d`).
+///
+/// ```
+/// use kiln::nn::functional::adaptive_max_pool1d;
+/// use kiln::prelude::*;
+/// let x = Tensor::from_vec(vec![1.0f32, 5.0, 2.0, 4.0, 3.0], [1, 1, 5]);
+/// assert_eq!(adaptive_max_pool1d(&x, 2).to_vec::<f32>(), [5.0, 4.0]);
+/// ```
+#[track_caller]
+pub fn adaptive_max_pool1d(input: &Tensor, output_size: usize) -> Tensor {
+    ok(try_adaptive_max_pool1d(input, output_size))
+}
+
+/// [`adaptive_max_pool1d`], returning an error instead of panicking.
+///
+/// # Errors
+/// As [`try_adaptive_max_pool2d`] over the input with a height of one.
+#[track_caller]
+pub fn try_adaptive_max_pool1d(input: &Tensor, output_size: usize) -> Result<Tensor> {
+    let _at = crate::engine::origin::enter();
+    as_2d("adaptive_max_pool1d", input, |x| try_adaptive_max_pool2d(x, [1, output_size]))
+}
+
 /// Max pooling over sequences (PyTorch's `nn.MaxPool1d`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaxPool1d(pub Pool1dOptions);
@@ -141,10 +167,15 @@ pub struct AvgPool1d(pub Pool1dOptions);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveAvgPool1d(pub usize);
 
+/// Max pooling to a fixed length (PyTorch's `nn.AdaptiveMaxPool1d`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveMaxPool1d(pub usize);
+
 pool_modules!(
     MaxPool1d => try_max_pool1d,
     AvgPool1d => try_avg_pool1d,
-    AdaptiveAvgPool1d => try_adaptive_avg_pool1d
+    AdaptiveAvgPool1d => try_adaptive_avg_pool1d,
+    AdaptiveMaxPool1d => try_adaptive_max_pool1d
 );
 
 /// Normalizes each sample's channels over their own positions (PyTorch's `instance_norm`
@@ -205,6 +236,13 @@ pub struct InstanceNorm {
 }
 
 crate::parameters!(InstanceNorm { weight, bias });
+
+/// PyTorch's `nn.InstanceNorm1d` (`[N, C, L]`): [`InstanceNorm`].
+pub type InstanceNorm1d = InstanceNorm;
+/// PyTorch's `nn.InstanceNorm2d` (`[N, C, H, W]`): [`InstanceNorm`].
+pub type InstanceNorm2d = InstanceNorm;
+/// PyTorch's `nn.InstanceNorm3d` (`[N, C, D, H, W]`): [`InstanceNorm`].
+pub type InstanceNorm3d = InstanceNorm;
 
 impl InstanceNorm {
     /// For `num_features` channels, `eps = 1e-5`, with a learned scale and shift if `affine`.
@@ -432,4 +470,74 @@ pub fn try_conv_transpose1d(
     };
     let w = weight.try_unsqueeze(2)?;
     as_2d("conv_transpose1d", input, |x| try_conv_transpose2d(x, &w, bias, o))
+}
+
+/// A transposed 1-D convolution layer (PyTorch's `nn.ConvTranspose1d`): weight
+/// `[in_channels, out_channels / groups, K]` and bias `[out_channels]`, initialized as
+/// PyTorch does (uniform in `±1/sqrt(fan_in)`, `fan_in = out_channels / groups · K`).
+///
+/// ```
+/// use kiln::nn::{ConvTranspose1d, Module};
+/// use kiln::nn::functional::ConvTranspose1dOptions;
+/// use kiln::prelude::*;
+/// let up = ConvTranspose1d::new(4, 2, 3, ConvTranspose1dOptions { stride: 2, ..Default::default() });
+/// assert_eq!(up.forward(&Tensor::randn([1, 4, 5])).dims(), &[1, 2, 11]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConvTranspose1d {
+    /// `[in_channels, out_channels / groups, K]`.
+    pub weight: Tensor,
+    /// `[out_channels]`.
+    pub bias: Option<Tensor>,
+    /// Stride, padding, output padding, groups and dilation.
+    pub options: ConvTranspose1dOptions,
+}
+
+impl ConvTranspose1d {
+    /// A layer with a bias, in `f32`.
+    ///
+    /// # Panics
+    /// As [`ConvTranspose1d::try_new`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        options: ConvTranspose1dOptions,
+    ) -> ConvTranspose1d {
+        ok(ConvTranspose1d::try_new(in_channels, out_channels, kernel_size, options))
+    }
+
+    /// [`ConvTranspose1d::new`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `groups` does not divide both channel counts, or a size is 0.
+    #[track_caller]
+    pub fn try_new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        options: ConvTranspose1dOptions,
+    ) -> Result<ConvTranspose1d> {
+        let per_group = out_channels / options.groups.max(1);
+        let (weight, bias) = super::conv::layer_parameters(
+            "ConvTranspose1d",
+            [in_channels, out_channels],
+            &[kernel_size],
+            options.groups,
+            &[in_channels, per_group, kernel_size],
+            per_group,
+        )?;
+        Ok(ConvTranspose1d { weight, bias: Some(bias), options })
+    }
+}
+
+crate::parameters!(ConvTranspose1d { weight, bias });
+
+impl Module for ConvTranspose1d {
+    #[track_caller]
+    fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
+        try_conv_transpose1d(input, &self.weight, self.bias.as_ref(), self.options)
+    }
 }

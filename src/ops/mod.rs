@@ -27,12 +27,16 @@
 //! `KILN_CHECK` (an element the CPU function leaves unwritten, a CUDA result that differs
 //! from the CPU function's) all know it.
 
+mod mode;
 mod opaque;
+mod scan;
+mod scatter_reduce;
 
 pub use opaque::{
     AutocastPolicy, Backward, CpuInput, CpuOutput, CudaKernel, Opaque, OpaqueBuilder, Saved,
     ShapeRule, Split,
 };
+pub use scatter_reduce::ScatterReduce;
 
 use std::sync::Arc;
 

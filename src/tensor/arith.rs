@@ -59,19 +59,43 @@ impl Tensor {
     /// Records a binary op with broadcasting and type promotion; `reversed` puts `rhs` first.
     #[track_caller]
     pub(crate) fn binary(&self, op: BinaryOp, rhs: Operand<'_>, reversed: bool) -> Result<Tensor> {
-        let lhs = Operand::from(self);
-        let common = result_type(&[lhs.participant(), rhs.participant()]);
+        let common = self.common_dtype(&rhs);
         let dtype = match op {
             BinaryOp::Div | BinaryOp::Pow if !common.is_float() => DType::F32,
             BinaryOp::And | BinaryOp::Or => DType::Bool,
-            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul if common == DType::Bool => {
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Rem
+                if common == DType::Bool =>
+            {
                 return Err(Error::dtype(
                     op.name(),
                     "is not defined for two bool operands; cast one with .long() or .float() first",
                 ));
             }
+            b if b.is_bitwise() && (common.is_float() || common == DType::Bool) => {
+                return Err(Error::dtype(
+                    op.name(),
+                    format!("is defined for integer tensors, not {common}"),
+                ));
+            }
             _ => common,
         };
+        self.binary_as(op, rhs, reversed, dtype)
+    }
+
+    /// The dtype PyTorch's promotion gives `self` and `rhs` together.
+    pub(crate) fn common_dtype(&self, rhs: &Operand<'_>) -> DType {
+        result_type(&[Operand::from(self).participant(), rhs.participant()])
+    }
+
+    /// Records `op` of `self` and `rhs`, both broadcast and converted to `dtype`.
+    #[track_caller]
+    pub(crate) fn binary_as(
+        &self,
+        op: BinaryOp,
+        rhs: Operand<'_>,
+        reversed: bool,
+        dtype: DType,
+    ) -> Result<Tensor> {
         let rhs = match rhs {
             Operand::Tensor(t) => t.into_owned(),
             // A scalar is a fill of the result's shape: one node, no broadcast view.
@@ -402,6 +426,9 @@ float_unary_methods! {
     sigmoid => Sigmoid;
     /// The error function.
     erf => Erf;
+    /// The complementary error function `1 - erf(x)`, accurate where it is tiny (it reaches
+    /// `1e-300` near `x = 26`, where `1 - erf(x)` is 0).
+    erfc => Erfc;
     /// `1 / x`.
     reciprocal => Recip;
     /// Rounds down.

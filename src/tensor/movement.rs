@@ -175,6 +175,45 @@ impl Tensor {
         Ok(self.restrided(|v| v.permute(&perm)))
     }
 
+    /// Moves dimension `source` to position `destination`, the others keeping their order
+    /// (PyTorch's `movedim`, also `moveaxis`; negative counts from the end). Shares storage.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::zeros([2, 3, 4]);
+    /// assert_eq!(x.movedim(0, -1).dims(), &[3, 4, 2]);
+    /// assert_eq!(x.movedim(2, 0).dims(), &[4, 2, 3]);
+    /// ```
+    ///
+    /// # Panics
+    /// If a dimension is out of range; [`Tensor::try_movedim`] returns the error.
+    #[must_use]
+    #[track_caller]
+    pub fn movedim(&self, source: i64, destination: i64) -> Tensor {
+        ok(self.try_movedim(source, destination))
+    }
+
+    /// [`Tensor::movedim`], returning an error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Index`] when a dimension is out of range.
+    #[track_caller]
+    pub fn try_movedim(&self, source: i64, destination: i64) -> Result<Tensor> {
+        let rank = self.ndim();
+        let from = normalize_axis("movedim", source, rank)?;
+        let to = normalize_axis("movedim", destination, rank)?;
+        let mut perm: Vec<usize> = (0..rank).filter(|&d| d != from).collect();
+        perm.insert(to, from);
+        Ok(self.restrided(|v| v.permute(&perm)))
+    }
+
+    /// [`Tensor::movedim`] under NumPy's name.
+    #[must_use]
+    #[track_caller]
+    pub fn moveaxis(&self, source: i64, destination: i64) -> Tensor {
+        self.movedim(source, destination)
+    }
+
     /// Swaps two dimensions (negative counts from the end). Shares storage.
     ///
     /// # Panics

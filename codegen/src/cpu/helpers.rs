@@ -42,8 +42,16 @@ extern "C" fn kiln_erf(x: f64) -> f64 {
     unary(UnaryOp::Erf, x)
 }
 
+extern "C" fn kiln_erfc(x: f64) -> f64 {
+    unary(UnaryOp::Erfc, x)
+}
+
 extern "C" fn kiln_pow(x: f64, y: f64) -> f64 {
     binary(BinaryOp::Pow, x, y)
+}
+
+extern "C" fn kiln_fmod(x: f64, y: f64) -> f64 {
+    binary(BinaryOp::Rem, x, y)
 }
 
 extern "C" fn kiln_round_f16(x: f32) -> f32 {
@@ -74,6 +82,10 @@ pub(super) enum Helper {
     Erf,
     /// `pow`: (f64, f64) -> f64.
     Pow,
+    /// `fmod`, exact: (f64, f64) -> f64.
+    Fmod,
+    /// `erfc` (no vector polynomial): f64 -> f64.
+    Erfc,
     /// An f32 rounded to f16 precision: f32 -> f32.
     RoundF16,
     /// f16 bits (in an i32) to f32, and back.
@@ -107,7 +119,8 @@ impl Batch {
             UnaryOp::Tanh => Some(Batch::Tanh),
             UnaryOp::Sigmoid => Some(Batch::Sigmoid),
             UnaryOp::Erf => Some(Batch::Erf),
-            UnaryOp::Neg
+            UnaryOp::Erfc
+            | UnaryOp::Neg
             | UnaryOp::Abs
             | UnaryOp::Sqrt
             | UnaryOp::Log
@@ -140,7 +153,7 @@ impl Batch {
 
 impl Helper {
     /// Every helper, in the order kernels' modules declare them (it shows in CLIF text).
-    pub(super) const ALL: [Helper; 20] = [
+    pub(super) const ALL: [Helper; 22] = [
         Helper::Exp,
         Helper::Log,
         Helper::Sin,
@@ -161,6 +174,8 @@ impl Helper {
         Helper::LseEnd,
         Helper::LseEndF64,
         Helper::ExpSumF32s,
+        Helper::Fmod,
+        Helper::Erfc,
     ];
 
     /// The scalar f64 function that computes `op` (for transcendental ops and the lanes
@@ -175,6 +190,7 @@ impl Helper {
             UnaryOp::Tanh => Some(Helper::Tanh),
             UnaryOp::Sigmoid => Some(Helper::Sigmoid),
             UnaryOp::Erf => Some(Helper::Erf),
+            UnaryOp::Erfc => Some(Helper::Erfc),
             UnaryOp::Neg
             | UnaryOp::Abs
             | UnaryOp::Sqrt
@@ -199,6 +215,8 @@ impl Helper {
             Helper::Sigmoid => "kiln_sigmoid",
             Helper::Erf => "kiln_erf",
             Helper::Pow => "kiln_pow",
+            Helper::Fmod => "kiln_fmod",
+            Helper::Erfc => "kiln_erfc",
             Helper::RoundF16 => "kiln_round_f16",
             Helper::F16ToF32 => "kiln_f16_to_f32",
             Helper::F32ToF16 => "kiln_f32_to_f16",
@@ -225,6 +243,8 @@ impl Helper {
             Helper::Sigmoid => kiln_sigmoid as *const u8,
             Helper::Erf => kiln_erf as *const u8,
             Helper::Pow => kiln_pow as *const u8,
+            Helper::Fmod => kiln_fmod as *const u8,
+            Helper::Erfc => kiln_erfc as *const u8,
             Helper::RoundF16 => kiln_round_f16 as *const u8,
             Helper::F16ToF32 => kiln_f16_to_f32 as *const u8,
             Helper::F32ToF16 => kiln_f32_to_f16 as *const u8,
@@ -246,8 +266,9 @@ impl Helper {
             | Helper::Tan
             | Helper::Tanh
             | Helper::Sigmoid
-            | Helper::Erf => (&[types::F64], Some(types::F64)),
-            Helper::Pow => (&[types::F64, types::F64], Some(types::F64)),
+            | Helper::Erf
+            | Helper::Erfc => (&[types::F64], Some(types::F64)),
+            Helper::Pow | Helper::Fmod => (&[types::F64, types::F64], Some(types::F64)),
             Helper::RoundF16 => (&[types::F32], Some(types::F32)),
             Helper::F16ToF32 => (&[types::I32], Some(types::F32)),
             Helper::F32ToF16 => (&[types::F32], Some(types::I32)),

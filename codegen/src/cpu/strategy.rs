@@ -111,6 +111,8 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
             | UnaryOp::Sin
             | UnaryOp::Cos
             | UnaryOp::Tan => fits(e.dtype) && float == DType::F32,
+            // No vector polynomial: the f64 helper, one lane at a time.
+            UnaryOp::Erfc => false,
         },
         ExprKind::Binary(op, a, _) => {
             let arg = kernel.exprs[a].dtype;
@@ -118,12 +120,25 @@ pub(super) fn lane_type(kernel: &Kernel) -> Option<(DType, Type)> {
                 BinaryOp::Add
                 | BinaryOp::Sub
                 | BinaryOp::Mul
-                | BinaryOp::Div
                 | BinaryOp::Maximum
                 | BinaryOp::Minimum => fits(e.dtype),
+                BinaryOp::Div => fits(e.dtype) && e.dtype.is_float(),
                 BinaryOp::And | BinaryOp::Or => arg == DType::Bool,
                 BinaryOp::Pow => e.dtype == DType::F32,
-                _ => fits(arg),
+                // Scalar code: no vector division of integers, no vector `fmod`, and shifts
+                // by a per-lane amount.
+                BinaryOp::Rem
+                | BinaryOp::BitAnd
+                | BinaryOp::BitOr
+                | BinaryOp::BitXor
+                | BinaryOp::Shl
+                | BinaryOp::Shr => false,
+                BinaryOp::Eq
+                | BinaryOp::Ne
+                | BinaryOp::Lt
+                | BinaryOp::Le
+                | BinaryOp::Gt
+                | BinaryOp::Ge => fits(arg),
             }
         }
         ExprKind::Where(_, a, _) => fits(kernel.exprs[a].dtype),

@@ -246,6 +246,7 @@ impl<'b> Translator<'_, 'b> {
                         UnaryOp::Sin => self.trig_vector(Trig::Sin, x),
                         UnaryOp::Cos => self.trig_vector(Trig::Cos, x),
                         UnaryOp::Tan => self.tan_vector(x),
+                        UnaryOp::Erfc => unreachable!("erfc is not vectorised (strategy.rs)"),
                     }
                 }
                 ExprKind::Binary(op, a, c) => {
@@ -555,7 +556,8 @@ impl<'b> Translator<'_, 'b> {
             };
             return self.narrow(v, dtype);
         }
-        if matches!(dtype, DType::F32 | DType::BF16 | DType::F16) && op.is_transcendental() {
+        let polynomial = op.is_transcendental() && op != UnaryOp::Erfc;
+        if matches!(dtype, DType::F32 | DType::BF16 | DType::F16) && polynomial {
             // One lane of the vector polynomial: an element gets the same bits whether its
             // kernel reaches it in a vector or in a scalar tail (which depends on the layout,
             // so it differs between plans of one program). A 16-bit result is the f32 one
@@ -578,7 +580,8 @@ impl<'b> Translator<'_, 'b> {
                 | UnaryOp::Floor
                 | UnaryOp::Ceil
                 | UnaryOp::Round
-                | UnaryOp::Not => unreachable!("{} is not transcendental", op.name()),
+                | UnaryOp::Erfc
+                | UnaryOp::Not => unreachable!("{} has no vector polynomial", op.name()),
             };
             let r = self.b.ins().extractlane(r, 0);
             return self.narrow(r, dtype);
@@ -607,7 +610,8 @@ impl<'b> Translator<'_, 'b> {
             | UnaryOp::Tan
             | UnaryOp::Tanh
             | UnaryOp::Sigmoid
-            | UnaryOp::Erf => {
+            | UnaryOp::Erf
+            | UnaryOp::Erfc => {
                 let helper = Helper::for_unary(op).expect("every transcendental has a helper");
                 return self.via_f64(helper, &[x], dtype);
             }
@@ -645,6 +649,11 @@ impl<'b> Translator<'_, 'b> {
                 BinaryOp::Mul => self.b.ins().imul(x, y),
                 BinaryOp::Maximum => self.b.ins().smax(x, y),
                 BinaryOp::Minimum => self.b.ins().smin(x, y),
+                BinaryOp::Div | BinaryOp::Rem => self.int_division(op, x, y),
+                BinaryOp::BitAnd => self.b.ins().band(x, y),
+                BinaryOp::BitOr => self.b.ins().bor(x, y),
+                BinaryOp::BitXor => self.b.ins().bxor(x, y),
+                BinaryOp::Shl | BinaryOp::Shr => self.shift(op, x, y),
                 other => unreachable!("{} does not take integers", other.name()),
             };
             return self.narrow(v, dtype);
@@ -664,9 +673,45 @@ impl<'b> Translator<'_, 'b> {
                 return self.b.ins().extractlane(r, 0);
             }
             BinaryOp::Pow => return self.via_f64(Helper::Pow, &[x, y], dtype),
+            // Exact in f64 for every narrower float too: the remainder of two f32s is an f32.
+            BinaryOp::Rem => return self.via_f64(Helper::Fmod, &[x, y], dtype),
             other => unreachable!("{} does not take floats", other.name()),
         };
         self.narrow(v, dtype)
+    }
+
+    /// Integer `/` (toward zero) or `%` of i64 values, with the semantics' answers where the
+    /// hardware traps: 0 for a zero divisor, and `i64::MIN / -1` wrapping (its `%` is 0).
+    fn int_division(&mut self, op: BinaryOp, x: Value, y: Value) -> Value {
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let one = self.b.ins().iconst(types::I64, 1);
+        let by_zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
+        let by_minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+        let risky = self.b.ins().bor(by_zero, by_minus_one);
+        let safe = self.b.ins().select(risky, one, y);
+        let (v, special) = if op == BinaryOp::Div {
+            (self.b.ins().sdiv(x, safe), self.b.ins().ineg(x))
+        } else {
+            (self.b.ins().srem(x, safe), zero)
+        };
+        let v = self.b.ins().select(by_minus_one, special, v);
+        self.b.ins().select(by_zero, zero, v)
+    }
+
+    /// `<<` or `>>` of i64 values by an amount outside `0..64` as the semantics say: `<<`
+    /// gives 0 and `>>` the sign.
+    fn shift(&mut self, op: BinaryOp, x: Value, y: Value) -> Value {
+        let in_range = self.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, y, 64);
+        let amount = self.b.ins().band_imm_u(y, 63);
+        if op == BinaryOp::Shl {
+            let v = self.b.ins().ishl(x, amount);
+            let zero = self.b.ins().iconst(types::I64, 0);
+            self.b.ins().select(in_range, v, zero)
+        } else {
+            let v = self.b.ins().sshr(x, amount);
+            let sign = self.b.ins().sshr_imm_u(x, 63);
+            self.b.ins().select(in_range, v, sign)
+        }
     }
 
     pub(super) fn cast(&mut self, v: Value, from: DType, to: DType) -> Value {

@@ -146,6 +146,10 @@ __device__ __forceinline__ double k_mind(double a, double b) { return (a != a ||
 __device__ __forceinline__ float k_inff() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double k_infd() { return __longlong_as_double(0x7ff0000000000000LL); }
 __device__ __forceinline__ float k_d2f_odd(double x) { float f = __double2float_rz(x); return ((double)f != x && f == f) ? __int_as_float(__float_as_int(f) | 1) : f; }
+__device__ __forceinline__ long long k_idiv(long long a, long long b) { return b == 0 ? 0 : (b == -1 ? (long long)(0ULL - (unsigned long long)a) : a / b); }
+__device__ __forceinline__ long long k_irem(long long a, long long b) { return (b == 0 || b == -1) ? 0 : a % b; }
+__device__ __forceinline__ long long k_shl(long long a, long long b) { return (b < 0 || b >= 64) ? 0 : (long long)((unsigned long long)a << b); }
+__device__ __forceinline__ long long k_shr(long long a, long long b) { return (b < 0 || b >= 64) ? (a >> 63) : (a >> b); }
 __device__ __forceinline__ long long k_f2i(double x) { return x != x ? 0 : (x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (x >= 9223372036854775808.0 ? 9223372036854775807LL : (long long)x)); }
 "#;
 
@@ -286,6 +290,7 @@ fn unary(op: UnaryOp, d: DType, x: &str, single: bool) -> String {
         UnaryOp::Tan => f("tan"),
         UnaryOp::Tanh => f("tanh"),
         UnaryOp::Erf => f("erf"),
+        UnaryOp::Erfc => f("erfc"),
         UnaryOp::Floor => f("floor"),
         UnaryOp::Ceil => f("ceil"),
         UnaryOp::Round => f("rint"),
@@ -305,6 +310,7 @@ fn binary(op: BinaryOp, arg: DType, a: &str, b: &str) -> String {
         BinaryOp::Add => format!("{a} + {b}"),
         BinaryOp::Sub => format!("{a} - {b}"),
         BinaryOp::Mul => format!("{a} * {b}"),
+        BinaryOp::Div if !arg.is_float() => format!("k_idiv((long long){a}, (long long){b})"),
         BinaryOp::Div => format!("{a} / {b}"),
         BinaryOp::Pow if single => format!("powf({a}, {b})"),
         BinaryOp::Pow => format!("pow((double){a}, (double){b})"),
@@ -322,6 +328,14 @@ fn binary(op: BinaryOp, arg: DType, a: &str, b: &str) -> String {
         BinaryOp::Ge => format!("{a} >= {b}"),
         BinaryOp::And => format!("({a} != 0) && ({b} != 0)"),
         BinaryOp::Or => format!("({a} != 0) || ({b} != 0)"),
+        BinaryOp::Rem if single => format!("fmodf({a}, {b})"),
+        BinaryOp::Rem if arg == DType::F64 => format!("fmod({a}, {b})"),
+        BinaryOp::Rem => format!("k_irem((long long){a}, (long long){b})"),
+        BinaryOp::BitAnd => format!("{a} & {b}"),
+        BinaryOp::BitOr => format!("{a} | {b}"),
+        BinaryOp::BitXor => format!("{a} ^ {b}"),
+        BinaryOp::Shl => format!("k_shl((long long){a}, (long long){b})"),
+        BinaryOp::Shr => format!("k_shr((long long){a}, (long long){b})"),
     }
 }
 
