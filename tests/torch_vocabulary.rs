@@ -347,3 +347,71 @@ fn the_new_ops_pass_gradcheck_to_the_second_order() {
         .unwrap_or_else(|e| panic!("scatter_reduce {how:?}: {e}"));
     }
 }
+
+/// The same ops on `device` give the CPU's results: the generated kernels (`fmod`, integer
+/// division, the bitwise ops, `erfc`) compile and agree, and the opaque ops run on host
+/// copies.
+fn on_device(device: Device) {
+    let file = fixture();
+    let same = |name: &str, got: &Tensor, want: &Tensor, tol: f64| {
+        assert_eq!(got.device(), device, "{name}: device");
+        assert_close_tol(&got.to_vec::<f64>(), &want.to_vec::<f64>(), tol, name);
+    };
+    let (a, b) = (get(&file, "fmod.in0"), get(&file, "fmod.in1"));
+    let (ga, gb) = (a.to(device), b.to(device));
+    same("fmod", &ga.fmod(&gb), &a.fmod(b), 0.0);
+    same(
+        "floor_divide f32",
+        &ga.float().floor_divide(&gb.float()),
+        &a.float().floor_divide(&b.float()),
+        0.0,
+    );
+    let (ia, ib) = (get(&file, "int_fmod_i32.in0"), get(&file, "int_fmod_i32.in1"));
+    let (gia, gib) = (ia.to(device), ib.to(device));
+    same("remainder i32", &gia.remainder(&gib), &ia.remainder(ib), 0.0);
+    same("floor_divide i32", &gia.floor_divide(&gib), &ia.floor_divide(ib), 0.0);
+    for n in ["i64", "i32", "u8"] {
+        let t = inputs(&file, &format!("bitwise_{n}"));
+        let g: Vec<Tensor> = t.iter().map(|x| x.to(device)).collect();
+        same("xor", &g[0].bitwise_xor(&g[1]), &t[0].bitwise_xor(&t[1]), 0.0);
+        same("not", &g[0].bitwise_not(), &t[0].bitwise_not(), 0.0);
+        same("shl", &g[0].bitwise_left_shift(&g[2]), &t[0].bitwise_left_shift(&t[2]), 0.0);
+        same("shr", &g[0].bitwise_right_shift(&g[2]), &t[0].bitwise_right_shift(&t[2]), 0.0);
+    }
+    let x = get(&file, "erfc.in0");
+    same("erfc", &x.to(device).erfc(), &x.erfc(), 1e-14);
+    same("erfc f32", &x.float().to(device).erfc(), &x.float().erfc(), 1e-6);
+    let x = get(&file, "erfinv.in0");
+    same("erfinv", &x.to(device).erfinv(), &x.erfinv(), 1e-13);
+    let x = get(&file, "logcumsumexp1.in0");
+    same("logcumsumexp", &x.to(device).logcumsumexp(1), &x.logcumsumexp(1), 0.0);
+    let m = get(&file, "mode_int.in0");
+    same("mode", &m.to(device).mode(1, false).1, &m.mode(1, false).1, 0.0);
+    let index = get(&file, "scatter_reduce.index");
+    let t = inputs(&file, "scatter_reduce_amax_True");
+    let gpu = t[0].to(device).scatter_reduce(
+        1,
+        &index.to(device),
+        &t[1].to(device),
+        ScatterReduce::Amax,
+        true,
+    );
+    same(
+        "scatter_reduce",
+        &gpu,
+        &t[0].scatter_reduce(1, index, &t[1], ScatterReduce::Amax, true),
+        0.0,
+    );
+    let lp = F::log_softmax(get(&file, "ctc_logits.in0"), 2);
+    let none = CtcLossOptions { reduction: Reduction::None, ..Default::default() };
+    let targets = get(&file, "ctc.targets");
+    let want = F::ctc_loss(&lp, targets, &[12, 10, 7], &[4, 2, 3], none);
+    same(
+        "ctc_loss",
+        &F::ctc_loss(&lp.to(device), &targets.to(device), &[12, 10, 7], &[4, 2, 3], none),
+        &want,
+        0.0,
+    );
+}
+
+device_test!(the_vocabulary_runs_on_every_device, super::on_device);
