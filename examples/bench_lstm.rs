@@ -40,7 +40,7 @@ fn main() {
         sgd.step();
         loss
     };
-    let mut time = |call: &mut dyn FnMut() -> Tensor| {
+    let time = |call: &mut dyn FnMut() -> Tensor| {
         let mut times = Vec::with_capacity(runs);
         for i in 0..runs + 2 {
             let t = Instant::now();
@@ -51,6 +51,11 @@ fn main() {
         }
         median(times)
     };
+    if std::env::var("KILN_LSTM_PROFILE").is_ok_and(|v| v == "1") {
+        step((&x, &target)).realize();
+        let (_, profile) = kiln::profile(|| step((&x, &target)).realize().clone());
+        println!("{profile}");
+    }
     let eager = time(&mut || step((&x, &target)));
     let mut compiled = kiln::compile(&mut step);
     let compiled_ms = time(&mut || compiled.call((&x, &target)));

@@ -189,13 +189,37 @@ pub(crate) fn attach_custom(
     inputs: &[&Tensor],
     backward: Result<Arc<CustomBackward>, String>,
 ) {
+    let label = kiln_ir::Label { name: op.name(), grad: false };
+    attach_rule(out, op, Some(label), inputs, backward);
+}
+
+/// Attaches to `out`, the result of a built-in composite `op` over `inputs`, a grad node
+/// with a hand-written `backward` in place of the gradients of the ops it is made of (as
+/// `cat`'s: one view of the gradient per piece, not a chain of masked copies).
+#[track_caller]
+pub(crate) fn attach_composite(
+    out: &Tensor,
+    op: Op,
+    inputs: &[&Tensor],
+    backward: Arc<CustomBackward>,
+) {
+    attach_rule(out, op, crate::engine::lazy::current_label(), inputs, Ok(backward));
+}
+
+#[track_caller]
+fn attach_rule(
+    out: &Tensor,
+    op: Op,
+    label: Option<kiln_ir::Label>,
+    inputs: &[&Tensor],
+    backward: Result<Arc<CustomBackward>, String>,
+) {
     let edges: Vec<Option<Arc<GradNode>>> =
         inputs.iter().map(|t| t.grad_fn()).chain([None]).collect();
     let originals: Vec<&Tensor> = inputs.iter().copied().chain([out]).collect();
     let output = out.detach();
     let saved: Vec<Tensor> =
         inputs.iter().zip(&edges).map(|(t, e)| save(t, e)).chain([save(&output, &None)]).collect();
-    let label = kiln_ir::Label { name: op.name(), grad: false };
     let (backward, refused) = match backward {
         Ok(b) => (Some(b), None),
         Err(why) => (None, Some(why)),
@@ -208,7 +232,7 @@ pub(crate) fn attach_custom(
         inputs: Mutex::new(Some(saved)),
         output: Arc::downgrade(&out.0),
         origin: crate::engine::origin::caller(),
-        label: Some(label),
+        label,
         refused,
         backward,
     };

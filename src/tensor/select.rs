@@ -291,18 +291,38 @@ impl Tensor {
         let mut dims = first.dims().to_vec();
         dims[axis] = tensors.iter().map(|t| t.dims()[axis]).sum();
         let shape = Shape::new(dims);
+        let pieces: Vec<Tensor> = tensors.iter().map(|t| t.to_dtype(dtype)).collect();
+        // The gradient of each piece is a view of the result's: recorded as one node, not
+        // as the chain of writes below, whose gradient would copy the whole result once
+        // per piece (masking the later pieces' slots), quadratic in their number.
+        let differentiable =
+            super::grad_mode::is_grad_enabled() && pieces.iter().any(Tensor::requires_grad);
         // Each piece is written into its slot of the result, starting from zeros on the
         // pieces' device.
         let zeros = Op::Full(kiln_ir::Scalar::I64(0));
         let mut out = Tensor::from_leaf_on(zeros, shape.clone(), dtype, first.device())?;
+        let mut slots = Vec::with_capacity(pieces.len());
         let mut offset = 0;
-        for t in tensors {
+        for t in &pieces {
             let len = t.dims()[axis];
+            slots.push((offset, len));
             if len > 0 {
                 let slot = View::contiguous(shape.clone()).narrow(axis, offset, len);
-                out = Tensor::from_op(Op::Assign(slot), &[&out, &t.to_dtype(dtype)])?;
+                let piece = if differentiable { t.detach() } else { t.clone() };
+                out = Tensor::from_op(Op::Assign(slot), &[&out, &piece])?;
             }
             offset += len;
+        }
+        if differentiable {
+            let op = Op::Assign(View::contiguous(shape));
+            let refs: Vec<&Tensor> = pieces.iter().collect();
+            let backward = move |_: &[Tensor], g: &Tensor| -> Result<Vec<Option<Tensor>>> {
+                slots
+                    .iter()
+                    .map(|&(at, len)| g.try_narrow(axis as i64, at, len).map(Some))
+                    .collect()
+            };
+            super::history::attach_composite(&out, op, &refs, std::sync::Arc::new(backward));
         }
         Ok(out)
     }
