@@ -20,9 +20,10 @@
 extern "C" {
 #define KEMU_MATH(name) float name##f(float); double name(double);
 KEMU_MATH(fabs) KEMU_MATH(sqrt) KEMU_MATH(exp) KEMU_MATH(log) KEMU_MATH(sin) KEMU_MATH(cos) KEMU_MATH(tan)
-KEMU_MATH(tanh) KEMU_MATH(erf) KEMU_MATH(floor) KEMU_MATH(ceil) KEMU_MATH(rint)
+KEMU_MATH(tanh) KEMU_MATH(erf) KEMU_MATH(erfc) KEMU_MATH(floor) KEMU_MATH(ceil) KEMU_MATH(rint)
 #undef KEMU_MATH
 float powf(float, float); double pow(double, double);
+float fmodf(float, float); double fmod(double, double);
 float fmaxf(float, float); double fmax(double, double);
 float fminf(float, float); double fmin(double, double);
 float ldexpf(float, int); double ldexp(double, int);

@@ -59,6 +59,7 @@ fn main() {
     let eager = time(&mut || step((&x, &target)));
     let mut compiled = kiln::compile(&mut step);
     let compiled_ms = time(&mut || compiled.call((&x, &target)));
+    eprintln!("compile(): {}", compiled.stats());
     println!(
         "{{\"seq\": {seq}, \"batch\": {BATCH}, \"hidden\": {HIDDEN}, \"eager_ms\": {:.1}, \"compiled_ms\": {:.1}}}",
         eager.as_secs_f64() * 1e3,

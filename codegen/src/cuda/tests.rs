@@ -101,6 +101,21 @@ pub(crate) fn representative() -> Vec<(String, Kernel)> {
         out.extend(kernels_of(&g).into_iter().map(|k| (format!("every_unary_{dtype}"), k)));
     }
 
+    // Every binary op each dtype takes (`fmod`, the integer division and shift helpers, the
+    // bitwise operators), each of two inputs, kept: NVRTC must know every spelling.
+    for dtype in DType::ALL {
+        let mut g = Graph::new();
+        let s = Shape::from([9]);
+        let (a, b) = (g.input(s.clone(), dtype), g.input(s.clone(), dtype));
+        for op in BinaryOp::ALL {
+            if Op::Binary(op).infer(&[(&s, dtype), (&s, dtype)]).is_ok() {
+                let y = bin(&mut g, op, a, b);
+                g.mark_output(y);
+            }
+        }
+        out.extend(kernels_of(&g).into_iter().map(|k| (format!("every_binary_{dtype}"), k)));
+    }
+
     // A sum over rows with many outputs (bias gradients): one thread per output.
     let mut g = Graph::new();
     let x = g.input(Shape::from([9, 300]), DType::F32);
