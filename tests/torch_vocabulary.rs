@@ -362,8 +362,8 @@ fn on_device(device: Device) {
     same("fmod", &ga.fmod(&gb), &a.fmod(b), 0.0);
     same(
         "floor_divide f32",
-        &ga.float().floor_divide(&gb.float()),
-        &a.float().floor_divide(&b.float()),
+        &ga.float().floor_divide(gb.float()),
+        &a.float().floor_divide(b.float()),
         0.0,
     );
     let (ia, ib) = (get(&file, "int_fmod_i32.in0"), get(&file, "int_fmod_i32.in1"));
