@@ -143,6 +143,7 @@ fn planner_stage_snapshots() {
             "partition.kept_results",
             "partition.into_reductions",
             "partition.casts_into_producers",
+            "partition.shared_into_consumers",
             "lower",
             "reuse_buffers"
         ]

@@ -397,8 +397,15 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             written_by.entry(root).or_default().push(n);
         }
     }
-    let inline_stored: HashMap<NodeId, Cut> =
-        stored.iter().filter(|(n, _)| !merged.contains_key(n)).map(|(&n, &c)| (n, c)).collect();
+    // A kernel computes the values merged into it inline and reads every other stored value
+    // (a merged value is read by kernels besides its writer's).
+    let inline_stored = |extra: &[NodeId]| -> HashMap<NodeId, Cut> {
+        let mut inline = stored.clone();
+        for e in extra {
+            inline.remove(e);
+        }
+        inline
+    };
     let writes: HashMap<NodeId, NodeId> = reduced_by.iter().map(|(&v, &r)| (r, v)).collect();
     let kernel = |step: KernelStep| Step::Kernel(Box::new(step));
     let mut steps = Vec::new();
@@ -414,7 +421,7 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             steps.push(Step::Alias { node: n, of: graph.arg_slice(n)[0] });
         } else if let Some(&cut) = stored.get(&n) {
             steps.push(kernel(match written_by.get(&n) {
-                Some(extra) => build_kernel(graph, n, cut, &inline_stored, extra),
+                Some(extra) => build_kernel(graph, n, cut, &inline_stored(extra), extra),
                 None => build_kernel(graph, n, cut, stored, &[]),
             }));
         } else if let Some(&value) = writes.get(&n) {
@@ -424,9 +431,7 @@ pub fn lower(graph: &Graph, partition: &Partition, options: &PlanOptions) -> Vec
             // recompute, say, a post-norm residual stream from every earlier layer).
             let mut extra = vec![value];
             extra.extend(written_by.get(&value).into_iter().flatten().copied());
-            let mut inline = inline_stored.clone();
-            inline.remove(&value);
-            steps.push(kernel(build_reduce_kernel(graph, n, &inline, &extra)));
+            steps.push(kernel(build_reduce_kernel(graph, n, &inline_stored(&extra), &extra)));
         } else if op.is_kernel_reduce() {
             steps.push(kernel(build_reduce_kernel(graph, n, stored, &[])));
         } else if reads_views(graph, n, options) {

@@ -32,8 +32,9 @@ fn fused(options: &PlanOptions) -> bool {
 /// large), then, in fused plans: shared values that cost too much to recompute are stored
 /// once; a kept result is written by the kernel that consumes it; on targets whose
 /// reductions store their inputs, a stored value is written by the reduction over it; a
-/// cast of a stored value is written by its producer.
-pub const REFINEMENTS: [Refinement; 5] = [
+/// cast of a stored value is written by its producer; a value several kernels read is
+/// written by the first elementwise kernel that reads it.
+pub const REFINEMENTS: [Refinement; 6] = [
     Refinement {
         name: "partition.cuts",
         applies: |_| true,
@@ -86,6 +87,24 @@ pub const REFINEMENTS: [Refinement; 5] = [
                 stored,
                 reduced_by,
                 &cx.size,
+                &mut p.merged,
+            );
+        },
+    },
+    Refinement {
+        name: "partition.shared_into_consumers",
+        applies: fused,
+        run: |cx| {
+            let p = &mut cx.partition;
+            let (stored, reduced_by) = (&p.stored, &p.reduced_by);
+            let size = &mut cx.size;
+            merge_shared_into_consumers(
+                cx.graph,
+                &cx.order,
+                stored,
+                reduced_by,
+                size,
+                &cx.consumers,
                 &mut p.merged,
             );
         },
@@ -298,4 +317,89 @@ fn merge_into_reductions(
         }
     }
     out
+}
+
+/// Stored values that several kernels read ([`Cut::Shared`], or kept results
+/// [`merge_kept_results`] could not place), written as one more output by the first
+/// elementwise kernel that reads them instead of by a kernel of their own: added to `merged`
+/// (value -> that kernel's root).
+///
+/// A training step's forward values are read by the next forward op and again by the
+/// backward: an LSTM step's four gates, its cell state and `tanh` of it were each a kernel
+/// (seven per step) that wrote the value for the backward and for the one forward kernel that
+/// read it back. Computed inline in that forward kernel and written from there, the step is
+/// one kernel. The value's other readers must all come after the kernel (they read what it
+/// wrote, and none of them may feed it), the kernel must be elementwise and not written by
+/// a reduction, and [`MAX_KERNEL_OPS`] holds. Values already merged into this one move with
+/// it.
+fn merge_shared_into_consumers(
+    graph: &Graph,
+    order: &[NodeId],
+    stored: &HashMap<NodeId, Cut>,
+    reduced_by: &HashMap<NodeId, NodeId>,
+    size: &mut HashMap<NodeId, usize>,
+    consumers: &HashMap<NodeId, Vec<NodeId>>,
+    merged: &mut HashMap<NodeId, NodeId>,
+) {
+    let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let written: HashMap<NodeId, ()> = reduced_by.values().map(|&r| (r, ())).collect();
+    // The root of the one elementwise kernel an unstored elementwise value ends in, if one.
+    let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::default();
+    for &n in order.iter().rev() {
+        let node = graph.node(n);
+        if !node.op.is_elementwise() {
+            continue;
+        }
+        let cons = consumers.get(&n).map_or(&[][..], Vec::as_slice);
+        // The kernel each consumer ends in (`None`: not one elementwise kernel).
+        let kernel_of = |c: NodeId, merged: &HashMap<NodeId, NodeId>| {
+            let op = &graph.node(c).op;
+            if !op.is_elementwise() {
+                None
+            } else if stored.contains_key(&c) {
+                Some(merged.get(&c).copied().unwrap_or(c))
+            } else {
+                root_of.get(&c).copied().flatten()
+            }
+        };
+        if !stored.contains_key(&n) {
+            root_of.insert(n, single_root(cons, |c| kernel_of(c, merged)));
+            continue;
+        }
+        let mergeable = matches!(stored.get(&n), Some(Cut::Shared | Cut::Output))
+            && !merged.contains_key(&n)
+            && !reduced_by.contains_key(&n)
+            && !written.contains_key(&n);
+        if !mergeable {
+            continue;
+        }
+        let first = cons
+            .iter()
+            .filter_map(|&c| kernel_of(c, merged))
+            .filter(|&r| {
+                // (A value this one's own kernel writes reads it there, not elsewhere.)
+                r != n
+                    && stored.contains_key(&r)
+                    && !reduced_by.contains_key(&r)
+                    && !written.contains_key(&r)
+            })
+            .min_by_key(|r| position[r]);
+        let Some(r) = first else { continue };
+        // What this kernel writes already moves with it: its readers too must come after.
+        let riders: Vec<NodeId> =
+            merged.iter().filter(|&(_, &k)| k == n).map(|(&v, _)| v).collect();
+        let after = std::iter::once(n).chain(riders.iter().copied()).all(|v| {
+            let cons = consumers.get(&v).map_or(&[][..], Vec::as_slice);
+            cons.iter().all(|&c| kernel_of(c, merged) == Some(r) || position[&c] > position[&r])
+        });
+        let (own, held) = (size.get(&n).copied().unwrap_or(0), size.get(&r).copied().unwrap_or(0));
+        if !after || own + held > MAX_KERNEL_OPS {
+            continue;
+        }
+        size.insert(r, own + held);
+        for v in riders {
+            merged.insert(v, r);
+        }
+        merged.insert(n, r);
+    }
 }
