@@ -22,7 +22,10 @@
 //!   (`compute_shared_values_once`).
 //! - A kept result that only elementwise ops of one kernel consume is written by that kernel
 //!   as a second output instead of being stored by its own (see `merge_kept_results`); so is
-//!   a stored cast of a stored value, by the value's kernel (`merge_casts_into_producers`).
+//!   a stored cast of a stored value, by the value's kernel (`merge_casts_into_producers`),
+//!   and a value several kernels read, by the first elementwise kernel that reads it when
+//!   every other reader comes later (`merge_shared_into_consumers`: a training step's
+//!   forward values, read again by the backward).
 //!
 //! The partition depends only on the graph, so the same program gives the same kernels with
 //! the same names on every run.

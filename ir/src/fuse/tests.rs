@@ -246,7 +246,7 @@ fn kept_results_are_written_by_the_kernel_that_consumes_them() {
 }
 
 #[test]
-fn kept_results_read_by_reductions_views_or_several_kernels_stay_stored() {
+fn kept_results_read_by_reductions_or_views_stay_stored_and_several_kernels_share_one() {
     let mut g = Graph::new();
     let x = g.input(Shape::from([4, 3]), DType::F32);
     let a = unary(&mut g, UnaryOp::Exp, x);
@@ -274,12 +274,14 @@ fn kept_results_read_by_reductions_views_or_several_kernels_stay_stored() {
     for n in [a, p, q] {
         g.mark_output(n);
     }
+    // Read by two kernels: the first writes it beside its own result, the second reads it.
     let plan = steps(&g, Fusion::Fused);
-    assert_eq!(plan.steps.len(), 3);
-    for step in &plan.steps {
-        let Step::Kernel(k) = step else { panic!("kernels") };
-        assert_eq!(k.outputs.len(), 1);
-    }
+    assert_eq!(plan.steps.len(), 2);
+    let Step::Kernel(first) = &plan.steps[0] else { panic!("a kernel") };
+    let Step::Kernel(second) = &plan.steps[1] else { panic!("a kernel") };
+    assert_eq!((first.outputs.len(), first.inputs.clone()), (2, vec![x]));
+    assert!(first.outputs.contains(&a), "{:?}", first.outputs);
+    assert_eq!((second.outputs.len(), second.inputs.clone()), (1, vec![a]));
 }
 
 #[test]
