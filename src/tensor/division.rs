@@ -181,15 +181,8 @@ fn floor_quotient(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     div = Tensor::try_where_(&down, div.try_sub(1.0)?, &div)?;
     let floor = div.floor();
     let floor = Tensor::try_where_(&div.try_sub(&floor)?.gt(0.5), floor.try_add(1.0)?, &floor)?;
-    // A zero quotient keeps the sign of the true one.
-    let signed_zero = a.try_div(b)?.copysign_zero();
+    // A zero quotient keeps the sign of the true one (`q · 0` is ±0 with q's sign).
+    let signed_zero = a.try_div(b)?.try_mul(0.0)?;
     let q = Tensor::try_where_(&div.eq(0.0), &signed_zero, &floor)?;
     Tensor::try_where_(&b.eq(0.0), a.try_div(b)?, &q)
-}
-
-impl Tensor {
-    /// `±0` with `self`'s sign (NaN stays NaN).
-    fn copysign_zero(&self) -> Tensor {
-        self * 0.0
-    }
 }
