@@ -291,6 +291,7 @@ case("cond", lambda a: torch.linalg.cond(a), torch.randn(3, 4, 4))
 case("eigvalsh", lambda a: torch.linalg.eigvalsh(a + a.mT), torch.randn(2, 5, 5))
 case("vander", lambda x: torch.linalg.vander(x, N=4), torch.randn(2, 5))
 case("lstsq", lambda a, b: torch.linalg.lstsq(a, b).solution, torch.randn(2, 7, 4), torch.randn(2, 7, 3))
+case("qr_wide", qr_invariant, torch.randn(2, 4, 6))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_linalg.safetensors")
 print(f"wrote {len(out)} tensors")
 

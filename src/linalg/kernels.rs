@@ -11,6 +11,7 @@ use kiln_ir::{DType, Shape};
 
 use super::{last_two, mt, solve_triangular};
 use crate::Element;
+use crate::Tensor;
 use crate::error::Result;
 use crate::ops::{CpuInput, CpuOutput, Opaque, Split};
 
@@ -382,9 +383,25 @@ fn qr_cpu<T: Real>(inputs: &[CpuInput<'_>], out: &mut CpuOutput<'_>) -> Result<(
     })
 }
 
+/// PyTorch's QR gradient for a wide `A = Q [R₁ | R₂]` (`m < n`, `Q` square): with `X = Qᵀ gQ
+/// - gR Rᵀ` (`-Mᵀ`), `gA = [Q tril(X - Xᵀ) R₁⁻ᵀ | 0] + Q gR`.
+fn wide_qr_gradient(q: &Tensor, r: &Tensor, gr: &Tensor, mm: &Tensor) -> Result<Tensor> {
+    let (m, n) = last_two(r.dims());
+    let x = -mt(mm);
+    let y = q.try_matmul(&(&x - &mt(&x)).tril(0))?;
+    let r1 = r.try_narrow(-1, 0, m)?;
+    // Y R₁⁻ᵀ = (R₁⁻¹ Yᵀ)ᵀ.
+    let left = mt(&solve_triangular(&r1, &mt(&y), true));
+    let mut pad = left.dims().to_vec();
+    let last = pad.len() - 1;
+    pad[last] = n - m;
+    let zeros = Tensor::try_full_dtype(pad, 0.0, left.dtype())?.try_to(left.device())?;
+    Tensor::try_cat(&[&left, &zeros], -1)?.try_add(&q.try_matmul(gr)?)
+}
+
 /// The reduced `Q` (`m × k`) and `R` (`k × n`), `k = min(m, n)`, packed as `[.., m·k + k·n]`:
 /// for `m ≥ n`, `gA = (gQ + Q copyltu(M)) R⁻ᵀ` with `M = R gRᵀ - gQᵀ Q` and `copyltu` the
-/// lower triangle mirrored onto the upper one.
+/// lower triangle mirrored onto the upper one; for `m < n`, [`wide_qr_gradient`].
 pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
     float_op!("linalg.qr", 1, qr_cpu)
         .split(Split::Rows)
@@ -397,18 +414,12 @@ pub(super) static QR: LazyLock<Opaque> = LazyLock::new(|| {
             let a = &saved.inputs()[0];
             let d = a.dims();
             let (m, n) = last_two(d);
-            if m < n {
-                return Err(crate::Error::Autograd {
-                    op: "linalg.qr",
-                    detail: format!(
-                        "the gradient of a QR factorization is implemented for matrices with at \
-                         least as many rows as columns; this one is {m} × {n}"
-                    ),
-                });
-            }
             let ((q, r), (gq, gr)) =
                 (super::unpack_qr(saved.output(), d)?, super::unpack_qr(g, d)?);
             let mm = r.try_matmul(&mt(&gr))? - mt(&gq).try_matmul(&q)?;
+            if m < n {
+                return Ok(vec![Some(wide_qr_gradient(&q, &r, &gr, &mm)?)]);
+            }
             let copyltu = mm.tril(0) + mt(&mm.tril(-1));
             let y = gq + q.try_matmul(&copyltu)?;
             // Y R⁻ᵀ = (R⁻¹ Yᵀ)ᵀ.
