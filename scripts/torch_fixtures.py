@@ -393,5 +393,18 @@ case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 4, 3)), vol)
 case("adaptive_max_pool3d", lambda x: F.adaptive_max_pool3d(x, (2, 4, 3)), vol)
 case("adaptive_max_pool1d", lambda x: F.adaptive_max_pool1d(x, 4), torch.randn(2, 3, 11))
 case("instance_norm3d", lambda x: F.instance_norm(x, eps=1e-5), vol)
+# The remaining pointwise activations, with values far out on both sides.
+act = torch.cat([torch.randn(40) * 4, d(30.0, -30.0, 100.0, -100.0, 1000.0, -1000.0)])
+for name, fn in [("relu6", F.relu6), ("hardtanh", lambda x: F.hardtanh(x, -2.0, 1.5)),
+                 ("hardsigmoid", F.hardsigmoid), ("hardswish", F.hardswish), ("mish", F.mish),
+                 ("selu", F.selu), ("celu", lambda x: F.celu(x, 0.7)), ("logsigmoid", F.logsigmoid),
+                 ("softsign", F.softsign), ("softshrink", lambda x: F.softshrink(x, 0.6)),
+                 ("hardshrink", lambda x: F.hardshrink(x, 0.6)), ("tanhshrink", F.tanhshrink),
+                 ("threshold", lambda x: F.threshold(x, 0.3, -2.0))]:
+    case(f"act_{name}", fn, act)
+case("softmin", lambda x: F.softmin(x, dim=1), torch.randn(4, 7))
+case("glu", lambda x: F.glu(x, dim=1), torch.randn(3, 8, 2))
+case("prelu", F.prelu, torch.randn(2, 3, 5), torch.rand(3))
+case("linear", F.linear, torch.randn(4, 5), torch.randn(3, 5), torch.randn(3))
 save_file({k: v.contiguous() for k, v in out.items()}, "tests/data/torch_vocabulary.safetensors")
 print(f"wrote {len(out)} tensors")

@@ -286,7 +286,8 @@ fn plan(captured: &kiln_ir::Graph, tensors: &[&Tensor]) -> kiln_ir::pipeline::Pl
 ///         "precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first",
 ///         "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values",
 ///         "partition.kept_results", "partition.into_reductions",
-///         "partition.casts_into_producers", "lower", "reuse_buffers"
+///         "partition.casts_into_producers", "partition.shared_into_consumers", "lower",
+///         "reuse_buffers"
 ///     ]
 /// );
 /// assert!(stages[4].1.contains("mul"));   // before simplify: x * 1

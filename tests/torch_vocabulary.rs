@@ -415,3 +415,48 @@ fn on_device(device: Device) {
 }
 
 device_test!(the_vocabulary_runs_on_every_device, super::on_device);
+
+#[test]
+fn the_remaining_activations_match_pytorch() {
+    let file = fixture();
+    type Activation = fn(&Tensor) -> Tensor;
+    let all: [(&str, Activation); 13] = [
+        ("relu6", F::relu6),
+        ("hardtanh", |x| F::hardtanh(x, -2.0, 1.5)),
+        ("hardsigmoid", F::hardsigmoid),
+        ("hardswish", F::hardswish),
+        ("mish", F::mish),
+        ("selu", F::selu),
+        ("celu", |x| F::celu(x, 0.7)),
+        ("logsigmoid", F::logsigmoid),
+        ("softsign", F::softsign),
+        ("softshrink", |x| F::softshrink(x, 0.6)),
+        ("hardshrink", |x| F::hardshrink(x, 0.6)),
+        ("tanhshrink", F::tanhshrink),
+        ("threshold", |x| F::threshold(x, 0.3, -2.0)),
+    ];
+    for (name, f) in all {
+        // PyTorch's hardsigmoid gradient multiplies by 1/6 rounded to f32 even in f64 (a
+        // relative 3e-8 off; kiln's divides by 6), and its celu gradient is as far from
+        // `e^(x/α)` (kiln's is within rounding of it).
+        let tol = if matches!(name, "hardsigmoid" | "celu") { 1e-7 } else { 1e-13 };
+        check(&file, &format!("act_{name}"), tol, |t| f(&t[0]));
+    }
+    check(&file, "softmin", 1e-13, |t| F::softmin(&t[0], 1));
+    check(&file, "glu", 1e-13, |t| F::glu(&t[0], 1));
+    check(&file, "prelu", 1e-13, |t| F::prelu(&t[0], &t[1]));
+    check(&file, "linear", 1e-13, |t| F::linear(&t[0], &t[1], Some(&t[2])));
+    // The modules are the functions.
+    let x = get(&file, "act_mish.in0");
+    assert_eq!(kiln::nn::Mish.forward(x).to_vec::<f64>(), F::mish(x).to_vec::<f64>());
+    let hardtanh = kiln::nn::Hardtanh { min_val: -2.0, max_val: 1.5 };
+    assert_eq!(hardtanh.forward(x).to_vec::<f64>(), F::hardtanh(x, -2.0, 1.5).to_vec::<f64>());
+    let err = F::try_glu(&Tensor::ones([3, 5]), 1).expect_err("an odd dimension");
+    assert!(err.to_string().contains("glu") && err.to_string().contains("odd"), "{err}");
+    // The loss modules are the functional losses with PyTorch's defaults.
+    let (p, q) = (get(&file, "fmod_grad.in0"), get(&file, "fmod_grad.in1"));
+    let mse = kiln::nn::MSELoss::default().forward(p, q).item::<f64>();
+    assert_eq!(mse, F::mse_loss(p, q).item::<f64>());
+    let huber = kiln::nn::HuberLoss { delta: 0.5, ..Default::default() }.forward(p, q);
+    assert_eq!(huber.item::<f64>(), F::huber_loss(p, q, Reduction::Mean, 0.5).item::<f64>());
+}

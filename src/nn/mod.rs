@@ -38,6 +38,7 @@ mod activation;
 mod attention;
 mod batchnorm;
 mod conv;
+mod criteria;
 mod ctc;
 mod ddp;
 mod distance;
@@ -50,6 +51,7 @@ pub mod init;
 mod linear;
 mod losses;
 mod norm;
+mod pointwise;
 // `pool_modules!` serves the 1-D modules of `sequence.rs` too.
 #[macro_use]
 mod pool;
@@ -67,12 +69,20 @@ pub use activation::{
 pub use attention::MultiheadAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv::{Conv1d, Conv2d};
+pub use criteria::{
+    BCELoss, BCEWithLogitsLoss, CTCLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss,
+    MarginRankingLoss, NLLLoss, SmoothL1Loss, TripletMarginLoss,
+};
 pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
 pub use dropout::Dropout;
 pub use embedding::{BagMode, Embedding, EmbeddingBag};
 pub use fold::ConvTranspose2d;
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm, RmsNorm};
+pub use pointwise::{
+    CELU, GLU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LogSigmoid, LogSoftmax, Mish, PReLU,
+    ReLU6, SELU, Softmax, Softmin, Softshrink, Softsign, Tanhshrink, Threshold,
+};
 pub use pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{Gru, Lstm, RecurrentOptions, Rnn};
 pub use resize::{Flatten, Upsample};
