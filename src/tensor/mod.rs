@@ -19,6 +19,7 @@ mod index;
 mod inplace;
 mod linalg;
 mod movement;
+mod operators;
 mod read;
 mod reduce;
 mod sample;
