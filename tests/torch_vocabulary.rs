@@ -253,6 +253,9 @@ fn ctc_loss_matches_pytorch_with_its_gradient() {
         .try_realize()
         .expect_err("a target that is the blank");
     assert!(err.to_string().contains("blank"), "{err}");
+    let bad = CtcLossOptions { blank: 5, ..none };
+    let err = F::try_ctc_loss(&lp, targets, &inputs, &lengths, bad).expect_err("no class 5");
+    assert!(err.to_string().contains("blank = 5"), "{err}");
 }
 
 #[test]

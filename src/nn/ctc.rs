@@ -265,7 +265,8 @@ pub fn ctc_loss(
 ///
 /// # Errors
 /// [`Error::Shape`] when the shapes or lengths do not fit one another, [`Error::DType`] for
-/// integer log-probabilities or float targets; a target that is the blank or out of range,
+/// integer log-probabilities or float targets, [`Error::Value`] for a blank that is not a
+/// class; a target that is the blank or out of range,
 /// or a length past its tensor, fails the run, naming the sample.
 #[track_caller]
 pub fn try_ctc_loss(
@@ -300,6 +301,13 @@ pub fn try_ctc_loss(
                 input_lengths.len(),
                 target_lengths.len()
             ),
+        ));
+    }
+    let classes = lp.dims()[2];
+    if options.blank >= classes {
+        return Err(Error::value(
+            OP,
+            format!("blank = {} is not one of the {classes} classes", options.blank),
         ));
     }
     let targets = padded_targets(OP, targets, target_lengths, unbatched)?.to_dtype(DType::I64);

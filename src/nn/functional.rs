@@ -40,8 +40,8 @@ pub use super::losses::{
 pub use super::norm::{group_norm, rms_norm, try_group_norm, try_rms_norm};
 pub use super::pointwise::{
     celu, glu, hardshrink, hardsigmoid, hardswish, hardtanh, linear, logsigmoid, mish, prelu,
-    relu6, selu, softmin, softshrink, softsign, tanhshrink, threshold, try_glu, try_linear,
-    try_prelu,
+    relu6, selu, softmin, softshrink, softsign, tanhshrink, threshold, try_celu, try_glu,
+    try_linear, try_prelu,
 };
 pub use super::pool::{
     Pool2dOptions, adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d,

@@ -74,12 +74,23 @@ pub fn selu(input: &Tensor) -> Tensor {
 /// `max(0, x) + min(0, α (e^(x/α) - 1))` (PyTorch's `celu`; default `α = 1`).
 ///
 /// # Panics
-/// If `alpha` is 0 (PyTorch refuses it too).
+/// As [`try_celu`] fails.
 #[track_caller]
 #[must_use]
 pub fn celu(input: &Tensor, alpha: f64) -> Tensor {
-    assert!(alpha != 0.0, "celu: alpha must not be 0 (it divides x)");
-    celu_scaled(input, alpha, 1.0 / alpha)
+    ok(try_celu(input, alpha))
+}
+
+/// [`celu`], returning an error instead of panicking.
+///
+/// # Errors
+/// [`Error::Value`] for `alpha = 0` (it divides `x`; PyTorch refuses it too).
+#[track_caller]
+pub fn try_celu(input: &Tensor, alpha: f64) -> Result<Tensor> {
+    if alpha == 0.0 {
+        return Err(Error::value("celu", "alpha must not be 0 (x is divided by it)"));
+    }
+    Ok(celu_scaled(input, alpha, 1.0 / alpha))
 }
 
 /// `max(0, x) + min(0, α (e^(s·x) - 1))`: `expm1` of the negative side only, so a large
@@ -303,7 +314,7 @@ argument_modules! {
     /// [`hardtanh`] (PyTorch's `nn.Hardtanh`).
     Hardtanh(min_val: f64 = -1.0, max_val: f64 = 1.0) => |s, x| Ok(hardtanh(x, s.min_val, s.max_val));
     /// [`celu`] (PyTorch's `nn.CELU`).
-    CELU(alpha: f64 = 1.0) => |s, x| Ok(celu(x, s.alpha));
+    CELU(alpha: f64 = 1.0) => |s, x| try_celu(x, s.alpha);
     /// [`softshrink`] (PyTorch's `nn.Softshrink`).
     Softshrink(lambd: f64 = 0.5) => |s, x| Ok(softshrink(x, s.lambd));
     /// [`hardshrink`] (PyTorch's `nn.Hardshrink`).
