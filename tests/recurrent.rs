@@ -177,3 +177,65 @@ fn recurrent_layers_name_their_parameters_as_pytorch_and_check_shapes() {
     assert!(last < first, "{first} -> {last}");
     assert_eq!(step.stats().plans, 1, "{:?}", step.stats());
 }
+
+/// Padded batches with lengths (PyTorch's `pack_padded_sequence`, unpacked): each sequence's
+/// outputs and final states are those of the sequence run alone at its own length (both
+/// directions, two layers), zeros past it, and the padding gets no gradient.
+#[test]
+fn padded_sequences_with_lengths_run_as_each_sequence_alone() {
+    kiln::manual_seed(5);
+    let options = RecurrentOptions { num_layers: 2, bidirectional: true, ..Default::default() };
+    let lstm = Lstm::with_options(3, 4, options);
+    let lengths = [6usize, 2, 4];
+    let x = Tensor::randn([6, 3, 3]).requires_grad_(true);
+    let (out, (h, c)) = lstm.forward_padded(&x, None, &lengths);
+    for (b, &len) in lengths.iter().enumerate() {
+        let alone = x.narrow(0, 0, len).narrow(1, b, 1);
+        let (o, (hb, cb)) = lstm.forward_with(&alone, None);
+        let got = out.narrow(0, 0, len).narrow(1, b, 1);
+        assert_close_tol(&got.to_vec::<f64>(), &o.to_vec::<f64>(), 1e-5, "outputs");
+        assert_close_tol(&h.narrow(1, b, 1).to_vec::<f64>(), &hb.to_vec::<f64>(), 1e-5, "h");
+        assert_close_tol(&c.narrow(1, b, 1).to_vec::<f64>(), &cb.to_vec::<f64>(), 1e-5, "c");
+        if len < 6 {
+            let past = out.narrow(0, len, 6 - len).narrow(1, b, 1);
+            assert_eq!(past.abs().sum().item::<f32>(), 0.0, "zeros past the length");
+        }
+    }
+    (out.sum() + h.sum()).backward();
+    let g = x.grad().expect("a gradient");
+    assert_eq!(g.narrow(0, 2, 4).narrow(1, 1, 1).abs().sum().item::<f32>(), 0.0, "padding");
+    assert!(g.narrow(0, 0, 2).narrow(1, 1, 1).abs().sum().item::<f32>() > 0.0);
+    let gru = Gru::new(3, 4);
+    let (_, hg) = gru.forward_padded(&x.detach(), None, &lengths);
+    let (_, alone) = gru.forward_with(&x.detach().narrow(0, 0, 2).narrow(1, 1, 1), None);
+    assert_close_tol(&hg.narrow(1, 1, 1).to_vec::<f64>(), &alone.to_vec::<f64>(), 1e-6, "GRU");
+    let err = lstm.try_forward_padded(&x, None, Some(&[7, 1, 1])).expect_err("a length past 6");
+    assert!(err.to_string().contains("LSTM"), "{err}");
+}
+
+/// Dropout between layers (PyTorch's `dropout`): on in training mode, off after `eval()`.
+#[test]
+fn dropout_between_layers_follows_the_training_mode() {
+    kiln::manual_seed(6);
+    let options = RecurrentOptions { num_layers: 2, dropout: 0.5, ..Default::default() };
+    let mut lstm = Lstm::with_options(3, 4, options);
+    let x = Tensor::randn([5, 2, 3]);
+    let (a, b) = (lstm.forward(&x).to_vec::<f32>(), lstm.forward(&x).to_vec::<f32>());
+    assert_ne!(a, b, "training mode draws a new mask each call");
+    lstm.eval();
+    let plain = {
+        let mut p = lstm.clone();
+        p.train();
+        let mut names = Vec::new();
+        p.visit("", &mut |n, _| names.push(n.to_string()));
+        assert_eq!(names.len(), 8);
+        p
+    };
+    let (e1, e2) = (lstm.forward(&x).to_vec::<f32>(), lstm.forward(&x).to_vec::<f32>());
+    assert_eq!(e1, e2, "no dropout in evaluation mode");
+    assert_ne!(plain.forward(&x).to_vec::<f32>(), e1);
+    let bad = RecurrentOptions { dropout: 1.5, ..Default::default() };
+    let err = std::panic::catch_unwind(|| Lstm::with_options(3, 4, bad)).expect_err("dropout 1.5");
+    let message = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("dropout must be in [0, 1]"), "{message}");
+}

@@ -55,11 +55,20 @@ pub struct RecurrentOptions {
     pub batch_first: bool,
     /// A second direction reading the sequence backwards, its outputs beside the first's.
     pub bidirectional: bool,
+    /// Dropout on the outputs of every layer but the last, in training mode (PyTorch's
+    /// `dropout`; see [`Parameters::eval`]).
+    pub dropout: f64,
 }
 
 impl Default for RecurrentOptions {
     fn default() -> RecurrentOptions {
-        RecurrentOptions { num_layers: 1, bias: true, batch_first: false, bidirectional: false }
+        RecurrentOptions {
+            num_layers: 1,
+            bias: true,
+            batch_first: false,
+            bidirectional: false,
+            dropout: 0.0,
+        }
     }
 }
 
@@ -80,6 +89,8 @@ struct Recurrent {
     options: RecurrentOptions,
     /// `[layer * directions + direction]`.
     weights: Vec<Weights>,
+    /// Whether dropout between layers is on (training mode, the default).
+    training: bool,
 }
 
 impl Recurrent {
@@ -90,6 +101,12 @@ impl Recurrent {
         hidden_size: usize,
         options: RecurrentOptions,
     ) -> Result<Recurrent> {
+        if !(0.0..=1.0).contains(&options.dropout) {
+            return Err(Error::value(
+                cell.name(),
+                format!("dropout must be in [0, 1], got {}", options.dropout),
+            ));
+        }
         if options.num_layers == 0 || hidden_size == 0 {
             return Err(Error::value(
                 cell.name(),
@@ -120,7 +137,7 @@ impl Recurrent {
                 });
             }
         }
-        Ok(Recurrent { cell, input_size, hidden_size, options, weights })
+        Ok(Recurrent { cell, input_size, hidden_size, options, weights, training: true })
     }
 
     fn directions(&self) -> usize {
@@ -134,6 +151,7 @@ impl Recurrent {
         &self,
         input: &Tensor,
         state: Option<(&Tensor, Option<&Tensor>)>,
+        lengths: Option<&[usize]>,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let _at = crate::engine::origin::enter();
         let op = self.cell.name();
@@ -167,6 +185,7 @@ impl Recurrent {
             (0..slots).map(|i| t.try_select(0, i as i64)).collect()
         };
         let h0 = initial(state.map(|s| s.0), "h0")?;
+        let mask = lengths.map(|l| step_mask(op, l, steps, batch, &x)).transpose()?;
         let c0 = match self.cell {
             Cell::Lstm => Some(initial(state.and_then(|s| s.1), "c0")?),
             _ => None,
@@ -177,13 +196,26 @@ impl Recurrent {
             for dir in 0..self.directions() {
                 let slot = layer * self.directions() + dir;
                 let c = c0.as_ref().map(|c| c[slot].clone());
-                let (seq, h, c) =
-                    self.run(&self.weights[slot], &layer_input, h0[slot].clone(), c, dir == 1)?;
+                let weights = &self.weights[slot];
+                let (seq, h, c) = self.run(
+                    weights,
+                    &layer_input,
+                    (h0[slot].clone(), c),
+                    mask.as_ref(),
+                    dir == 1,
+                )?;
                 outputs.push(seq);
                 h_n.push(h);
                 c_n.extend(c);
             }
             layer_input = Tensor::try_cat(&outputs.iter().collect::<Vec<_>>(), 2)?;
+            if layer + 1 < self.options.num_layers && self.options.dropout > 0.0 {
+                layer_input = super::functional::try_dropout(
+                    &layer_input,
+                    self.options.dropout,
+                    self.training,
+                )?;
+            }
             debug_assert_eq!(layer_input.dims()[0], steps);
         }
         let mut out = layer_input;
@@ -206,8 +238,8 @@ impl Recurrent {
         &self,
         w: &Weights,
         x: &Tensor,
-        mut h: Tensor,
-        mut c: Option<Tensor>,
+        (mut h, mut c): (Tensor, Option<Tensor>),
+        mask: Option<&Tensor>,
         reverse: bool,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let (steps, batch, hid) = (x.dims()[0], x.dims()[1], self.hidden_size);
@@ -221,6 +253,7 @@ impl Recurrent {
         for s in 0..steps {
             let t = if reverse { steps - 1 - s } else { s };
             let xt = xi.try_select(0, t as i64)?;
+            let (h_prev, c_prev) = (h.clone(), c.clone());
             let mut hh = h.try_matmul(&w.hh.t())?;
             if let Some((_, b_hh)) = &w.biases {
                 hh = hh + b_hh;
@@ -245,7 +278,20 @@ impl Recurrent {
                     (1.0 - &z) * n + z * &h
                 }
             };
-            outs[t] = Some(h.clone());
+            let out = match mask {
+                // Past its length a sequence keeps its state and outputs zeros.
+                Some(mask) => {
+                    let m = mask.try_select(0, t as i64)?;
+                    let out = Tensor::try_where_(&m, &h, 0.0)?;
+                    h = Tensor::try_where_(&m, &h, &h_prev)?;
+                    if let (Some(next), Some(prev)) = (&c, &c_prev) {
+                        c = Some(Tensor::try_where_(&m, next, prev)?);
+                    }
+                    out
+                }
+                None => h.clone(),
+            };
+            outs[t] = Some(out);
         }
         let outs: Vec<Tensor> = outs.into_iter().flatten().collect();
         let seq = if outs.is_empty() {
@@ -300,7 +346,7 @@ macro_rules! recurrent_layer {
         impl Module for $name {
             /// Every step's last-layer output, from zero initial states.
             fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-                Ok(self.0.try_forward_with(input, None)?.0)
+                Ok(self.0.try_forward_with(input, None, None)?.0)
             }
         }
 
@@ -311,6 +357,10 @@ macro_rules! recurrent_layer {
 
             fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
                 self.0.visit_mut(prefix, f);
+            }
+
+            fn set_training(&mut self, training: bool) {
+                self.0.training = training;
             }
         }
 
@@ -412,7 +462,55 @@ impl Lstm {
         input: &Tensor,
         state: Option<(&Tensor, &Tensor)>,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
-        let (out, h, c) = self.0.try_forward_with(input, state.map(|(h, c)| (h, Some(c))))?;
+        self.try_forward_padded(input, state, None)
+    }
+
+    /// [`Lstm::forward_with`] over a batch of sequences padded to one length: sequence `b`
+    /// has `lengths[b]` steps (PyTorch's `pack_padded_sequence`, without packing). Past its
+    /// length a sequence's state stays as it was and its outputs are zeros, so the final
+    /// states are each sequence's own, the backward direction starts at each one's last
+    /// step, and the padding gets no gradient.
+    ///
+    /// ```
+    /// use kiln::nn::Lstm;
+    /// use kiln::prelude::*;
+    /// let lstm = Lstm::new(3, 4);
+    /// let x = Tensor::randn([5, 2, 3]); // two sequences, of 5 and 2 steps
+    /// let (out, (h, _)) = lstm.forward_padded(&x, None, &[5, 2]);
+    /// assert_eq!(out.i((2.., 1)).abs().sum().item::<f32>(), 0.0);
+    /// let (_, (alone, _)) = lstm.forward_with(&x.narrow(0, 0, 2).narrow(1, 1, 1), None);
+    /// let same = (h.i((.., 1)) - alone.i((.., 0))).abs().max().item::<f32>();
+    /// assert!(same < 1e-6);
+    /// ```
+    ///
+    /// # Panics
+    /// As [`Lstm::try_forward_padded`] fails.
+    #[must_use]
+    #[track_caller]
+    pub fn forward_padded(
+        &self,
+        input: &Tensor,
+        state: Option<(&Tensor, &Tensor)>,
+        lengths: &[usize],
+    ) -> (Tensor, (Tensor, Tensor)) {
+        ok(self.try_forward_padded(input, state, Some(lengths)))
+    }
+
+    /// [`Lstm::forward_padded`] (all steps when `lengths` is `None`), returning an error
+    /// instead of panicking.
+    ///
+    /// # Errors
+    /// As [`Lstm::try_forward_with`]; [`Error::Shape`] for lengths that are not one per
+    /// sequence, each at most the padded length.
+    #[track_caller]
+    pub fn try_forward_padded(
+        &self,
+        input: &Tensor,
+        state: Option<(&Tensor, &Tensor)>,
+        lengths: Option<&[usize]>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
+        let (out, h, c) =
+            self.0.try_forward_with(input, state.map(|(h, c)| (h, Some(c))), lengths)?;
         Ok((out, (h, c.expect("an LSTM returns its cell states"))))
     }
 }
@@ -463,7 +561,36 @@ macro_rules! hidden_only {
                 input: &Tensor,
                 h0: Option<&Tensor>,
             ) -> Result<(Tensor, Tensor)> {
-                let (out, h, _) = self.0.try_forward_with(input, h0.map(|h| (h, None)))?;
+                self.try_forward_padded(input, h0, None)
+            }
+
+            /// Over sequences padded to one length, as [`Lstm::forward_padded`].
+            ///
+            /// # Panics
+            #[doc = concat!("As [`", stringify!($name), "::try_forward_padded`] fails.")]
+            #[must_use]
+            #[track_caller]
+            pub fn forward_padded(
+                &self,
+                input: &Tensor,
+                h0: Option<&Tensor>,
+                lengths: &[usize],
+            ) -> (Tensor, Tensor) {
+                ok(self.try_forward_padded(input, h0, Some(lengths)))
+            }
+
+            #[doc = concat!("[`", stringify!($name), "::forward_padded`] (all steps when `lengths` is `None`), returning an error instead of panicking.")]
+            ///
+            /// # Errors
+            /// As [`Lstm::try_forward_padded`].
+            #[track_caller]
+            pub fn try_forward_padded(
+                &self,
+                input: &Tensor,
+                h0: Option<&Tensor>,
+                lengths: Option<&[usize]>,
+            ) -> Result<(Tensor, Tensor)> {
+                let (out, h, _) = self.0.try_forward_with(input, h0.map(|h| (h, None)), lengths)?;
                 Ok((out, h))
             }
         }
@@ -483,4 +610,24 @@ impl Rnn {
     pub fn relu(input_size: usize, hidden_size: usize, options: RecurrentOptions) -> Rnn {
         Rnn(ok(Recurrent::try_new(Cell::RnnRelu, input_size, hidden_size, options)))
     }
+}
+
+/// `[steps, batch, 1]` bools: step `t` of sequence `b` is inside its length.
+fn step_mask(
+    op: &'static str,
+    lengths: &[usize],
+    steps: usize,
+    batch: usize,
+    like: &Tensor,
+) -> Result<Tensor> {
+    if lengths.len() != batch || lengths.iter().any(|&l| l > steps) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "takes one length of at most {steps} steps per sequence ({batch}), got {lengths:?}"
+            ),
+        ));
+    }
+    let inside: Vec<bool> = (0..steps).flat_map(|t| lengths.iter().map(move |&l| t < l)).collect();
+    Tensor::try_from_vec(inside, [steps, batch, 1])?.try_to(like.device())
 }
