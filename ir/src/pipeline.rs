@@ -33,7 +33,7 @@
 //! let mut stages = Vec::new();
 //! let plan = Planner::default().plan_observed(&g, options, &mut |name, _| stages.push(name.to_string()));
 //! assert_eq!(plan.steps.len(), 1); // exp and mul in one kernel
-//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values", "partition.kept_results", "partition.into_reductions", "partition.casts_into_producers", "lower", "reuse_buffers"]);
+//! assert_eq!(stages, ["precise_log_softmax", "expand_logsumexp", "transpose_products", "gather_first", "casts_before_views", "simplify", "cse", "partition.cuts", "partition.shared_values", "partition.kept_results", "partition.into_reductions", "partition.casts_into_producers", "partition.shared_into_consumers", "lower", "reuse_buffers"]);
 //! # Ok::<(), kiln_ir::IrError>(())
 //! ```
 
