@@ -1,8 +1,26 @@
-//! Activation functions as modules, for [`super::Sequential`].
+//! Activation functions as modules, for [`super::Sequential`], and the macros that declare
+//! such modules (used by `pointwise.rs`, and `arguments!` by `criteria.rs` too).
 
 use super::{Module, Parameters};
 use crate::{Result, Tensor};
 
+/// A struct of PyTorch's constructor arguments, each a public field with PyTorch's default.
+macro_rules! arguments {
+    ($($(#[$doc:meta])* $name:ident { $($field:ident: $t:ty = $default:expr),* $(,)? })*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[allow(clippy::upper_case_acronyms, reason = "PyTorch's names, so users find them")]
+        pub struct $name { $(#[doc = "PyTorch's argument of this name."] pub $field: $t),* }
+
+        impl Default for $name {
+            fn default() -> $name {
+                $name { $($field: $default),* }
+            }
+        }
+    )*};
+}
+
+/// Activation modules without arguments: unit structs computing `$body` of the input.
 macro_rules! activation {
     ($($(#[$doc:meta])* $name:ident => |$x:ident| $body:expr;)*) => {$(
         $(#[$doc])*
@@ -78,6 +96,8 @@ impl Default for Softplus {
     }
 }
 
+/// `Module` (and empty `Parameters`) for activation structs with arguments: `$body` of the
+/// struct and the input.
 macro_rules! parameterized_activation {
     ($($name:ident => |$s:ident, $x:ident| $body:expr;)*) => {$(
         impl Parameters for $name {

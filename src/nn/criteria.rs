@@ -27,15 +27,9 @@ macro_rules! criterion {
         $name:ident { $($field:ident: $t:ty = $default:expr),* }
         => |$s:ident, $input:ident, $target:ident| $body:expr;
     )*) => {$(
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq)]
-        #[allow(clippy::upper_case_acronyms, reason = "PyTorch's names, so users find them")]
-        pub struct $name { $(#[doc = "PyTorch's argument of this name."] pub $field: $t),* }
-
-        impl Default for $name {
-            fn default() -> $name {
-                $name { $($field: $default),* }
-            }
+        arguments! {
+            $(#[$doc])*
+            $name { $($field: $t = $default),* }
         }
 
         impl $name {

@@ -34,6 +34,9 @@
 //! # let _ = ReLU;
 //! ```
 
+// `activation!`, `parameterized_activation!` and `arguments!` serve `pointwise.rs` and
+// `criteria.rs` too.
+#[macro_use]
 mod activation;
 mod attention;
 mod batchnorm;

@@ -243,55 +243,7 @@ pub fn try_linear(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Res
     }
 }
 
-macro_rules! module_impls {
-    ($name:ident => |$s:ident, $x:ident| $body:expr) => {
-        impl Parameters for $name {
-            fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor)) {}
-            fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor)) {}
-        }
-
-        impl Module for $name {
-            #[track_caller]
-            fn try_forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let _at = crate::engine::origin::enter();
-                let $s = self;
-                $body
-            }
-        }
-    };
-}
-
-/// Modules without arguments (unit structs, as [`super::ReLU`]).
-macro_rules! unit_modules {
-    ($($(#[$doc:meta])* $name:ident => |$x:ident| $body:expr;)*) => {$(
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        #[allow(clippy::upper_case_acronyms, reason = "PyTorch's names, so users find them")]
-        pub struct $name;
-
-        module_impls!($name => |_s, $x| $body);
-    )*};
-}
-
-/// Modules with PyTorch's arguments as fields, defaulting as PyTorch's do.
-macro_rules! argument_modules {
-    ($($(#[$doc:meta])* $name:ident($($field:ident: $t:ty = $default:expr),*) => |$s:ident, $x:ident| $body:expr;)*) => {$(
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq)]
-        #[allow(clippy::upper_case_acronyms, reason = "PyTorch's names, so users find them")]
-        pub struct $name { $(#[doc = "PyTorch's argument of this name."] pub $field: $t),* }
-
-        impl Default for $name {
-            fn default() -> $name {
-                $name { $($field: $default),* }
-            }
-        }
-
-        module_impls!($name => |$s, $x| $body);
-    )*};
-}
-
-unit_modules! {
+activation! {
     /// [`relu6`] (PyTorch's `nn.ReLU6`).
     ReLU6 => |x| Ok(relu6(x));
     /// [`hardsigmoid`] (PyTorch's `nn.Hardsigmoid`).
@@ -310,25 +262,45 @@ unit_modules! {
     Tanhshrink => |x| Ok(tanhshrink(x));
 }
 
-argument_modules! {
+arguments! {
     /// [`hardtanh`] (PyTorch's `nn.Hardtanh`).
-    Hardtanh(min_val: f64 = -1.0, max_val: f64 = 1.0) => |s, x| Ok(hardtanh(x, s.min_val, s.max_val));
+    Hardtanh { min_val: f64 = -1.0, max_val: f64 = 1.0 }
+
     /// [`celu`] (PyTorch's `nn.CELU`).
-    CELU(alpha: f64 = 1.0) => |s, x| try_celu(x, s.alpha);
+    CELU { alpha: f64 = 1.0 }
+
     /// [`softshrink`] (PyTorch's `nn.Softshrink`).
-    Softshrink(lambd: f64 = 0.5) => |s, x| Ok(softshrink(x, s.lambd));
+    Softshrink { lambd: f64 = 0.5 }
+
     /// [`hardshrink`] (PyTorch's `nn.Hardshrink`).
-    Hardshrink(lambd: f64 = 0.5) => |s, x| Ok(hardshrink(x, s.lambd));
+    Hardshrink { lambd: f64 = 0.5 }
+
     /// [`threshold`] (PyTorch's `nn.Threshold`).
-    Threshold(threshold: f64 = 0.0, value: f64 = 0.0) => |s, x| Ok(threshold(x, s.threshold, s.value));
+    Threshold { threshold: f64 = 0.0, value: f64 = 0.0 }
+
     /// [`glu`] (PyTorch's `nn.GLU`; default `dim = -1`).
-    GLU(dim: i64 = -1) => |s, x| try_glu(x, s.dim);
+    GLU { dim: i64 = -1 }
+
     /// [`softmin`] (PyTorch's `nn.Softmin`; default `dim = -1`).
-    Softmin(dim: i64 = -1) => |s, x| Ok(softmin(x, s.dim));
+    Softmin { dim: i64 = -1 }
+
     /// Softmax along `dim` (PyTorch's `nn.Softmax`; default `dim = -1`).
-    Softmax(dim: i64 = -1) => |s, x| Ok(x.softmax(s.dim));
+    Softmax { dim: i64 = -1 }
+
     /// Log-softmax along `dim` (PyTorch's `nn.LogSoftmax`; default `dim = -1`).
-    LogSoftmax(dim: i64 = -1) => |s, x| Ok(x.log_softmax(s.dim));
+    LogSoftmax { dim: i64 = -1 }
+}
+
+parameterized_activation! {
+    Hardtanh => |s, x| hardtanh(x, s.min_val, s.max_val);
+    CELU => |s, x| try_celu(x, s.alpha)?;
+    Softshrink => |s, x| softshrink(x, s.lambd);
+    Hardshrink => |s, x| hardshrink(x, s.lambd);
+    Threshold => |s, x| threshold(x, s.threshold, s.value);
+    GLU => |s, x| try_glu(x, s.dim)?;
+    Softmin => |s, x| softmin(x, s.dim);
+    Softmax => |s, x| x.softmax(s.dim);
+    LogSoftmax => |s, x| x.log_softmax(s.dim);
 }
 
 /// [`prelu`] with a learned slope (PyTorch's `nn.PReLU`): `weight` holds `num_parameters`

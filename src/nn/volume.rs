@@ -465,21 +465,7 @@ pub struct AdaptiveAvgPool3d(pub [usize; 3]);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveMaxPool3d(pub [usize; 3]);
 
-macro_rules! pool_modules {
-    ($($t:ty => $f:ident),*) => {$(
-        impl Parameters for $t {
-            fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor)) {}
-            fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor)) {}
-        }
-
-        impl Module for $t {
-            #[track_caller]
-            fn try_forward(&self, input: &Tensor) -> Result<Tensor> {
-                $f(input, self.0)
-            }
-        }
-    )*};
-}
+// `pool_modules!` is pool.rs's (`#[macro_use]` in `nn/mod.rs`).
 pool_modules!(
     MaxPool3d => try_max_pool3d,
     AvgPool3d => try_avg_pool3d,

@@ -343,6 +343,11 @@ fn merge_shared_into_consumers(
 ) {
     let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let written: HashMap<NodeId, ()> = reduced_by.values().map(|&r| (r, ())).collect();
+    // The values each kernel root writes besides its own (kept current as merges move them).
+    let mut riding: HashMap<NodeId, Vec<NodeId>> = HashMap::default();
+    for (&v, &root) in merged.iter() {
+        riding.entry(root).or_default().push(v);
+    }
     // The root of the one elementwise kernel an unstored elementwise value ends in, if one.
     let mut root_of: HashMap<NodeId, Option<NodeId>> = HashMap::default();
     for &n in order.iter().rev() {
@@ -386,8 +391,7 @@ fn merge_shared_into_consumers(
             .min_by_key(|r| position[r]);
         let Some(r) = first else { continue };
         // What this kernel writes already moves with it: its readers too must come after.
-        let riders: Vec<NodeId> =
-            merged.iter().filter(|&(_, &k)| k == n).map(|(&v, _)| v).collect();
+        let riders = riding.get(&n).map_or(&[][..], Vec::as_slice);
         let after = std::iter::once(n).chain(riders.iter().copied()).all(|v| {
             let cons = consumers.get(&v).map_or(&[][..], Vec::as_slice);
             cons.iter().all(|&c| kernel_of(c, merged) == Some(r) || position[&c] > position[&r])
@@ -397,9 +401,12 @@ fn merge_shared_into_consumers(
             continue;
         }
         size.insert(r, own + held);
-        for v in riders {
+        let mut moved = riding.remove(&n).unwrap_or_default();
+        for &v in &moved {
             merged.insert(v, r);
         }
+        moved.push(n);
+        riding.entry(r).or_default().extend(moved);
         merged.insert(n, r);
     }
 }
