@@ -38,11 +38,13 @@ pub enum Setting {
     CudaRowCache,
     /// `KILN_CUDA_GRAPHS`: whether `compile()`d plans on a GPU replay as CUDA graphs.
     CudaGraphs,
+    /// `KILN_SIZES`: when CPU kernels are compiled size-generic.
+    Sizes,
 }
 
 impl Setting {
     /// Every setting, in the order the documentation lists them.
-    pub const ALL: [Setting; 10] = [
+    pub const ALL: [Setting; 11] = [
         Setting::Check,
         Setting::Debug,
         Setting::Disasm,
@@ -53,6 +55,7 @@ impl Setting {
         Setting::CudaRowBlocks,
         Setting::CudaRowCache,
         Setting::CudaGraphs,
+        Setting::Sizes,
     ];
 
     /// The environment variable.
@@ -68,6 +71,7 @@ impl Setting {
             Setting::CudaRowBlocks => "KILN_CUDA_ROW_BLOCKS",
             Setting::CudaRowCache => "KILN_CUDA_ROW_CACHE",
             Setting::CudaGraphs => "KILN_CUDA_GRAPHS",
+            Setting::Sizes => "KILN_SIZES",
         }
     }
 
@@ -108,6 +112,12 @@ impl Setting {
             Setting::CudaGraphs => {
                 "0: `compile()`d plans on a GPU launch their kernels one by one instead of \
                  replaying a captured CUDA graph (on by default)"
+            }
+            Setting::Sizes => {
+                "`auto` (default): a CPU kernel is compiled for its sizes, and once more, \
+                 size-generic, when the same kernel comes back with other sizes (that one then \
+                 serves every size); `specialize`: every kernel for its sizes; `generic`: \
+                 every kernel size-generic (to test the generic code)"
             }
         }
     }

@@ -89,6 +89,11 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Kernels that failed to compile (they run on the reference executor).
     pub failures: u64,
+    /// Size-generic kernels compiled (counted in `compiled` too): kernels that came back
+    /// with other sizes, compiled once more to serve every size.
+    pub generic: u64,
+    /// Kernels of new sizes that a size-generic kernel served, with no compile.
+    pub served: u64,
     /// Entries held now.
     pub kernels: usize,
     /// Bytes of code held now.
@@ -151,6 +156,24 @@ impl<K: Hash + Eq + Clone, V: Clone> KernelCache<K, V> {
         self.entries.insert(key, Cached { value: value.clone(), bytes, last_used: self.clock });
         self.evict(limits());
         value
+    }
+
+    /// Stores `value`, compiled for other sizes, under `key` as well (no code of its own;
+    /// counted in `served`) and returns what the cache holds for `key`.
+    pub fn link(&mut self, key: K, value: V) -> V {
+        if let Some(e) = self.entries.get(&key) {
+            return e.value.clone();
+        }
+        self.clock += 1;
+        self.stats.served += 1;
+        self.entries.insert(key, Cached { value: value.clone(), bytes: 0, last_used: self.clock });
+        self.evict(limits());
+        value
+    }
+
+    /// Counts a size-generic compile.
+    pub fn note_generic(&mut self) {
+        self.stats.generic += 1;
     }
 
     /// Counts a kernel that failed to compile.

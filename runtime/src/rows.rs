@@ -15,7 +15,7 @@
 
 use std::ptr::NonNull;
 
-use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_codegen::cpu::CpuKernel;
 use kiln_codegen::cuda::rows as cuda_rows;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
@@ -306,7 +306,7 @@ pub(crate) unsafe fn run(
         places.push((ins, outs));
     }
     let params: Vec<Vec<u64>> =
-        members.iter().map(|m| cpu::param_slots(&m.step.kernel, &m.step.params)).collect();
+        members.iter().map(|m| m.kernel.slots(&m.step.kernel, &m.step.params)).collect();
     let tiles = rows.div_ceil(tile);
 
     struct Shared<'s> {

@@ -12,8 +12,8 @@ use kiln_ir::{DType, ReduceOp};
 
 use super::math;
 use super::strategy::COLUMN_BLOCK;
-use super::translate::{Prologue, Translator, VecSrc};
-use crate::walk::{Rows, Walk};
+use super::translate::{Prologue, Step, Translator, VecSrc};
+use crate::walk::{Layout, Rows, Sz};
 
 /// How many reduced positions a column reduction folds into its accumulators at once.
 const POSITIONS: usize = 4;
@@ -42,7 +42,7 @@ impl<'b> Translator<'_, 'b> {
     /// positions that adds each position's row segment of the block to them with vectors.
     /// The input streams one contiguous segment at a time, where a walk per output would
     /// stride across the whole input for every element.
-    pub(super) fn body_reduce_columns(&mut self, red: KernelReduce, outer: &Walk, lanes: Type) {
+    pub(super) fn body_reduce_columns(&mut self, red: KernelReduce, outer: &Layout, lanes: Type) {
         let k = self.kernel;
         let out_expr = k.outputs[0];
         let dtype = k.exprs[out_expr].dtype;
@@ -52,10 +52,12 @@ impl<'b> Translator<'_, 'b> {
         let starts = self.input_starts(&ins);
         let sizes: Vec<i64> = k.inputs.iter().map(|i| i.dtype.size_in_bytes() as i64).collect();
         // Per input: its stride across outputs (0 or 1) and along the innermost reduced dim.
-        let across: Vec<i64> = outer.strides.iter().map(|s| *s.last().expect("a dim")).collect();
-        let along: Vec<i64> = self.walk.strides.iter().map(|s| *s.last().expect("a dim")).collect();
+        let across: Vec<i64> = (outer.strides.iter())
+            .map(|s| s.last().and_then(|s| s.known()).expect("0 or 1 (`column_type`)"))
+            .collect();
+        let along: Vec<Sz> = self.walk.strides.iter().map(|s| *s.last().expect("a dim")).collect();
         let Rows { len, count: rows, dims: row_dims, strides: row_strides } = self.walk.rows();
-        let kept_inner = *outer.dims.last().expect("a dimension") as i64;
+        let kept_inner = outer.inner();
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,
             (COLUMN_BLOCK * 8) as u32,
@@ -74,8 +76,8 @@ impl<'b> Translator<'_, 'b> {
 
         // The block: outputs o..o+count, within one run of the innermost kept dimension.
         self.b.switch_to_block(block_start);
-        let kept_v = self.iconst(kept_inner);
-        let (_, j0) = self.divrem_const(o, kept_inner as u64);
+        let kept_v = self.size(kept_inner);
+        let (_, j0) = self.divrem(o, kept_inner);
         let to_row_end = self.b.ins().isub(kept_v, j0);
         let to_end = self.b.ins().isub(end, o);
         let block_v = self.iconst(COLUMN_BLOCK as i64);
@@ -94,7 +96,7 @@ impl<'b> Translator<'_, 'b> {
         let store = self.b.create_block();
         self.b.ins().jump(rhead, &[BlockArg::Value(zero)]);
         self.b.switch_to_block(rhead);
-        let rows_v = self.iconst(rows);
+        let rows_v = self.size(rows);
         let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
         self.b.ins().brif(more, rbody, &[], store, &[]);
         self.b.switch_to_block(rbody);
@@ -109,7 +111,7 @@ impl<'b> Translator<'_, 'b> {
             red,
             dtype,
         };
-        let steps: Vec<i64> = (0..n_in).map(|idx| along[idx] * sizes[idx]).collect();
+        let steps: Vec<Step> = (0..n_in).map(|idx| self.step(along[idx], sizes[idx])).collect();
         let params = (param_scalar, param_vector);
         let rdone = self.fold_reduced_run(&template, &rbases, &steps, len, &params, lanes);
 
@@ -134,8 +136,8 @@ impl<'b> Translator<'_, 'b> {
         &mut self,
         template: &Segment<'_>,
         rbases: &[Value],
-        steps: &[i64],
-        len: i64,
+        steps: &[Step],
+        len: Sz,
         params: &(HashMap<usize, Value>, HashMap<usize, Value>),
         lanes: Type,
     ) -> Block {
@@ -147,7 +149,7 @@ impl<'b> Translator<'_, 'b> {
         let n_in = rbases.len();
         let zero = template.zero;
         let ptr_args = |v: &[Value]| v.iter().map(|&x| BlockArg::Value(x)).collect::<Vec<_>>();
-        let len_v = self.iconst(len);
+        let len_v = self.size(len);
         let mhead = self.b.create_block();
         let jm = self.b.append_block_param(mhead, types::I64);
         let mptrs = self.carried(mhead, n_in);
@@ -170,12 +172,12 @@ impl<'b> Translator<'_, 'b> {
         self.b.switch_to_block(mbody);
         let mut positions = vec![mptrs.clone()];
         for _ in 1..POSITIONS {
-            let next = self.advance_ptrs(positions.last().expect("a position"), steps);
+            let next = self.advance_steps(positions.last().expect("a position"), steps);
             positions.push(next);
         }
         let mnext = self.fold_segment(&seg(&positions), param_scalar, param_vector, lanes);
         self.b.switch_to_block(mnext);
-        let stepped = self.advance_ptrs(positions.last().expect("a position"), steps);
+        let stepped = self.advance_steps(positions.last().expect("a position"), steps);
         let mut args = vec![BlockArg::Value(after)];
         args.extend(ptr_args(&stepped));
         self.b.ins().jump(mhead, &args);
@@ -187,7 +189,7 @@ impl<'b> Translator<'_, 'b> {
         let single = [ptrs.clone()];
         let lnext = self.fold_segment(&seg(&single), param_scalar, param_vector, lanes);
         self.b.switch_to_block(lnext);
-        let stepped = self.advance_ptrs(&ptrs, steps);
+        let stepped = self.advance_steps(&ptrs, steps);
         let jl_next = self.b.ins().iadd_imm_s(jl, 1);
         let mut args = vec![BlockArg::Value(jl_next)];
         args.extend(ptr_args(&stepped));

@@ -7,11 +7,12 @@ use kiln_ir::DType;
 
 use super::staging::At;
 use super::translate::{Prologue, Translator, VecSrc};
+use crate::walk::Sz;
 impl<'b> Translator<'_, 'b> {
     pub(super) fn body(&mut self) {
         let pro = self.prologue();
         let (start, end) = (pro.start, pro.end);
-        let inner = *self.walk.dims.last().expect("at least one dimension") as i64;
+        let inner = self.walk.inner();
         let exit = self.b.create_block();
         match self.strip {
             None => {
@@ -24,8 +25,8 @@ impl<'b> Translator<'_, 'b> {
                 let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i_var, end);
                 self.b.ins().brif(more, row, &[], exit, &[]);
                 self.b.switch_to_block(row);
-                let inner_v = self.iconst(inner);
-                let (_, j0) = self.divrem_const(i_var, inner as u64);
+                let inner_v = self.size(inner);
+                let (_, j0) = self.divrem(i_var, inner);
                 let left = self.b.ins().isub(end, i_var);
                 let reach = self.b.ins().iadd(j0, left);
                 let jend = self.b.ins().umin(reach, inner_v);
@@ -46,7 +47,7 @@ impl<'b> Translator<'_, 'b> {
                 let first = self.b.create_block();
                 self.b.ins().brif(empty, exit, &[], first, &[]);
                 self.b.switch_to_block(first);
-                let inner_v = self.iconst(inner);
+                let inner_v = self.size(inner);
                 let r_first = self.b.ins().udiv(start, inner_v);
                 let last = self.b.ins().iadd_imm_s(end, -1);
                 let r_last = self.b.ins().udiv(last, inner_v);
@@ -101,22 +102,22 @@ impl<'b> Translator<'_, 'b> {
         let (param_scalar, param_vector) = (&pro.param_scalar, &pro.param_vector);
         let n_in = ins.len();
         let dims = self.walk.dims.clone();
-        let inner = *dims.last().expect("at least one dimension") as i64;
-        let (row_index, _) = self.divrem_const(i_var, inner as u64);
+        let inner = *dims.last().expect("at least one dimension");
+        let (row_index, _) = self.divrem(i_var, inner);
         // Coordinates of the row in the outer dimensions, innermost first.
         let mut coords = Vec::new();
         let mut rest = row_index;
         for &d in dims[..dims.len() - 1].iter().rev() {
-            let (q, r) = self.divrem_const(rest, d as u64);
+            let (q, r) = self.divrem(rest, d);
             coords.push(r);
             rest = q;
         }
         coords.reverse();
         let mut bases = Vec::with_capacity(n_in);
         for (idx, input) in k.inputs.iter().enumerate() {
-            let mut off = self.iconst(self.walk.offsets[idx]);
-            for (c, &s) in coords.iter().zip(&self.walk.strides[idx]) {
-                let scaled = self.b.ins().imul_imm_s(*c, s);
+            let mut off = self.size(self.walk.offsets[idx]);
+            for (c, &s) in coords.iter().zip(&self.walk.strides[idx].clone()) {
+                let scaled = self.mul_size(*c, s, 1);
                 off = self.b.ins().iadd(off, scaled);
             }
             let bytes = self.b.ins().imul_imm_s(off, input.dtype.size_in_bytes() as i64);
@@ -289,13 +290,13 @@ impl<'b> Translator<'_, 'b> {
         &mut self,
         starts: &[Value],
         index: Value,
-        dims: &[usize],
-        strides: &[Vec<i64>],
+        dims: &[Sz],
+        strides: &[Vec<Sz>],
     ) -> Vec<Value> {
         let mut coords = Vec::new();
         let mut rest = index;
         for &d in dims.iter().rev() {
-            let (q, r) = self.divrem_const(rest, d as u64);
+            let (q, r) = self.divrem(rest, d);
             coords.push(r);
             rest = q;
         }
@@ -307,7 +308,7 @@ impl<'b> Translator<'_, 'b> {
                 let size = self.kernel.inputs[idx].dtype.size_in_bytes() as i64;
                 let mut addr = start;
                 for (c, &s) in coords.iter().zip(&strides[idx]) {
-                    let off = self.b.ins().imul_imm_s(*c, s * size);
+                    let off = self.mul_size(*c, s, size);
                     addr = self.b.ins().iadd(addr, off);
                 }
                 addr
@@ -331,10 +332,6 @@ impl<'b> Translator<'_, 'b> {
         }
     }
 
-    pub(super) fn walk_offset_bytes(&self, idx: usize) -> i64 {
-        self.walk.offsets[idx] * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
-    }
-
     /// How the vector loop of a row reads each input: inputs constant along the row are
     /// loaded and splatted once, here (in the row's block); the others are read through
     /// pointers that the loop carries and advances, starting at element `j0`. Returns the
@@ -351,7 +348,7 @@ impl<'b> Translator<'_, 'b> {
         let mut splats = Vec::with_capacity(bases.len());
         let mut starts = Vec::new();
         for idx in 0..bases.len() {
-            if *self.walk.strides[idx].last().expect("a row") == 0 {
+            if *self.walk.strides[idx].last().expect("a row") == Sz::Known(0) {
                 let s = self.load(self.kernel.inputs[idx].dtype, bases[idx]);
                 splats.push(Some(self.b.ins().splat(lanes, s)));
             } else {
@@ -385,10 +382,13 @@ impl<'b> Translator<'_, 'b> {
             .collect()
     }
 
-    /// Bytes between neighbouring elements of input `idx` along the row.
+    /// Bytes between neighbouring elements of input `idx` along the row (known: a vector
+    /// loop over a row whose stride is read at run time is not generated, see
+    /// [`super::strategy::loop_lanes`]).
     pub(super) fn inner_stride_bytes(&self, idx: usize) -> i64 {
-        let stride = *self.walk.strides[idx].last().expect("at least one dimension");
-        stride * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
+        let stride = self.walk.strides[idx].last().and_then(|s| s.known());
+        stride.expect("a vector loop's strides are known")
+            * self.kernel.inputs[idx].dtype.size_in_bytes() as i64
     }
 
     /// How far each moving input's pointer advances per vector of `lanes`, in order.
@@ -409,10 +409,10 @@ impl<'b> Translator<'_, 'b> {
     pub(super) fn element_addr(&mut self, idx: usize, j: Value, bases: &[Value]) -> Value {
         let stride = *self.walk.strides[idx].last().expect("at least one dimension");
         let size = self.kernel.inputs[idx].dtype.size_in_bytes() as i64;
-        if stride == 0 {
+        if stride == Sz::Known(0) {
             return bases[idx];
         }
-        let off = self.b.ins().imul_imm_s(j, stride * size);
+        let off = self.mul_size(j, stride, size);
         self.b.ins().iadd(bases[idx], off)
     }
 }

@@ -13,11 +13,13 @@ use kiln_ir::DType;
 use kiln_ir::kernel::{ExprKind, Kernel};
 
 use super::staging::{self, Staging};
-use super::strategy::{COLUMN_BLOCK, STRIP_ROWS, column_type, loop_lanes, strip_width};
+use super::strategy::{
+    COLUMN_BLOCK, STRIP_ROWS, column_type, loop_lanes, strip_width, vector_type,
+};
 use super::translate::Translator;
-use super::{helpers, logsumexp, wide};
+use super::{generic, helpers, logsumexp, wide};
 use crate::CodegenError;
-use crate::walk::coalesce;
+use crate::walk::Layout;
 /// The entry point of a compiled kernel.
 type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
 
@@ -30,6 +32,9 @@ pub struct CpuKernel {
     code_bytes: usize,
     vectorized: bool,
     min_chunk: usize,
+    /// A size-generic kernel's marks: which of its walks' numbers it reads at run time
+    /// ([`super::generic`]); empty for a kernel specialised to its sizes.
+    dynamic: Vec<bool>,
 }
 
 // SAFETY: the module's code is immutable once finalized and the entry point is a plain
@@ -76,6 +81,27 @@ impl CpuKernel {
     /// Whether the inner loop runs on SIMD vectors.
     pub fn vectorized(&self) -> bool {
         self.vectorized
+    }
+
+    /// Whether the kernel reads some of its sizes when it runs (see [`compile_generic`]).
+    pub fn is_generic(&self) -> bool {
+        self.dynamic.contains(&true)
+    }
+
+    /// The 64-bit slots the entry point reads for `kernel` (this kernel's form, at its
+    /// sizes) with parameter values `values`: [`param_slots`], then for a generic kernel the
+    /// sizes it reads at run time.
+    pub fn slots(&self, kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
+        let mut slots = param_slots(kernel, values);
+        if self.is_generic() {
+            let (outer, walk) = generic::walks(kernel);
+            let mut sizes = Vec::new();
+            let mut marks = self.dynamic.iter().copied();
+            Layout::with(&outer, &mut marks, &mut sizes);
+            Layout::with(&walk, &mut marks, &mut sizes);
+            slots.extend(sizes.iter().map(|&v| v as u64));
+        }
+        slots
     }
 }
 
@@ -158,7 +184,20 @@ impl CpuFeatures {
 /// [`CodegenError::Cranelift`] if Cranelift rejects the generated function (a bug in this
 /// module), the host is not supported, or no address space is left to reserve.
 pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
-    match build(kernel, CpuFeatures::host()?, Output::Machine)? {
+    compile_generic(kernel, &[])
+}
+
+/// Compiles `kernel` for the host CPU as a size-generic kernel: the numbers of its walks
+/// that `dynamic` marks ([`generic::numbers`]' order) are read when it runs, from the slots
+/// [`CpuKernel::slots`] appends, so the kernel serves every kernel of its
+/// [`KernelForm`](generic::KernelForm) whose other numbers are the same. Its rows are not
+/// walked in strips and strided lanes are not gathered into vectors. No marks (or none
+/// set) compile the kernel specialised to its sizes, as [`compile`] does.
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_generic(kernel: &Kernel, dynamic: &[bool]) -> Result<CpuKernel, CodegenError> {
+    match build(kernel, CpuFeatures::host()?, Output::Machine, dynamic)? {
         Built::Kernel(k) => Ok(*k),
         Built::Text(_) => unreachable!("machine code was asked for"),
     }
@@ -171,7 +210,19 @@ pub fn compile(kernel: &Kernel) -> Result<CpuKernel, CodegenError> {
 /// # Errors
 /// As [`compile`].
 pub fn clif_with(kernel: &Kernel, features: CpuFeatures) -> Result<String, CodegenError> {
-    match build(kernel, features, Output::Text)? {
+    clif_generic(kernel, features, &[])
+}
+
+/// [`clif_with`] for the size-generic kernel [`compile_generic`] makes with `dynamic`.
+///
+/// # Errors
+/// As [`compile`].
+pub fn clif_generic(
+    kernel: &Kernel,
+    features: CpuFeatures,
+    dynamic: &[bool],
+) -> Result<String, CodegenError> {
+    match build(kernel, features, Output::Text, dynamic)? {
         Built::Text(text) => Ok(text),
         Built::Kernel(k) => Ok(k.clif.clone()),
     }
@@ -192,7 +243,12 @@ enum Built {
     Text(String),
 }
 
-fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built, CodegenError> {
+fn build(
+    kernel: &Kernel,
+    features: CpuFeatures,
+    output: Output,
+    dynamic: &[bool],
+) -> Result<Built, CodegenError> {
     // A `logsumexp` of f32 values widened to f64 folds the f32 values and stores the f64
     // result: the kernel compiled is the one without the widening.
     let (narrowed, lse_result) = logsumexp::fold_of(kernel)?;
@@ -217,13 +273,20 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
     ctx.func.name = UserFuncName::testcase(kernel.name());
 
     // A reduction walks its kept dimensions per output and its reduced ones in rows.
-    let rank = kernel.shape.rank();
-    let kept = kernel.reduce.map_or(0, |r| r.kept);
-    let outer = coalesce(kernel, 0..kept);
-    let walk = coalesce(kernel, kept..rank);
-    let vector = loop_lanes(kernel, &walk);
+    let (outer, walk) = generic::walks(kernel);
+    let is_generic = dynamic.contains(&true);
+    // A generic kernel's choices are its form's (`generic.rs`): no gathered lanes, no strips.
+    let vector = if is_generic { vector_type(kernel, &walk) } else { loop_lanes(kernel, &walk) };
     let columns = column_type(kernel, &walk, &outer);
-    let strip = if kernel.reduce.is_none() { strip_width(kernel, &walk) } else { None };
+    let strip = match kernel.reduce {
+        None if !is_generic => strip_width(kernel, &walk),
+        _ => None,
+    };
+    let mut sizes = Vec::new();
+    let mut marks = dynamic.iter().copied();
+    let outer_layout = Layout::with(&outer, &mut marks, &mut sizes);
+    let walk_layout = Layout::with(&walk, &mut marks, &mut sizes);
+    let long_rows = walk.dims.last().is_some_and(|&d| d >= staging::MIN_ROW);
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
     for h in helpers::Helper::ALL {
@@ -233,7 +296,7 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
         helper_ids.push((h.name(), hid));
     }
     let staged = if columns.is_none() && strip.is_none() {
-        staging::staged_ops(kernel, vector, walk.dims.last().copied().unwrap_or(0), features)
+        staging::staged_ops(kernel, vector, long_rows, features)
     } else {
         Vec::new()
     };
@@ -249,7 +312,10 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
         let lanes = vector.or(columns);
         let mut t = Translator {
             kernel,
-            walk: &walk,
+            walk: &walk_layout,
+            sizes: Vec::new(),
+            size_slots: sizes.len(),
+            long_rows,
             vector: lanes,
             strip,
             fma,
@@ -265,10 +331,10 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
         }
         match (kernel.reduce, columns) {
             (Some(red), _) if red.op == kiln_ir::ReduceOp::LogSumExp => {
-                t.body_logsumexp(&outer, lse_result);
+                t.body_logsumexp(&outer_layout, lse_result);
             }
-            (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer, lanes),
-            (Some(red), None) => t.body_reduce(red, &outer),
+            (Some(red), Some((_, lanes))) => t.body_reduce_columns(red, &outer_layout, lanes),
+            (Some(red), None) => t.body_reduce(red, &outer_layout),
             (None, _) => t.body(),
         }
         b.seal_all_blocks();
@@ -303,6 +369,7 @@ fn build(kernel: &Kernel, features: CpuFeatures, output: Output) -> Result<Built
             (None, Some(_)) => STRIP_ROWS * walk.dims.last().copied().unwrap_or(1),
             (None, None) => 1,
         },
+        dynamic: if is_generic { dynamic.to_vec() } else { Vec::new() },
     })))
 }
 

@@ -27,7 +27,7 @@ use kiln_ir::kernel::{Expr, ExprKind, Kernel};
 use super::translate::{Prologue, Translator};
 use super::wide::LSE_BLOCK;
 use crate::CodegenError;
-use crate::walk::{Rows, Walk};
+use crate::walk::{Layout, Rows, Sz};
 
 /// For a `logsumexp` kernel: the kernel to compile in its place, if any, and the dtype of
 /// its result. A kernel that reduces f32 values gives f32; one whose reduced expression
@@ -73,14 +73,14 @@ struct LseRow<'a> {
     bases: &'a [Value],
     /// Outputs after the first: (expression, dtype, this row's base address).
     side: &'a [(usize, DType, Value)],
-    len: i64,
+    len: Sz,
 }
 
 impl Translator<'_, '_> {
     /// A `logsumexp` kernel: for each output position in `start..end`, the state starts
     /// empty, every row of its reduced positions is folded in block by block, and the end
     /// function gives the value stored (as `result`, f32 or f64).
-    pub(super) fn body_logsumexp(&mut self, outer: &Walk, result: DType) {
+    pub(super) fn body_logsumexp(&mut self, outer: &Layout, result: DType) {
         let Prologue { start, end, ins, outs, param_scalar, param_vector } = self.prologue();
         let starts = self.input_starts(&ins);
         let slots = Slots { scratch: self.slot((LSE_BLOCK * 4) as u32), state: self.slot(16) };
@@ -111,12 +111,13 @@ impl Translator<'_, '_> {
         self.b.ins().jump(rhead, &[BlockArg::Value(zero)]);
 
         self.b.switch_to_block(rhead);
-        let more_rows = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, ir, rows);
+        let rows_v = self.size(rows);
+        let more_rows = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
         self.b.ins().brif(more_rows, rbody, &[], store, &[]);
 
         self.b.switch_to_block(rbody);
         let bases = self.advance(&outer_bases, ir, &row_dims, &row_strides);
-        let side = self.side_outputs(&outs, o, ir, rows, len);
+        let side = self.side_outputs(&outs, o, ir);
         let row = LseRow { bases: &bases, side: &side, len };
         self.lse_row(&row, slots, &param_scalar, &param_vector);
         let ir_next = self.b.ins().iadd_imm_s(ir, 1);
@@ -156,11 +157,11 @@ impl Translator<'_, '_> {
         let zero = self.iconst(0);
         if let ExprKind::Load(i) = k.exprs[k.outputs[0]].kind
             && k.inputs[i].dtype == DType::F32
-            && self.walk.strides[i].last() == Some(&1)
+            && self.walk.strides[i].last() == Some(&Sz::Known(1))
             && row.side.is_empty()
         {
             let at = self.element_addr(i, zero, row.bases);
-            let len = self.iconst(row.len);
+            let len = self.size(row.len);
             let state = self.b.ins().stack_addr(types::I64, slots.state, 0);
             let f = self.helpers[Helper::LseF32s.name()];
             self.b.ins().call(f, &[at, len, state]);
@@ -178,11 +179,12 @@ impl Translator<'_, '_> {
         self.b.ins().jump(bhead, &[BlockArg::Value(zero)]);
 
         self.b.switch_to_block(bhead);
-        let more = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, b0, row.len);
+        let len_v = self.size(row.len);
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, b0, len_v);
         self.b.ins().brif(more, bbody, &[], done, &[]);
 
         self.b.switch_to_block(bbody);
-        let len_v = self.iconst(row.len);
+        let len_v = self.size(row.len);
         let left = self.b.ins().isub(len_v, b0);
         let block = self.iconst(LSE_BLOCK as i64);
         let n = self.b.ins().umin(left, block);

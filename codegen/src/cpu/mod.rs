@@ -33,6 +33,7 @@
 
 mod columns;
 mod elementwise;
+mod generic;
 mod half;
 mod helpers;
 mod jit;
@@ -44,7 +45,10 @@ mod strategy;
 mod translate;
 mod wide;
 
-pub use jit::{CpuFeatures, CpuKernel, TARGET, clif_with, compile, param_slots};
+pub use generic::{KernelForm, dynamic_marks, generic_marks, numbers, serves};
+pub use jit::{
+    CpuFeatures, CpuKernel, TARGET, clif_generic, clif_with, compile, compile_generic, param_slots,
+};
 pub use strategy::{COLUMN_BLOCK, STRIP_ROWS};
 
 #[cfg(test)]

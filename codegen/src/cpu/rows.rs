@@ -12,10 +12,9 @@ use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use super::math;
 use super::staging::At;
-use super::staging::MIN_ROW;
 use super::strategy::scalar_type;
 use super::translate::{Prologue, Translator, acc_ty_dtype};
-use crate::walk::{Rows, Walk};
+use crate::walk::{Layout, Rows, Sz};
 
 /// A row sum of `exp(x - s)` over a contiguous f32 input `x`, `s` fixed along the row (or
 /// absent), whose only other output is the exponentials themselves (softmax's middle pass):
@@ -115,18 +114,17 @@ impl<'b> Translator<'_, 'b> {
         outs: &[Value],
         o: Value,
         ir: Value,
-        rows: i64,
-        len: i64,
     ) -> Vec<(usize, DType, Value)> {
         let k = self.kernel;
+        let (numel, len) = (self.walk.numel, self.walk.inner());
         k.outputs[1..]
             .iter()
             .zip(&outs[1..])
             .map(|(&e, &base)| {
                 let dtype = k.exprs[e].dtype;
                 let size = dtype.size_in_bytes() as i64;
-                let a = self.b.ins().imul_imm_s(o, rows * len * size);
-                let r = self.b.ins().imul_imm_s(ir, len * size);
+                let a = self.mul_size(o, numel, size);
+                let r = self.mul_size(ir, len, size);
                 let off = self.b.ins().iadd(a, r);
                 (e, dtype, self.b.ins().iadd(base, off))
             })
@@ -136,7 +134,7 @@ impl<'b> Translator<'_, 'b> {
     /// A reduction kernel: for each output position in `start..end`, fold the body's value
     /// over the reduced dimensions (in rows of the last one, vectorized like elementwise
     /// kernels) into an f64 (float), i64 (integer) or i8 (bool) accumulator.
-    pub(super) fn body_reduce(&mut self, red: KernelReduce, outer: &Walk) {
+    pub(super) fn body_reduce(&mut self, red: KernelReduce, outer: &Layout) {
         let k = self.kernel;
         let out_expr = k.outputs[0];
         let dtype = k.exprs[out_expr].dtype;
@@ -182,14 +180,14 @@ impl<'b> Translator<'_, 'b> {
         self.b.ins().jump(rhead, &[BlockArg::Value(zero), BlockArg::Value(init)]);
 
         self.b.switch_to_block(rhead);
-        let rows_v = self.iconst(rows);
+        let rows_v = self.size(rows);
         let more_rows = self.b.ins().icmp(IntCC::UnsignedLessThan, ir, rows_v);
         self.b.ins().brif(more_rows, rbody, &[], store, &[BlockArg::Value(racc)]);
 
         self.b.switch_to_block(rbody);
         let bases = self.advance(&outer_bases, ir, &row_dims, &row_strides);
-        let len_v = self.iconst(len);
-        let side = self.side_outputs(&outs, o, ir, rows, len);
+        let len_v = self.size(len);
+        let side = self.side_outputs(&outs, o, ir);
         let row = Row { bases: &bases, side: &side, acc: racc, len: len_v, zero, red, dtype };
         let exp_row = self.exp_sum_row(red);
         let (j0, acc0) = match self.vector {
@@ -241,11 +239,10 @@ impl<'b> Translator<'_, 'b> {
     /// The shape of a row sum that goes to `kiln_exp_sum_f32s` whole (see [`ExpSumRow`]).
     fn exp_sum_row(&self, red: KernelReduce) -> Option<ExpSumRow> {
         let k = self.kernel;
-        let len = *self.walk.dims.last()?;
         if red.op != ReduceOp::Sum
             || self.vector != Some((DType::F32, types::F32X4))
             || !self.fma
-            || len < MIN_ROW
+            || !self.long_rows
             || !self.wide
         {
             return None;
@@ -263,7 +260,7 @@ impl<'b> Translator<'_, 'b> {
         let input = |e: usize, stride: i64| match k.exprs[e].kind {
             ExprKind::Load(i)
                 if k.inputs[i].dtype == DType::F32
-                    && self.walk.strides[i].last() == Some(&stride) =>
+                    && self.walk.strides[i].last() == Some(&Sz::Known(stride)) =>
             {
                 Some(i)
             }

@@ -51,17 +51,17 @@ pub(super) enum Mode {
 }
 
 /// The expressions of `kernel` worth staging, with their batch functions, for a vector loop
-/// of `vector` lanes over rows of `row` elements: none unless the loop runs f32x4 with fused
+/// of `vector` lanes over rows (long ones when `long_rows`): none unless the loop runs f32x4 with fused
 /// multiply-adds on a host with wide vectors.
 pub(super) fn staged_ops(
     kernel: &Kernel,
     vector: Option<(DType, Type)>,
-    row: usize,
+    long_rows: bool,
     features: super::CpuFeatures,
 ) -> Vec<(usize, Batch)> {
     if vector != Some((DType::F32, types::F32X4))
         || kernel.reduce.is_some_and(|r| r.op == kiln_ir::ReduceOp::LogSumExp)
-        || row < MIN_ROW
+        || !long_rows
         || !features.fma
         || !features.wide
     {

@@ -17,7 +17,7 @@ use kiln_ir::{BinaryOp, DType, UnaryOp};
 use super::math;
 use super::staging::{self, Staging};
 use super::strategy::scalar_type;
-use crate::walk::Walk;
+use crate::walk::{Layout, Sz};
 
 /// The flags of kernel loads and stores: kiln's buffers are aligned and every address a
 /// kernel forms lies inside one, so no access traps.
@@ -34,6 +34,14 @@ pub(super) enum VecSrc {
     At(Value),
     /// The address of the iteration's first element and the bytes between elements.
     Gather(Value, i64),
+}
+
+/// How far a pointer moves per position: bytes known when the kernel is compiled, or a
+/// value read at run time (a size-generic kernel's stride).
+#[derive(Clone, Copy)]
+pub(super) enum Step {
+    Bytes(i64),
+    Value(Value),
 }
 
 /// What every kernel function loads in its entry block.
@@ -55,7 +63,16 @@ pub(super) enum Trig {
 
 pub(super) struct Translator<'a, 'b> {
     pub(super) kernel: &'a Kernel,
-    pub(super) walk: &'a Walk,
+    /// The walk of the reduced dimensions (all of them for an elementwise kernel).
+    pub(super) walk: &'a Layout,
+    /// A size-generic kernel's sizes, loaded by the prologue from the slots after its
+    /// parameters ([`Sz::Slot`] indexes them); empty for a kernel specialised to its sizes.
+    pub(super) sizes: Vec<Value>,
+    /// How many size slots the kernel reads (0 for a specialised kernel).
+    pub(super) size_slots: usize,
+    /// Whether the rows are long enough for the batch functions (`staging::MIN_ROW`): a
+    /// generic kernel's row length is not known, so this is part of its key.
+    pub(super) long_rows: bool,
     pub(super) vector: Option<(DType, Type)>,
     /// Columns per strip when an elementwise kernel walks in strips (see [`strip_width`]).
     pub(super) strip: Option<usize>,
@@ -85,6 +102,66 @@ impl<'b> Translator<'_, 'b> {
 
     pub(super) fn iconst(&mut self, v: i64) -> Value {
         self.b.ins().iconst(types::I64, v)
+    }
+
+    /// The value of size `s`.
+    pub(super) fn size(&mut self, s: Sz) -> Value {
+        match s {
+            Sz::Known(v) => self.iconst(v),
+            Sz::Slot(i) => self.sizes[i as usize],
+        }
+    }
+
+    /// `x * s * scale`.
+    pub(super) fn mul_size(&mut self, x: Value, s: Sz, scale: i64) -> Value {
+        match s {
+            Sz::Known(v) => self.b.ins().imul_imm_s(x, v * scale),
+            Sz::Slot(i) => {
+                let y = self.b.ins().imul(x, self.sizes[i as usize]);
+                if scale == 1 { y } else { self.b.ins().imul_imm_s(y, scale) }
+            }
+        }
+    }
+
+    /// The step of a stride `s` over elements of `scale` bytes.
+    pub(super) fn step(&mut self, s: Sz, scale: i64) -> Step {
+        match s {
+            Sz::Known(v) => Step::Bytes(v * scale),
+            Sz::Slot(_) => Step::Value(self.mul_size_const(s, scale)),
+        }
+    }
+
+    /// Pointers advanced by `steps` each.
+    pub(super) fn advance_steps(&mut self, ptrs: &[Value], steps: &[Step]) -> Vec<Value> {
+        (ptrs.iter().zip(steps))
+            .map(|(&p, &s)| match s {
+                Step::Bytes(b) => self.b.ins().iadd_imm_s(p, b),
+                Step::Value(v) => self.b.ins().iadd(p, v),
+            })
+            .collect()
+    }
+
+    /// `s * scale` as a value.
+    pub(super) fn mul_size_const(&mut self, s: Sz, scale: i64) -> Value {
+        match s {
+            Sz::Known(v) => self.iconst(v * scale),
+            Sz::Slot(i) => self.b.ins().imul_imm_s(self.sizes[i as usize], scale),
+        }
+    }
+
+    /// `(x / d, x % d)` for a size `d` and an element index `x`: [`Self::divrem_const`] when
+    /// `d` is known, a division when it is read at run time (once per row, not per element).
+    pub(super) fn divrem(&mut self, x: Value, d: Sz) -> (Value, Value) {
+        match d {
+            Sz::Known(d) => self.divrem_const(x, d as u64),
+            Sz::Slot(i) => {
+                let d = self.sizes[i as usize];
+                let q = self.b.ins().udiv(x, d);
+                let back = self.b.ins().imul(q, d);
+                let r = self.b.ins().isub(x, back);
+                (q, r)
+            }
+        }
     }
 
     /// `(x / d, x % d)` for a constant `d` and an element index `x` (below 2^48): a
@@ -147,6 +224,10 @@ impl<'b> Translator<'_, 'b> {
                 scalar.insert(e, v);
             }
         }
+        let first = 8 * k.params as i32;
+        self.sizes = (0..self.size_slots as i32)
+            .map(|i| self.b.ins().load(types::I64, flags(), params, first + 8 * i))
+            .collect();
         let outs = ptrs[n_in..].to_vec();
         Prologue {
             start,
@@ -162,8 +243,14 @@ impl<'b> Translator<'_, 'b> {
     pub(super) fn input_starts(&mut self, ins: &[Value]) -> Vec<Value> {
         (0..ins.len())
             .map(|idx| {
-                let bytes = self.walk_offset_bytes(idx);
-                self.b.ins().iadd_imm_s(ins[idx], bytes)
+                let size = self.kernel.inputs[idx].dtype.size_in_bytes() as i64;
+                match self.walk.offsets[idx] {
+                    Sz::Known(o) => self.b.ins().iadd_imm_s(ins[idx], o * size),
+                    Sz::Slot(_) => {
+                        let bytes = self.mul_size_const(self.walk.offsets[idx], size);
+                        self.b.ins().iadd(ins[idx], bytes)
+                    }
+                }
             })
             .collect()
     }

@@ -27,10 +27,45 @@ pub fn cache_stats() -> CacheStats {
 
 /// The compiled kernel for `kernel`, from the cache or compiled now (with the time the
 /// compile took); `None` when it cannot be compiled (the step then runs on the reference
-/// executor).
+/// executor). Under [`SizePolicy::Auto`] a kernel whose form was compiled before for other
+/// sizes is compiled size-generic, and that kernel serves every later size of the form.
 pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
     if let Some(found) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
         return (found, None);
+    }
+    let policy = size_policy();
+    let form = (policy != SizePolicy::Specialize).then(|| {
+        let numbers = cpu::numbers(kernel);
+        (cpu::KernelForm::of(kernel), numbers)
+    });
+    let mut marks = Vec::new();
+    if let Some((form, numbers)) = &form {
+        let mut forms = FORMS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(seen) = forms.get(form) {
+            if let Some(g) =
+                seen.generic.iter().find(|g| cpu::serves(&g.marks, &g.numbers, numbers))
+            {
+                let k = Some(g.kernel.clone());
+                drop(forms);
+                return (
+                    CACHE.lock().unwrap_or_else(PoisonError::into_inner).link(kernel.clone(), k),
+                    None,
+                );
+            }
+            let before = seen.generic.iter().fold(vec![false; numbers.len()], |mut m, g| {
+                m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
+                m
+            });
+            marks = cpu::dynamic_marks(&seen.first, numbers, &before);
+        } else if policy == SizePolicy::Auto {
+            if forms.len() >= crate::cache::limits().kernels {
+                forms.clear();
+            }
+            forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
+        }
+        if policy == SizePolicy::Generic {
+            marks = cpu::generic_marks(kernel);
+        }
     }
     // Compile outside the lock: another thread may compile the same kernel meanwhile, which
     // costs a duplicate compile but never blocks on one.
@@ -38,7 +73,7 @@ pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Durat
     let result = if FAIL_COMPILES.with(Cell::get) {
         Err("compiles are made to fail (kiln::debug::fail_cpu_compiles)".to_string())
     } else {
-        cpu::compile(kernel).map_err(|e| e.to_string())
+        cpu::compile_generic(kernel, &marks).map_err(|e| e.to_string())
     };
     let took = started.elapsed();
     let result = match result {
@@ -48,13 +83,81 @@ pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Durat
             None
         }
     };
+    if let (Some(k), Some((form, numbers))) = (&result, form)
+        && k.is_generic()
+    {
+        let mut forms = FORMS.lock().unwrap_or_else(PoisonError::into_inner);
+        let seen = forms
+            .entry(form)
+            .or_insert_with(|| Form { first: numbers.clone(), generic: Vec::new() });
+        seen.generic.push(Generic { marks, numbers, kernel: k.clone() });
+    }
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     let bytes = result.as_ref().map_or(0, |k| k.code_bytes());
-    if result.is_none() {
-        cache.note_failure();
+    match &result {
+        None => cache.note_failure(),
+        Some(k) if k.is_generic() => cache.note_generic(),
+        Some(_) => {}
     }
     (cache.insert(kernel.clone(), result, bytes), Some(took))
 }
+
+/// When CPU kernels are compiled size-generic (`KILN_SIZES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizePolicy {
+    /// A kernel is compiled for its sizes; when a kernel of the same form (the same code up
+    /// to its sizes, strides and offsets) comes with other sizes, it is compiled once more,
+    /// reading the numbers that differed when it runs, and serves every later size.
+    Auto,
+    /// Every kernel is compiled for its sizes.
+    Specialize,
+    /// Every kernel is compiled size-generic (to test the generic code on every kernel).
+    Generic,
+}
+
+static POLICY: LazyLock<Mutex<SizePolicy>> = LazyLock::new(|| {
+    let text = kiln_ir::settings::Setting::Sizes.text();
+    let policy = match text.as_deref().map(str::trim) {
+        None | Some("" | "auto") => SizePolicy::Auto,
+        Some("specialize") => SizePolicy::Specialize,
+        Some("generic") => SizePolicy::Generic,
+        Some(other) => {
+            eprintln!(
+                "kiln: KILN_SIZES={other:?} is not `auto`, `specialize` or `generic`; using `auto`"
+            );
+            SizePolicy::Auto
+        }
+    };
+    Mutex::new(policy)
+});
+
+/// The policy in force.
+pub fn size_policy() -> SizePolicy {
+    *POLICY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sets the policy for the kernels compiled from now on (every thread), returning the
+/// previous one.
+pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
+    std::mem::replace(&mut *POLICY.lock().unwrap_or_else(PoisonError::into_inner), policy)
+}
+
+/// A kernel form's compiles: the numbers of the first kernel compiled for its sizes, and
+/// the size-generic kernels compiled since.
+struct Form {
+    first: Vec<i64>,
+    generic: Vec<Generic>,
+}
+
+/// A size-generic kernel: which numbers it reads when it runs, and the others' values.
+struct Generic {
+    marks: Vec<bool>,
+    numbers: Vec<i64>,
+    kernel: Arc<CpuKernel>,
+}
+
+/// Every kernel form compiled (cleared when it holds as many as the kernel cache may).
+static FORMS: LazyLock<Mutex<HashMap<cpu::KernelForm, Form>>> = LazyLock::new(Mutex::default);
 
 /// Kernels that could not be compiled: name -> the code generator's message.
 static FAILURES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
@@ -140,7 +243,7 @@ pub(super) fn run_kernel(
     let n = step.kernel.output_len();
     // Domain positions per output position: 1, or the size of a reduction's reduced dims.
     let per_output = (step.kernel.shape.numel() / n.max(1)).max(1);
-    let params: Vec<u64> = cpu::param_slots(&step.kernel, &step.params);
+    let params: Vec<u64> = kernel.slots(&step.kernel, &step.params);
     let inputs: Vec<*const u8> = step.inputs.iter().map(|i| bufs[i].as_ptr()).collect();
     let outputs: Vec<_> = step
         .outputs

@@ -27,7 +27,10 @@ use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
 pub(crate) use check::tolerance as check_tolerance;
 pub use check::unchecked_runs;
-pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles};
+pub use cpu::{
+    SizePolicy, cache_stats, clif, compile_failures, compiles_fail, fail_compiles, set_size_policy,
+    size_policy,
+};
 pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
 pub use graph::GraphRun;

@@ -44,6 +44,17 @@ fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f64> {
 /// Runs the compiled kernel over `start..end` pieces of `chunk` positions.
 fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) -> Vec<Vec<f64>> {
     let compiled = compile(kernel).unwrap_or_else(|e| panic!("{e}\n{kernel}"));
+    run_compiled(&compiled, kernel, inputs, params, chunk)
+}
+
+/// Runs `compiled` (compiled for `kernel`, or size-generic for its form) on `kernel`'s sizes.
+fn run_compiled(
+    compiled: &super::CpuKernel,
+    kernel: &Kernel,
+    inputs: &[Vec<f64>],
+    params: &[Scalar],
+    chunk: usize,
+) -> Vec<Vec<f64>> {
     let mut in_bytes: Vec<Vec<u8>> =
         inputs.iter().zip(&kernel.inputs).map(|(v, i)| to_bytes(v, i.dtype)).collect();
     let n = kernel.output_len();
@@ -54,7 +65,7 @@ fn run(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar], chunk: usize) ->
         .collect();
     let mut ptrs: Vec<*mut u8> = in_bytes.iter_mut().map(|b| b.as_mut_ptr()).collect();
     ptrs.extend(out_bytes.iter_mut().map(|b| b.as_mut_ptr()));
-    let p: Vec<u64> = super::param_slots(kernel, params);
+    let p: Vec<u64> = compiled.slots(kernel, params);
     // At least one call, so that an empty domain runs the kernel over `0..0` (which must
     // touch no memory) instead of skipping it.
     let mut start = 0;
@@ -91,8 +102,17 @@ fn check(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) {
         (false, true) => 2f64.powi(-8),
         (false, false) => 1e-6,
     };
-    for chunk in [1, 3, 7, 1 << 20] {
-        let got = run(kernel, inputs, params, chunk);
+    // Specialised, and size-generic with every size read at run time.
+    let generic_kernel = super::compile_generic(kernel, &super::generic_marks(kernel))
+        .unwrap_or_else(|e| panic!("{e}\n{kernel}"));
+    for (chunk, generic) in
+        [(1, false), (3, false), (7, false), (1 << 20, false), (3, true), (1 << 20, true)]
+    {
+        let got = if generic {
+            run_compiled(&generic_kernel, kernel, inputs, params, chunk)
+        } else {
+            run(kernel, inputs, params, chunk)
+        };
         assert_eq!(got.len(), want.len(), "outputs (chunk {chunk})\n{kernel}");
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.len(), w.len(), "elements (chunk {chunk})\n{kernel}");
@@ -140,6 +160,8 @@ fn scalar(g: &mut Graph, v: f64, dtype: DType, shape: &[usize]) -> kiln_ir::Node
     let c = g.leaf(Op::Full(Scalar::F64(v)), Shape::from(()), dtype).unwrap();
     g.push(Op::View(View::contiguous(Shape::from(())).expand(&Shape::from(shape))), &[c]).unwrap()
 }
+
+mod generic;
 
 #[test]
 fn elementwise_chains_on_every_dtype_and_size() {
@@ -387,8 +409,11 @@ fn reduction_kernels_over_any_axes() {
                     .map(|v| if dtype.is_float() { v / 2.0 } else { v % 4.0 })
                     .collect();
                 let want = interpret(&k.kernel, std::slice::from_ref(&data), &k.params);
-                let got = run(&k.kernel, &[data], &k.params, 2);
-                for (a, b) in got[0].iter().zip(&want[0]) {
+                let generic = super::compile_generic(&k.kernel, &super::generic_marks(&k.kernel))
+                    .expect("compiles");
+                let got = run(&k.kernel, std::slice::from_ref(&data), &k.params, 2);
+                let got_generic = run_compiled(&generic, &k.kernel, &[data], &k.params, 2);
+                for (a, b) in got[0].iter().chain(&got_generic[0]).zip(want[0].iter().cycle()) {
                     // Products rounded from f64 in another order may differ in the last place.
                     let tol = match dtype {
                         DType::F16 => 2e-3,
@@ -845,8 +870,13 @@ fn staged_rows_with_tails_and_several_outputs() {
     assert_eq!(k.kernel.outputs.len(), 2, "{}", k.kernel);
     let lanes = Some((DType::F32, cranelift_codegen::ir::types::F32X4));
     assert!(
-        !super::staging::staged_ops(&k.kernel, lanes, cols, super::CpuFeatures::X86_64_V3)
-            .is_empty()
+        !super::staging::staged_ops(
+            &k.kernel,
+            lanes,
+            cols >= super::staging::MIN_ROW,
+            super::CpuFeatures::X86_64_V3
+        )
+        .is_empty()
     );
     let by_node = [(x, values(rows * cols, DType::F32, 21)), (bias, values(cols, DType::F32, 22))];
     let inputs: Vec<Vec<f64>> = k
