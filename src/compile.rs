@@ -56,7 +56,7 @@ use std::sync::Arc;
 use kiln_ir::pipeline::{Constants, Fusion};
 use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
-use kiln_runtime::exec::{GraphRun, Prepared};
+use kiln_runtime::exec::{GraphRun, Prepared, Sizes};
 
 use crate::engine::lazy::LazyNode;
 use crate::engine::realize::{
@@ -421,12 +421,18 @@ impl<F> Compiled<F> {
             reason = Some(why);
         }
 
+        // The same program at other sizes (a ragged batch): its kernels whose sizes changed
+        // are compiled size-generic, to serve the sizes still to come.
+        let resized = self.entries.iter().any(|e| {
+            e.prepared.device() == device && e.recorded.same_up_to_sizes(&captured, &outputs)
+        });
+        let sizes = if resized { Sizes::Changed } else { Sizes::First };
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
         let recorded = Recorded::new(&captured, &outputs, &built.ids);
         let graph = built.graph;
         drop(built.buffers); // so that an input the plan writes into can be handed over
-        let mut prepared = Prepared::new(&graph, options, device);
+        let mut prepared = Prepared::with_sizes(&graph, options, device, sizes);
         run_captured(&mut prepared, &mut captured, &outputs)?;
         self.stats.plans += 1;
         self.stats.steps_per_call = prepared.steps();

@@ -65,6 +65,9 @@ pub struct PlanSummary {
     pub kernel_text: Vec<String>,
     /// The Cranelift IR generated for each kernel.
     pub clif: Vec<String>,
+    /// The Cranelift IR of each kernel compiled size-generic with every size, stride and
+    /// offset read when it runs (what serves its other sizes; see [`SizePolicy`]).
+    pub generic_clif: Vec<String>,
 }
 
 /// The plan that computing `tensors` would run now under the current execution mode (see
@@ -102,6 +105,10 @@ pub fn plan_summary(tensors: &[&Tensor]) -> PlanSummary {
                 summary
                     .clif
                     .push(kiln_runtime::exec::clif(&k.kernel).unwrap_or_else(|e| format!("; {e}")));
+                summary.generic_clif.push(
+                    kiln_runtime::exec::generic_clif(&k.kernel)
+                        .unwrap_or_else(|e| format!("; {e}")),
+                );
             }
             Step::Node(_)
             | Step::Library { .. }
@@ -305,8 +312,9 @@ pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
     stages
 }
 
-/// The CPU kernel cache's counters: hits, misses, compiles, evictions, failed compiles, and
-/// what it holds now (kernels, bytes of machine code).
+/// The CPU kernel cache's counters: hits, misses, compiles, evictions, failed compiles,
+/// size-generic compiles and the sizes they served, and what it holds now (kernels, bytes of
+/// machine code).
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -316,12 +324,29 @@ pub fn passes(tensors: &[&Tensor]) -> Vec<(String, String)> {
 /// (&x * 3.0).exp().to_vec::<f32>();          // the same kernel again
 /// assert!(kiln::debug::cache_stats().hits > before.hits);
 /// ```
+///
+/// A kernel that comes back with other sizes is compiled once more, size-generic, and that
+/// compile serves every later size ([`SizePolicy`]):
+///
+/// ```
+/// use kiln::prelude::*;
+/// let before = kiln::debug::cache_stats();
+/// for n in [300, 301, 302, 303, 304] {
+///     (Tensor::randn([n, 7]) * 3.0).tanh().sum().item::<f32>();
+/// }
+/// let after = kiln::debug::cache_stats();
+/// assert!(after.generic > before.generic && after.served > before.served);
+/// ```
 pub fn cache_stats() -> CacheStats {
     kiln_runtime::exec::cache_stats()
 }
 
 /// The counters of a kernel cache.
 pub use kiln_runtime::cache::{CacheLimits, CacheStats};
+
+/// When CPU kernels are compiled size-generic: `KILN_SIZES` (`auto` by default), or
+/// [`set_size_policy`].
+pub use kiln_runtime::exec::{SizePolicy, set_size_policy, size_policy};
 
 /// What of the CPU generated code relies on beyond the baseline ISA ([`with_clif_features`]).
 pub use kiln_runtime::CpuFeatures;

@@ -75,6 +75,9 @@ pub struct KernelStats {
     pub device: crate::Device,
     /// The user lines that recorded its ops.
     pub sources: Vec<&'static std::panic::Location<'static>>,
+    /// Whether a size-generic kernel ran (one compiled for every size of the kernel's form,
+    /// reading its sizes when it runs; its `cut` says so too).
+    pub generic: bool,
 }
 
 impl KernelStats {
@@ -121,6 +124,7 @@ impl Profile {
                     cache_hits: 0,
                     sources: e.sources.clone(),
                     device: e.device,
+                    generic: e.generic,
                 });
                 order.len() - 1
             });

@@ -231,6 +231,29 @@ fn loop_strategy_clif_snapshots() {
     insta::assert_snapshot!("clif_vector_baseline", baseline.clif[0]);
 }
 
+/// The Cranelift IR of size-generic kernels, every size read when they run: a broadcast
+/// over rows (a division per row), a row reduction and a column reduction.
+#[test]
+fn size_generic_clif_snapshots() {
+    let plan_summary = |t: &[&Tensor]| at_v3(|| kiln::debug::plan_summary(t));
+    let m = Tensor::from_vec((0..24 * 40).map(|i| (i % 7) as f32).collect::<Vec<_>>(), [24, 40]);
+    let bias = Tensor::from_vec((0..40).map(|i| i as f32).collect::<Vec<_>>(), [40]);
+    Tensor::try_realize_all(&[&m, &bias]).unwrap();
+    let cases = [
+        ("broadcast", (&m + &bias).tanh()),
+        ("row_reduction", m.sum_dim(1, false)),
+        ("column_reduction", m.sum_dim(0, false)),
+    ];
+    for (name, y) in cases {
+        let plan = plan_summary(&[&y]);
+        assert_eq!(plan.kernels, 1, "{name}: {:?}", plan.kernel_notes);
+        insta::assert_snapshot!(
+            format!("generic_clif_{name}"),
+            format!("{}\n\n{}", plan.kernel_text[0], plan.generic_clif[0])
+        );
+    }
+}
+
 /// The CUDA C of each kernel kind the CUDA code generator emits: elementwise, a row
 /// reduction, a reduction across its outputs (columns), and a long reduction split into
 /// partials (with its merge). The elementwise and row kinds of a training step are in

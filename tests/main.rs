@@ -42,6 +42,7 @@ mod recurrent;
 mod reductions;
 mod rows;
 mod serialize;
+mod sizes;
 mod special;
 mod statistics;
 mod torch_layers;

@@ -75,6 +75,9 @@ pub struct Event {
     /// Whether the step ran inside the launch of the step before it, not a launch of its own
     /// (the members after the first of a GPU row group).
     pub joined: bool,
+    /// Whether a size-generic kernel ran: one compiled for the kernel's form that reads the
+    /// sizes it was compiled without when it runs (`KILN_SIZES`).
+    pub generic: bool,
 }
 
 /// Memory of one realization: the peak of live buffers and the largest ones at that point.
@@ -288,6 +291,7 @@ pub(crate) fn plain_event(name: &str, kind: StepKind, ops: String, cut: String) 
         overlapped: Duration::ZERO,
         device: crate::Device::Cpu,
         joined: false,
+        generic: false,
     }
 }
 
@@ -322,10 +326,12 @@ pub(crate) fn kernel_event(
         }
     };
     let name = k.kernel.name();
+    let generic = info.compiled.as_ref().is_some_and(|c| c.is_generic());
     let cut = match (info.generated, crate::exec::cpu::compile_failure(&name)) {
         (false, Some(why)) => {
             format!("{cut}; could not be compiled, ran on the reference executor: {why}")
         }
+        _ if generic => format!("{cut}; size-generic"),
         _ => cut,
     };
     let mut e = plain_event(&name, kind, describe_ops(graph, &k.fused), cut);
@@ -334,6 +340,7 @@ pub(crate) fn kernel_event(
     e.compile = info.compile;
     e.bytes_read = bytes_read;
     e.bytes_written = bytes_written;
+    e.generic = generic;
     let mut sources: Vec<_> = k.fused.iter().filter_map(|&n| graph.node(n).origin).collect();
     sources.dedup();
     e.sources = sources;
@@ -341,7 +348,8 @@ pub(crate) fn kernel_event(
         e.text = Some(k.kernel.to_string());
         e.clif = match clif_features() {
             Some(features) if info.compiled.is_some() => {
-                kiln_codegen::cpu::clif_with(&k.kernel, features).ok()
+                let marks = info.compiled.as_ref().map_or(&[][..], |c| c.marks());
+                kiln_codegen::cpu::clif_generic(&k.kernel, features, marks).ok()
             }
             _ => info.compiled.map(|c| c.clif().to_string()),
         };

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use kiln_ir::pipeline::{Constants, PlanOptions};
 use kiln_runtime::Device;
-use kiln_runtime::exec::Prepared;
+use kiln_runtime::exec::{Prepared, Sizes};
 use kiln_runtime::rows::RowGroupSizes;
 
 use super::lazy::LazyNode;
@@ -44,6 +44,8 @@ struct Settings {
 
 struct CachedPlan {
     hash: u64,
+    /// [`structure_hash`] without sizes: the same program at other sizes has the same.
+    sizeless: u64,
     settings: Settings,
     origins: Vec<(&'static Location<'static>, Option<kiln_ir::Label>)>,
     recorded: Recorded,
@@ -71,7 +73,7 @@ pub(crate) fn realize(
         let built = build_graph(captured, targets)?;
         return run_captured(&mut Prepared::new(&built.graph, options, device), captured, &outputs);
     }
-    let hash = structure_hash(captured, &outputs);
+    let hash = structure_hash(captured, &outputs, true);
     let found = CACHE.with(|c| {
         let mut cache = c.borrow_mut();
         let at = cache.iter().rposition(|e| {
@@ -92,8 +94,17 @@ pub(crate) fn realize(
         }
         Some(e) if e.recorded.same_values(captured) => e,
         // The same program with other constants: plan it once more, constants rebindable.
-        Some(e) => plan(captured, targets, &outputs, e.settings, hash, true)?,
-        None => plan(captured, targets, &outputs, settings, hash, false)?,
+        Some(e) => plan(captured, targets, &outputs, e.settings, hash, true, Sizes::First)?,
+        None => {
+            // The same program at other sizes (the next sequence length): its kernels whose
+            // sizes changed are compiled size-generic, to serve the lengths still to come.
+            let sizeless = structure_hash(captured, &outputs, false);
+            let resized = CACHE.with(|c| {
+                c.borrow().iter().any(|e| e.sizeless == sizeless && e.settings == settings)
+            });
+            let sizes = if resized { Sizes::Changed } else { Sizes::First };
+            plan(captured, targets, &outputs, settings, hash, false, sizes)?
+        }
     };
     let result = run_captured(&mut entry.prepared, captured, &outputs);
     CACHE.with(|c| {
@@ -113,35 +124,47 @@ fn plan(
     settings: Settings,
     hash: u64,
     rebindable: bool,
+    sizes: Sizes,
 ) -> Result<CachedPlan> {
     let built = build_graph(captured, targets)?;
     let constants = if rebindable { Constants::Rebindable } else { Constants::Fold };
     let options = PlanOptions { constants, ..settings.options };
     Ok(CachedPlan {
         hash,
+        sizeless: structure_hash(captured, outputs, false),
         settings,
         origins: captured.nodes.iter().map(|n| (n.origin, n.label)).collect(),
         recorded: Recorded::new(captured, outputs, &built.ids),
         rebindable,
-        prepared: Prepared::new(&built.graph, options, settings.device),
+        prepared: Prepared::with_sizes(&built.graph, options, settings.device, sizes),
     })
 }
 
 /// A hash of the program's structure: what [`Recorded::mismatch`] compares, constants' and
-/// random keys' values left out.
-fn structure_hash(captured: &Captured, outputs: &[usize]) -> u64 {
+/// random keys' values left out; `sized: false` leaves sizes out as well (ranks and the
+/// kinds of ops, with the lines that recorded them, stay in).
+fn structure_hash(captured: &Captured, outputs: &[usize], sized: bool) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     captured.nodes.len().hash(&mut h);
     outputs.hash(&mut h);
     for (slot, node) in captured.nodes.iter().enumerate() {
         node.dtype.hash(&mut h);
-        node.shape.hash(&mut h);
+        if sized {
+            node.shape.hash(&mut h);
+        } else {
+            node.shape.rank().hash(&mut h);
+            node.origin.hash(&mut h);
+        }
         if captured.buffers[slot].is_some() {
             0u8.hash(&mut h);
         } else if node.op.is_rebindable() {
             std::mem::discriminant(&node.op).hash(&mut h);
         } else {
-            node.op.hash(&mut h);
+            if sized {
+                node.op.hash(&mut h);
+            } else {
+                node.op.name().hash(&mut h);
+            }
             captured.args(slot).hash(&mut h);
         }
     }

@@ -108,6 +108,27 @@ impl Recorded {
         })
     }
 
+    /// Whether `captured` (with `outputs` kept) is this program up to sizes: the same kinds
+    /// of ops on the same inputs, the same dtypes and ranks, the same kept values. A plan of
+    /// such a program compiles its kernels whose sizes changed size-generic
+    /// ([`kiln_runtime::exec::Sizes`]).
+    pub(crate) fn same_up_to_sizes(&self, captured: &Captured, outputs: &[usize]) -> bool {
+        captured.nodes.len() == self.keys.len()
+            && outputs == self.outputs.as_slice()
+            && (captured.nodes.iter().zip(&self.keys).enumerate()).all(|(slot, (node, key))| {
+                node.dtype == key.dtype
+                    && node.shape.rank() == key.shape.rank()
+                    && match (&captured.buffers[slot], &key.op) {
+                        (Some(_), None) => true,
+                        (None, Some(op)) => {
+                            op.name() == node.op.name()
+                                && captured.args(slot) == key.args.as_slice()
+                        }
+                        _ => false,
+                    }
+            })
+    }
+
     /// Whether `captured`'s constants and random keys are the values this program was
     /// recorded with (for a plan that folded them).
     pub(crate) fn same_values(&self, captured: &Captured) -> bool {

@@ -6,13 +6,13 @@
 //! enough for the batch functions); that is its [`KernelForm`]. The rest are numbers: the
 //! walks' dimensions, strides and offsets ([`numbers`]). A kernel specialised to its sizes
 //! has every number in its code; a size-generic one reads those that vary from size slots
-//! after its parameters ([`CpuKernel::slots`]), so that one compile serves a batch of 48
-//! and a batch of 17 alike. Sizes of 1 stay specialised: a dimension of 1 drops out of the
-//! walk, which changes the form.
+//! after its parameters ([`CpuKernel::slots`](super::CpuKernel::slots)), so that one compile serves a batch of 48
+//! and a batch of 17 alike. Sizes of 1 and 0 stay specialised: a dimension of 1 drops out of
+//! the walk and an empty one is part of the form, so both change it.
 //!
 //! A generic kernel walks its rows with a division per row where a specialised one
 //! multiplies by a constant, and it does not gather strided lanes into vectors or walk in
-//! strips (see [`compile_generic`]); everything else is the same code.
+//! strips (see [`compile_generic`](super::compile_generic)); everything else is the same code.
 
 use cranelift_codegen::ir::types;
 use kiln_ir::DType;
@@ -56,6 +56,9 @@ pub struct KernelForm {
     columns: bool,
     /// Rows long enough for the batch functions (`staging::MIN_ROW`).
     long_rows: bool,
+    /// An empty dimension: such kernels stay specialised (a generic kernel divides by its
+    /// dimensions, so none of them may be 0).
+    empty: bool,
 }
 
 impl KernelForm {
@@ -77,6 +80,7 @@ impl KernelForm {
             columns: column_type(kernel, &walk, &outer).is_some(),
             long_rows: long_rows_matter(kernel, &walk)
                 && walk.dims.last().is_some_and(|&d| d >= MIN_ROW),
+            empty: kernel.shape.dims().contains(&0),
         }
     }
 }

@@ -88,6 +88,11 @@ impl CpuKernel {
         self.dynamic.contains(&true)
     }
 
+    /// A generic kernel's marks ([`compile_generic`]); empty for a specialised one.
+    pub fn marks(&self) -> &[bool] {
+        &self.dynamic
+    }
+
     /// The 64-bit slots the entry point reads for `kernel` (this kernel's form, at its
     /// sizes) with parameter values `values`: [`param_slots`], then for a generic kernel the
     /// sizes it reads at run time.

@@ -11,6 +11,7 @@ use kiln_ir::Graph;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 
+use super::Sizes;
 use super::execute::Bufs;
 use crate::cache::{CacheStats, KernelCache};
 use crate::{Buffer, RunError, RuntimeError};
@@ -27,9 +28,13 @@ pub fn cache_stats() -> CacheStats {
 
 /// The compiled kernel for `kernel`, from the cache or compiled now (with the time the
 /// compile took); `None` when it cannot be compiled (the step then runs on the reference
-/// executor). Under [`SizePolicy::Auto`] a kernel whose form was compiled before for other
-/// sizes is compiled size-generic, and that kernel serves every later size of the form.
-pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
+/// executor). In a plan of a program that ran before at other sizes ([`Sizes::Changed`]),
+/// under [`SizePolicy::Auto`], a kernel of a form compiled before at other sizes is
+/// compiled size-generic, and serves every later size of that form.
+pub(super) fn compiled(
+    kernel: &Kernel,
+    sizes: Sizes,
+) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
     if let Some(found) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
         return (found, None);
     }
@@ -41,27 +46,30 @@ pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Durat
     let mut marks = Vec::new();
     if let Some((form, numbers)) = &form {
         let mut forms = FORMS.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(seen) = forms.get(form) {
-            if let Some(g) =
-                seen.generic.iter().find(|g| cpu::serves(&g.marks, &g.numbers, numbers))
-            {
-                let k = Some(g.kernel.clone());
-                drop(forms);
-                return (
-                    CACHE.lock().unwrap_or_else(PoisonError::into_inner).link(kernel.clone(), k),
-                    None,
-                );
+        let generic_ok = policy == SizePolicy::Generic || sizes == Sizes::Changed;
+        match forms.get(form) {
+            Some(seen) if generic_ok => {
+                let serving =
+                    seen.generic.iter().find(|g| cpu::serves(&g.marks, &g.numbers, numbers));
+                if let Some(g) = serving {
+                    let k = Some(g.kernel.clone());
+                    drop(forms);
+                    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+                    return (cache.link(kernel.clone(), k), None);
+                }
+                let before = seen.generic.iter().fold(vec![false; numbers.len()], |mut m, g| {
+                    m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
+                    m
+                });
+                marks = cpu::dynamic_marks(&seen.first, numbers, &before);
             }
-            let before = seen.generic.iter().fold(vec![false; numbers.len()], |mut m, g| {
-                m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
-                m
-            });
-            marks = cpu::dynamic_marks(&seen.first, numbers, &before);
-        } else if policy == SizePolicy::Auto {
-            if forms.len() >= crate::cache::limits().kernels {
-                forms.clear();
+            Some(_) => {}
+            None => {
+                if forms.len() >= crate::cache::limits().kernels {
+                    forms.clear();
+                }
+                forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
             }
-            forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
         }
         if policy == SizePolicy::Generic {
             marks = cpu::generic_marks(kernel);
@@ -105,9 +113,12 @@ pub(super) fn compiled(kernel: &Kernel) -> (Option<Arc<CpuKernel>>, Option<Durat
 /// When CPU kernels are compiled size-generic (`KILN_SIZES`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SizePolicy {
-    /// A kernel is compiled for its sizes; when a kernel of the same form (the same code up
-    /// to its sizes, strides and offsets) comes with other sizes, it is compiled once more,
-    /// reading the numbers that differed when it runs, and serves every later size.
+    /// A kernel is compiled for its sizes. When a program runs again at other sizes (a
+    /// ragged last batch, the next sequence length: [`Sizes::Changed`]), a kernel of a form
+    /// compiled before (the same code up to its sizes, strides and offsets) is compiled once
+    /// more, reading the numbers that differed when it runs, and serves every later size of
+    /// its form. Kernels whose sizes did not change keep their specialised code, and a
+    /// program whose sizes never change runs only specialised kernels.
     Auto,
     /// Every kernel is compiled for its sizes.
     Specialize,
@@ -218,6 +229,21 @@ pub fn clif(kernel: &Kernel) -> Result<String, String> {
         return Ok(k.clif().to_string());
     }
     cpu::compile(kernel).map(|k| k.clif().to_string()).map_err(|e| e.to_string())
+}
+
+/// The Cranelift IR of `kernel`'s most generic form: every size, stride and offset read
+/// when it runs but the strides 0 and 1 (see [`SizePolicy`]); for another host's features
+/// inside `kiln::debug::with_clif_features`.
+///
+/// # Errors
+/// The code generator's message if the kernel cannot be compiled.
+pub fn generic_clif(kernel: &Kernel) -> Result<String, String> {
+    let marks = cpu::generic_marks(kernel);
+    let features = match crate::trace::clif_features() {
+        Some(f) => f,
+        None => cpu::CpuFeatures::host().map_err(|e| e.to_string())?,
+    };
+    cpu::clif_generic(kernel, features, &marks).map_err(|e| e.to_string())
 }
 
 /// Positions per thread task: large enough to amortize a task, small enough to balance.

@@ -28,14 +28,14 @@ use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 pub(crate) use check::tolerance as check_tolerance;
 pub use check::unchecked_runs;
 pub use cpu::{
-    SizePolicy, cache_stats, clif, compile_failures, compiles_fail, fail_compiles, set_size_policy,
-    size_policy,
+    SizePolicy, cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif,
+    set_size_policy, size_policy,
 };
 pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
 pub use graph::GraphRun;
-pub use prepare::Prepared;
 pub(crate) use prepare::PreparedStep;
+pub use prepare::{Prepared, Sizes};
 
 use crate::{Buffer, Device, RunError, reference};
 

@@ -47,6 +47,17 @@ pub struct Prepared {
     pub(super) dirty: Vec<bool>,
 }
 
+/// Whether a plan's program ran before with other sizes (the same ops, recorded at the same
+/// places, over tensors of other sizes): only then are its kernels compiled size-generic, so
+/// that a program whose sizes never change runs kernels specialised to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizes {
+    /// The first plan of the program (or its sizes are the same as before).
+    First,
+    /// The program ran before at other sizes.
+    Changed,
+}
+
 /// One step of a prepared plan.
 pub(crate) enum PreparedStep {
     Kernel {
@@ -76,6 +87,17 @@ impl Prepared {
     /// Plans `graph` under `options` for `device` and compiles its kernels (CPU kernels
     /// through the kernel cache; a GPU plan's new kernels in parallel).
     pub fn new(graph: &Graph, options: PlanOptions, device: Device) -> Prepared {
+        Prepared::with_sizes(graph, options, device, Sizes::First)
+    }
+
+    /// [`Prepared::new`] for a program that ran before at other sizes (`Sizes::Changed`):
+    /// its CPU kernels whose sizes changed are compiled size-generic (see [`SizePolicy`](super::SizePolicy)).
+    pub fn with_sizes(
+        graph: &Graph,
+        options: PlanOptions,
+        device: Device,
+        sizes: Sizes,
+    ) -> Prepared {
         let planning = Instant::now();
         let plan = Planner::default().plan_observed(graph, options, &mut show_stage);
         let bound = plan.graph.topo_order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
@@ -91,7 +113,7 @@ impl Prepared {
                         params_of.entry(n).or_default().push((i, j));
                     }
                     let (kernel, compile) = if device == Device::Cpu {
-                        super::cpu::compiled(&k.kernel)
+                        super::cpu::compiled(&k.kernel, sizes)
                     } else {
                         (None, None)
                     };
@@ -140,12 +162,15 @@ impl Prepared {
         prepared.writes_inputs = prepared.inputs_written();
         prepared.schedule();
         let (gpu_compiling, took) = precompile_gpu(&prepared);
-        // Each kernel's compile time, reported by its first run.
-        let mut took = took.into_iter();
-        for (s, step) in prepared.steps.iter_mut().enumerate() {
-            let grouped = prepared.groups.iter().any(|g| (g.start..g.end).contains(&s));
-            if let (PreparedStep::Kernel { compile, .. }, false) = (step, grouped) {
-                *compile = took.next().flatten();
+        // Each GPU kernel's compile time, reported by its first run (a CPU kernel's was
+        // noted when it was looked up above).
+        if device != Device::Cpu {
+            let mut took = took.into_iter();
+            for (s, step) in prepared.steps.iter_mut().enumerate() {
+                let grouped = prepared.groups.iter().any(|g| (g.start..g.end).contains(&s));
+                if let (PreparedStep::Kernel { compile, .. }, false) = (step, grouped) {
+                    *compile = took.next().flatten();
+                }
             }
         }
         prepared.trace_planning(planning, gpu_compiling);

@@ -1,0 +1,117 @@
+//! Kernels over every size: a kernel that comes back with other sizes is compiled once more,
+//! size-generic, and that kernel serves every later size (`KILN_SIZES`,
+//! `kiln::debug::SizePolicy`). Counts come from each call's profile (this thread's kernels).
+
+use kiln::debug::SizePolicy;
+use kiln::nn::functional as F;
+use kiln::nn::{Linear, Module};
+use kiln::optim::{Adam, AdamConfig, Optimizer};
+use kiln::prelude::*;
+
+/// The result of `f` and how many kernels were compiled while it ran.
+fn compiles_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let (value, profile) = kiln::profile(f);
+    (value, profile.kernels().iter().filter(|k| !k.compile.is_zero()).count())
+}
+
+/// Whether this run compiles kernels for their sizes only (`KILN_SIZES=specialize`): the
+/// counts below do not hold then, and the tests say so.
+fn specializing(test: &str) -> bool {
+    let on = kiln::debug::size_policy() == SizePolicy::Specialize;
+    if on {
+        eprintln!("{test}: KILN_SIZES=specialize compiles every size; the counts are not checked");
+    }
+    on
+}
+
+#[test]
+fn an_eager_loop_over_31_lengths_compiles_nothing_after_the_fourth() {
+    kiln::manual_seed(5);
+    let w = Tensor::randn([16]);
+    let wv: Vec<f32> = w.to_vec();
+    let mut compiles = Vec::new();
+    let mut generic_rows = 0;
+    for len in 9..40 {
+        let x = Tensor::randn([len, 16]);
+        let xv: Vec<f32> = x.to_vec();
+        let ((columns, total), profile) = kiln::profile(|| {
+            let y = (&x * &w).tanh().softmax(1);
+            let columns = y.sum_dim(0, false).to_vec::<f32>();
+            let total = (&x * 0.5).exp().sum().item::<f32>();
+            (columns, total)
+        });
+        compiles.push(profile.kernels().iter().filter(|k| !k.compile.is_zero()).count());
+        generic_rows += profile.kernels().iter().filter(|k| k.generic).count();
+        // The same values in f64.
+        let mut want = vec![0f64; 16];
+        for r in 0..len {
+            let row: Vec<f64> =
+                (0..16).map(|c| (f64::from(xv[r * 16 + c]) * f64::from(wv[c])).tanh()).collect();
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+            for c in 0..16 {
+                want[c] += (row[c] - max).exp() / sum;
+            }
+        }
+        for (c, (&g, &w)) in columns.iter().zip(&want).enumerate() {
+            assert!((f64::from(g) - w).abs() < 1e-4 * w.abs().max(1.0), "{len}: column {c}");
+        }
+        let want_total: f64 = xv.iter().map(|&v| (0.5 * f64::from(v)).exp()).sum();
+        assert!((f64::from(total) - want_total).abs() < 1e-4 * want_total, "{len}: {total}");
+    }
+    if specializing("an_eager_loop_over_31_lengths") {
+        return;
+    }
+    assert!(compiles[0] > 0, "the first length compiles its kernels: {compiles:?}");
+    assert!(compiles[4..].iter().all(|&n| n == 0), "kernels compiled per length: {compiles:?}");
+    assert!(generic_rows > 0, "size-generic kernels ran and their profile rows say so");
+}
+
+#[test]
+fn a_compiled_training_step_over_ragged_batches_compiles_nothing_after_two_sizes() {
+    let sizes = [64usize, 64, 48, 64, 17, 33, 64, 5, 64, 29];
+    kiln::manual_seed(21);
+    let data: Vec<(Tensor, Tensor)> =
+        sizes.iter().map(|&b| (Tensor::randn([b, 24]), Tensor::randint(0, 7, [b]))).collect();
+    let run = |compiled: bool| -> (Vec<f32>, Vec<usize>) {
+        kiln::manual_seed(3);
+        let (fc1, fc2) = (Linear::new(24, 40), Linear::new(40, 7));
+        let mut params = fc1.parameters();
+        params.extend(fc2.parameters());
+        let mut opt = Adam::new(params, AdamConfig { lr: 1e-2, ..Default::default() });
+        let mut step = |(x, y): (&Tensor, &Tensor)| {
+            opt.zero_grad();
+            let loss = F::cross_entropy(&fc2.forward(&fc1.forward(x).gelu()), y);
+            loss.backward();
+            opt.step();
+            loss
+        };
+        let mut losses = Vec::new();
+        let mut compiles = Vec::new();
+        if compiled {
+            let mut f = kiln::compile(&mut step);
+            for (x, y) in &data {
+                let (loss, n) = compiles_in(|| f.call((x, y)).item::<f32>());
+                losses.push(loss);
+                compiles.push(n);
+            }
+        } else {
+            for (x, y) in &data {
+                losses.push(step((x, y)).item::<f32>());
+            }
+        }
+        (losses, compiles)
+    };
+    let (eager, _) = run(false);
+    let (compiled, compiles) = run(true);
+    for (i, (a, b)) in compiled.iter().zip(&eager).enumerate() {
+        assert!((a - b).abs() < 1e-5 * b.abs().max(1.0), "call {i}: {a} vs eager {b}");
+    }
+    if specializing("a_compiled_training_step_over_ragged_batches") {
+        return;
+    }
+    // Calls 1 and 2 differ in program (Adam has no moments yet at the first); the third
+    // call is the second size.
+    assert!(compiles[0] > 0 && compiles[2] > 0, "new sizes compile at first: {compiles:?}");
+    assert!(compiles[3..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
+}
