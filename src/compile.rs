@@ -180,6 +180,16 @@ impl Signature {
             let what = |(s, d, dev, g): &(Shape, DType, Device, bool)| {
                 format!("{s} {d} on {dev}{}", if *g { " requiring grad" } else { "" })
             };
+            let (s, d, dev, g) = new;
+            let resized = s.rank() == old.0.rank() && (d, dev, g) == (&old.1, &old.2, &old.3);
+            if resized && s != &old.0 {
+                // Name the dimensions that changed, as `torch.compile`'s recompile log does.
+                let dims: Vec<String> = (s.dims().iter().zip(old.0.dims()).enumerate())
+                    .filter(|(_, (a, b))| a != b)
+                    .map(|(k, (a, b))| format!("dimension {k} is {a} (was {b})"))
+                    .collect();
+                return Some(format!("argument {i}'s {} ({})", dims.join(", "), what(new)));
+            }
             (new != old).then(|| format!("argument {i} is {} (was {})", what(new), what(old)))
         })
     }
@@ -262,6 +272,7 @@ pub struct Compiled<F> {
     recompile_limit: usize,
     warned: bool,
     warned_devices: bool,
+    options: CompileOptions,
 }
 
 /// Compiles `f`: each call of the result records `f`'s ops and runs them as one cached,
@@ -269,6 +280,46 @@ pub struct Compiled<F> {
 /// tuple of them, a slice) and returns [`Outputs`] (a `Tensor`, a tuple, a `Vec`, `()`).
 /// Tensors it captures from its environment (parameters) are read afresh on every call.
 pub fn compile<F>(f: F) -> Compiled<F> {
+    compile_with(f, CompileOptions::default())
+}
+
+/// How a compiled function treats the sizes of its tensors (PyTorch's `torch.compile(dynamic=...)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dynamic {
+    /// The first call's kernels are specialised to its sizes; when a later call is the same
+    /// program at other sizes (a ragged last batch), its CPU kernels whose sizes changed are
+    /// compiled size-generic, and serve every later size.
+    #[default]
+    Auto,
+    /// Every CPU kernel is compiled size-generic from the first call: no size compiles a new
+    /// kernel, at the cost of generic code (a division per row) for every kernel.
+    Always,
+    /// Every kernel is specialised: each new size compiles its own kernels.
+    Never,
+}
+
+/// Options of [`compile_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// How sizes are treated ([`Dynamic::Auto`] by default).
+    pub dynamic: Dynamic,
+}
+
+/// [`compile`] with `options`.
+///
+/// ```
+/// use kiln::compile::{CompileOptions, Dynamic};
+/// use kiln::prelude::*;
+///
+/// let w = Tensor::randn([8]);
+/// let mut f = kiln::compile_with(|x: &Tensor| (x * &w).tanh().sum_dim(0, false),
+///                                CompileOptions { dynamic: Dynamic::Always });
+/// for n in [5, 9, 13] {
+///     f.call(&Tensor::randn([n, 8])).to_vec::<f32>();
+/// }
+/// assert_eq!(f.stats().plans, 3); // each size plans once, with kernels compiled for every size
+/// ```
+pub fn compile_with<F>(f: F, options: CompileOptions) -> Compiled<F> {
     Compiled {
         f,
         entries: Vec::new(),
@@ -276,6 +327,7 @@ pub fn compile<F>(f: F) -> Compiled<F> {
         recompile_limit: 8,
         warned: false,
         warned_devices: false,
+        options,
     }
 }
 
@@ -426,7 +478,12 @@ impl<F> Compiled<F> {
         let resized = self.entries.iter().any(|e| {
             e.prepared.device() == device && e.recorded.same_up_to_sizes(&captured, &outputs)
         });
-        let sizes = if resized { Sizes::Changed } else { Sizes::First };
+        let sizes = match (self.options.dynamic, resized) {
+            (Dynamic::Always, _) => Sizes::Dynamic,
+            (Dynamic::Never, _) => Sizes::Static,
+            (Dynamic::Auto, true) => Sizes::Changed,
+            (Dynamic::Auto, false) => Sizes::First,
+        };
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
         let recorded = Recorded::new(&captured, &outputs, &built.ids);
@@ -437,6 +494,14 @@ impl<F> Compiled<F> {
         self.stats.plans += 1;
         self.stats.steps_per_call = prepared.steps();
         if let Some(reason) = reason {
+            let reason = if sizes == Sizes::Changed {
+                format!(
+                    "{reason}; the same program at other sizes: its kernels whose sizes changed \
+                     are compiled size-generic, for every size"
+                )
+            } else {
+                reason
+            };
             self.stats
                 .recompiles
                 .push(Recompile { call: self.stats.calls, reason: reason.clone() });

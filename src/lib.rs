@@ -118,7 +118,7 @@ pub use autograd::{
     BackwardOptions, GradModeGuard, InferenceModeGuard, NoGradGuard, enable_grad, grad,
     inference_mode, is_grad_enabled, no_grad, try_grad,
 };
-pub use compile::{Compiled, compile};
+pub use compile::{CompileOptions, Compiled, Dynamic, compile, compile_with};
 pub use engine::execution::{Execution, execution, with_check, with_check_scale, with_execution};
 pub use error::{Error, Result};
 pub use kiln_ir::{DType, Element, Scalar, Shape};

@@ -115,3 +115,36 @@ fn a_compiled_training_step_over_ragged_batches_compiles_nothing_after_two_sizes
     assert!(compiles[0] > 0 && compiles[2] > 0, "new sizes compile at first: {compiles:?}");
     assert!(compiles[3..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
 }
+
+#[test]
+fn dynamic_sizes_asked_up_front_compile_no_kernel_after_the_first_call() {
+    use kiln::compile::{CompileOptions, Dynamic};
+    kiln::manual_seed(8);
+    let w = Tensor::randn([12]);
+    let wv: Vec<f32> = w.to_vec();
+    let program = |x: &Tensor| (x * &w).tanh().sum_dim(0, false);
+    let mut f = kiln::compile_with(program, CompileOptions { dynamic: Dynamic::Always });
+    let mut compiles = Vec::new();
+    for n in [30usize, 31, 44, 7] {
+        let x = Tensor::randn([n, 12]);
+        let xv: Vec<f32> = x.to_vec();
+        let (got, count) = compiles_in(|| f.call(&x).to_vec::<f32>());
+        compiles.push(count);
+        for (c, g) in got.iter().enumerate() {
+            let want: f64 =
+                (0..n).map(|r| (f64::from(xv[r * 12 + c]) * f64::from(wv[c])).tanh()).sum();
+            assert!((f64::from(*g) - want).abs() < 1e-4 * want.abs().max(1.0), "{n}: {c}");
+        }
+    }
+    // The automatic default names the dimension that changed when it plans again.
+    let mut g = kiln::compile(program);
+    g.call(&Tensor::randn([30, 12]));
+    g.call(&Tensor::randn([31, 12]));
+    let reason = &g.stats().recompiles[0].reason;
+    assert!(reason.contains("argument 0's dimension 0 is 31 (was 30)"), "{reason}");
+    assert!(reason.contains("size-generic"), "{reason}");
+    if specializing("dynamic_sizes_asked_up_front") {
+        return;
+    }
+    assert!(compiles[1..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
+}

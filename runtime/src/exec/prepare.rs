@@ -56,6 +56,11 @@ pub enum Sizes {
     First,
     /// The program ran before at other sizes.
     Changed,
+    /// Every kernel size-generic, with every size read when it runs (a function compiled
+    /// with dynamic sizes asked for up front).
+    Dynamic,
+    /// Every kernel specialised to its sizes, whatever ran before.
+    Static,
 }
 
 /// One step of a prepared plan.
