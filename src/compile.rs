@@ -15,6 +15,11 @@
 //! program differs in structure (another shape, another branch taken), the call replans and
 //! [`CompileStats`] says why, naming the user line that recorded the differing op.
 //!
+//! A call at other sizes (a ragged last batch) is the same program at other sizes: it plans
+//! once for them, and its CPU kernels whose sizes changed are compiled size-generic, so
+//! that later sizes compile nothing ([`Dynamic::Auto`]; [`compile_with`] takes
+//! [`Dynamic::Always`] or [`Dynamic::Never`]). Sizes seen before replay their plans.
+//!
 //! Reading a value that the closure itself computed (`.item()`, `.to_vec()`, printing) would
 //! need a realization in the middle of the plan: it is an error ([`Error::Compile`](crate::Error::Compile)), a
 //! *graph break*; return the tensor and read it after the call.
@@ -60,7 +65,7 @@ use kiln_runtime::exec::{GraphRun, Prepared, Sizes};
 
 use crate::engine::lazy::LazyNode;
 use crate::engine::realize::{
-    build_graph, capture_sized, output_slots, run_captured, run_captured_graphed,
+    Captured, build_graph, capture_sized, output_slots, run_captured, run_captured_graphed,
 };
 use crate::engine::replay::Recorded;
 use crate::engine::session::record;
@@ -473,17 +478,7 @@ impl<F> Compiled<F> {
             reason = Some(why);
         }
 
-        // The same program at other sizes (a ragged batch): its kernels whose sizes changed
-        // are compiled size-generic, to serve the sizes still to come.
-        let resized = self.entries.iter().any(|e| {
-            e.prepared.device() == device && e.recorded.same_up_to_sizes(&captured, &outputs)
-        });
-        let sizes = match (self.options.dynamic, resized) {
-            (Dynamic::Always, _) => Sizes::Dynamic,
-            (Dynamic::Never, _) => Sizes::Static,
-            (Dynamic::Auto, true) => Sizes::Changed,
-            (Dynamic::Auto, false) => Sizes::First,
-        };
+        let sizes = self.sizes_of(&captured, &outputs, device);
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
         let recorded = Recorded::new(&captured, &outputs, &built.ids);
@@ -494,29 +489,49 @@ impl<F> Compiled<F> {
         self.stats.plans += 1;
         self.stats.steps_per_call = prepared.steps();
         if let Some(reason) = reason {
-            let reason = if sizes == Sizes::Changed {
-                format!(
-                    "{reason}; the same program at other sizes: its kernels whose sizes changed \
-                     are compiled size-generic, for every size"
-                )
-            } else {
-                reason
-            };
-            self.stats
-                .recompiles
-                .push(Recompile { call: self.stats.calls, reason: reason.clone() });
-            if self.stats.recompiles.len() > self.recompile_limit && !self.warned {
-                self.warned = true;
-                eprintln!(
-                    "kiln: warning: a compiled function has planned {} times in {} calls; the last time because {reason}. Pass values that change as tensors, keep shapes fixed, or call it uncompiled.",
-                    self.stats.plans, self.stats.calls
-                );
-            }
+            self.note_recompile(reason, sizes);
         }
         if self.entries.len() == MAX_PLANS {
             self.entries.remove(0);
         }
         self.entries.push(CompiledPlan { signature, recorded, prepared });
         Ok(())
+    }
+
+    /// How a new plan of `captured` treats sizes: under [`Dynamic::Auto`], the same program
+    /// as a cached plan's at other sizes (a ragged batch) compiles its kernels whose sizes
+    /// changed size-generic, to serve the sizes still to come.
+    fn sizes_of(&self, captured: &Captured, outputs: &[usize], device: Device) -> Sizes {
+        let resized = || {
+            self.entries.iter().any(|e| {
+                e.prepared.device() == device && e.recorded.same_up_to_sizes(captured, outputs)
+            })
+        };
+        match self.options.dynamic {
+            Dynamic::Always => Sizes::Dynamic,
+            Dynamic::Never => Sizes::Static,
+            Dynamic::Auto if resized() => Sizes::Changed,
+            Dynamic::Auto => Sizes::First,
+        }
+    }
+
+    /// Records why the call planned again, and warns once past the recompile limit.
+    fn note_recompile(&mut self, reason: String, sizes: Sizes) {
+        let reason = if sizes == Sizes::Changed {
+            format!(
+                "{reason}; the same program at other sizes: its kernels whose sizes changed are \
+                 compiled size-generic, for every size"
+            )
+        } else {
+            reason
+        };
+        self.stats.recompiles.push(Recompile { call: self.stats.calls, reason: reason.clone() });
+        if self.stats.recompiles.len() > self.recompile_limit && !self.warned {
+            self.warned = true;
+            eprintln!(
+                "kiln: warning: a compiled function has planned {} times in {} calls; the last time because {reason}. Pass values that change as tensors, keep shapes fixed, or call it uncompiled.",
+                self.stats.plans, self.stats.calls
+            );
+        }
     }
 }

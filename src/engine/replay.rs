@@ -108,12 +108,15 @@ impl Recorded {
         })
     }
 
-    /// Whether `captured` (with `outputs` kept) is this program up to sizes: the same kinds
-    /// of ops on the same inputs, the same dtypes and ranks, the same kept values. A plan of
+    /// Whether `captured` (with `outputs` kept) is this program at other sizes: the same
+    /// kinds of ops on the same inputs, the same dtypes and ranks, the same kept values, and
+    /// some shape that differs. A plan of
     /// such a program compiles its kernels whose sizes changed size-generic
     /// ([`kiln_runtime::exec::Sizes`]).
     pub(crate) fn same_up_to_sizes(&self, captured: &Captured, outputs: &[usize]) -> bool {
-        captured.nodes.len() == self.keys.len()
+        let resized = captured.nodes.iter().zip(&self.keys).any(|(n, k)| n.shape != k.shape);
+        resized
+            && captured.nodes.len() == self.keys.len()
             && outputs == self.outputs.as_slice()
             && (captured.nodes.iter().zip(&self.keys).enumerate()).all(|(slot, (node, key))| {
                 node.dtype == key.dtype

@@ -11,8 +11,9 @@ use kiln_ir::kernel::KernelReduce;
 use kiln_ir::{DType, ReduceOp};
 
 use super::math;
+use super::sizes::Step;
 use super::strategy::COLUMN_BLOCK;
-use super::translate::{Prologue, Step, Translator, VecSrc};
+use super::translate::{Prologue, Translator, VecSrc};
 use crate::walk::{Layout, Rows, Sz};
 
 /// How many reduced positions a column reduction folds into its accumulators at once.

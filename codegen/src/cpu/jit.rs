@@ -277,21 +277,17 @@ fn build(
     ctx.func.signature = sig;
     ctx.func.name = UserFuncName::testcase(kernel.name());
 
-    // A reduction walks its kept dimensions per output and its reduced ones in rows.
-    let (outer, walk) = generic::walks(kernel);
-    let is_generic = dynamic.contains(&true);
-    // A generic kernel's choices are its form's (`generic.rs`): no gathered lanes, no strips.
-    let vector = if is_generic { vector_type(kernel, &walk) } else { loop_lanes(kernel, &walk) };
-    let columns = column_type(kernel, &walk, &outer);
-    let strip = match kernel.reduce {
-        None if !is_generic => strip_width(kernel, &walk),
-        _ => None,
-    };
-    let mut sizes = Vec::new();
-    let mut marks = dynamic.iter().copied();
-    let outer_layout = Layout::with(&outer, &mut marks, &mut sizes);
-    let walk_layout = Layout::with(&walk, &mut marks, &mut sizes);
-    let long_rows = walk.dims.last().is_some_and(|&d| d >= staging::MIN_ROW);
+    let Choices {
+        outer_layout,
+        walk_layout,
+        size_slots,
+        vector,
+        columns,
+        strip,
+        long_rows,
+        inner,
+        is_generic,
+    } = choose(kernel, dynamic);
     // A Vec, not a map: declaration order shows in the CLIF text, which must be deterministic.
     let mut helper_ids = Vec::new();
     for h in helpers::Helper::ALL {
@@ -319,7 +315,7 @@ fn build(
             kernel,
             walk: &walk_layout,
             sizes: Vec::new(),
-            size_slots: sizes.len(),
+            size_slots,
             long_rows,
             vector: lanes,
             strip,
@@ -371,11 +367,56 @@ fn build(
         vectorized: vector.is_some() || columns.is_some(),
         min_chunk: match (columns, strip) {
             (Some(_), _) => COLUMN_BLOCK,
-            (None, Some(_)) => STRIP_ROWS * walk.dims.last().copied().unwrap_or(1),
+            (None, Some(_)) => STRIP_ROWS * inner,
             (None, None) => 1,
         },
         dynamic: if is_generic { dynamic.to_vec() } else { Vec::new() },
     })))
+}
+
+/// The loops a kernel gets, and the layouts they walk.
+struct Choices {
+    outer_layout: Layout,
+    walk_layout: Layout,
+    /// How many size slots a generic kernel reads (0 for a specialised one).
+    size_slots: usize,
+    vector: Option<(DType, cranelift_codegen::ir::Type)>,
+    columns: Option<(DType, cranelift_codegen::ir::Type)>,
+    strip: Option<usize>,
+    long_rows: bool,
+    /// The row's length.
+    inner: usize,
+    is_generic: bool,
+}
+
+/// The loops of `kernel`, compiled with the numbers `dynamic` marks read at run time.
+fn choose(kernel: &Kernel, dynamic: &[bool]) -> Choices {
+    // A reduction walks its kept dimensions per output and its reduced ones in rows.
+    let (outer, walk) = generic::walks(kernel);
+    let is_generic = dynamic.contains(&true);
+    // A generic kernel's choices are its form's (`generic.rs`): no gathered lanes, no strips.
+    let vector = if is_generic { vector_type(kernel, &walk) } else { loop_lanes(kernel, &walk) };
+    let columns = column_type(kernel, &walk, &outer);
+    let strip = match kernel.reduce {
+        None if !is_generic => strip_width(kernel, &walk),
+        _ => None,
+    };
+    let mut sizes = Vec::new();
+    let mut marks = dynamic.iter().copied();
+    let outer_layout = Layout::with(&outer, &mut marks, &mut sizes);
+    let walk_layout = Layout::with(&walk, &mut marks, &mut sizes);
+    let inner = walk.dims.last().copied().unwrap_or(1);
+    Choices {
+        outer_layout,
+        walk_layout,
+        size_slots: sizes.len(),
+        vector,
+        columns,
+        strip,
+        long_rows: inner >= staging::MIN_ROW,
+        inner,
+        is_generic,
+    }
 }
 
 /// The host CPU as the planner sees it: transcendental functions are polynomials of some

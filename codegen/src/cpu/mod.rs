@@ -40,6 +40,7 @@ mod jit;
 mod logsumexp;
 mod math;
 mod rows;
+mod sizes;
 mod staging;
 mod strategy;
 mod translate;

@@ -616,7 +616,7 @@ fn division_by_a_constant_is_exact_below_2_pow_48() {
     divisors.extend([3 * 3 * 16 * 16, 18_496, 1_000_003, (1 << 31) - 1, (1 << 40) + 7, limit - 1]);
     divisors.extend((0..200).map(|_| next() % limit).filter(|d| *d > 2 && !d.is_power_of_two()));
     for d in divisors {
-        let (m, k) = super::translate::div_magic(d);
+        let (m, k) = super::sizes::div_magic(d);
         let mut xs = vec![
             0,
             1,
