@@ -263,19 +263,7 @@ fn build(
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
 
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    sig.params.extend([
-        AbiParam::new(ptr),
-        AbiParam::new(ptr),
-        AbiParam::new(types::I64),
-        AbiParam::new(types::I64),
-    ]);
-    let id = module
-        .declare_function(&kernel.name(), Linkage::Export, &sig)
-        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-    ctx.func.signature = sig;
-    ctx.func.name = UserFuncName::testcase(kernel.name());
+    let id = declare_entry(&mut module, &mut ctx, kernel)?;
 
     let Choices {
         outer_layout,
@@ -372,6 +360,29 @@ fn build(
         },
         dynamic: if is_generic { dynamic.to_vec() } else { Vec::new() },
     })))
+}
+
+/// Declares the kernel's entry point `(bufs, params, start, end)` in `module` and gives
+/// `ctx`'s function its signature and name.
+fn declare_entry(
+    module: &mut JITModule,
+    ctx: &mut cranelift_codegen::Context,
+    kernel: &Kernel,
+) -> Result<FuncId, CodegenError> {
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.extend([
+        AbiParam::new(ptr),
+        AbiParam::new(ptr),
+        AbiParam::new(types::I64),
+        AbiParam::new(types::I64),
+    ]);
+    let id = module
+        .declare_function(&kernel.name(), Linkage::Export, &sig)
+        .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
+    ctx.func.signature = sig;
+    ctx.func.name = UserFuncName::testcase(kernel.name());
+    Ok(id)
 }
 
 /// The loops a kernel gets, and the layouts they walk.
