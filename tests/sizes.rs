@@ -19,7 +19,11 @@ fn compiles_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
 fn specializing(test: &str) -> bool {
     let on = kiln::debug::size_policy() == SizePolicy::Specialize;
     if on {
-        eprintln!("{test}: KILN_SIZES=specialize compiles every size; the counts are not checked");
+        crate::common::skip(
+            test,
+            "KILN_SIZES=specialize compiles every size; the compile counts are not checked",
+            &[],
+        );
     }
     on
 }
@@ -112,7 +116,11 @@ fn a_compiled_training_step_over_ragged_batches_compiles_nothing_after_two_sizes
     }
     // Calls 1 and 2 differ in program (Adam has no moments yet at the first); the third
     // call is the second size.
-    assert!(compiles[0] > 0 && compiles[2] > 0, "new sizes compile at first: {compiles:?}");
+    assert!(compiles[0] > 0, "the first call compiles: {compiles:?}");
+    if kiln::debug::size_policy() == SizePolicy::Auto {
+        // Under `KILN_SIZES=generic` the first call's kernels serve every size already.
+        assert!(compiles[2] > 0, "the second size compiles generic kernels: {compiles:?}");
+    }
     assert!(compiles[3..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
 }
 
