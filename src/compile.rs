@@ -61,7 +61,7 @@ use std::sync::Arc;
 use kiln_ir::pipeline::{Constants, Fusion};
 use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
-use kiln_runtime::exec::{GraphRun, Prepared, Sizes};
+use kiln_runtime::exec::{GraphRun, Prepared, SizePolicy, Sizes};
 
 use crate::engine::lazy::LazyNode;
 use crate::engine::realize::{
@@ -517,7 +517,8 @@ impl<F> Compiled<F> {
 
     /// Records why the call planned again, and warns once past the recompile limit.
     fn note_recompile(&mut self, reason: String, sizes: Sizes) {
-        let reason = if sizes == Sizes::Changed {
+        let policy = kiln_runtime::exec::size_policy();
+        let reason = if sizes == Sizes::Changed && policy != SizePolicy::Specialize {
             format!(
                 "{reason}; the same program at other sizes: its kernels whose sizes changed are \
                  compiled size-generic, for every size"
