@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod generic;
 mod walk;
 
 pub use kiln_ir as ir;

@@ -137,6 +137,11 @@ impl Layout {
         Layout { dims, strides, offsets, rows, numel }
     }
 
+    /// `walk` with every number known (a kernel specialised to its sizes).
+    pub(crate) fn known(walk: &Walk) -> Layout {
+        Layout::with(walk, &mut std::iter::empty(), &mut Vec::new())
+    }
+
     /// The layout as rows of its last dimension.
     pub(crate) fn rows(&self) -> Rows {
         let (&len, dims) = self.dims.split_last().expect("at least one dimension");

@@ -17,8 +17,9 @@ use super::strategy::{
     COLUMN_BLOCK, STRIP_ROWS, column_type, loop_lanes, strip_width, vector_type,
 };
 use super::translate::Translator;
-use super::{generic, helpers, logsumexp, wide};
+use super::{helpers, logsumexp, wide};
 use crate::CodegenError;
+use crate::generic;
 use crate::walk::Layout;
 /// The entry point of a compiled kernel.
 type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, u64, u64);
@@ -33,7 +34,7 @@ pub struct CpuKernel {
     vectorized: bool,
     min_chunk: usize,
     /// A size-generic kernel's marks: which of its walks' numbers it reads at run time
-    /// ([`super::generic`]); empty for a kernel specialised to its sizes.
+    /// ([`crate::generic`]); empty for a kernel specialised to its sizes.
     dynamic: Vec<bool>,
 }
 
@@ -99,11 +100,7 @@ impl CpuKernel {
     pub fn slots(&self, kernel: &Kernel, values: &[kiln_ir::Scalar]) -> Vec<u64> {
         let mut slots = param_slots(kernel, values);
         if self.is_generic() {
-            let (outer, walk) = generic::walks(kernel);
-            let mut sizes = Vec::new();
-            let mut marks = self.dynamic.iter().copied();
-            Layout::with(&outer, &mut marks, &mut sizes);
-            Layout::with(&walk, &mut marks, &mut sizes);
+            let (_, sizes) = generic::layouts(kernel, &self.dynamic);
             slots.extend(sizes.iter().map(|&v| v as u64));
         }
         slots
@@ -412,10 +409,7 @@ fn choose(kernel: &Kernel, dynamic: &[bool]) -> Choices {
         None if !is_generic => strip_width(kernel, &walk),
         _ => None,
     };
-    let mut sizes = Vec::new();
-    let mut marks = dynamic.iter().copied();
-    let outer_layout = Layout::with(&outer, &mut marks, &mut sizes);
-    let walk_layout = Layout::with(&walk, &mut marks, &mut sizes);
+    let ([outer_layout, walk_layout], sizes) = generic::layouts(kernel, dynamic);
     let inner = walk.dims.last().copied().unwrap_or(1);
     Choices {
         outer_layout,

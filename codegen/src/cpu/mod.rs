@@ -46,7 +46,7 @@ mod strategy;
 mod translate;
 mod wide;
 
-pub use generic::{KernelForm, dynamic_marks, generic_marks, numbers, serves};
+pub use generic::form;
 pub use jit::{
     CpuFeatures, CpuKernel, TARGET, clif_generic, clif_with, compile, compile_generic, param_slots,
 };

@@ -24,7 +24,8 @@
 //!   these four conversions itself.)
 //!
 //! Arguments, in order: one pointer per input, one per output, one value per parameter (of
-//! its expression's type, see [`param_types`]), and the number of output elements.
+//! its expression's type, see [`param_types`]), a size-generic kernel's sizes (`long long`
+//! each, see [`source_generic`] and [`size_args`]), and the number of output elements.
 //! Integer semantics follow the reference executor: a float becomes an `i64` as Rust's `as`
 //! does (truncated, saturated, NaN to 0) and narrower integers wrap from there; integer
 //! arithmetic wraps. The runtime compiles with
@@ -35,7 +36,8 @@ use std::fmt::Write as _;
 use kiln_ir::kernel::{ExprKind, Kernel};
 use kiln_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
-use crate::walk::{Walk, coalesce};
+use crate::generic::{self, KernelForm};
+use crate::walk::{Layout, Sz, coalesce};
 
 pub mod attention;
 pub mod library;
@@ -76,6 +78,22 @@ pub fn entry_name(kernel: &Kernel) -> String {
     kernel.name()
 }
 
+/// The entry points of `kernel` compiled with marks `dynamic` ([`source_generic`]): the
+/// kernel, then a split reduction's merge ([`split_partials`]). A specialised kernel's
+/// are [`entry_name`] and [`merge_name`]; a generic one's are named for its form, marks and
+/// the numbers it keeps, so every kernel it serves has the same source.
+pub fn entry_names(kernel: &Kernel, dynamic: &[bool]) -> Vec<String> {
+    let name = if generic::is_generic(dynamic) {
+        let (layouts, _) = generic::layouts(kernel, dynamic);
+        let key = format!("{:?}{layouts:?}", form(kernel));
+        format!("g_{:016x}", kiln_ir::kernel::fnv1a(key.as_bytes()))
+    } else {
+        entry_name(kernel)
+    };
+    let merge = split_partials(kernel).map(|_| format!("{name}_merge"));
+    std::iter::once(name).chain(merge).collect()
+}
+
 /// The type of each parameter argument, in order: the dtype of the expression that reads it.
 pub fn param_types(kernel: &Kernel) -> Vec<DType> {
     let mut types = vec![DType::F32; kernel.params];
@@ -87,14 +105,38 @@ pub fn param_types(kernel: &Kernel) -> Vec<DType> {
     types
 }
 
-/// The CUDA C source of `kernel`.
+/// The CUDA C source of `kernel`, specialised to its sizes.
 ///
 /// # Panics
 /// For a `logsumexp` kernel: the CUDA target expands those before fusion
 /// ([`kiln_ir::passes::ExpandLogSumExp`]).
 pub fn source(kernel: &Kernel) -> String {
+    source_generic(kernel, &[])
+}
+
+/// The form of `kernel` as this generator writes it (see [`crate::generic`]): besides the
+/// target-neutral form, whether a reduction gives each output a thread
+/// ([`reduces_by_columns`]), whether it is split ([`split_partials`]) and how
+/// ([`splits_columns`]). A kernel of the same form at other sizes is served by a generic
+/// kernel that reads the numbers they differ in.
+pub fn form(kernel: &Kernel) -> KernelForm {
+    let by_columns = reduces_by_columns(kernel);
+    KernelForm::new(kernel, &[by_columns, split_partials(kernel).is_some(), splits_columns(kernel)])
+}
+
+/// The CUDA C source of `kernel` with the numbers of its walks that `dynamic` marks
+/// ([`generic::numbers`]' order; none for a kernel specialised to its sizes) read when it
+/// runs, from `long long` arguments after the parameters: [`size_args`] gives their values
+/// for any kernel of the same [`form`] whose other numbers are the same. A generic kernel
+/// divides by runtime sizes where a specialised one divides by constants (which the
+/// compiler turns into multiplications); its loops and launches are the same.
+///
+/// # Panics
+/// As [`source`].
+pub fn source_generic(kernel: &Kernel, dynamic: &[bool]) -> String {
     let mut src = String::from(PRELUDE);
-    let name = entry_name(kernel);
+    let ([outer, walk], sizes) = generic::layouts(kernel, dynamic);
+    let names = entry_names(kernel, dynamic);
     let mut args: Vec<String> = kernel
         .inputs
         .iter()
@@ -107,22 +149,40 @@ pub fn source(kernel: &Kernel) -> String {
     for (i, t) in param_types(kernel).into_iter().enumerate() {
         args.push(format!("{} p{i}", compute_type(t)));
     }
+    args.extend((0..sizes.len()).map(|i| format!("long long z{i}")));
     let split = split_partials(kernel);
     if let Some(d) = split {
         args.push(format!("{}* __restrict__ part", compute_type(d)));
         args.push("long long chunks".into());
     }
     args.push("long long n".into());
-    let _ = writeln!(src, "extern \"C\" __global__ void {name}({}) {{", args.join(", "));
+    let _ = writeln!(src, "extern \"C\" __global__ void {}({}) {{", names[0], args.join(", "));
     match kernel.reduce {
-        None => elementwise(&mut src, kernel),
-        Some(red) => reduction(&mut src, kernel, red.op, red.kept),
+        None => elementwise(&mut src, kernel, &walk),
+        Some(red) => reduction(&mut src, kernel, red.op, [&outer, &walk]),
     }
     src.push_str("}\n");
-    if let (Some(d), Some(red)) = (split, kernel.reduce) {
-        merge(&mut src, kernel, red.op, d);
+    if let (Some(d), Some(red), Some(name)) = (split, kernel.reduce, names.get(1)) {
+        merge(&mut src, kernel, red.op, d, name);
     }
     src
+}
+
+/// The values of the size arguments of a generic kernel compiled with marks `dynamic`
+/// ([`source_generic`]) when it runs `kernel`: empty for a specialised one.
+pub fn size_args(kernel: &Kernel, dynamic: &[bool]) -> Vec<i64> {
+    if !generic::is_generic(dynamic) {
+        return Vec::new();
+    }
+    generic::layouts(kernel, dynamic).1
+}
+
+/// A number of a walk in generated code: a constant, or a generic kernel's size argument.
+fn num(n: Sz) -> String {
+    match n {
+        Sz::Known(v) => format!("{v}LL"),
+        Sz::Slot(i) => format!("z{i}"),
+    }
 }
 
 /// A user's CUDA C source with kiln's helpers before it (`k_b2f`, `k_f2b`, `k_h2f`, `k_f2h`
@@ -209,22 +269,23 @@ fn store_f64(d: DType, v: &str) -> String {
 
 /// The statements that locate every input for position `index` of `walk`, adding to the
 /// offset variables `{var}{i}` (which must exist), innermost dimension first.
-fn locate(src: &mut String, walk: &Walk, index: &str, var: char, indent: &str) {
+fn locate(src: &mut String, walk: &Layout, index: &str, var: char, indent: &str) {
     let n = walk.strides.len();
     if walk.dims.len() == 1 {
         for i in 0..n {
-            if walk.strides[i][0] != 0 {
-                let _ = writeln!(src, "{indent}{var}{i} += {index} * {}LL;", walk.strides[i][0]);
+            if walk.strides[i][0] != Sz::Known(0) {
+                let _ = writeln!(src, "{indent}{var}{i} += {index} * {};", num(walk.strides[i][0]));
             }
         }
         return;
     }
     let _ = writeln!(src, "{indent}long long r = {index};");
     for (d, &size) in walk.dims.iter().enumerate().rev() {
-        let _ = writeln!(src, "{indent}{{ long long c = r % {size}LL; r /= {size}LL;");
+        let size = num(size);
+        let _ = writeln!(src, "{indent}{{ long long c = r % {size}; r /= {size};");
         for i in 0..n {
-            if walk.strides[i][d] != 0 {
-                let _ = writeln!(src, "{indent}  {var}{i} += c * {}LL;", walk.strides[i][d]);
+            if walk.strides[i][d] != Sz::Known(0) {
+                let _ = writeln!(src, "{indent}  {var}{i} += c * {};", num(walk.strides[i][d]));
             }
         }
         src.push_str(indent);
@@ -371,12 +432,12 @@ fn vector4_type(d: DType) -> Option<&'static str> {
 /// (stride 0), the loop moves four elements per thread with vector loads and stores (16
 /// bytes for `f32`) whenever every pointer is aligned for them at run time; the scalar loop
 /// does the rest (or everything, for misaligned views).
-fn elementwise(src: &mut String, kernel: &Kernel) {
-    let walk = coalesce(kernel, 0..kernel.shape.rank());
-    let dense: Vec<bool> = walk.strides.iter().map(|s| s[0] == 1).collect();
+fn elementwise(src: &mut String, kernel: &Kernel, walk: &Layout) {
+    let (zero, one) = (Sz::Known(0), Sz::Known(1));
+    let dense: Vec<bool> = walk.strides.iter().map(|s| s[0] == one).collect();
     let outputs: Vec<DType> = kernel.outputs.iter().map(|&o| kernel.exprs[o].dtype).collect();
     let vectorizable = walk.dims.len() == 1
-        && walk.strides.iter().all(|s| s[0] == 0 || s[0] == 1)
+        && walk.strides.iter().all(|s| s[0] == zero || s[0] == one)
         && kernel.inputs.iter().zip(&dense).all(|(x, &d)| !d || vector4_type(x.dtype).is_some())
         && outputs.iter().all(|&d| vector4_type(d).is_some());
     src.push_str("  long long start = 0;\n");
@@ -386,8 +447,8 @@ fn elementwise(src: &mut String, kernel: &Kernel) {
             if dense[i] {
                 let bytes = 4 * input.dtype.size_in_bytes();
                 aligned.push(format!(
-                    "((unsigned long long)(in{i} + {}LL) % {bytes}ULL == 0)",
-                    walk.offsets[i]
+                    "((unsigned long long)(in{i} + {}) % {bytes}ULL == 0)",
+                    num(walk.offsets[i])
                 ));
             }
         }
@@ -405,8 +466,8 @@ fn elementwise(src: &mut String, kernel: &Kernel) {
                 let vt = vector4_type(input.dtype).expect("checked above");
                 let _ = writeln!(
                     src,
-                    "      const {vt} v{i} = *(const {vt}*)(in{i} + {}LL + 4 * q);",
-                    walk.offsets[i]
+                    "      const {vt} v{i} = *(const {vt}*)(in{i} + {} + 4 * q);",
+                    num(walk.offsets[i])
                 );
             }
         }
@@ -419,7 +480,7 @@ fn elementwise(src: &mut String, kernel: &Kernel) {
                 if dense[i] {
                     format!("v{i}.{lane}")
                 } else {
-                    format!("in{i}[{}LL]", walk.offsets[i])
+                    format!("in{i}[{}]", num(walk.offsets[i]))
                 }
             };
             body_with(src, kernel, "        ", &element);
@@ -441,10 +502,10 @@ fn elementwise(src: &mut String, kernel: &Kernel) {
     src.push_str(
         "  for (long long i = start + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n",
     );
-    for (i, off) in walk.offsets.iter().enumerate() {
-        let _ = writeln!(src, "    long long o{i} = {off}LL;");
+    for (i, &off) in walk.offsets.iter().enumerate() {
+        let _ = writeln!(src, "    long long o{i} = {};", num(off));
     }
-    locate(src, &walk, "i", 'o', "    ");
+    locate(src, walk, "i", 'o', "    ");
     body(src, kernel, "    ");
     for (i, &o) in kernel.outputs.iter().enumerate() {
         let _ =
@@ -582,50 +643,48 @@ pub(super) fn block_combine(src: &mut String, c: &Combine, finish: &str) {
     src.push_str("    }\n    __syncthreads();\n");
 }
 
-fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
-    let rank = kernel.shape.rank();
-    let outer = coalesce(kernel, 0..kept);
-    let inner = coalesce(kernel, kept..rank);
-    let count: usize = kernel.shape.dims()[kept..].iter().product();
+fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, [outer, inner]: [&Layout; 2]) {
+    // Positions per row.
+    let count = num(inner.numel);
     let out = kernel.outputs[0];
     let c = combine(op, kernel.exprs[out].dtype);
     let (acc, identity, comb, stored) = (c.acc, &c.identity, &c.combine, &c.stored);
     // Each output's row: its inputs' offsets, then its reduced positions `j` (from `first`,
     // by `step`, below `end`) combined into `acc`.
     let accumulate = |src: &mut String, first: &str, step: &str, end: &str| {
-        for (i, off) in outer.offsets.iter().enumerate() {
-            let _ = writeln!(src, "    long long b{i} = {off}LL;");
+        for (i, &off) in outer.offsets.iter().enumerate() {
+            let _ = writeln!(src, "    long long b{i} = {};", num(off));
         }
-        locate(src, &outer, "row", 'b', "    ");
+        locate(src, outer, "row", 'b', "    ");
         let _ = writeln!(src, "    {acc} acc = ({acc})({identity});");
         let _ = writeln!(src, "    for (long long j = {first}; j < {end}; j += {step}) {{");
         for i in 0..outer.offsets.len() {
             let _ = writeln!(src, "      long long o{i} = b{i};");
         }
-        locate(src, &inner, "j", 'o', "      ");
+        locate(src, inner, "j", 'o', "      ");
         body(src, kernel, "      ");
         // Outputs after the first store the reduced value itself at every domain position.
         for (k, &o) in kernel.outputs.iter().enumerate().skip(1) {
             let side = store(kernel.exprs[o].dtype, &format!("e{o}"));
-            let _ = writeln!(src, "      out{k}[row * {count}LL + j] = {side};");
+            let _ = writeln!(src, "      out{k}[row * {count} + j] = {side};");
         }
         let _ = writeln!(src, "      {acc} a = acc, b = ({acc})e{out};");
         let _ = writeln!(src, "      acc = {comb};");
         src.push_str("    }\n");
     };
-    let all = format!("{count}LL");
+    let all = count.clone();
     if splits_columns(kernel) {
         // Thread `t` reduces chunk `t / outputs` of column `t % outputs` into `part[t]`, in
         // order; `n` is outputs times chunks.
-        let outputs = kernel.shape.numel() / count.max(1);
-        let _ = writeln!(src, "  const long long per = ({count}LL + chunks - 1) / chunks;");
+        let outputs = num(outer.numel);
+        let _ = writeln!(src, "  const long long per = ({count} + chunks - 1) / chunks;");
         let _ = writeln!(
             src,
             "  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (long long)gridDim.x * blockDim.x) {{"
         );
         let _ = writeln!(
             src,
-            "    long long row = t % {outputs}LL, lo = (t / {outputs}LL) * per, hi = lo + per < {count}LL ? lo + per : {count}LL;"
+            "    long long row = t % {outputs}, lo = (t / {outputs}) * per, hi = lo + per < {count} ? lo + per : {count};"
         );
         accumulate(src, "lo", "1", "hi");
         src.push_str("    part[t] = acc;\n  }\n");
@@ -646,11 +705,11 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
     let _ = writeln!(src, "  __shared__ {acc} partial[32];");
     if split_partials(kernel).is_some() {
         // Block `blk` reduces chunk `blk % chunks` of row `blk / chunks` into `part[blk]`.
-        let _ = writeln!(src, "  const long long per = ({count}LL + chunks - 1) / chunks;");
+        let _ = writeln!(src, "  const long long per = ({count} + chunks - 1) / chunks;");
         src.push_str("  for (long long blk = blockIdx.x; blk < n; blk += gridDim.x) {\n");
         let _ = writeln!(
             src,
-            "    long long row = blk / chunks, lo = (blk % chunks) * per, hi = lo + per < {count}LL ? lo + per : {count}LL;"
+            "    long long row = blk / chunks, lo = (blk % chunks) * per, hi = lo + per < {count} ? lo + per : {count};"
         );
         accumulate(src, "lo + threadIdx.x", "blockDim.x", "hi");
         block_combine(src, &c, "part[blk] = acc;");
@@ -664,14 +723,13 @@ fn reduction(src: &mut String, kernel: &Kernel, op: ReduceOp, kept: usize) {
 
 /// The second entry point of a split reduction: one block per row combines the row's
 /// `chunks` partial results, in the same tree shape as a block's threads.
-fn merge(src: &mut String, kernel: &Kernel, op: ReduceOp, part: DType) {
+fn merge(src: &mut String, kernel: &Kernel, op: ReduceOp, part: DType, name: &str) {
     let dtype = kernel.exprs[kernel.outputs[0]].dtype;
     let c = combine(op, dtype);
     let (acc, identity, comb) = (c.acc, &c.identity, &c.combine);
     let _ = writeln!(
         src,
-        "extern \"C\" __global__ void {}(const {}* __restrict__ part, {}* __restrict__ out0, long long chunks, long long n) {{",
-        merge_name(kernel),
+        "extern \"C\" __global__ void {name}(const {}* __restrict__ part, {}* __restrict__ out0, long long chunks, long long n) {{",
         compute_type(part),
         storage_type(dtype)
     );

@@ -28,7 +28,7 @@ use kiln_ir::DType;
 use kiln_ir::kernel::Kernel;
 
 use super::{block_combine, body_named, combine, compute_type, locate, storage_type, store};
-use crate::walk::{Walk, coalesce};
+use crate::walk::{Layout, Walk, coalesce};
 
 /// One kernel of a group, with the group buffer each of its inputs reads and each of its
 /// outputs writes (indices into [`RowProgram::buffers`]).
@@ -177,7 +177,7 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize, cache: &Row
     for (i, off) in outer.offsets.iter().enumerate() {
         let _ = writeln!(src, "{ind}long long b{i} = {off}LL;");
     }
-    locate(src, &outer, "row", 'b', ind);
+    locate(src, &Layout::known(&outer), "row", 'b', ind);
     let reduced = kernel.reduce.map(|red| {
         let out = kernel.outputs[0];
         let c = combine(red.op, kernel.exprs[out].dtype);
@@ -197,7 +197,7 @@ fn emit_member(src: &mut String, program: &RowProgram<'_>, m: usize, cache: &Row
     for i in 0..kernel.inputs.len() {
         let _ = writeln!(src, "{body_ind}long long o{i} = b{i};");
     }
-    locate(src, &inner, "j", 'o', body_ind);
+    locate(src, &Layout::known(&inner), "j", 'o', body_ind);
     let element = |i: usize| format!("g{}[o{i}]", member.inputs[i]);
     let param = |i: usize| format!("p{m}_{i}");
     body_named(src, kernel, body_ind, &element, &param);
@@ -520,7 +520,7 @@ impl RowCache {
             for (i, off) in outer.offsets.iter().enumerate() {
                 let _ = writeln!(src, "      long long b{i} = {off}LL;");
             }
-            locate(src, &outer, "row", 'b', "      ");
+            locate(src, &Layout::known(&outer), "row", 'b', "      ");
             let test = alignment_test(program, m, &dense, &stored);
             let _ = writeln!(src, "      {CACHE_FLAG} = {CACHE_FLAG} && {test};");
             src.push_str("    }\n");

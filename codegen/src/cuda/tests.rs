@@ -5,7 +5,8 @@ use kiln_ir::fuse::Step;
 use kiln_ir::kernel::Kernel;
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
-use super::{library, param_types, source};
+use super::{library, param_types, source, source_generic};
+use crate::generic::{dynamic_marks, generic_marks, numbers};
 
 fn kernels_of(g: &Graph) -> Vec<Kernel> {
     crate::plan_steps(g)
@@ -439,6 +440,56 @@ fn library_kernels_name_their_entry_points() {
 }
 
 #[test]
+fn generic_kernels_read_their_sizes_from_arguments() {
+    for (name, k) in representative() {
+        let marks = generic_marks(&k);
+        let src = source_generic(&k, &marks);
+        let sizes = super::size_args(&k, &marks);
+        let declared = (0..).take_while(|i| src.contains(&format!("long long z{i}"))).count();
+        assert_eq!(declared, sizes.len(), "{name}: one argument per size slot:\n{src}");
+        // Every dimension of more than one element is an argument: none is in the code.
+        let dims: Vec<usize> = k.shape.dims().iter().copied().filter(|&d| d > 1).collect();
+        for d in dims {
+            assert!(!src.contains(&format!(" {d}LL")), "{name}: {d} is in the code:\n{src}");
+        }
+        // Specialised and generic kernels differ only in their numbers.
+        let forms = |src: &str| src.matches("for (").count();
+        assert_eq!(forms(&src), forms(&source(&k)), "{name}: the same loops");
+        assert!(super::size_args(&k, &[]).is_empty(), "{name}: a specialised kernel has none");
+    }
+}
+
+#[test]
+fn kernels_of_one_form_at_other_sizes_share_it() {
+    let at = |n: usize| {
+        let mut g = Graph::new();
+        let x = g.input(Shape::from([n, 37]), DType::F32);
+        let b = g.input(Shape::from([37]), DType::F32);
+        let e = un(&mut g, UnaryOp::Exp, x);
+        let s = Shape::from([n, 37]);
+        let bb = g.push(Op::View(View::contiguous(Shape::from([37])).expand(&s)), &[b]).unwrap();
+        let y = bin(&mut g, BinaryOp::Mul, e, bb);
+        let r = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1] }, &[y]).unwrap();
+        let z = bin(&mut g, BinaryOp::Add, x, bb);
+        g.mark_output(r);
+        g.mark_output(z);
+        kernels_of(&g)
+    };
+    let (a, b, one) = (at(48), at(17), at(1));
+    assert_eq!(a.len(), b.len());
+    for (ka, kb) in a.iter().zip(&b) {
+        assert_eq!(super::form(ka), super::form(kb), "{ka:?}");
+        let marks = dynamic_marks(&numbers(ka), &numbers(kb), &[]);
+        assert!(marks.contains(&true), "48 and 17 differ");
+        // The generic kernel compiled for one is the same source for the other.
+        assert_eq!(source_generic(ka, &marks), source_generic(kb, &marks));
+        assert_ne!(super::size_args(ka, &marks), super::size_args(kb, &marks));
+    }
+    // A dimension of 1 drops out of the walk: another form.
+    assert_ne!(super::form(&a[0]), super::form(&one[0]));
+}
+
+#[test]
 fn dense_chains_move_four_elements_per_thread() {
     let kernels = representative();
     let find = |name: &str| kernels.iter().find(|(n, _)| n == name).map(|(_, k)| source(k));
@@ -529,8 +580,12 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
     }
     let dir = std::env::temp_dir().join(format!("kiln-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut sources: Vec<(String, String)> =
-        representative().into_iter().map(|(name, k)| (name, source(&k))).collect();
+    let mut sources: Vec<(String, String)> = Vec::new();
+    for (name, k) in representative() {
+        // Each kernel specialised to its sizes, and size-generic (every number read at run time).
+        sources.push((format!("{name} (generic)"), source_generic(&k, &generic_marks(&k))));
+        sources.push((name, source(&k)));
+    }
     sources.extend(library_kernels().into_iter().map(|(name, k)| (name, k.source)));
     for dtype in [DType::F32, DType::BF16] {
         for (rows, cols, log) in [(37, 300, false), (4096, 16384, true)] {

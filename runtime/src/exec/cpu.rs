@@ -7,6 +7,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use kiln_codegen::cpu::{self, CpuKernel};
+use kiln_codegen::generic;
 use kiln_ir::Graph;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
@@ -45,8 +46,8 @@ pub(super) fn compiled(
         (policy, _) => policy,
     };
     let form = (policy != SizePolicy::Specialize).then(|| {
-        let numbers = cpu::numbers(kernel);
-        (cpu::KernelForm::of(kernel), numbers)
+        let numbers = generic::numbers(kernel);
+        (cpu::form(kernel), numbers)
     });
     let mut marks = Vec::new();
     if let Some((form, numbers)) = &form {
@@ -55,7 +56,7 @@ pub(super) fn compiled(
         match forms.get(form) {
             Some(seen) if generic_ok => {
                 let serving =
-                    seen.generic.iter().find(|g| cpu::serves(&g.marks, &g.numbers, numbers));
+                    seen.generic.iter().find(|g| generic::serves(&g.marks, &g.numbers, numbers));
                 if let Some(g) = serving {
                     let k = Some(g.kernel.clone());
                     drop(forms);
@@ -66,7 +67,7 @@ pub(super) fn compiled(
                     m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
                     m
                 });
-                marks = cpu::dynamic_marks(&seen.first, numbers, &before);
+                marks = generic::dynamic_marks(&seen.first, numbers, &before);
             }
             Some(_) => {}
             None => {
@@ -77,7 +78,7 @@ pub(super) fn compiled(
             }
         }
         if policy == SizePolicy::Generic {
-            marks = cpu::generic_marks(kernel);
+            marks = generic::generic_marks(kernel);
         }
     }
     // Compile outside the lock: another thread may compile the same kernel meanwhile, which
@@ -173,7 +174,7 @@ struct Generic {
 }
 
 /// Every kernel form compiled (cleared when it holds as many as the kernel cache may).
-static FORMS: LazyLock<Mutex<HashMap<cpu::KernelForm, Form>>> = LazyLock::new(Mutex::default);
+static FORMS: LazyLock<Mutex<HashMap<generic::KernelForm, Form>>> = LazyLock::new(Mutex::default);
 
 /// Kernels that could not be compiled: name -> the code generator's message.
 static FAILURES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
@@ -243,7 +244,7 @@ pub fn clif(kernel: &Kernel) -> Result<String, String> {
 /// # Errors
 /// The code generator's message if the kernel cannot be compiled.
 pub fn generic_clif(kernel: &Kernel) -> Result<String, String> {
-    let marks = cpu::generic_marks(kernel);
+    let marks = generic::generic_marks(kernel);
     let features = match crate::trace::clif_features() {
         Some(f) => f,
         None => cpu::CpuFeatures::host().map_err(|e| e.to_string())?,

@@ -6,7 +6,8 @@ use kiln_ir::kernel::{Kernel, interpret};
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, View};
 
 use super::{run_compiled, values};
-use crate::cpu::{KernelForm, compile_generic, dynamic_marks, numbers, serves};
+use crate::cpu::{compile_generic, form};
+use crate::generic::{dynamic_marks, numbers, serves};
 
 /// The one kernel of the graph `build` makes for size `n`, with its parameters and the
 /// number of elements of each input.
@@ -148,14 +149,14 @@ fn one_generic_kernel_computes_every_size_of_its_form() {
     for (name, build) in cases() {
         let (first, _) = kernel_at(64, &*build);
         let (second, _) = kernel_at(48, &*build);
-        assert_eq!(KernelForm::of(&first), KernelForm::of(&second), "{name}");
+        assert_eq!(form(&first), form(&second), "{name}");
         let marks = dynamic_marks(&numbers(&first), &numbers(&second), &[]);
         assert!(marks.contains(&true), "{name}: some number follows n");
         let generic = compile_generic(&first, &marks).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(generic.is_generic());
         for n in [64, 48, 17, 7, 300] {
             let (kernel, params) = kernel_at(n, &*build);
-            assert_eq!(KernelForm::of(&kernel), KernelForm::of(&first), "{name} at {n}");
+            assert_eq!(form(&kernel), form(&first), "{name} at {n}");
             assert!(serves(&marks, &numbers(&first), &numbers(&kernel)), "{name} at {n}");
             let inputs: Vec<Vec<f64>> = (0..kernel.inputs.len())
                 .map(|i| values(input_len(&kernel, i), kernel.inputs[i].dtype, 7 + i as u64))
@@ -187,17 +188,17 @@ fn sizes_of_one_and_zero_and_long_rows_are_other_forms() {
         let xb = view(g, View::contiguous(Shape::from([1, 37])).expand(&Shape::from([n, 37])), x);
         binary(g, BinaryOp::Add, xb, y)
     };
-    let form = |n| KernelForm::of(&kernel_at(n, &add).0);
-    assert_eq!(form(9), form(10));
-    assert_ne!(form(1), form(9));
+    let form_at = |n| form(&kernel_at(n, &add).0);
+    assert_eq!(form_at(9), form_at(10));
+    assert_ne!(form_at(1), form_at(9));
     // An empty dimension's neighbours have stride 0 in a contiguous layout.
     let transposed = |g: &mut Graph, n: usize| {
         let x = g.input(Shape::from([37, n]), DType::F32);
         let t = view(g, View::contiguous(Shape::from([37, n])).permute(&[1, 0]), x);
         unary(g, UnaryOp::Neg, t)
     };
-    let form = |n| KernelForm::of(&kernel_at(n, &transposed).0);
-    assert_ne!(form(0), form(9));
+    let form_at = |n| form(&kernel_at(n, &transposed).0);
+    assert_ne!(form_at(0), form_at(9));
     // Rows long enough for the batch functions take other code.
     let exp = |g: &mut Graph, n: usize| {
         let x = g.input(Shape::from([3, n]), DType::F32);
@@ -206,7 +207,7 @@ fn sizes_of_one_and_zero_and_long_rows_are_other_forms() {
         let s = binary(g, BinaryOp::Sub, x, yb);
         unary(g, UnaryOp::Exp, s)
     };
-    let form = |n| KernelForm::of(&kernel_at(n, &exp).0);
-    assert_eq!(form(9), form(10));
-    assert_ne!(form(9), form(100));
+    let form_at = |n| form(&kernel_at(n, &exp).0);
+    assert_eq!(form_at(9), form_at(10));
+    assert_ne!(form_at(9), form_at(100));
 }

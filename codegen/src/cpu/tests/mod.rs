@@ -103,7 +103,7 @@ fn check(kernel: &Kernel, inputs: &[Vec<f64>], params: &[Scalar]) {
         (false, false) => 1e-6,
     };
     // Specialised, and size-generic with every size read at run time.
-    let generic_kernel = super::compile_generic(kernel, &super::generic_marks(kernel))
+    let generic_kernel = super::compile_generic(kernel, &crate::generic::generic_marks(kernel))
         .unwrap_or_else(|e| panic!("{e}\n{kernel}"));
     for (chunk, generic) in
         [(1, false), (3, false), (7, false), (1 << 20, false), (3, true), (1 << 20, true)]
@@ -409,7 +409,7 @@ fn reduction_kernels_over_any_axes() {
                     .map(|v| if dtype.is_float() { v / 2.0 } else { v % 4.0 })
                     .collect();
                 let want = interpret(&k.kernel, std::slice::from_ref(&data), &k.params);
-                let generic = super::compile_generic(&k.kernel, &super::generic_marks(&k.kernel))
+                let generic = super::compile_generic(&k.kernel, &crate::generic::generic_marks(&k.kernel))
                     .expect("compiles");
                 let got = run(&k.kernel, std::slice::from_ref(&data), &k.params, 2);
                 let got_generic = run_compiled(&generic, &k.kernel, &[data], &k.params, 2);
