@@ -57,6 +57,20 @@ pub fn memory_reserved(ordinal: usize) -> usize {
     kiln_runtime::cuda::memory_reserved(ordinal)
 }
 
+/// The counters of device `ordinal`'s cache of fused kernels: `misses` and `compiled` count
+/// NVRTC compiles, `generic` the size-generic ones, `served` the kernels of new sizes a
+/// generic kernel ran with no compile (all zero for a device never used). Like the CPU's
+/// ([`crate::debug::cache_stats`]), a program that runs again at other sizes compiles its
+/// kernels whose sizes changed once more, size-generic, and those serve every later size.
+///
+/// ```
+/// let stats = kiln::cuda::kernel_cache_stats(7);
+/// assert_eq!(stats.compiled, 0);
+/// ```
+pub fn kernel_cache_stats(ordinal: usize) -> crate::debug::CacheStats {
+    kiln_runtime::cuda::kernel_cache_stats(ordinal)
+}
+
 /// Returns every cached, unused block of device memory to the driver (live tensors keep
 /// theirs).
 ///

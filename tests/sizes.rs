@@ -8,6 +8,8 @@ use kiln::nn::{Linear, Module};
 use kiln::optim::{Adam, AdamConfig, Optimizer};
 use kiln::prelude::*;
 
+use crate::common::device_test;
+
 /// The result of `f` and how many kernels were compiled while it ran.
 fn compiles_in<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let (value, profile) = kiln::profile(f);
@@ -28,16 +30,21 @@ fn specializing(test: &str) -> bool {
     on
 }
 
-#[test]
-fn an_eager_loop_over_31_lengths_compiles_nothing_after_the_fourth() {
+device_test!(an_eager_loop_over_31_lengths_compiles_nothing_after_the_fourth, super::eager_lengths);
+
+/// 31 lengths of one eager program on `device`: on a GPU each compile counted is an NVRTC
+/// compile (fused kernels and row groups).
+fn eager_lengths(device: Device) {
     kiln::manual_seed(5);
     let w = Tensor::randn([16]);
     let wv: Vec<f32> = w.to_vec();
+    let w = w.to(device);
     let mut compiles = Vec::new();
     let mut generic_rows = 0;
     for len in 9..40 {
         let x = Tensor::randn([len, 16]);
         let xv: Vec<f32> = x.to_vec();
+        let x = x.to(device);
         let ((columns, total), profile) = kiln::profile(|| {
             let y = (&x * &w).tanh().softmax(1);
             let columns = y.sum_dim(0, false).to_vec::<f32>();
@@ -71,15 +78,24 @@ fn an_eager_loop_over_31_lengths_compiles_nothing_after_the_fourth() {
     assert!(generic_rows > 0, "size-generic kernels ran and their profile rows say so");
 }
 
-#[test]
-fn a_compiled_training_step_over_ragged_batches_compiles_nothing_after_two_sizes() {
+device_test!(
+    a_compiled_training_step_over_ragged_batches_compiles_nothing_after_two_sizes,
+    super::ragged_batches
+);
+
+/// A compiled MLP training step on `device` over ten ragged batches: the losses of eager
+/// steps, and no kernel compiled after the second size (on a GPU: no NVRTC compile).
+fn ragged_batches(device: Device) {
     let sizes = [64usize, 64, 48, 64, 17, 33, 64, 5, 64, 29];
     kiln::manual_seed(21);
-    let data: Vec<(Tensor, Tensor)> =
-        sizes.iter().map(|&b| (Tensor::randn([b, 24]), Tensor::randint(0, 7, [b]))).collect();
+    let data: Vec<(Tensor, Tensor)> = (sizes.iter())
+        .map(|&b| (Tensor::randn([b, 24]).to(device), Tensor::randint(0, 7, [b]).to(device)))
+        .collect();
     let run = |compiled: bool| -> (Vec<f32>, Vec<usize>) {
         kiln::manual_seed(3);
-        let (fc1, fc2) = (Linear::new(24, 40), Linear::new(40, 7));
+        let (mut fc1, mut fc2) = (Linear::new(24, 40), Linear::new(40, 7));
+        fc1.to(device).expect("the first layer moves");
+        fc2.to(device).expect("the second layer moves");
         let mut params = fc1.parameters();
         params.extend(fc2.parameters());
         let mut opt = Adam::new(params, AdamConfig { lr: 1e-2, ..Default::default() });

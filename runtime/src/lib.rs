@@ -39,6 +39,7 @@ pub mod mpi;
 mod native;
 pub mod reference;
 pub mod rows;
+pub mod sizes;
 mod team;
 pub mod trace;
 

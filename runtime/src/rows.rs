@@ -452,7 +452,12 @@ pub(crate) fn run_group(
                 .sum();
             let written = k.outputs.iter().map(|n| sizes[n]).sum();
             let share = if total > 0.0 { t / total } else { 1.0 / members.len() as f64 };
-            let info = trace::KernelRun { compiled: Some(kernel), generated: true, compile };
+            let info = trace::KernelRun {
+                compiled: Some(kernel),
+                generated: true,
+                compile,
+                cuda_marks: Vec::new(),
+            };
             let mut e = trace::kernel_event(graph, k, info, read, written, wall.mul_f64(share));
             e.cut = format!("{}; runs row tile by row tile with its group", e.cut);
             events.push(e);

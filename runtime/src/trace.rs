@@ -303,6 +303,8 @@ pub(crate) struct KernelRun {
     /// Whether generated code ran (on the CPU or a GPU) rather than the reference executor.
     pub(crate) generated: bool,
     pub(crate) compile: Option<Duration>,
+    /// The marks of the CUDA kernel that ran, when it was size-generic (empty otherwise).
+    pub(crate) cuda_marks: Vec<bool>,
 }
 
 /// The event of a kernel step.
@@ -326,7 +328,8 @@ pub(crate) fn kernel_event(
         }
     };
     let name = k.kernel.name();
-    let generic = info.compiled.as_ref().is_some_and(|c| c.is_generic());
+    let generic = info.compiled.as_ref().is_some_and(|c| c.is_generic())
+        || kiln_codegen::generic::is_generic(&info.cuda_marks);
     let cut = match (info.generated, crate::exec::cpu::compile_failure(&name)) {
         (false, Some(why)) => {
             format!("{cut}; could not be compiled, ran on the reference executor: {why}")
@@ -355,7 +358,7 @@ pub(crate) fn kernel_event(
         };
         // A GPU plan has no logsumexp kernel: its planner writes one as max, exp, sum, log.
         let cuda = k.kernel.reduce.is_none_or(|r| r.op != kiln_ir::ReduceOp::LogSumExp);
-        e.cuda = cuda.then(|| kiln_codegen::cuda::source(&k.kernel));
+        e.cuda = cuda.then(|| kiln_codegen::cuda::source_generic(&k.kernel, &info.cuda_marks));
     }
     e
 }

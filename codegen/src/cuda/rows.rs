@@ -99,11 +99,19 @@ pub fn threads(program: &RowProgram<'_>, most: u32) -> u32 {
     (longest.div_ceil(4).div_ceil(32) * 32).clamp(32, most.clamp(32, 1024) as usize) as u32
 }
 
-/// The entry point's name: its members' names, in order.
-pub fn entry_name(program: &RowProgram<'_>) -> String {
-    let names: Vec<String> = program.members.iter().map(|m| m.kernel.name()).collect();
-    format!("rows_{}", names.join("_"))
+/// The entry point's name in a group's [`source`]: `rows_` and a hash of the rest of the
+/// source. Named for the code rather than the members (whose names hold their sizes), so
+/// that groups that generate the same code at other sizes are one compile: a layer norm or
+/// softmax over 17 rows or 48 reads the row count as an argument, and its source, when
+/// the rows are one coalesced dimension, holds no size that depends on it.
+pub fn entry_name(source: &str) -> Option<&str> {
+    let start = source.find(" rows_")? + 1;
+    let len = source[start..].find('(')?;
+    Some(&source[start..start + len])
 }
+
+/// Stands for the entry point's name until the rest of the source is written.
+const NAME: &str = "rows_@";
 
 /// The CUDA C source of a group's kernel, to be launched with `threads` threads per block
 /// (see [`threads`]; the register cache's loops are unrolled for that many), keeping shared
@@ -146,14 +154,14 @@ pub fn source(program: &RowProgram<'_>, threads: u32, cache_registers: usize) ->
         src,
         "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
         cache.launch_bounds(),
-        entry_name(program),
+        NAME,
         args.join(", ")
     );
     src.push_str("  for (long long row = blockIdx.x; row < n; row += gridDim.x) {\n");
     cache.emit_prologue(&mut src, program);
     let last = program.members.len().saturating_sub(1);
     for (m, member) in program.members.iter().enumerate() {
-        let _ = writeln!(src, "    // {}", member.kernel.name());
+        let _ = writeln!(src, "    // member {m}");
         src.push_str("    {\n");
         emit_member(&mut src, program, m, &cache);
         src.push_str("    }\n");
@@ -164,7 +172,8 @@ pub fn source(program: &RowProgram<'_>, threads: u32, cache_registers: usize) ->
         }
     }
     src.push_str("  }\n}\n");
-    src
+    let name = format!("rows_{:016x}", kiln_ir::kernel::fnv1a(src.as_bytes()));
+    src.replacen(NAME, &name, 1)
 }
 
 /// Member `m`'s loop over row `row`'s positions `j`.

@@ -237,6 +237,20 @@ fn row_group(dtype: DType, rows: usize, cols: usize, log: bool) -> String {
 }
 
 #[test]
+fn a_row_group_over_other_row_counts_is_the_same_source() {
+    // Rows are an argument: 37 rows or 48 of 300 are one compile; rows of 301 are not.
+    let (a, b, c) = (
+        softmax_row_group(DType::F32, 37, 300),
+        softmax_row_group(DType::F32, 48, 300),
+        softmax_row_group(DType::F32, 37, 301),
+    );
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let name = super::rows::entry_name(&a).expect("an entry point");
+    assert!(name.starts_with("rows_") && a.contains(&format!(") {name}(")), "{a}");
+}
+
+#[test]
 fn a_row_group_is_one_entry_point_with_a_barrier_per_member_read_later() {
     let src = softmax_row_group(DType::F32, 37, 300);
     assert_eq!(src.matches("__global__").count(), 1, "{src}");

@@ -17,14 +17,17 @@ use kiln_ir::{DType, Element, Scalar};
 
 use super::Gpu;
 use crate::cache::KernelCache;
+use crate::sizes::{Decision, Forms, Sizes};
 use crate::{Buffer, RuntimeError};
 
 /// Compiled kernels of one device, in the bounded kernel caches (see [`crate::cache`]);
 /// a module evicted from both is unloaded once the last plan holding its functions drops.
 #[derive(Default)]
 pub(crate) struct Cache {
-    /// A kernel's entry points: the kernel, then a split reduction's merge.
-    pub(crate) functions: KernelCache<Kernel, Arc<[CudaFunction]>>,
+    /// Each kernel's compiled code (a size-generic kernel under every kernel it serves).
+    pub(crate) functions: KernelCache<Kernel, Arc<CudaKernel>>,
+    /// The kernel forms compiled, with their size-generic kernels (see [`crate::sizes`]).
+    forms: Forms<Arc<CudaKernel>>,
     /// Library kernels' entry points, by source text.
     pub(crate) library: KernelCache<String, Vec<Arc<CudaFunction>>>,
 }
@@ -56,8 +59,20 @@ pub(crate) fn library_functions(
     Ok(cache.library.insert(kernel.source.clone(), functions, ptx_len))
 }
 
-/// The compiled entry points of `kernel` on `gpu` (the kernel, then the merge of a split
-/// reduction), and the time compiling took when it was compiled by this call.
+/// A fused kernel compiled for a device.
+pub(crate) struct CudaKernel {
+    /// Its entry points: the kernel, then a split reduction's merge.
+    functions: Vec<CudaFunction>,
+    /// A size-generic kernel's marks ([`codegen::source_generic`]); empty for a kernel
+    /// specialised to its sizes.
+    marks: Vec<bool>,
+}
+
+/// The compiled code of `kernel` on `gpu`, and the time compiling took when it was compiled
+/// by this call. In a plan of a program that ran before at other sizes
+/// ([`Sizes::Changed`]), a kernel of a form compiled before is compiled size-generic and
+/// serves every later kernel of its form ([`crate::sizes`]): one NVRTC compile for every
+/// batch size or sequence length.
 ///
 /// # Errors
 /// [`RuntimeError::BackendUnavailable`] without NVRTC; [`RuntimeError::Cuda`] with NVRTC's
@@ -65,29 +80,43 @@ pub(crate) fn library_functions(
 pub(crate) fn compile_kernel(
     gpu: &'static Gpu,
     kernel: &Kernel,
-) -> Result<(Arc<[CudaFunction]>, Option<Duration>), RuntimeError> {
-    if let Some(f) =
-        gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).functions.get(kernel)
-    {
-        return Ok((f, None));
-    }
+    sizes: Sizes,
+) -> Result<(Arc<CudaKernel>, Option<Duration>), RuntimeError> {
+    let ask = {
+        let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = cache.functions.get(kernel) {
+            return Ok((f, None));
+        }
+        match cache.forms.decide(kernel, codegen::form, sizes) {
+            Decision::Serve(k) => return Ok((cache.functions.link(kernel.clone(), k), None)),
+            Decision::Compile(ask) => ask,
+        }
+    };
     let started = Instant::now();
-    let source = codegen::source(kernel);
-    let name = codegen::entry_name(kernel);
+    let source = codegen::source_generic(kernel, &ask.marks);
+    let names = codegen::entry_names(kernel, &ask.marks);
     let ptx_len = source.len();
-    let module = super::nvrtc::load(gpu, &name, &source)?;
-    let mut names = vec![name.clone()];
-    if codegen::split_partials(kernel).is_some() {
-        names.push(codegen::merge_name(kernel));
-    }
-    let function: Arc<[CudaFunction]> = names
+    let module = super::nvrtc::load(gpu, &names[0], &source)?;
+    let functions = names
         .iter()
         .map(|n| module.load_function(n))
         .collect::<Result<_, _>>()
         .map_err(|e| gpu.error("finding a compiled kernel", e))?;
+    let generic = kiln_codegen::generic::is_generic(&ask.marks);
+    let compiled = Arc::new(CudaKernel { functions, marks: ask.marks.clone() });
     let took = started.elapsed();
     let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok((cache.functions.insert(kernel.clone(), function, ptx_len), Some(took)))
+    cache.forms.record(ask, compiled.clone());
+    if generic {
+        cache.functions.note_generic();
+    }
+    Ok((cache.functions.insert(kernel.clone(), compiled, ptx_len), Some(took)))
+}
+
+/// The counters of `gpu`'s cache of fused kernels (NVRTC compiles, hits, size-generic
+/// kernels and the sizes they served).
+pub(crate) fn cache_stats(gpu: &Gpu) -> crate::cache::CacheStats {
+    gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner).functions.stats()
 }
 
 /// Compiles the kernels of `kernels` and the library kernels of `library` (a plan's row
@@ -99,6 +128,7 @@ pub(crate) fn precompile(
     gpu: &'static Gpu,
     kernels: &[&Kernel],
     library: &[codegen::library::LibraryKernel],
+    sizes: Sizes,
 ) -> Vec<Option<Duration>> {
     use rayon::prelude::*;
     enum Job {
@@ -122,13 +152,12 @@ pub(crate) fn precompile(
         }
     }
     let mut took = vec![None; kernels.len()];
-    if todo.len() < 2 {
-        return took;
-    }
     let done: Vec<(usize, Option<Duration>)> = todo
         .par_iter()
         .filter_map(|job| match *job {
-            Job::Kernel(i) => Some((i, compile_kernel(gpu, kernels[i]).ok().and_then(|(_, t)| t))),
+            Job::Kernel(i) => {
+                Some((i, compile_kernel(gpu, kernels[i], sizes).ok().and_then(|(_, t)| t)))
+            }
             Job::Library(i) => {
                 let _ = library_functions(gpu, &library[i]);
                 None
@@ -205,8 +234,18 @@ impl Arg {
 /// Threads per block of elementwise kernels.
 const BLOCK: u32 = 256;
 
-/// Runs `step` on `gpu` over `inputs` (device buffers, in the kernel's input order), returning
-/// its outputs (of `dtypes`) and the compile time when the kernel was compiled for this call.
+/// What [`run_kernel`] launched.
+pub(crate) struct KernelLaunch {
+    /// The step's outputs.
+    pub(crate) outputs: Vec<Buffer>,
+    /// The compile time, when the kernel was compiled for this launch.
+    pub(crate) compile: Option<Duration>,
+    /// The marks of the kernel that ran, when it was size-generic (empty otherwise).
+    pub(crate) marks: Vec<bool>,
+}
+
+/// Runs `step` on `gpu` over `inputs` (device buffers, in the kernel's input order): its
+/// outputs (of `dtypes`), and how it ran.
 ///
 /// # Errors
 /// As [`compile_kernel`]; [`RuntimeError::OutOfMemory`]; [`RuntimeError::Cuda`] when the
@@ -216,7 +255,7 @@ pub(crate) fn run_kernel(
     step: &KernelStep,
     dtypes: &[DType],
     inputs: &[&Buffer],
-) -> Result<(Vec<Buffer>, Option<Duration>), RuntimeError> {
+) -> Result<KernelLaunch, RuntimeError> {
     let kernel = &step.kernel;
     let n = kernel.output_len();
     let mut outputs = Vec::with_capacity(dtypes.len());
@@ -224,9 +263,12 @@ pub(crate) fn run_kernel(
         outputs.push(Buffer::on_gpu(gpu, dtype, len)?);
     }
     if n == 0 {
-        return Ok((outputs, None));
+        return Ok(KernelLaunch { outputs, compile: None, marks: Vec::new() });
     }
-    let (functions, compile) = compile_kernel(gpu, kernel)?;
+    // Compiled when the plan was made, with what it knew of the program's sizes; compiled
+    // for its sizes here otherwise (the cache dropped it since).
+    let (compiled, compile) = compile_kernel(gpu, kernel, Sizes::First)?;
+    let functions = &compiled.functions;
     let mut args = Vec::with_capacity(inputs.len() + outputs.len() + step.params.len() + 1);
     for b in inputs.iter().copied().chain(&outputs) {
         args.push(Arg::Ptr(b.device_ptr(gpu)?));
@@ -234,6 +276,7 @@ pub(crate) fn run_kernel(
     for (&t, &v) in codegen::param_types(kernel).iter().zip(&step.params) {
         args.push(Arg::param(t, v));
     }
+    args.extend(codegen::size_args(kernel, &compiled.marks).into_iter().map(Arg::I64));
     if codegen::splits_columns(kernel) {
         let count = kernel.shape.numel() / n;
         let chunks = column_chunks(gpu, n, count);
@@ -255,7 +298,7 @@ pub(crate) fn run_kernel(
         // accumulators, written by the launch before on the same stream, `out0` `n`
         // elements, a thread each.
         unsafe { launch(gpu, &functions[1], &merge, grid_config(gpu, n)) }?;
-        return Ok((outputs, compile));
+        return Ok(KernelLaunch { outputs, compile, marks: compiled.marks.clone() });
     }
     if let Some(part) = codegen::split_partials(kernel) {
         let count = kernel.shape.numel() / n;
@@ -279,7 +322,7 @@ pub(crate) fn run_kernel(
         // accumulators, written by the launch before on the same stream, and `out0` `n`
         // elements.
         unsafe { launch(gpu, &functions[1], &merge, block_config(gpu, n, chunks)) }?;
-        return Ok((outputs, compile));
+        return Ok(KernelLaunch { outputs, compile, marks: compiled.marks.clone() });
     }
     args.push(count_arg(n));
     let config = launch_config(gpu, kernel, n);
@@ -289,7 +332,7 @@ pub(crate) fn run_kernel(
     // lie inside their buffers; all buffers live until the stream has run the kernel, since
     // freed blocks are reused only by later work on the same stream.
     unsafe { launch(gpu, &functions[0], &args, config) }?;
-    Ok((outputs, compile))
+    Ok(KernelLaunch { outputs, compile, marks: compiled.marks.clone() })
 }
 
 fn count_arg(n: usize) -> Arg {

@@ -36,7 +36,7 @@ pub(crate) use graph::{
     skip_steps as skip_graph_steps, step_left as graph_step_left, step_starts as graph_step_starts,
     update as update_graph,
 };
-pub(crate) use kernels::{precompile, run_kernel};
+pub(crate) use kernels::{KernelLaunch, precompile, run_kernel};
 pub(crate) use library::eval as eval_node;
 pub(crate) use library::{copies, load_copies};
 pub use memory::copy_bandwidth;
@@ -136,6 +136,12 @@ impl Gpu {
 /// used or does not exist).
 pub fn memory_allocated(ordinal: usize) -> usize {
     used(ordinal).map_or(0, |g| g.pool.lock().unwrap_or_else(PoisonError::into_inner).allocated)
+}
+
+/// The counters of device `ordinal`'s cache of fused kernels: each miss is an NVRTC compile
+/// (all zero for a device that was never used or does not exist).
+pub fn kernel_cache_stats(ordinal: usize) -> crate::cache::CacheStats {
+    used(ordinal).map_or_else(Default::default, kernels::cache_stats)
 }
 
 /// Bytes of device `ordinal`'s memory held by kiln: live buffers plus blocks cached for

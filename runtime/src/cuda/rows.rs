@@ -76,9 +76,9 @@ impl GroupKernel {
             .map(|&(n, written)| GroupBuffer { dtype: graph.node(n).dtype, written })
             .collect();
         let program = RowProgram { members: program_members, buffers, rows };
-        let name = codegen::entry_name(&program);
         let threads = codegen::threads(&program, launch_sizes().threads);
         let source = codegen::source(&program, threads, launch_sizes().cache_registers);
+        let name = codegen::entry_name(&source).expect("a group's source names its entry").into();
         let kernel = LibraryKernel { source, entries: vec![name] };
         GroupKernel { kernel, nodes, threads, rows, function: OnceLock::new() }
     }
@@ -175,7 +175,12 @@ pub(crate) fn run_group(
         let total: u64 = moved.iter().map(|(r, w)| r + w).sum();
         for (i, (k, &(read, written))) in members.iter().zip(&moved).enumerate() {
             let info =
-                KernelRun { compiled: None, generated: true, compile: compile.filter(|_| i == 0) };
+                KernelRun {
+                    compiled: None,
+                    generated: true,
+                    compile: compile.filter(|_| i == 0),
+                    cuda_marks: Vec::new(),
+                };
             let fraction = if total > 0 {
                 (read + written) as f64 / total as f64
             } else {

@@ -12,7 +12,7 @@ use kiln_ir::Graph;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 
-use super::Sizes;
+use crate::sizes::{Decision, Forms, Sizes};
 use super::execute::Bufs;
 use crate::cache::{CacheStats, KernelCache};
 use crate::{Buffer, RunError, RuntimeError};
@@ -30,8 +30,9 @@ pub fn cache_stats() -> CacheStats {
 /// The compiled kernel for `kernel`, from the cache or compiled now (with the time the
 /// compile took); `None` when it cannot be compiled (the step then runs on the reference
 /// executor). In a plan of a program that ran before at other sizes ([`Sizes::Changed`]),
-/// under [`SizePolicy::Auto`], a kernel of a form compiled before at other sizes is
-/// compiled size-generic, and serves every later size of that form.
+/// under [`SizePolicy::Auto`](crate::sizes::SizePolicy::Auto), a kernel of a form compiled
+/// before at other sizes is compiled size-generic, and serves every later size of that form
+/// (see [`crate::sizes`]).
 pub(super) fn compiled(
     kernel: &Kernel,
     sizes: Sizes,
@@ -39,55 +40,24 @@ pub(super) fn compiled(
     if let Some(found) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
         return (found, None);
     }
-    // `KILN_SIZES=specialize|generic` (tests of the generic code) overrides the plan's ask.
-    let policy = match (size_policy(), sizes) {
-        (SizePolicy::Auto, Sizes::Dynamic) => SizePolicy::Generic,
-        (SizePolicy::Auto, Sizes::Static) => SizePolicy::Specialize,
-        (policy, _) => policy,
+    let ask = match FORMS.lock().unwrap_or_else(PoisonError::into_inner).decide(
+        kernel,
+        cpu::form,
+        sizes,
+    ) {
+        Decision::Serve(k) => {
+            let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+            return (cache.link(kernel.clone(), Some(k)), None);
+        }
+        Decision::Compile(ask) => ask,
     };
-    let form = (policy != SizePolicy::Specialize).then(|| {
-        let numbers = generic::numbers(kernel);
-        (cpu::form(kernel), numbers)
-    });
-    let mut marks = Vec::new();
-    if let Some((form, numbers)) = &form {
-        let mut forms = FORMS.lock().unwrap_or_else(PoisonError::into_inner);
-        let generic_ok = policy == SizePolicy::Generic || sizes == Sizes::Changed;
-        match forms.get(form) {
-            Some(seen) if generic_ok => {
-                let serving =
-                    seen.generic.iter().find(|g| generic::serves(&g.marks, &g.numbers, numbers));
-                if let Some(g) = serving {
-                    let k = Some(g.kernel.clone());
-                    drop(forms);
-                    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-                    return (cache.link(kernel.clone(), k), None);
-                }
-                let before = seen.generic.iter().fold(vec![false; numbers.len()], |mut m, g| {
-                    m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
-                    m
-                });
-                marks = generic::dynamic_marks(&seen.first, numbers, &before);
-            }
-            Some(_) => {}
-            None => {
-                if forms.len() >= crate::cache::limits().kernels {
-                    forms.clear();
-                }
-                forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
-            }
-        }
-        if policy == SizePolicy::Generic {
-            marks = generic::generic_marks(kernel);
-        }
-    }
-    // Compile outside the lock: another thread may compile the same kernel meanwhile, which
+    // Compile outside the locks: another thread may compile the same kernel meanwhile, which
     // costs a duplicate compile but never blocks on one.
     let started = Instant::now();
     let result = if FAIL_COMPILES.with(Cell::get) {
         Err("compiles are made to fail (kiln::debug::fail_cpu_compiles)".to_string())
     } else {
-        cpu::compile_generic(kernel, &marks).map_err(|e| e.to_string())
+        cpu::compile_generic(kernel, &ask.marks).map_err(|e| e.to_string())
     };
     let took = started.elapsed();
     let result = match result {
@@ -97,14 +67,8 @@ pub(super) fn compiled(
             None
         }
     };
-    if let (Some(k), Some((form, numbers))) = (&result, form)
-        && k.is_generic()
-    {
-        let mut forms = FORMS.lock().unwrap_or_else(PoisonError::into_inner);
-        let seen = forms
-            .entry(form)
-            .or_insert_with(|| Form { first: numbers.clone(), generic: Vec::new() });
-        seen.generic.push(Generic { marks, numbers, kernel: k.clone() });
+    if let Some(k) = &result {
+        FORMS.lock().unwrap_or_else(PoisonError::into_inner).record(ask, k.clone());
     }
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     let bytes = result.as_ref().map_or(0, |k| k.code_bytes());
@@ -116,65 +80,8 @@ pub(super) fn compiled(
     (cache.insert(kernel.clone(), result, bytes), Some(took))
 }
 
-/// When CPU kernels are compiled size-generic (`KILN_SIZES`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SizePolicy {
-    /// A kernel is compiled for its sizes. When a program runs again at other sizes (a
-    /// ragged last batch, the next sequence length: [`Sizes::Changed`]), a kernel of a form
-    /// compiled before (the same code up to its sizes, strides and offsets) is compiled once
-    /// more, reading the numbers that differed when it runs, and serves every later size of
-    /// its form. Kernels whose sizes did not change keep their specialised code, and a
-    /// program whose sizes never change runs only specialised kernels.
-    Auto,
-    /// Every kernel is compiled for its sizes.
-    Specialize,
-    /// Every kernel is compiled size-generic (to test the generic code on every kernel).
-    Generic,
-}
-
-static POLICY: LazyLock<Mutex<SizePolicy>> = LazyLock::new(|| {
-    let text = kiln_ir::settings::Setting::Sizes.text();
-    let policy = match text.as_deref().map(str::trim) {
-        None | Some("" | "auto") => SizePolicy::Auto,
-        Some("specialize") => SizePolicy::Specialize,
-        Some("generic") => SizePolicy::Generic,
-        Some(other) => {
-            eprintln!(
-                "kiln: KILN_SIZES={other:?} is not `auto`, `specialize` or `generic`; using `auto`"
-            );
-            SizePolicy::Auto
-        }
-    };
-    Mutex::new(policy)
-});
-
-/// The policy in force.
-pub fn size_policy() -> SizePolicy {
-    *POLICY.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Sets the policy for the kernels compiled from now on (every thread), returning the
-/// previous one.
-pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
-    std::mem::replace(&mut *POLICY.lock().unwrap_or_else(PoisonError::into_inner), policy)
-}
-
-/// A kernel form's compiles: the numbers of the first kernel compiled for its sizes, and
-/// the size-generic kernels compiled since.
-struct Form {
-    first: Vec<i64>,
-    generic: Vec<Generic>,
-}
-
-/// A size-generic kernel: which numbers it reads when it runs, and the others' values.
-struct Generic {
-    marks: Vec<bool>,
-    numbers: Vec<i64>,
-    kernel: Arc<CpuKernel>,
-}
-
-/// Every kernel form compiled (cleared when it holds as many as the kernel cache may).
-static FORMS: LazyLock<Mutex<HashMap<generic::KernelForm, Form>>> = LazyLock::new(Mutex::default);
+/// Every kernel form the CPU compiled, with its generic kernels.
+static FORMS: LazyLock<Mutex<Forms<Arc<CpuKernel>>>> = LazyLock::new(Mutex::default);
 
 /// Kernels that could not be compiled: name -> the code generator's message.
 static FAILURES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);

@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::{Graph, NodeId};
@@ -153,7 +152,7 @@ pub(super) fn run_gpu_kernel(
     graph: &Graph,
     step: &KernelStep,
     bufs: &Bufs,
-) -> Result<(Vec<Buffer>, Option<Duration>), RunError> {
+) -> Result<cuda::KernelLaunch, RunError> {
     let root = graph.node(step.outputs[0]);
     let inputs: Vec<&Buffer> = step.inputs.iter().map(|i| &bufs[i]).collect();
     let dtypes: Vec<_> = step.outputs.iter().map(|&o| graph.node(o).dtype).collect();

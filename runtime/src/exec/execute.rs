@@ -544,20 +544,20 @@ impl Run<'_> {
         compile: Option<Duration>,
     ) -> Result<(), RunError> {
         let started = Instant::now();
-        let (outs, compile, generated) = match self.gpu {
+        let (outs, compile, generated, cuda_marks) = match self.gpu {
             None => {
                 let outs = cpu::run_kernel(self.graph, k, kernel.map(|k| &**k), &self.bufs)?;
-                (outs, compile, kernel.is_some())
+                (outs, compile, kernel.is_some(), Vec::new())
             }
             Some(g) => {
-                let (outs, took) = dispatch::run_gpu_kernel(g, self.graph, k, &self.bufs)?;
+                let run = dispatch::run_gpu_kernel(g, self.graph, k, &self.bufs)?;
                 self.settle(self.graph.node(k.outputs[0]))?;
                 // Compiled while planning (in parallel), or now.
-                (outs, compile.or(took), true)
+                (run.outputs, compile.or(run.compile), true, run.marks)
             }
         };
         if self.tracing {
-            let info = KernelRun { compiled: kernel.cloned(), generated, compile };
+            let info = KernelRun { compiled: kernel.cloned(), generated, compile, cuda_marks };
             let read = k.inputs.iter().map(|i| trace::bytes(&self.bufs[i])).sum();
             let written = outs.iter().map(trace::bytes).sum();
             let e = trace::kernel_event(self.graph, k, info, read, written, started.elapsed());

@@ -27,15 +27,15 @@ use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
 pub(crate) use check::tolerance as check_tolerance;
 pub use check::unchecked_runs;
+pub use crate::sizes::{SizePolicy, Sizes, set_size_policy, size_policy};
 pub use cpu::{
-    SizePolicy, cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif,
-    set_size_policy, size_policy,
+    cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif,
 };
 pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
 pub use graph::GraphRun;
 pub(crate) use prepare::PreparedStep;
-pub use prepare::{Prepared, Sizes};
+pub use prepare::Prepared;
 
 use crate::{Buffer, Device, RunError, reference};
 

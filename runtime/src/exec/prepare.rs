@@ -11,6 +11,7 @@ use kiln_ir::pipeline::{Fusion, NodeMap, PlanOptions, Planner, Stage};
 use kiln_ir::{Graph, NodeId, Op};
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::sizes::Sizes;
 use crate::trace::{self, StepKind};
 use crate::{Device, cuda, rows};
 
@@ -47,22 +48,6 @@ pub struct Prepared {
     pub(super) dirty: Vec<bool>,
 }
 
-/// Whether a plan's program ran before with other sizes (the same ops, recorded at the same
-/// places, over tensors of other sizes): only then are its kernels compiled size-generic, so
-/// that a program whose sizes never change runs kernels specialised to them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sizes {
-    /// The first plan of the program (or its sizes are the same as before).
-    First,
-    /// The program ran before at other sizes.
-    Changed,
-    /// Every kernel size-generic, with every size read when it runs (a function compiled
-    /// with dynamic sizes asked for up front).
-    Dynamic,
-    /// Every kernel specialised to its sizes, whatever ran before.
-    Static,
-}
-
 /// One step of a prepared plan.
 pub(crate) enum PreparedStep {
     Kernel {
@@ -96,7 +81,8 @@ impl Prepared {
     }
 
     /// [`Prepared::new`] for a program that ran before at other sizes (`Sizes::Changed`):
-    /// its CPU kernels whose sizes changed are compiled size-generic (see [`SizePolicy`](super::SizePolicy)).
+    /// its kernels whose sizes changed, CPU and CUDA alike, are compiled size-generic (see
+    /// [`crate::sizes`]).
     pub fn with_sizes(
         graph: &Graph,
         options: PlanOptions,
@@ -166,7 +152,7 @@ impl Prepared {
         prepared.dirty = vec![false; prepared.steps.len()];
         prepared.writes_inputs = prepared.inputs_written();
         prepared.schedule();
-        let (gpu_compiling, took) = precompile_gpu(&prepared);
+        let (gpu_compiling, took) = precompile_gpu(&prepared, sizes);
         // Each GPU kernel's compile time, reported by its first run (a CPU kernel's was
         // noted when it was looked up above).
         if device != Device::Cpu {
@@ -314,7 +300,7 @@ fn show_stage(name: &str, stage: Stage<'_>) {
 /// Compiles a GPU plan's new kernels in parallel (each row group as its one kernel, its
 /// members not on their own); returns the wall time it took and the time each kernel step
 /// outside the groups took, in order (when this call compiled it).
-fn precompile_gpu(prepared: &Prepared) -> (Duration, Vec<Option<Duration>>) {
+fn precompile_gpu(prepared: &Prepared, sizes: Sizes) -> (Duration, Vec<Option<Duration>>) {
     let started = Instant::now();
     let Device::Cuda(i) = prepared.device else { return (Duration::ZERO, Vec::new()) };
     let Ok(gpu) = cuda::gpu(i) else { return (Duration::ZERO, Vec::new()) };
@@ -326,6 +312,6 @@ fn precompile_gpu(prepared: &Prepared) -> (Duration, Vec<Option<Duration>>) {
         })
         .collect();
     let groups: Vec<_> = prepared.gpu_groups.iter().map(|g| g.library_kernel().clone()).collect();
-    let took = cuda::precompile(gpu, &kernels, &groups);
+    let took = cuda::precompile(gpu, &kernels, &groups, sizes);
     (started.elapsed(), took)
 }

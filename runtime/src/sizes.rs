@@ -1,0 +1,181 @@
+//! When kernels are compiled size-generic, for every back end: the policy (`KILN_SIZES`),
+//! what a plan knows about its program's sizes ([`Sizes`]), and the registry of kernel forms
+//! each kernel cache consults before compiling ([`Forms`]).
+//!
+//! A kernel's *form* is its code up to the numbers of its walks (see
+//! [`kiln_codegen::generic`]). The first kernel of a form is compiled for its sizes. When a
+//! program runs again at other sizes, a kernel of a form seen before is compiled once more,
+//! reading the numbers that differed (and any that earlier generic kernels of the form read)
+//! when it runs; that kernel then serves every later kernel of its form whose other numbers
+//! are the same, with no compile.
+
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use kiln_codegen::generic::{self, KernelForm};
+use kiln_ir::kernel::Kernel;
+use rustc_hash::FxHashMap as HashMap;
+
+/// Whether a plan's program ran before with other sizes (the same ops, recorded at the same
+/// places, over tensors of other sizes): only then are its kernels compiled size-generic, so
+/// that a program whose sizes never change runs kernels specialised to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizes {
+    /// The first plan of the program (or its sizes are the same as before).
+    First,
+    /// The program ran before at other sizes.
+    Changed,
+    /// Every kernel size-generic, with every size read when it runs (a function compiled
+    /// with dynamic sizes asked for up front).
+    Dynamic,
+    /// Every kernel specialised to its sizes, whatever ran before.
+    Static,
+}
+
+/// When kernels are compiled size-generic (`KILN_SIZES`), on the CPU and on GPUs alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizePolicy {
+    /// A kernel is compiled for its sizes. When a program runs again at other sizes (a
+    /// ragged last batch, the next sequence length: [`Sizes::Changed`]), a kernel of a form
+    /// compiled before (the same code up to its sizes, strides and offsets) is compiled once
+    /// more, reading the numbers that differed when it runs, and serves every later size of
+    /// its form. Kernels whose sizes did not change keep their specialised code, and a
+    /// program whose sizes never change runs only specialised kernels.
+    Auto,
+    /// Every kernel is compiled for its sizes.
+    Specialize,
+    /// Every kernel is compiled size-generic (to test the generic code on every kernel).
+    Generic,
+}
+
+static POLICY: LazyLock<Mutex<SizePolicy>> = LazyLock::new(|| {
+    let text = kiln_ir::settings::Setting::Sizes.text();
+    let policy = match text.as_deref().map(str::trim) {
+        None | Some("" | "auto") => SizePolicy::Auto,
+        Some("specialize") => SizePolicy::Specialize,
+        Some("generic") => SizePolicy::Generic,
+        Some(other) => {
+            eprintln!(
+                "kiln: KILN_SIZES={other:?} is not `auto`, `specialize` or `generic`; using `auto`"
+            );
+            SizePolicy::Auto
+        }
+    };
+    Mutex::new(policy)
+});
+
+/// The policy in force.
+pub fn size_policy() -> SizePolicy {
+    *POLICY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sets the policy for the kernels compiled from now on (every thread, every device),
+/// returning the previous one.
+pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
+    std::mem::replace(&mut *POLICY.lock().unwrap_or_else(PoisonError::into_inner), policy)
+}
+
+/// What a kernel cache does with a kernel it does not hold.
+pub(crate) enum Decision<K> {
+    /// A generic kernel compiled before runs it: link it, compile nothing.
+    Serve(K),
+    /// Compile it, reading the numbers `Ask::marks` marks when it runs (none: specialised);
+    /// hand the result to [`Forms::record`].
+    Compile(Ask),
+}
+
+/// A compile the registry asked for.
+pub(crate) struct Ask {
+    /// Which of the kernel's numbers ([`generic::numbers`]' order) the code reads when it
+    /// runs; empty or all `false` for a kernel specialised to its sizes.
+    pub(crate) marks: Vec<bool>,
+    /// The kernel's form and numbers, when the registry tracks it.
+    seen: Option<(KernelForm, Vec<i64>)>,
+}
+
+/// A kernel form's compiles: the numbers of the first kernel compiled for its sizes, and
+/// the size-generic kernels compiled since.
+struct Form<K> {
+    first: Vec<i64>,
+    generic: Vec<Generic<K>>,
+}
+
+/// A size-generic kernel: which numbers it reads when it runs, and the others' values.
+struct Generic<K> {
+    marks: Vec<bool>,
+    numbers: Vec<i64>,
+    kernel: K,
+}
+
+/// The kernel forms one kernel cache has compiled (cleared when it holds as many as the
+/// kernel cache may), with their generic kernels.
+pub(crate) struct Forms<K> {
+    forms: HashMap<KernelForm, Form<K>>,
+}
+
+impl<K> Default for Forms<K> {
+    fn default() -> Forms<K> {
+        Forms { forms: HashMap::default() }
+    }
+}
+
+impl<K: Clone> Forms<K> {
+    /// What to do with `kernel` (of the target's `form`) in a plan whose program's sizes
+    /// are `sizes`, under the policy in force.
+    pub(crate) fn decide(
+        &mut self,
+        kernel: &Kernel,
+        form: fn(&Kernel) -> KernelForm,
+        sizes: Sizes,
+    ) -> Decision<K> {
+        // `KILN_SIZES=specialize|generic` (tests of the generic code) overrides the plan's ask.
+        let policy = match (size_policy(), sizes) {
+            (SizePolicy::Auto, Sizes::Dynamic) => SizePolicy::Generic,
+            (SizePolicy::Auto, Sizes::Static) => SizePolicy::Specialize,
+            (policy, _) => policy,
+        };
+        if policy == SizePolicy::Specialize {
+            return Decision::Compile(Ask { marks: Vec::new(), seen: None });
+        }
+        let (form, numbers) = (form(kernel), generic::numbers(kernel));
+        let mut marks = Vec::new();
+        let generic_ok = policy == SizePolicy::Generic || sizes == Sizes::Changed;
+        match self.forms.get(&form) {
+            Some(seen) if generic_ok => {
+                let serving =
+                    seen.generic.iter().find(|g| generic::serves(&g.marks, &g.numbers, &numbers));
+                if let Some(g) = serving {
+                    return Decision::Serve(g.kernel.clone());
+                }
+                let before = seen.generic.iter().fold(vec![false; numbers.len()], |mut m, g| {
+                    m.iter_mut().zip(&g.marks).for_each(|(a, &b)| *a |= b);
+                    m
+                });
+                marks = generic::dynamic_marks(&seen.first, &numbers, &before);
+            }
+            Some(_) => {}
+            None => {
+                if self.forms.len() >= crate::cache::limits().kernels {
+                    self.forms.clear();
+                }
+                self.forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
+            }
+        }
+        if policy == SizePolicy::Generic {
+            marks = generic::generic_marks(kernel);
+        }
+        Decision::Compile(Ask { marks, seen: Some((form, numbers)) })
+    }
+
+    /// Keeps `kernel`, compiled as `ask` asked, to serve later kernels of its form when it
+    /// is generic.
+    pub(crate) fn record(&mut self, ask: Ask, kernel: K) {
+        let (Some((form, numbers)), true) = (ask.seen, generic::is_generic(&ask.marks)) else {
+            return;
+        };
+        let seen = self
+            .forms
+            .entry(form)
+            .or_insert_with(|| Form { first: numbers.clone(), generic: Vec::new() });
+        seen.generic.push(Generic { marks: ask.marks, numbers, kernel });
+    }
+}
