@@ -16,7 +16,7 @@
 //! [`CompileStats`] says why, naming the user line that recorded the differing op.
 //!
 //! A call at other sizes (a ragged last batch) is the same program at other sizes: it plans
-//! once for them, and its CPU kernels whose sizes changed are compiled size-generic, so
+//! once for them, and its kernels whose sizes changed are compiled size-generic, so
 //! that later sizes compile nothing ([`Dynamic::Auto`]; [`compile_with`] takes
 //! [`Dynamic::Always`] or [`Dynamic::Never`]). Sizes seen before replay their plans.
 //!
@@ -296,7 +296,7 @@ pub enum Dynamic {
     /// compiled size-generic, and serve every later size.
     #[default]
     Auto,
-    /// Every CPU kernel is compiled size-generic from the first call: no size compiles a new
+    /// Every kernel (CPU and CUDA) is compiled size-generic from the first call: no size compiles a new
     /// kernel, at the cost of generic code (a division per row) for every kernel.
     Always,
     /// Every kernel is specialised: each new size compiles its own kernels.

@@ -344,7 +344,7 @@ pub fn cache_stats() -> CacheStats {
 /// The counters of a kernel cache.
 pub use kiln_runtime::cache::{CacheLimits, CacheStats};
 
-/// When CPU kernels are compiled size-generic: `KILN_SIZES` (`auto` by default), or
+/// When kernels (CPU and CUDA) are compiled size-generic: `KILN_SIZES` (`auto` by default), or
 /// [`set_size_policy`].
 pub use kiln_runtime::exec::{SizePolicy, set_size_policy, size_policy};
 

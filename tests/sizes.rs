@@ -73,7 +73,10 @@ fn eager_lengths(device: Device) {
     if specializing("an_eager_loop_over_31_lengths") {
         return;
     }
-    assert!(compiles[0] > 0, "the first length compiles its kernels: {compiles:?}");
+    // (Under `KILN_SIZES=generic` other tests' generic kernels may serve the first length.)
+    if kiln::debug::size_policy() == SizePolicy::Auto {
+        assert!(compiles[0] > 0, "the first length compiles its kernels: {compiles:?}");
+    }
     assert!(compiles[4..].iter().all(|&n| n == 0), "kernels compiled per length: {compiles:?}");
     assert!(generic_rows > 0, "size-generic kernels ran and their profile rows say so");
 }
@@ -132,9 +135,10 @@ fn ragged_batches(device: Device) {
     }
     // Calls 1 and 2 differ in program (Adam has no moments yet at the first); the third
     // call is the second size.
-    assert!(compiles[0] > 0, "the first call compiles: {compiles:?}");
     if kiln::debug::size_policy() == SizePolicy::Auto {
-        // Under `KILN_SIZES=generic` the first call's kernels serve every size already.
+        // Under `KILN_SIZES=generic` the first call's kernels (or other tests' generic
+        // kernels of the same forms) serve every size already.
+        assert!(compiles[0] > 0, "the first call compiles: {compiles:?}");
         assert!(compiles[2] > 0, "the second size compiles generic kernels: {compiles:?}");
     }
     assert!(compiles[3..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");

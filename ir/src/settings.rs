@@ -38,7 +38,7 @@ pub enum Setting {
     CudaRowCache,
     /// `KILN_CUDA_GRAPHS`: whether `compile()`d plans on a GPU replay as CUDA graphs.
     CudaGraphs,
-    /// `KILN_SIZES`: when CPU kernels are compiled size-generic.
+    /// `KILN_SIZES`: when kernels are compiled size-generic.
     Sizes,
 }
 
@@ -114,7 +114,7 @@ impl Setting {
                  replaying a captured CUDA graph (on by default)"
             }
             Setting::Sizes => {
-                "`auto` (default): a CPU kernel is compiled for its sizes, and once more, \
+                "`auto` (default): a kernel (CPU or CUDA) is compiled for its sizes, and once more, \
                  size-generic, when the same kernel comes back with other sizes (that one then \
                  serves every size); `specialize`: every kernel for its sizes; `generic`: \
                  every kernel size-generic (to test the generic code)"

@@ -80,7 +80,7 @@ pub(crate) enum Decision<K> {
     Serve(K),
     /// Compile it, reading the numbers `Ask::marks` marks when it runs (none: specialised);
     /// hand the result to [`Forms::record`].
-    Compile(Ask),
+    Compile(Box<Ask>),
 }
 
 /// A compile the registry asked for.
@@ -134,7 +134,7 @@ impl<K: Clone> Forms<K> {
             (policy, _) => policy,
         };
         if policy == SizePolicy::Specialize {
-            return Decision::Compile(Ask { marks: Vec::new(), seen: None });
+            return Decision::Compile(Box::new(Ask { marks: Vec::new(), seen: None }));
         }
         let (form, numbers) = (form(kernel), generic::numbers(kernel));
         let mut marks = Vec::new();
@@ -157,18 +157,20 @@ impl<K: Clone> Forms<K> {
                 if self.forms.len() >= crate::cache::limits().kernels {
                     self.forms.clear();
                 }
-                self.forms.insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
+                self.forms
+                    .insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
             }
         }
         if policy == SizePolicy::Generic {
             marks = generic::generic_marks(kernel);
         }
-        Decision::Compile(Ask { marks, seen: Some((form, numbers)) })
+        Decision::Compile(Box::new(Ask { marks, seen: Some((form, numbers)) }))
     }
 
     /// Keeps `kernel`, compiled as `ask` asked, to serve later kernels of its form when it
     /// is generic.
-    pub(crate) fn record(&mut self, ask: Ask, kernel: K) {
+    pub(crate) fn record(&mut self, ask: Box<Ask>, kernel: K) {
+        let ask = *ask;
         let (Some((form, numbers)), true) = (ask.seen, generic::is_generic(&ask.marks)) else {
             return;
         };

@@ -174,13 +174,12 @@ pub(crate) fn run_group(
             .collect();
         let total: u64 = moved.iter().map(|(r, w)| r + w).sum();
         for (i, (k, &(read, written))) in members.iter().zip(&moved).enumerate() {
-            let info =
-                KernelRun {
-                    compiled: None,
-                    generated: true,
-                    compile: compile.filter(|_| i == 0),
-                    cuda_marks: Vec::new(),
-                };
+            let info = KernelRun {
+                compiled: None,
+                generated: true,
+                compile: compile.filter(|_| i == 0),
+                cuda_marks: Vec::new(),
+            };
             let fraction = if total > 0 {
                 (read + written) as f64 / total as f64
             } else {

@@ -12,9 +12,9 @@ use kiln_ir::Graph;
 use kiln_ir::fuse::KernelStep;
 use kiln_ir::kernel::Kernel;
 
-use crate::sizes::{Decision, Forms, Sizes};
 use super::execute::Bufs;
 use crate::cache::{CacheStats, KernelCache};
+use crate::sizes::{Decision, Forms, Sizes};
 use crate::{Buffer, RunError, RuntimeError};
 
 /// The CPU's compiled kernels; `None` for a kernel that failed to compile (it runs on the
@@ -40,17 +40,15 @@ pub(super) fn compiled(
     if let Some(found) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(kernel) {
         return (found, None);
     }
-    let ask = match FORMS.lock().unwrap_or_else(PoisonError::into_inner).decide(
-        kernel,
-        cpu::form,
-        sizes,
-    ) {
-        Decision::Serve(k) => {
-            let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-            return (cache.link(kernel.clone(), Some(k)), None);
-        }
-        Decision::Compile(ask) => ask,
-    };
+    let ask =
+        match FORMS.lock().unwrap_or_else(PoisonError::into_inner).decide(kernel, cpu::form, sizes)
+        {
+            Decision::Serve(k) => {
+                let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+                return (cache.link(kernel.clone(), Some(k)), None);
+            }
+            Decision::Compile(ask) => ask,
+        };
     // Compile outside the locks: another thread may compile the same kernel meanwhile, which
     // costs a duplicate compile but never blocks on one.
     let started = Instant::now();

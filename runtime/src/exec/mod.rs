@@ -25,17 +25,15 @@ use std::borrow::Cow;
 use kiln_ir::Graph;
 use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
+pub use crate::sizes::{SizePolicy, Sizes, set_size_policy, size_policy};
 pub(crate) use check::tolerance as check_tolerance;
 pub use check::unchecked_runs;
-pub use crate::sizes::{SizePolicy, Sizes, set_size_policy, size_policy};
-pub use cpu::{
-    cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif,
-};
+pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif};
 pub use dispatch::host_products;
 pub(crate) use execute::Bufs;
 pub use graph::GraphRun;
-pub(crate) use prepare::PreparedStep;
 pub use prepare::Prepared;
+pub(crate) use prepare::PreparedStep;
 
 use crate::{Buffer, Device, RunError, reference};
 

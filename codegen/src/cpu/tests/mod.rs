@@ -409,8 +409,9 @@ fn reduction_kernels_over_any_axes() {
                     .map(|v| if dtype.is_float() { v / 2.0 } else { v % 4.0 })
                     .collect();
                 let want = interpret(&k.kernel, std::slice::from_ref(&data), &k.params);
-                let generic = super::compile_generic(&k.kernel, &crate::generic::generic_marks(&k.kernel))
-                    .expect("compiles");
+                let generic =
+                    super::compile_generic(&k.kernel, &crate::generic::generic_marks(&k.kernel))
+                        .expect("compiles");
                 let got = run(&k.kernel, std::slice::from_ref(&data), &k.params, 2);
                 let got_generic = run_compiled(&generic, &k.kernel, &[data], &k.params, 2);
                 for (a, b) in got[0].iter().chain(&got_generic[0]).zip(want[0].iter().cycle()) {
