@@ -67,7 +67,7 @@ pub fn memory_reserved(ordinal: usize) -> usize {
 /// let stats = kiln::cuda::kernel_cache_stats(7);
 /// assert_eq!(stats.compiled, 0);
 /// ```
-pub fn kernel_cache_stats(ordinal: usize) -> crate::debug::CacheStats {
+pub fn kernel_cache_stats(ordinal: usize) -> kiln_runtime::cache::CacheStats {
     kiln_runtime::cuda::kernel_cache_stats(ordinal)
 }
 
