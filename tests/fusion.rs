@@ -99,6 +99,8 @@ struct Exercised {
     replays: usize,
     /// Whether its gradient was checked against finite differences.
     differenced: bool,
+    /// Whether a size-generic kernel ran in its compiled calls at other sizes.
+    generic: bool,
 }
 
 /// The gradient of a program's sum with respect to its first input by central differences
@@ -204,7 +206,9 @@ fn check_program(source: &Source) -> Exercised {
     };
     let c_tol = between(tight, loose, reference.precision.0);
     let c_g_tol = between(g_tight, g_loose, reference.precision.1);
-    let mut compiled = kiln::compile(|(): ()| compiled_program(source));
+    // The program the compiled function builds: `source`, then the same at other sizes.
+    let current = std::cell::RefCell::new(source.clone());
+    let mut compiled = kiln::compile(|(): ()| compiled_program(&current.borrow()));
     for call in 0..3 {
         let out: Vec<Tensor> = compiled.call(());
         let what = |part: &str| format!("compiled call {call} {part}");
@@ -220,13 +224,49 @@ fn check_program(source: &Source) -> Exercised {
     // (A program whose result is an input seen through a view computes nothing: no plan.)
     let stats = compiled.stats();
     assert!(stats.plans <= 1, "replayed, not planned again: {stats:?}");
+    // The same program at two other sizes (its dimensions of 2, 3, 5 and 7 resized): eager
+    // fused and unfused runs agree, and so does the compiled function called at those
+    // sizes, which plans once for each and compiles its kernels whose sizes changed
+    // size-generic (the second size is served by the first's generic kernels).
+    let choices = choices_of(source);
+    let mut generic = 0;
+    for sizes in OTHER_SIZES {
+        let resized = Source::Resized(choices.clone(), sizes);
+        let fused = run(&resized, Execution::Fused);
+        let unfused = run(&resized, Execution::Unfused);
+        let (tight, _) = tolerances(fused.dtype, fused.precision.0);
+        let (g_tight, _) = tolerances(fused.coarsest, fused.precision.1);
+        let what = |part: &str| format!("at sizes {sizes:?}: {part}");
+        assert_eq!((&unfused.shape, unfused.dtype), (&fused.shape, fused.dtype), "{}", what(""));
+        assert_close_tol(&unfused.values, &fused.values, tight, &what("unfused values"));
+        if let (Some(g), Some(h)) = (&unfused.gradient, &fused.gradient) {
+            assert_close_tol(g, h, g_tight, &what("unfused gradient"));
+        }
+        *current.borrow_mut() = resized;
+        let (out, profile) = kiln::profile(|| compiled.call(()));
+        generic += profile.kernels().iter().filter(|k| k.generic).count();
+        if let Some(tol) = between(tight, Some(tight.max(1e-2)), fused.precision.0) {
+            assert_close_tol(&out[0].to_vec::<f64>(), &fused.values, tol, &what("compiled"));
+        }
+        let gradient: Vec<f64> = out[1..].iter().flat_map(|g| g.to_vec::<f64>()).collect();
+        if let (Some(h), Some(tol)) =
+            (&fused.gradient, between(g_tight, Some(g_tight.max(1e-2)), fused.precision.1))
+        {
+            assert_close_tol(&gradient, h, tol, &what("compiled gradient"));
+        }
+    }
     Exercised {
         gradient: reference.gradient.is_some(),
         second: reference.orders == 2,
         replays: stats.replays as usize,
         differenced: check_finite_differences(source),
+        generic: generic > 0,
     }
 }
+
+/// The sizes a program is replayed at besides [`SIZES`]: every dimension of 2, 3, 5 or 7
+/// resized, in order and out of it.
+const OTHER_SIZES: [[usize; 5]; 2] = [[1, 4, 6, 9, 11], [1, 6, 4, 13, 8]];
 
 /// Shrinks the failing program of `source` (called `name`) and panics with the smallest
 /// program that still fails, its failure and its choices.
@@ -266,7 +306,7 @@ fn random_programs_agree_fused_unfused_and_reference() {
             .map(|r| (format!("the regression {:?}", r.found), Source::Replay(r.choices))),
     );
     let (mut count, mut with_gradients, mut with_second, mut replays) = (0, 0, 0, 0);
-    let mut differenced = 0;
+    let (mut differenced, mut generic) = (0, 0);
     for (name, source) in programs {
         let checked =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_program(&source)));
@@ -279,6 +319,7 @@ fn random_programs_agree_fused_unfused_and_reference() {
         with_second += usize::from(exercised.second);
         replays += exercised.replays;
         differenced += usize::from(exercised.differenced);
+        generic += usize::from(exercised.generic);
     }
     // Backward is really exercised: a good share of the programs have a gradient.
     assert!(with_gradients * 4 >= count, "{with_gradients} of {count} with gradients");
@@ -288,6 +329,11 @@ fn random_programs_agree_fused_unfused_and_reference() {
     assert!(differenced * 20 >= count, "{differenced} of {count} checked by finite differences");
     // And so are compiled replays: two per program that computes anything.
     assert!(replays >= count, "{replays} replays for {count} programs");
+    // And size-generic kernels, in the compiled calls at other sizes.
+    eprintln!("DEBUG generic {generic} of {count}");
+    if kiln::debug::size_policy() != kiln::debug::SizePolicy::Specialize {
+        assert!(generic * 4 >= count, "{generic} of {count} ran size-generic kernels");
+    }
 }
 
 /// A kept regression replays to exactly the program it recorded: every choice read as it was

@@ -46,13 +46,25 @@ pub(crate) enum Source {
     Seed(u64),
     /// Replayed from a recorded sequence.
     Replay(Vec<Choice>),
+    /// A recorded sequence replayed at other sizes: the dimensions the generator draws from
+    /// [`SIZES`] are drawn from these instead (the same positions: 1 stays 1), and each
+    /// recorded input's values and gather's indices are repeated to fill its new size (an
+    /// index reduced into range). The same program, over tensors of other sizes.
+    Resized(Vec<Choice>, [usize; 5]),
 }
+
+/// The sizes a program's dimensions are drawn from.
+pub(crate) const SIZES: [usize; 5] = [1, 2, 3, 5, 7];
 
 /// The generator's side of a [`Source`]: draws (or replays) choices and records them.
 struct Choices {
     rng: Option<Rng>,
     replay: std::vec::IntoIter<Choice>,
     drawn: Vec<Choice>,
+    /// The sizes dimensions are drawn from ([`SIZES`], or a resized replay's).
+    sizes: [usize; 5],
+    /// Whether recorded data of another length is repeated to fill (a resized replay).
+    repeat: bool,
 }
 
 impl Choices {
@@ -62,10 +74,23 @@ impl Choices {
                 rng: Some(Rng::new(*seed)),
                 replay: Vec::new().into_iter(),
                 drawn: Vec::new(),
+                sizes: SIZES,
+                repeat: false,
             },
-            Source::Replay(choices) => {
-                Choices { rng: None, replay: choices.clone().into_iter(), drawn: Vec::new() }
-            }
+            Source::Replay(choices) => Choices {
+                rng: None,
+                replay: choices.clone().into_iter(),
+                drawn: Vec::new(),
+                sizes: SIZES,
+                repeat: false,
+            },
+            Source::Resized(choices, sizes) => Choices {
+                rng: None,
+                replay: choices.clone().into_iter(),
+                drawn: Vec::new(),
+                sizes: *sizes,
+                repeat: true,
+            },
         }
     }
 
@@ -82,16 +107,28 @@ impl Choices {
         v
     }
 
+    /// A dimension: one of the sizes, as an integer choice.
+    fn size(&mut self) -> usize {
+        self.sizes[self.int(0, 5) as usize]
+    }
+
+    /// A recorded data choice of `n` elements: the recording, or (in a resized replay) the
+    /// recording repeated to `n`; zeros when there is none.
+    fn data(&mut self, n: usize) -> Vec<f64> {
+        match self.replay.next() {
+            Some(Choice::Data(d)) if d.len() == n => d,
+            Some(Choice::Data(d)) if self.repeat && !d.is_empty() => {
+                (0..n).map(|i| d[i % d.len()]).collect()
+            }
+            _ => vec![0.0; n],
+        }
+    }
+
     /// `n` indices in `0..hi`, as one choice.
     fn indices(&mut self, n: usize, hi: i64) -> Vec<i64> {
         let v: Vec<i64> = match &mut self.rng {
             Some(rng) => (0..n).map(|_| rng.int(0, hi)).collect(),
-            None => match self.replay.next() {
-                Some(Choice::Data(d)) if d.len() == n => {
-                    d.iter().map(|&i| (i as i64).rem_euclid(hi)).collect()
-                }
-                _ => vec![0; n],
-            },
+            None => self.data(n).iter().map(|&i| (i as i64).rem_euclid(hi)).collect(),
         };
         self.drawn.push(Choice::Data(v.iter().map(|&i| i as f64).collect()));
         v
@@ -101,10 +138,7 @@ impl Choices {
     fn values(&mut self, n: usize, dtype: DType) -> Vec<f64> {
         let v = match &mut self.rng {
             Some(rng) => values(rng, n, dtype),
-            None => match self.replay.next() {
-                Some(Choice::Data(d)) if d.len() == n => d,
-                _ => vec![0.0; n],
-            },
+            None => self.data(n),
         };
         self.drawn.push(Choice::Data(v.clone()));
         v
@@ -159,7 +193,7 @@ pub(crate) fn program_full(source: &Source, device: Device, grad: bool) -> Progr
     let mut c = Choices::new(source);
     let mut text = String::new();
     let rank = c.int(0, 4) as usize;
-    let shape: Vec<usize> = (0..rank).map(|_| [1, 2, 3, 5, 7][c.int(0, 5) as usize]).collect();
+    let shape: Vec<usize> = (0..rank).map(|_| c.size()).collect();
     let mut pool: Vec<Tensor> = Vec::new();
     // One to three inputs and two to twelve ops, each after a choice to go on: deleting
     // an input's or an op's choices deletes it (a shrinker cannot edit a count and the

@@ -13,7 +13,7 @@
 //! out of the walk and an empty one is part of the form, so both change it.
 //!
 //! Both back ends build a generic kernel's size arguments the same way
-//! ([`Layout::with`](crate::walk::Layout::with) over [`walks`] with the kernel's marks), so
+//! (`Layout::with` over the kernel's walks with the kernel's marks), so
 //! the compiler and the launch agree on what each slot holds.
 
 use kiln_ir::DType;

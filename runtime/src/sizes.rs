@@ -1,6 +1,6 @@
 //! When kernels are compiled size-generic, for every back end: the policy (`KILN_SIZES`),
 //! what a plan knows about its program's sizes ([`Sizes`]), and the registry of kernel forms
-//! each kernel cache consults before compiling ([`Forms`]).
+//! each kernel cache consults before compiling (`Forms`).
 //!
 //! A kernel's *form* is its code up to the numbers of its walks (see
 //! [`kiln_codegen::generic`]). The first kernel of a form is compiled for its sizes. When a

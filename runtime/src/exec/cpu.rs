@@ -143,7 +143,7 @@ pub fn clif(kernel: &Kernel) -> Result<String, String> {
 }
 
 /// The Cranelift IR of `kernel`'s most generic form: every size, stride and offset read
-/// when it runs but the strides 0 and 1 (see [`SizePolicy`]); for another host's features
+/// when it runs but the strides 0 and 1 (see [`SizePolicy`](crate::sizes::SizePolicy)); for another host's features
 /// inside `kiln::debug::with_clif_features`.
 ///
 /// # Errors
