@@ -224,16 +224,31 @@ fn check_program(source: &Source) -> Exercised {
     // (A program whose result is an input seen through a view computes nothing: no plan.)
     let stats = compiled.stats();
     assert!(stats.plans <= 1, "replayed, not planned again: {stats:?}");
+    let replays = stats.replays as usize;
     // The same program at two other sizes (its dimensions of 2, 3, 5 and 7 resized): eager
     // fused and unfused runs agree, and so does the compiled function called at those
     // sizes, which plans once for each and compiles its kernels whose sizes changed
     // size-generic (the second size is served by the first's generic kernels).
+    // Under `KILN_CHECK`, an approximated program's kernels are held to 1% of the reference
+    // at these sizes, as this test holds the program: new data can put a few-ULP difference
+    // of f32 polynomials into a cancellation (the kept regression of seed 11745 at 8x9x9
+    // is 1.07e-5 off in one of 648 elements, whatever its kernels' sizes).
+    let approximated = reference.precision != (Precision::Exact, Precision::Exact);
+    let checked = |f: &mut dyn FnMut()| match (approximated, kiln_ir::settings::Setting::Check.on())
+    {
+        (true, true) => kiln::with_check_scale(1e3, f),
+        _ => f(),
+    };
     let choices = choices_of(source);
     let mut generic = 0;
     for sizes in OTHER_SIZES {
         let resized = Source::Resized(choices.clone(), sizes);
-        let fused = run(&resized, Execution::Fused);
-        let unfused = run(&resized, Execution::Unfused);
+        let (mut fused, mut unfused) = (None, None);
+        checked(&mut || {
+            fused = Some(run(&resized, Execution::Fused));
+            unfused = Some(run(&resized, Execution::Unfused));
+        });
+        let (fused, unfused) = (fused.expect("a fused run"), unfused.expect("an unfused run"));
         let (tight, _) = tolerances(fused.dtype, fused.precision.0);
         let (g_tight, _) = tolerances(fused.coarsest, fused.precision.1);
         let what = |part: &str| format!("at sizes {sizes:?}: {part}");
@@ -243,7 +258,9 @@ fn check_program(source: &Source) -> Exercised {
             assert_close_tol(g, h, g_tight, &what("unfused gradient"));
         }
         *current.borrow_mut() = resized;
-        let (out, profile) = kiln::profile(|| compiled.call(()));
+        let mut called = None;
+        checked(&mut || called = Some(kiln::profile(|| compiled.call(()))));
+        let (out, profile) = called.expect("a compiled call");
         generic += profile.kernels().iter().filter(|k| k.generic).count();
         if let Some(tol) = between(tight, Some(tight.max(1e-2)), fused.precision.0) {
             assert_close_tol(&out[0].to_vec::<f64>(), &fused.values, tol, &what("compiled"));
@@ -258,7 +275,7 @@ fn check_program(source: &Source) -> Exercised {
     Exercised {
         gradient: reference.gradient.is_some(),
         second: reference.orders == 2,
-        replays: stats.replays as usize,
+        replays,
         differenced: check_finite_differences(source),
         generic: generic > 0,
     }
@@ -330,7 +347,6 @@ fn random_programs_agree_fused_unfused_and_reference() {
     // And so are compiled replays: two per program that computes anything.
     assert!(replays >= count, "{replays} replays for {count} programs");
     // And size-generic kernels, in the compiled calls at other sizes.
-    eprintln!("DEBUG generic {generic} of {count}");
     if kiln::debug::size_policy() != kiln::debug::SizePolicy::Specialize {
         assert!(generic * 4 >= count, "{generic} of {count} ran size-generic kernels");
     }
