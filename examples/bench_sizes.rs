@@ -3,7 +3,8 @@
 //! kernels compiled, then the totals. Run it as it is (size-generic kernels, `KILN_SIZES`
 //! unset) and with `KILN_SIZES=specialize` (every size compiles its own kernels) to compare.
 //!
-//! `cargo run --release --example bench_sizes`
+//! `cargo run --release --example bench_sizes [-- --cuda]` (`--cuda`: the model and batches on
+//! the first CUDA device, where each new kernel is an NVRTC compile).
 
 use std::time::Instant;
 
@@ -14,7 +15,12 @@ use kiln::prelude::*;
 
 fn main() {
     kiln::manual_seed(1);
-    let (fc1, fc2) = (Linear::new(256, 512), Linear::new(512, 10));
+    let device =
+        if std::env::args().any(|a| a == "--cuda") { Device::Cuda(0) } else { Device::Cpu };
+    let (mut fc1, mut fc2) = (Linear::new(256, 512), Linear::new(512, 10));
+    for layer in [&mut fc1, &mut fc2] {
+        layer.to(device).expect("the model on the device");
+    }
     let mut params = fc1.parameters();
     params.extend(fc2.parameters());
     let mut opt = Adam::new(params, AdamConfig::default());
@@ -25,15 +31,15 @@ fn main() {
         opt.step();
         loss
     });
-    println!("KILN_SIZES: {:?}", kiln::debug::size_policy());
+    println!("KILN_SIZES: {:?}, {device:?}", kiln::debug::size_policy());
     println!(
         "{:>5} {:>9} {:>12} {:>9} {:>8}",
         "batch", "call ms", "planning ms", "compiled", "loss"
     );
     let (mut total, mut compiled) = (0.0, 0);
     for b in [64usize, 64, 48, 64, 17, 33, 64, 5, 64, 29] {
-        let x = Tensor::randn([b, 256]);
-        let y = Tensor::randint(0, 10, [b]);
+        let x = Tensor::randn([b, 256]).to(device);
+        let y = Tensor::randint(0, 10, [b]).to(device);
         Tensor::try_realize_all(&[&x, &y]).expect("inputs");
         let started = Instant::now();
         let (loss, profile) = kiln::profile(|| step.call((&x, &y)).item::<f32>());
