@@ -16,6 +16,18 @@ use crate::{
     Shape, UnaryOp, View,
 };
 
+/// Whether a gather of `x` by `index` along `axis` picks exactly one element of each line:
+/// `index` has `x`'s shape with 1 along `axis`. Its gradient is then elementwise
+/// ([`Rules::picked_gradient`]) rather than a scatter.
+fn picks_one_per_line(x: &Shape, index: &Shape, axis: usize) -> bool {
+    x.rank() == index.rank()
+        && x.dims()
+            .iter()
+            .zip(index.dims())
+            .enumerate()
+            .all(|(d, (&n, &i))| if d == axis { i == 1 } else { i == n })
+}
+
 /// Records ops for gradient rules. Implemented by the tensor layer over lazy tensors.
 pub trait GradBuilder {
     /// A value: the handle the builder records ops on.
@@ -31,6 +43,19 @@ pub trait GradBuilder {
     fn op(&mut self, op: Op, inputs: &[Self::Node]) -> Result<Self::Node, Self::Error>;
     /// Records a leaf op (`Full`) of the given shape and dtype.
     fn leaf(&mut self, op: Op, shape: Shape, dtype: DType) -> Result<Self::Node, Self::Error>;
+    /// [`GradBuilder::leaf`] where `like` is computed (its device, for builders that place
+    /// values): for a leaf that an op other than an elementwise one reads before it meets
+    /// `like`, such as a running count. A plain leaf joins values anywhere.
+    fn leaf_beside(
+        &mut self,
+        op: Op,
+        shape: Shape,
+        dtype: DType,
+        like: &Self::Node,
+    ) -> Result<Self::Node, Self::Error> {
+        let _ = like;
+        self.leaf(op, shape, dtype)
+    }
 }
 
 /// The gradient of each input of `op`, given the op's inputs and the gradient `grad` of its
@@ -108,14 +133,13 @@ pub fn vjp<B: GradBuilder>(
         }
         Op::Gather { axis } => {
             let (x, index) = (&inputs[0], &inputs[1]);
-            let zeros = r.full_like(0.0, x)?;
-            vec![
-                Some(r.b.op(
-                    Op::Scatter { axis: *axis, accumulate: true },
-                    &[zeros, index.clone(), g],
-                )?),
-                None,
-            ]
+            let grad = if picks_one_per_line(&r.b.shape(x), &r.b.shape(index), *axis) {
+                r.picked_gradient(*axis, x, index, g)?
+            } else {
+                let zeros = r.full_like(0.0, x)?;
+                r.b.op(Op::Scatter { axis: *axis, accumulate: true }, &[zeros, index.clone(), g])?
+            };
+            vec![Some(grad), None]
         }
         Op::Scatter { axis, accumulate } => {
             let (index, src) = (&inputs[1], &inputs[2]);
@@ -323,6 +347,35 @@ impl<B: GradBuilder> Rules<'_, B> {
         let mut perm: Vec<usize> = (0..r).collect();
         perm.swap(r - 2, r - 1);
         self.b.op(Op::View(View::contiguous(shape).permute(&perm)), std::slice::from_ref(x))
+    }
+
+    /// The gradient of a gather that picks one element per line along `axis` (cross-entropy's
+    /// pattern, [`picks_one_per_line`]): `g` where the position along `axis` is the line's
+    /// index, 0 elsewhere. Elementwise over `x`'s shape, reading the positions (a running
+    /// count of ones along the axis, one line long), the index and `g` through broadcasts, so
+    /// it fuses into whatever reads it: a softmax gradient's row kernels compute it as they
+    /// go, where a scatter into a zero tensor wrote the whole tensor twice first.
+    fn picked_gradient(
+        &mut self,
+        axis: usize,
+        x: &B::Node,
+        index: &B::Node,
+        g: B::Node,
+    ) -> Result<B::Node, B::Error> {
+        let shape = self.b.shape(x);
+        let mut line = vec![1; shape.rank()];
+        line[axis] = shape.dims()[axis];
+        let ones = self.b.leaf_beside(Op::Full(Scalar::I64(1)), Shape::new(line), DType::I64, x)?;
+        // Positions counted from 1, compared with the index plus one: the addition happens
+        // in the consumer's kernel, where a subtraction on the line would be a kernel of its own.
+        let counted = self.b.op(Op::CumSum { axis }, &[ones])?;
+        let counted = self.expand_to(&counted, &shape)?;
+        let index = self.expand_to(index, &shape)?;
+        let one = self.full_like(1.0, &index)?;
+        let index = self.bin(BinaryOp::Add, &index, &one)?;
+        let hit = self.bin(BinaryOp::Eq, &counted, &index)?;
+        let g = self.expand_to(&g, &shape)?;
+        self.masked(&hit, &g)
     }
 
     /// Broadcasts a reduced value (reduced axes kept as 1) back to `shape`.

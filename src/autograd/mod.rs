@@ -64,6 +64,11 @@ impl GradBuilder for TensorBuilder {
     fn leaf(&mut self, op: Op, shape: Shape, dtype: DType) -> Result<Tensor> {
         Tensor::from_leaf(op, shape, dtype)
     }
+
+    #[track_caller]
+    fn leaf_beside(&mut self, op: Op, shape: Shape, dtype: DType, like: &Tensor) -> Result<Tensor> {
+        Tensor::from_leaf_on(op, shape, dtype, like.device())
+    }
 }
 
 /// The key of a tensor's handle (leaves are identified by it).
