@@ -376,6 +376,20 @@ fn where_and_pow_edge_cases_pass_gradcheck() {
     assert_eq!(z.grad().unwrap().to_vec::<f64>(), vec![0.0], "no gradient through a zero exponent");
 }
 
+/// A gather's gradient picks each line's own position where an `f32` count of positions
+/// would round two of them together (past 2^24 classes).
+#[test]
+fn a_picked_gradient_lands_on_its_position_past_exact_f32_integers() {
+    let classes = (1usize << 24) + 2;
+    let x = Tensor::zeros([2, classes]).requires_grad_(true);
+    let last = classes as i64 - 1;
+    let picked = x.gather(1, &Tensor::from_vec(vec![last, last - 1], [2, 1]));
+    (picked * Tensor::from_vec(vec![2.0f32, 3.0], [2, 1])).sum().backward();
+    let grad = x.grad().expect("a gradient");
+    assert_eq!(grad.argmax(1, false).to_vec::<i64>(), [last, last - 1]);
+    assert_eq!(grad.sum_dim(1, false).to_vec::<f32>(), [2.0, 3.0]);
+}
+
 device_test!(selection_ops_pass_gradcheck, |device| super::on_device(
     device,
     super::selection_ops_pass_gradcheck
@@ -387,6 +401,12 @@ fn selection_ops_pass_gradcheck() {
         ("i(..)", |x| x[0].i((1.., 1..3)).exp()),
         ("select", |x| x[0].select(1, -1).square()),
         ("gather", |x| x[0].gather(1, &index(vec![2, 0, 1, 1, 3, 0], &[3, 2], &x[0])).exp()),
+        // One element per line (cross-entropy's pattern): the gradient is a select, not a
+        // scatter, along either axis.
+        ("gather one per row", |x| x[0].gather(1, &index(vec![2, 0, 3], &[3, 1], &x[0])).exp()),
+        ("gather one per column", |x| {
+            x[0].gather(0, &index(vec![1, 2, 0, 2], &[1, 4], &x[0])).exp()
+        }),
         ("index_select", |x| x[0].index_select(0, &index(vec![2, 0, 2], &[3], &x[0])).sin()),
         ("masked_select", |x| x[0].masked_select(&x[0].gt(0.0)).square()),
         ("masked_fill", |x| x[0].masked_fill(&x[0].lt(0.0), 1.5) * &x[0]),

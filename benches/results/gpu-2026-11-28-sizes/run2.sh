@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The second call: the gradient of a gather that picks one element per line (cross-entropy's)
-# as an elementwise select that fuses into the softmax gradient's row kernel, where it was a
-# zero fill and a scatter. The CUDA tests on the device, cross-entropy with and without its
-# gradient built before (.gpu/gpu-before, at c068fa4) and after, interleaved twice; the copy,
-# softmax and cross-entropy rows with every kernel specialised and every kernel size-generic,
+# The second call (prepared; no device was lent for it on 2026-11-28): the gradient of a
+# gather that picks one element per line (cross-entropy's) as an elementwise select that
+# fuses into the softmax gradient's row kernel, where it was a zero fill and a scatter. The
+# CUDA tests on the device, cross-entropy with and without its gradient built before
+# (.gpu/gpu-before, at c068fa4) and after, interleaved twice; the copy, softmax and
+# cross-entropy rows with every kernel specialised and every kernel size-generic,
 # interleaved twice; the training steps once; then PyTorch's rows and W7 reduce-overhead.
 #   here:  scripts/gpu-build, and .gpu/gpu-before built at c068fa4
 #   there: benches/results/gpu-2026-11-28-sizes/run2.sh "$OUT"
