@@ -176,3 +176,46 @@ fn dynamic_sizes_asked_up_front_compile_no_kernel_after_the_first_call() {
     }
     assert!(compiles[1..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
 }
+
+device_test!(
+    a_fixed_size_program_runs_specialised_kernels_whatever_ran_before,
+    super::specialised_after_generic
+);
+
+/// A size-generic kernel compiled for one program's later sizes does not serve another
+/// program that runs at those sizes from its first call: that program runs kernels
+/// specialised to its sizes (its profile and its generated code do not depend on what ran
+/// before it in the process).
+fn specialised_after_generic(device: Device) {
+    if kiln::debug::size_policy() != SizePolicy::Auto {
+        crate::common::skip(
+            "a_fixed_size_program_runs_specialised_kernels_whatever_ran_before",
+            "KILN_SIZES chooses every kernel's code; the generic flags are not checked",
+            &[],
+        );
+        return;
+    }
+    // Lengths and a constant no other test uses, so that the kernels are this test's.
+    let input = |len: usize| {
+        let x = Tensor::randn([len, 7]).to(device);
+        x.realize();
+        x
+    };
+    let generic = |profile: &kiln::Profile| {
+        profile.kernels().iter().filter(|k| k.ops.contains("sin")).map(|k| k.generic).collect()
+    };
+    // The same program at a second length: its kernel is compiled size-generic.
+    let mut flags: Vec<Vec<bool>> = Vec::new();
+    for len in [83, 89] {
+        let x = input(len);
+        let (_, profile) = kiln::profile(|| (&x * 1.375).sin().realize().clone());
+        flags.push(generic(&profile));
+    }
+    assert_eq!(flags, [vec![false], vec![true]], "the second length runs a generic kernel");
+    // Another program, first run at the second length, with that kernel in it.
+    let x = input(89);
+    let (sums, profile) = kiln::profile(|| (&x * 1.375).sin().cumsum(0).to_vec::<f32>());
+    assert_eq!(generic(&profile), [false], "a first call runs specialised kernels");
+    let want: Vec<f32> = (&x * 1.375).sin().to(Device::Cpu).cumsum(0).to_vec();
+    assert_eq!(sums, want);
+}

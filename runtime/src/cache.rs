@@ -142,6 +142,17 @@ impl<K: Hash + Eq + Clone, V: Clone> KernelCache<K, V> {
         self.entries.contains_key(key)
     }
 
+    /// The value for `key`, if cached (not counted).
+    pub fn peek(&self, key: &K) -> Option<&V> {
+        self.entries.get(key).map(|e| &e.value)
+    }
+
+    /// Drops the entry for `key` (a value the caller will not use: the next
+    /// [`KernelCache::insert`] stores its replacement).
+    pub fn forget(&mut self, key: &K) {
+        self.entries.remove(key);
+    }
+
     /// Stores `value` (of `bytes` bytes of code) under `key` and returns what the cache
     /// holds for it: the value already there when another thread compiled it first.
     /// Evicts the least recently used entries beyond the bounds.

@@ -74,6 +74,18 @@ pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
     std::mem::replace(&mut *POLICY.lock().unwrap_or_else(PoisonError::into_inner), policy)
 }
 
+/// Whether a plan whose program's sizes are `sizes` runs only kernels specialised to them,
+/// under the policy in force. A kernel cache holding a size-generic kernel for such a plan's
+/// exact kernel (linked there when another program came back at other sizes) compiles the
+/// specialised one instead: a program whose sizes never change runs the same code whatever
+/// ran before it in the process.
+pub(crate) fn specialised_only(sizes: Sizes) -> bool {
+    match (size_policy(), sizes) {
+        (SizePolicy::Specialize, _) | (SizePolicy::Auto, Sizes::First | Sizes::Static) => true,
+        (SizePolicy::Generic, _) | (SizePolicy::Auto, Sizes::Changed | Sizes::Dynamic) => false,
+    }
+}
+
 /// What a kernel cache does with a kernel it does not hold.
 pub(crate) enum Decision<K> {
     /// A generic kernel compiled before runs it: link it, compile nothing.

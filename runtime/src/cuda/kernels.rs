@@ -17,7 +17,7 @@ use kiln_ir::{DType, Element, Scalar};
 
 use super::Gpu;
 use crate::cache::KernelCache;
-use crate::sizes::{Decision, Forms, Sizes};
+use crate::sizes::{Decision, Forms, Sizes, specialised_only};
 use crate::{Buffer, RuntimeError};
 
 /// Compiled kernels of one device, in the bounded kernel caches (see [`crate::cache`]);
@@ -85,7 +85,10 @@ pub(crate) fn compile_kernel(
     let ask = {
         let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = cache.functions.get(kernel) {
-            return Ok((f, None));
+            if !(kiln_codegen::generic::is_generic(&f.marks) && specialised_only(sizes)) {
+                return Ok((f, None));
+            }
+            cache.functions.forget(kernel);
         }
         match cache.forms.decide(kernel, codegen::form, sizes) {
             Decision::Serve(k) => return Ok((cache.functions.link(kernel.clone(), k), None)),
@@ -140,7 +143,10 @@ pub(crate) fn precompile(
         let cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = std::collections::HashSet::new();
         for (i, k) in kernels.iter().enumerate() {
-            if !cache.functions.contains(*k) && seen.insert(*k) {
+            let usable = cache.functions.peek(*k).is_some_and(|f| {
+                !(kiln_codegen::generic::is_generic(&f.marks) && specialised_only(sizes))
+            });
+            if !usable && seen.insert(*k) {
                 todo.push(Job::Kernel(i));
             }
         }
