@@ -69,10 +69,12 @@ pub(crate) struct CudaKernel {
 }
 
 /// The compiled code of `kernel` on `gpu`, and the time compiling took when it was compiled
-/// by this call. In a plan of a program that ran before at other sizes
+/// by this call. `planned`: the sizes of the plan being made (`None` at a launch, which
+/// takes whatever the plan compiled). In a plan of a program that ran before at other sizes
 /// ([`Sizes::Changed`]), a kernel of a form compiled before is compiled size-generic and
 /// serves every later kernel of its form ([`crate::sizes`]): one NVRTC compile for every
-/// batch size or sequence length.
+/// batch size or sequence length; a plan that runs specialised kernels only
+/// ([`specialised_only`]) does not take a generic one from the cache.
 ///
 /// # Errors
 /// [`RuntimeError::BackendUnavailable`] without NVRTC; [`RuntimeError::Cuda`] with NVRTC's
@@ -80,17 +82,19 @@ pub(crate) struct CudaKernel {
 pub(crate) fn compile_kernel(
     gpu: &'static Gpu,
     kernel: &Kernel,
-    sizes: Sizes,
+    planned: Option<Sizes>,
 ) -> Result<(Arc<CudaKernel>, Option<Duration>), RuntimeError> {
     let ask = {
         let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = cache.functions.get(kernel) {
-            if !(kiln_codegen::generic::is_generic(&f.marks) && specialised_only(sizes)) {
+            if !(kiln_codegen::generic::is_generic(&f.marks)
+                && planned.is_some_and(specialised_only))
+            {
                 return Ok((f, None));
             }
             cache.functions.forget(kernel);
         }
-        match cache.forms.decide(kernel, codegen::form, sizes) {
+        match cache.forms.decide(kernel, codegen::form, planned.unwrap_or(Sizes::First)) {
             Decision::Serve(k) => return Ok((cache.functions.link(kernel.clone(), k), None)),
             Decision::Compile(ask) => ask,
         }
@@ -162,7 +166,8 @@ pub(crate) fn precompile(
         .par_iter()
         .filter_map(|job| match *job {
             Job::Kernel(i) => {
-                Some((i, compile_kernel(gpu, kernels[i], sizes).ok().and_then(|(_, t)| t)))
+                let compiled = compile_kernel(gpu, kernels[i], Some(sizes));
+                Some((i, compiled.ok().and_then(|(_, t)| t)))
             }
             Job::Library(i) => {
                 let _ = library_functions(gpu, &library[i]);
@@ -273,7 +278,7 @@ pub(crate) fn run_kernel(
     }
     // Compiled when the plan was made, with what it knew of the program's sizes; compiled
     // for its sizes here otherwise (the cache dropped it since).
-    let (compiled, compile) = compile_kernel(gpu, kernel, Sizes::First)?;
+    let (compiled, compile) = compile_kernel(gpu, kernel, None)?;
     let functions = &compiled.functions;
     let mut args = Vec::with_capacity(inputs.len() + outputs.len() + step.params.len() + 1);
     for b in inputs.iter().copied().chain(&outputs) {
