@@ -147,10 +147,13 @@ impl<K: Hash + Eq + Clone, V: Clone> KernelCache<K, V> {
         self.entries.get(key).map(|e| &e.value)
     }
 
-    /// Drops the entry for `key` (a value the caller will not use: the next
-    /// [`KernelCache::insert`] stores its replacement).
-    pub fn forget(&mut self, key: &K) {
-        self.entries.remove(key);
+    /// [`KernelCache::get`] of a value the caller `takes`: one it does not take counts as a
+    /// miss and is dropped, so that the next [`KernelCache::insert`] stores its replacement.
+    pub fn get_if(&mut self, key: &K, takes: impl FnOnce(&V) -> bool) -> Option<V> {
+        if self.entries.get(key).is_some_and(|e| !takes(&e.value)) {
+            self.entries.remove(key);
+        }
+        self.get(key)
     }
 
     /// Stores `value` (of `bytes` bytes of code) under `key` and returns what the cache

@@ -74,16 +74,17 @@ pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
     std::mem::replace(&mut *POLICY.lock().unwrap_or_else(PoisonError::into_inner), policy)
 }
 
-/// Whether a plan whose program's sizes are `sizes` runs only kernels specialised to them,
-/// under the policy in force. A kernel cache holding a size-generic kernel for such a plan's
-/// exact kernel (linked there when another program came back at other sizes) compiles the
-/// specialised one instead: a program whose sizes never change runs the same code whatever
-/// ran before it in the process.
-pub(crate) fn specialised_only(sizes: Sizes) -> bool {
-    match (size_policy(), sizes) {
+/// Whether a plan whose program's sizes are `sizes` takes a kernel its cache holds for the
+/// exact kernel, `generic` or not. A plan that runs kernels specialised to its sizes only
+/// (under the policy in force) does not take a size-generic one (linked there when another
+/// program came back at other sizes): it compiles the specialised kernel, so that a program
+/// whose sizes never change runs the same code whatever ran before it in the process.
+pub(crate) fn reuses(generic: bool, sizes: Sizes) -> bool {
+    let specialised_only = match (size_policy(), sizes) {
         (SizePolicy::Specialize, _) | (SizePolicy::Auto, Sizes::First | Sizes::Static) => true,
         (SizePolicy::Generic, _) | (SizePolicy::Auto, Sizes::Changed | Sizes::Dynamic) => false,
-    }
+    };
+    !(generic && specialised_only)
 }
 
 /// What a kernel cache does with a kernel it does not hold.

@@ -17,7 +17,7 @@ use kiln_ir::{DType, Element, Scalar};
 
 use super::Gpu;
 use crate::cache::KernelCache;
-use crate::sizes::{Decision, Forms, Sizes, specialised_only};
+use crate::sizes::{Decision, Forms, Sizes, reuses};
 use crate::{Buffer, RuntimeError};
 
 /// Compiled kernels of one device, in the bounded kernel caches (see [`crate::cache`]);
@@ -68,13 +68,20 @@ pub(crate) struct CudaKernel {
     marks: Vec<bool>,
 }
 
+impl CudaKernel {
+    /// Whether it reads some of its sizes when it runs.
+    fn is_generic(&self) -> bool {
+        kiln_codegen::generic::is_generic(&self.marks)
+    }
+}
+
 /// The compiled code of `kernel` on `gpu`, and the time compiling took when it was compiled
 /// by this call. `planned`: the sizes of the plan being made (`None` at a launch, which
 /// takes whatever the plan compiled). In a plan of a program that ran before at other sizes
 /// ([`Sizes::Changed`]), a kernel of a form compiled before is compiled size-generic and
 /// serves every later kernel of its form ([`crate::sizes`]): one NVRTC compile for every
-/// batch size or sequence length; a plan that runs specialised kernels only
-/// ([`specialised_only`]) does not take a generic one from the cache.
+/// batch size or sequence length; a plan that runs specialised kernels only does not take a
+/// generic one from the cache ([`reuses`]).
 ///
 /// # Errors
 /// [`RuntimeError::BackendUnavailable`] without NVRTC; [`RuntimeError::Cuda`] with NVRTC's
@@ -86,13 +93,9 @@ pub(crate) fn compile_kernel(
 ) -> Result<(Arc<CudaKernel>, Option<Duration>), RuntimeError> {
     let ask = {
         let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = cache.functions.get(kernel) {
-            if !(kiln_codegen::generic::is_generic(&f.marks)
-                && planned.is_some_and(specialised_only))
-            {
-                return Ok((f, None));
-            }
-            cache.functions.forget(kernel);
+        let takes = |f: &Arc<CudaKernel>| planned.is_none_or(|sizes| reuses(f.is_generic(), sizes));
+        if let Some(f) = cache.functions.get_if(kernel, takes) {
+            return Ok((f, None));
         }
         match cache.forms.decide(kernel, codegen::form, planned.unwrap_or(Sizes::First)) {
             Decision::Serve(k) => return Ok((cache.functions.link(kernel.clone(), k), None)),
@@ -147,9 +150,7 @@ pub(crate) fn precompile(
         let cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = std::collections::HashSet::new();
         for (i, k) in kernels.iter().enumerate() {
-            let usable = cache.functions.peek(*k).is_some_and(|f| {
-                !(kiln_codegen::generic::is_generic(&f.marks) && specialised_only(sizes))
-            });
+            let usable = cache.functions.peek(*k).is_some_and(|f| reuses(f.is_generic(), sizes));
             if !usable && seen.insert(*k) {
                 todo.push(Job::Kernel(i));
             }

@@ -14,7 +14,7 @@ use kiln_ir::kernel::Kernel;
 
 use super::execute::Bufs;
 use crate::cache::{CacheStats, KernelCache};
-use crate::sizes::{Decision, Forms, Sizes, specialised_only};
+use crate::sizes::{Decision, Forms, Sizes, reuses};
 use crate::{Buffer, RunError, RuntimeError};
 
 /// The CPU's compiled kernels; `None` for a kernel that failed to compile (it runs on the
@@ -37,14 +37,13 @@ pub(super) fn compiled(
     kernel: &Kernel,
     sizes: Sizes,
 ) -> (Option<Arc<CpuKernel>>, Option<Duration>) {
-    {
-        let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(found) = cache.get(kernel) {
-            if !(found.as_ref().is_some_and(|k| k.is_generic()) && specialised_only(sizes)) {
-                return (found, None);
-            }
-            cache.forget(kernel);
-        }
+    let generic = |k: &Option<Arc<CpuKernel>>| k.as_ref().is_some_and(|k| k.is_generic());
+    let cached = CACHE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_if(kernel, |k| reuses(generic(k), sizes));
+    if let Some(found) = cached {
+        return (found, None);
     }
     let ask =
         match FORMS.lock().unwrap_or_else(PoisonError::into_inner).decide(kernel, cpu::form, sizes)
