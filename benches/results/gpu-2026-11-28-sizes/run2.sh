@@ -12,8 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-gpu-results}; mkdir -p "$out"; log="$out/sizes2.txt"
 source scripts/gpu-env > /dev/null
-export KILN_REQUIRE_NVRTC=1 KILN_REQUIRE_GPU=1 INSTA_WORKSPACE_ROOT="$PWD" INSTA_UPDATE=no
-built_in=$(cat .gpu/built-in); [ -e "$built_in" ] || { mkdir -p "$(dirname "$built_in")"; ln -s "$PWD" "$built_in"; }
+export KILN_REQUIRE_NVRTC=1 KILN_REQUIRE_GPU=1
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
   echo "== tests"
