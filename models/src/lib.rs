@@ -22,6 +22,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod generate;
+pub mod gguf;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;

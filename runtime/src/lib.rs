@@ -9,6 +9,7 @@
 //! - `mpi` (feature `mpi`): the MPI engine for process groups.
 //! - [`collective`]: process groups' engines and the step that runs a collective node.
 //! - [`cache`]: the bounded kernel cache each target compiles into.
+//! - [`quant`]: GGML's tensor types and their block layouts, dequantized.
 //! - [`reference::run`]: the reference executor, one op at a time with plain loops, the
 //!   oracle that generated kernels are tested against.
 //!
@@ -37,6 +38,7 @@ pub mod mmap;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod native;
+pub mod quant;
 pub mod reference;
 pub mod rows;
 pub mod sizes;

@@ -1,0 +1,331 @@
+//! GGUF files: every block type kiln reads dequantizes bit for bit as the `gguf` package
+//! (llama.cpp's Python reference) does on the fixture it wrote (`make_gguf.py`); metadata of
+//! every type reads as written; and a corpus of broken and hostile files (truncated, lying
+//! counts, lengths, offsets and sizes, overlapping tensors, unknown types) gives errors that
+//! name the call, never a panic.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use kiln::prelude::*;
+use kiln_models::gguf::{Array, Gguf, Value};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name)
+}
+
+#[test]
+fn every_block_type_dequantizes_bit_for_bit_as_the_gguf_package() {
+    let file = Gguf::open(fixture("blocks.gguf")).unwrap();
+    let expected = kiln::serialize::load(fixture("blocks.expected.safetensors")).unwrap();
+    assert_eq!(file.tensors().len(), expected.len());
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, want) in &expected {
+        let info = file.info(name).unwrap_or_else(|| panic!("{name} is in the file"));
+        kinds.insert(info.kind.name());
+        let got = file.tensor(name).unwrap();
+        assert_eq!(got.dims(), want.dims(), "{name}: shape");
+        assert_eq!(info.shape, want.dims(), "{name}: listed shape");
+        let bits = |t: &Tensor| {
+            t.to_dtype(DType::F32).to_vec::<f32>().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got), bits(want), "{name} ({})", info.kind);
+        // The values are not all alike: the comparison has something to find.
+        let w = want.to_vec::<f32>();
+        assert!(w.iter().any(|&v| v != w[0]), "{name}: constant");
+        assert_eq!(file.bytes(name).unwrap().len(), info.bytes.len());
+    }
+    let read: Vec<String> = kiln_runtime::quant::dequantized().map(|t| t.name()).collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>().len(),
+        read.len(),
+        "every type kiln reads, tested"
+    );
+}
+
+#[test]
+fn metadata_of_every_type_reads_as_written() {
+    let file = Gguf::open(fixture("blocks.gguf")).unwrap();
+    assert_eq!(file.version(), 3);
+    assert_eq!(file.alignment(), 32);
+    let get = |k: &str| file.get(k).unwrap_or_else(|| panic!("{k}")).clone();
+    assert_eq!(get("general.architecture").as_str(), Some("llama"));
+    assert_eq!(get("test.u8"), Value::U8(200));
+    assert_eq!(get("test.i8"), Value::I8(-100));
+    assert_eq!(get("test.u16"), Value::U16(60000));
+    assert_eq!(get("test.i16"), Value::I16(-30000));
+    assert_eq!(get("test.u32"), Value::U32(4_000_000_000));
+    assert_eq!(get("test.i32"), Value::I32(-2_000_000_000));
+    assert_eq!(get("test.u64"), Value::U64((1 << 63) + 5));
+    assert_eq!(get("test.i64"), Value::I64(-(1 << 62)));
+    assert_eq!(get("test.f32"), Value::F32(0.1));
+    assert_eq!(get("test.f64"), Value::F64(0.1));
+    assert_eq!(get("test.bool"), Value::Bool(true));
+    assert_eq!(get("test.string").as_str(), Some("añb ✓"));
+    let strings = get("test.strings");
+    assert_eq!(
+        strings.as_array().and_then(Array::as_strings),
+        Some(&["a".to_string(), String::new(), "ünï".into()][..])
+    );
+    assert_eq!(get("test.f32s").as_array().and_then(Array::as_f32s), Some(&[0.5, -1.25, 3.0][..]));
+    assert_eq!(get("test.i32s").as_array().and_then(Array::as_i32s), Some(&[1, -2, 3][..]));
+    assert_eq!(
+        get("test.nested"),
+        Value::Array(Array::Array(vec![Array::I32(vec![1, 2]), Array::I32(vec![3])]))
+    );
+    assert_eq!(get("test.i8").as_u64(), None);
+    assert_eq!(get("test.u16").as_u64(), Some(60000));
+    assert_eq!(get("test.i16").as_f64(), Some(-30000.0));
+}
+
+/// A GGUF file written field by field, to break one field at a time.
+#[derive(Clone)]
+struct Builder {
+    version: u32,
+    keys: Vec<Vec<u8>>,
+    tensors: Vec<Vec<u8>>,
+    /// Overrides of the counts the header claims.
+    key_count: Option<u64>,
+    tensor_count: Option<u64>,
+    data: Vec<u8>,
+}
+
+fn string(s: &[u8]) -> Vec<u8> {
+    [&(s.len() as u64).to_le_bytes()[..], s].concat()
+}
+
+impl Builder {
+    fn new() -> Builder {
+        Builder {
+            version: 3,
+            keys: vec![],
+            tensors: vec![],
+            key_count: None,
+            tensor_count: None,
+            data: vec![],
+        }
+    }
+
+    fn key(mut self, key: &str, kind: u32, value: &[u8]) -> Builder {
+        self.keys
+            .push([string(key.as_bytes()), kind.to_le_bytes().to_vec(), value.to_vec()].concat());
+        self
+    }
+
+    fn tensor(mut self, name: &str, ne: &[u64], kind: u32, offset: u64) -> Builder {
+        let mut t = string(name.as_bytes());
+        t.extend((ne.len() as u32).to_le_bytes());
+        ne.iter().for_each(|d| t.extend(d.to_le_bytes()));
+        t.extend(kind.to_le_bytes());
+        t.extend(offset.to_le_bytes());
+        self.tensors.push(t);
+        self
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(self.version.to_le_bytes());
+        b.extend(self.tensor_count.unwrap_or(self.tensors.len() as u64).to_le_bytes());
+        b.extend(self.key_count.unwrap_or(self.keys.len() as u64).to_le_bytes());
+        self.keys.iter().chain(&self.tensors).for_each(|k| b.extend(k));
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        b.extend(&self.data);
+        b
+    }
+}
+
+/// Two F32 tensors of 8 values, a string and an array key: a valid file.
+fn good() -> Builder {
+    let mut b = Builder::new()
+        .key("general.architecture", 8, &string(b"llama"))
+        .key(
+            "a.list",
+            9,
+            &[&4u32.to_le_bytes()[..], &2u64.to_le_bytes(), &[1, 0, 0, 0, 2, 0, 0, 0]].concat(),
+        )
+        .tensor("x", &[8], 0, 0)
+        .tensor("y", &[4, 2], 0, 32);
+    b.data = (0..64).map(|i| (i * 7) as u8).collect();
+    b
+}
+
+struct Corpus {
+    dir: PathBuf,
+    files: usize,
+}
+
+impl Corpus {
+    fn write(&mut self, bytes: &[u8]) -> PathBuf {
+        self.files += 1;
+        let path = self.dir.join(format!("{}.gguf", self.files));
+        std::fs::write(&path, bytes).expect("a corpus file");
+        path
+    }
+
+    /// Opens `bytes` (and reads every tensor when it opens): nothing may panic; `bad`
+    /// files must fail to open with a message naming `Gguf::open` and containing `says`.
+    #[track_caller]
+    fn check(&mut self, what: &str, bytes: &[u8], bad: bool, says: &str) {
+        let path = self.write(bytes);
+        let opened = catch_unwind(AssertUnwindSafe(|| {
+            let file = Gguf::open(&path)?;
+            for t in file.tensors() {
+                let _ = file.tensor(&t.name).map(|t| t.to_vec::<f32>());
+            }
+            Ok::<_, kiln::Error>(())
+        }));
+        let Ok(opened) = opened else { panic!("{what}: panicked") };
+        match (opened, bad) {
+            (Ok(()), true) => panic!("{what}: opened"),
+            (Err(e), _) => {
+                let e = e.to_string();
+                assert!(e.starts_with("Gguf::open: ") && e.contains(says), "{what}: {e}");
+            }
+            (Ok(()), false) => {}
+        }
+    }
+}
+
+#[test]
+fn broken_and_hostile_files_are_errors_naming_what_they_claim() {
+    let dir = std::env::temp_dir().join(format!("kiln-gguf-corpus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = Corpus { dir: dir.clone(), files: 0 };
+    let good = good();
+    let bytes = good.bytes();
+    c.check("the good file", &bytes, false, "");
+    for cut in 0..bytes.len() {
+        c.check(&format!("truncated at {cut}"), &bytes[..cut], true, "");
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..400 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut b = bytes.clone();
+        let at = (seed % b.len() as u64) as usize;
+        b[at] ^= 1 << (seed >> 60 & 7);
+        c.check(&format!("flip {i} at {at}"), &b, false, "");
+    }
+    let with = |f: &dyn Fn(&mut Builder)| {
+        let mut b = good.clone();
+        f(&mut b);
+        b.bytes()
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("bad magic", [b"GGUG", &bytes[4..]].concat(), "not a GGUF file"),
+        ("version 1", with(&|b| b.version = 1), "version 1"),
+        ("big-endian", with(&|b| b.version = 3u32.swap_bytes()), "big-endian"),
+        (
+            "2^60 tensors",
+            with(&|b| b.tensor_count = Some(1 << 60)),
+            "claims 1152921504606846976 tensors",
+        ),
+        ("u64::MAX keys", with(&|b| b.key_count = Some(u64::MAX)), "metadata entries"),
+        (
+            "a 2^62-byte key",
+            with(&|b| b.keys[0][..8].copy_from_slice(&(1u64 << 62).to_le_bytes())),
+            "truncated",
+        ),
+        (
+            "a 2^61-element array",
+            with(&|b| b.keys[1][22..30].copy_from_slice(&(1u64 << 61).to_le_bytes())),
+            "claims 2305843009213693952 elements",
+        ),
+        (
+            "value type 13",
+            with(&|b| b.keys[0][28..32].copy_from_slice(&13u32.to_le_bytes())),
+            "value type 13",
+        ),
+        ("key twice", with(&|b| b.keys.push(b.keys[0].clone())), "appears twice"),
+        (
+            "tensor twice",
+            with(&|b| *b = b.clone().tensor("x", &[8], 0, 64).with_data(96)),
+            "appears twice",
+        ),
+        (
+            "tensor type 4",
+            with(&|b| *b = b.clone().tensor("z", &[8], 4, 64).with_data(96)),
+            "tensor type 4",
+        ),
+        ("unread type", with(&|b| *b = b.clone().tensor("z", &[32], 3, 64).with_data(96)), ""),
+        (
+            "no whole blocks",
+            with(&|b| *b = b.clone().tensor("z", &[16], 2, 64).with_data(96)),
+            "not whole blocks",
+        ),
+        (
+            "0 dimensions",
+            with(&|b| *b = b.clone().tensor("z", &[], 0, 64).with_data(96)),
+            "0 dimensions",
+        ),
+        (
+            "5 dimensions",
+            with(&|b| *b = b.clone().tensor("z", &[1; 5], 0, 64).with_data(96)),
+            "5 dimensions",
+        ),
+        (
+            "sizes overflow",
+            with(&|b| *b = b.clone().tensor("z", &[1 << 40, 1 << 40], 0, 64).with_data(96)),
+            "overflows",
+        ),
+        ("past the end", with(&|b| *b = b.clone().tensor("z", &[8], 0, 64)), "ends past the file"),
+        (
+            "offset 2^63",
+            with(&|b| *b = b.clone().tensor("z", &[8], 0, 1 << 63).with_data(96)),
+            "ends past the file",
+        ),
+        (
+            "unaligned",
+            with(&|b| *b = b.clone().tensor("z", &[8], 0, 36).with_data(96)),
+            "not a multiple of the alignment 32",
+        ),
+        (
+            "overlapping",
+            with(&|b| *b = b.clone().tensor("z", &[16], 0, 0).with_data(96)),
+            "overlaps",
+        ),
+        (
+            "alignment 3",
+            with(&|b| *b = b.clone().key("general.alignment", 4, &3u32.to_le_bytes())),
+            "power of two",
+        ),
+        ("nested 6 deep", with(&|b| *b = b.clone().key("deep", 9, &nested(6))), "deeper than 4"),
+    ];
+    let (count, cut) = (cases.len(), bytes.len());
+    for (what, bytes, says) in cases {
+        let bad = !says.is_empty();
+        c.check(what, &bytes, bad, says);
+    }
+    let bool2 = good.clone().key("b", 7, &[2]).bytes();
+    c.check("a bool of 2", &bool2, true, "not 0 or 1");
+    let file = good.clone().tensor("z", &[32], 3, 64).with_data(96).bytes();
+    let path = c.write(&file);
+    let err = Gguf::open(&path).unwrap().tensor("z").unwrap_err().to_string();
+    assert!(
+        err.starts_with("Gguf::tensor: ") && err.contains("z: Q4_1 is not a type kiln reads"),
+        "{err}"
+    );
+    let err = Gguf::open(&path).unwrap().tensor("w").unwrap_err().to_string();
+    assert!(err.contains("missing: w"), "{err}");
+    // Every case ran: the good file, each truncation, the flips, the cases, two more.
+    assert_eq!(c.files, 1 + cut + 400 + count + 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An array value nested `depth` levels (the innermost empty).
+fn nested(depth: usize) -> Vec<u8> {
+    let mut v = [&4u32.to_le_bytes()[..], &0u64.to_le_bytes()].concat();
+    for _ in 1..depth {
+        v = [&9u32.to_le_bytes()[..], &1u64.to_le_bytes(), &v].concat();
+    }
+    v
+}
+
+impl Builder {
+    /// The data section grown to `len` bytes.
+    fn with_data(mut self, len: usize) -> Builder {
+        self.data.resize(len, 1);
+        self
+    }
+}
