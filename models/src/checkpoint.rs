@@ -216,10 +216,44 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     Ok((files, expected))
 }
 
-/// Takes a model's tensors out of a [`Checkpoint`] by name, converting each to the
+/// Named tensors a model loads from: a [`Checkpoint`] folder, or a GGUF file seen through
+/// its architecture's names ([`crate::gguf::GgufWeights`]).
+pub trait Weights {
+    /// Where the tensors come from (a folder, a file), for messages.
+    fn source(&self) -> String;
+    /// Every tensor's name, sorted.
+    fn names(&self) -> Vec<String>;
+    /// The shape of `name`, when there is such a tensor.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// The tensor `name` on `device`, of its stored dtype (a float type for weights).
+    ///
+    /// # Errors
+    /// When it is missing or cannot be read.
+    fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor>;
+}
+
+impl Weights for Checkpoint {
+    fn source(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.entries.keys().cloned().collect()
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        Checkpoint::shape(self, name).map(<[usize]>::to_vec)
+    }
+
+    fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor> {
+        Checkpoint::tensor_on(self, name, device)
+    }
+}
+
+/// Takes a model's tensors out of its [`Weights`] by name, converting each to the
 /// options' dtype and device, and collects every problem for one error at the end.
 pub struct Loader<'a> {
-    checkpoint: &'a Checkpoint,
+    weights: &'a dyn Weights,
     options: LoadOptions,
     taken: BTreeSet<String>,
     problems: Vec<String>,
@@ -228,10 +262,10 @@ pub struct Loader<'a> {
 }
 
 impl<'a> Loader<'a> {
-    /// A loader over `checkpoint`.
-    pub fn new(checkpoint: &'a Checkpoint, options: LoadOptions) -> Loader<'a> {
+    /// A loader over `weights`.
+    pub fn new(weights: &'a dyn Weights, options: LoadOptions) -> Loader<'a> {
         Loader {
-            checkpoint,
+            weights,
             options,
             taken: BTreeSet::new(),
             problems: Vec::new(),
@@ -239,9 +273,9 @@ impl<'a> Loader<'a> {
         }
     }
 
-    /// The checkpoint.
-    pub fn checkpoint(&self) -> &Checkpoint {
-        self.checkpoint
+    /// The weights it loads from.
+    pub fn weights(&self) -> &dyn Weights {
+        self.weights
     }
 
     /// The tensor `name`, which the model expects of shape `shape`, as a parameter (the
@@ -251,7 +285,7 @@ impl<'a> Loader<'a> {
         self.taken.insert(name.to_string());
         let stand_in =
             || Tensor::zeros(shape.to_vec()).to_dtype(self.options.dtype).to(self.options.device);
-        let Some(stored) = self.checkpoint.shape(name) else {
+        let Some(stored) = self.weights.shape(name) else {
             self.problems.push(format!("missing: {name} (the model expects {shape:?})"));
             return stand_in();
         };
@@ -263,7 +297,7 @@ impl<'a> Loader<'a> {
         }
         // Stored bytes go to the device once; a conversion runs there, when `finish`
         // computes every parameter.
-        match self.checkpoint.tensor_on(name, self.options.device) {
+        match self.weights.tensor_on(name, self.options.device) {
             Ok(t) if t.dtype().is_float() => {
                 let t = t.to_dtype(self.options.dtype).detach();
                 self.loaded.push(t.clone());
@@ -304,8 +338,8 @@ impl<'a> Loader<'a> {
     /// (out of memory).
     pub fn finish(self) -> Result<()> {
         let mut problems = self.problems;
-        for name in self.checkpoint.names() {
-            if !self.taken.contains(name) {
+        for name in self.weights.names() {
+            if !self.taken.contains(&name) {
                 problems.push(format!("unexpected: {name} (in the checkpoint, not in the model)"));
             }
         }
@@ -313,8 +347,6 @@ impl<'a> Loader<'a> {
             let loaded: Vec<&Tensor> = self.loaded.iter().collect();
             return Tensor::try_realize_all(&loaded);
         }
-        Err(Error::Load {
-            detail: format!("{}:\n{}", self.checkpoint.dir().display(), problems.join("\n")),
-        })
+        Err(Error::Load { detail: format!("{}:\n{}", self.weights.source(), problems.join("\n")) })
     }
 }

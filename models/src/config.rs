@@ -132,7 +132,7 @@ pub struct LlamaConfig {
 }
 
 /// Rotary position embedding: `inv_freq[i] = theta^(-2i/d)`, then the scaling.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     /// The base (`rope_theta`).
     pub theta: f64,
@@ -141,7 +141,7 @@ pub struct Rope {
 }
 
 /// The `rope_type`s kiln computes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// `default`: the frequencies as they are.
     None,
@@ -162,6 +162,10 @@ pub enum RopeScaling {
         /// The context the model was trained on before the extension.
         original_max_position_embeddings: f64,
     },
+    /// Each frequency divided by its own divisor (`head_dim / 2` of them): a GGUF file's
+    /// `rope_freqs.weight`, the form llama.cpp's converter gives Llama 3.1's scaling, which
+    /// `config.json` cannot express.
+    Divisors(Vec<f64>),
 }
 
 impl Config {

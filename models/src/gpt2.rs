@@ -12,7 +12,7 @@ use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
 use crate::cache::{KvCache, positions_on};
-use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
+use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
 use crate::config::{Config, Gpt2Config};
 
 /// GPT-2 with its language-model head.
@@ -114,9 +114,13 @@ impl Gpt2 {
     ///
     /// # Errors
     /// As [`Gpt2::from_pretrained`].
-    pub fn load(config: Gpt2Config, checkpoint: &Checkpoint, options: LoadOptions) -> Result<Gpt2> {
+    pub fn load(
+        config: Gpt2Config,
+        checkpoint: &dyn Weights,
+        options: LoadOptions,
+    ) -> Result<Gpt2> {
         let prefix =
-            if checkpoint.contains("transformer.wte.weight") { "transformer." } else { "" }
+            if checkpoint.shape("transformer.wte.weight").is_some() { "transformer." } else { "" }
                 .to_string();
         let mut l = Loader::new(checkpoint, options);
         let (e, inner) = (config.n_embd, config.n_inner);

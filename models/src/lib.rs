@@ -33,7 +33,7 @@ pub mod sentence;
 pub mod tokenizer;
 
 pub use cache::KvCache;
-pub use checkpoint::{Checkpoint, LoadOptions, Loader};
+pub use checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Generation, generate};
 pub use save::SaveOptions;

@@ -10,7 +10,7 @@ use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
 
 use crate::cache::{KvCache, positions_on};
-use crate::checkpoint::{Checkpoint, LoadOptions, Loader};
+use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
 use crate::config::{Config, LlamaConfig};
 use crate::linear::Linear;
 use crate::lora::{LoraConfig, LoraModel};
@@ -174,7 +174,7 @@ impl Llama {
     /// As [`Llama::from_pretrained`].
     pub fn load(
         config: LlamaConfig,
-        checkpoint: &Checkpoint,
+        checkpoint: &dyn Weights,
         options: LoadOptions,
     ) -> Result<Llama> {
         let mut l = Loader::new(checkpoint, options);

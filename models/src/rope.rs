@@ -14,6 +14,9 @@ pub fn inv_freq(rope: &Rope, head_dim: usize) -> Vec<f64> {
     match rope.scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+        RopeScaling::Divisors(ref divisors) => {
+            base.iter().zip(divisors).map(|(f, d)| f / d).collect()
+        }
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,

@@ -46,7 +46,7 @@ pub(crate) fn save(
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
-    let Value::Object(ours) = config_json(config, dtype) else {
+    let Value::Object(ours) = config_json(config, dtype)? else {
         unreachable!("config_json writes an object")
     };
     // transformers 4.x's spellings of what `rope_parameters` now holds would contradict it.
@@ -115,12 +115,16 @@ fn dtype_name(dtype: DType) -> &'static str {
 }
 
 /// `config.json`'s keys for `config`, as transformers 5 writes them.
-pub fn config_json(config: &Config, dtype: DType) -> Value {
-    match config {
+///
+/// # Errors
+/// [`Error::Io`] for a config `config.json` cannot express (rotary divisors read from a
+/// GGUF file).
+pub fn config_json(config: &Config, dtype: DType) -> Result<Value> {
+    Ok(match config {
         Config::Gpt2(c) => gpt2_json(c, dtype),
-        Config::Llama(c) => llama_json(c, dtype),
+        Config::Llama(c) => llama_json(c, dtype)?,
         Config::Bert(c) => bert_json(c, dtype),
-    }
+    })
 }
 
 fn bert_json(c: &BertConfig, dtype: DType) -> Value {
@@ -159,13 +163,18 @@ fn gpt2_json(c: &Gpt2Config, dtype: DType) -> Value {
     })
 }
 
-fn llama_json(c: &LlamaConfig, dtype: DType) -> Value {
+fn llama_json(c: &LlamaConfig, dtype: DType) -> Result<Value> {
     // Qwen2 is the Llama with biases on the query, key and value projections only.
     let qwen2 = c.qkv_bias && !c.o_bias;
     let (model_type, architecture) =
         if qwen2 { ("qwen2", "Qwen2ForCausalLM") } else { ("llama", "LlamaForCausalLM") };
     let mut rope = json!({ "rope_theta": c.rope.theta });
     let extra = match c.rope.scaling {
+        RopeScaling::Divisors(_) => {
+            return Err(io(
+                "the rotary embedding's per-frequency divisors (read from a GGUF file's rope_freqs.weight) have no config.json form: transformers would compute other frequencies".into(),
+            ));
+        }
         RopeScaling::None => json!({ "rope_type": "default" }),
         RopeScaling::Linear { factor } => json!({ "rope_type": "linear", "factor": factor }),
         RopeScaling::Llama3 {
@@ -205,5 +214,5 @@ fn llama_json(c: &LlamaConfig, dtype: DType) -> Value {
         m.insert("attention_bias".into(), Value::Bool(c.o_bias));
         m.insert("mlp_bias".into(), Value::Bool(c.mlp_bias));
     }
-    j
+    Ok(j)
 }

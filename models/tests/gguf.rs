@@ -329,3 +329,49 @@ impl Builder {
         self
     }
 }
+
+/// transformers' input ids and logits of the `llama` fixture, which llama.cpp's converter
+/// turned into the GGUF files.
+fn llama_expected() -> (Tensor, Tensor) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama");
+    let saved = kiln::serialize::load(dir.join("expected.safetensors")).expect("the expectations");
+    let get = |name: &str| saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1.clone();
+    (get("input_ids"), get("logits"))
+}
+
+/// The largest difference from `want` relative to the larger of its magnitude and 1.
+fn worst(got: &Tensor, want: &Tensor) -> f64 {
+    assert_eq!(got.dims(), want.dims());
+    let (g, w) = (got.to_vec::<f64>(), want.to_vec::<f64>());
+    g.iter().zip(&w).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max)
+}
+
+#[test]
+fn a_llama_converted_by_llama_cpp_matches_transformers() {
+    use kiln_models::{LoadOptions, llama::Llama};
+    let (ids, want) = llama_expected();
+    let model = Llama::from_gguf(fixture("llama-f32.gguf"), LoadOptions::default()).unwrap();
+    // Grouped-query attention, Llama 3.1's rotary scaling (as llama.cpp's divisors), the
+    // query and key rows put back in transformers' order.
+    let c = model.config();
+    assert!(c.num_key_value_heads < c.num_attention_heads);
+    assert!(matches!(c.rope.scaling, kiln_models::config::RopeScaling::Divisors(_)));
+    let f32_error = worst(&model.forward(&ids).unwrap(), &want);
+    assert!(f32_error < 1e-4, "f32 logits differ by {f32_error:e}");
+    // Q8_0 weights (the head, embeddings and projections; llama.cpp keeps ffn_down, whose
+    // rows of 48 are not whole blocks, in F16): transformers' logits with the same
+    // dequantized weights, which differ from the f32 model's.
+    let model = Llama::from_gguf(fixture("llama-q8_0.gguf"), LoadOptions::default()).unwrap();
+    let got = model.forward(&ids).unwrap();
+    let q8 = kiln::serialize::load(fixture("llama-q8_0.expected.safetensors")).unwrap();
+    let q8_error = worst(&got, &q8[0].1);
+    assert!(q8_error < 1e-4, "Q8_0 logits differ by {q8_error:e}");
+    let quantization = worst(&got, &want);
+    assert!(quantization > 1e-2, "Q8_0 logits within {quantization:e} of f32's");
+    // The divisors have no config.json form: saving says so instead of writing a model
+    // transformers would run with other frequencies.
+    let dir = std::env::temp_dir().join(format!("kiln-gguf-save-{}", std::process::id()));
+    let err = model.save_pretrained(&dir).unwrap_err().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.starts_with("save_pretrained: ") && err.contains("no config.json form"), "{err}");
+}

@@ -16,6 +16,7 @@
 //! size against the file before it allocates or reads, so a truncated, lying or overlapping
 //! file is an [`Error::Io`] that names what it claimed, never a panic.
 
+mod llama;
 mod read;
 mod value;
 
@@ -26,6 +27,7 @@ use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::mmap::MappedFile;
 use kiln_runtime::quant::{self, GgmlType};
 
+pub use llama::GgufWeights;
 pub use read::TensorInfo;
 pub use value::{Array, Value};
 
