@@ -40,6 +40,11 @@ fn failed(op: &'static str, e: impl std::fmt::Display) -> Error {
 }
 
 impl Tokenizer {
+    /// Wraps a tokenizer built elsewhere in the crate (from a GGUF file's metadata).
+    pub(crate) fn from_inner(inner: tokenizers::Tokenizer) -> Tokenizer {
+        Tokenizer { inner }
+    }
+
     /// Reads a `tokenizer.json`.
     ///
     /// # Errors

@@ -375,3 +375,34 @@ fn a_llama_converted_by_llama_cpp_matches_transformers() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(err.starts_with("save_pretrained: ") && err.contains("no config.json form"), "{err}");
 }
+
+#[test]
+fn gguf_tokenizers_give_transformers_ids() {
+    use kiln_models::Tokenizer;
+    let text = std::fs::read_to_string(fixture("tokenizers.expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = expected.as_object().unwrap();
+    assert_eq!(files.len(), 2);
+    for (name, want) in files {
+        let tokenizer = Tokenizer::from_gguf(&Gguf::open(fixture(name)).unwrap()).unwrap();
+        assert_eq!(tokenizer.vocab_size() as u64, want["vocab_size"].as_u64().unwrap(), "{name}");
+        let ids = |v: &serde_json::Value| -> Vec<i64> {
+            v.as_array().unwrap().iter().map(|i| i.as_i64().unwrap()).collect()
+        };
+        for case in want["cases"].as_array().unwrap() {
+            let t = case["text"].as_str().unwrap();
+            let with = tokenizer.encode(t, true).unwrap();
+            assert_eq!(with, ids(&case["ids"]), "{name}: {t:?} with special tokens");
+            assert_eq!(tokenizer.encode(t, false).unwrap(), ids(&case["plain"]), "{name}: {t:?}");
+            assert_eq!(
+                tokenizer.decode(&with, true).unwrap(),
+                case["decoded"].as_str().unwrap(),
+                "{name}: {t:?} decoded"
+            );
+        }
+    }
+    // A file without a tokenizer says so.
+    let err =
+        Tokenizer::from_gguf(&Gguf::open(fixture("blocks.gguf")).unwrap()).unwrap_err().to_string();
+    assert!(err.starts_with("Tokenizer::from_gguf: ") && err.contains("no tokenizer"), "{err}");
+}

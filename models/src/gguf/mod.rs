@@ -18,6 +18,7 @@
 
 mod llama;
 mod read;
+mod tokenizer;
 mod value;
 
 use std::collections::BTreeMap;
