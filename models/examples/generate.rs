@@ -1,11 +1,13 @@
-//! Generates text with a local Hugging Face model folder (GPT-2 or the Llama family), streaming
-//! the tokens, and ends with the prefill and decode speed. Without `--model` it runs the
+//! Generates text with a local Hugging Face model folder (GPT-2 or the Llama family) or a GGUF
+//! file (the Llama family, f32/f16/bf16 or Q8_0/Q4_0/Q4_K/Q6_K weights, dequantized on load),
+//! streaming the tokens, and ends with the prefill and decode speed. Without `--model` it runs the
 //! bundled character-level Shakespeare model (`data/shakespeare-llama`, made by
 //! `train_llama`), sampling at temperature 0.8 with top-k 10 unless told otherwise.
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
+//! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello"
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
 //! ```
@@ -14,6 +16,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kiln::{DType, Device};
+use kiln_models::gguf::Gguf;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
 use kiln_models::{
@@ -28,7 +31,8 @@ one with git (git lfs install; git clone https://huggingface.co/openai-community
 
     cargo run --release -p kiln-models --example generate -- --model gpt2 --prompt \"Hello\"
 
-GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run.";
+GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FILE.gguf runs
+a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token.";
 
 struct Args {
     model: Option<PathBuf>,
@@ -99,6 +103,23 @@ fn run(model: &impl CausalLm, tokenizer: &Tokenizer, args: &Args) -> kiln::Resul
     Ok(generation)
 }
 
+/// Runs the Hugging Face folder `dir`.
+fn from_folder(dir: &std::path::Path, args: &Args) -> kiln::Result<Generation> {
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    match Config::from_dir(dir)? {
+        Config::Gpt2(_) => run(&Gpt2::from_pretrained(dir, args.load)?, &tokenizer, args),
+        Config::Llama(_) => run(&Llama::from_pretrained(dir, args.load)?, &tokenizer, args),
+        Config::Bert(_) => Err(kiln::Error::Value {
+            op: "generate",
+            detail: format!(
+                "{} holds a BERT encoder, which does not generate text \
+                 (kiln_models::SentenceEncoder embeds sentences with it)",
+                dir.display()
+            ),
+        }),
+    }
+}
+
 fn main() {
     let args = match parse() {
         Ok(args) => args,
@@ -125,21 +146,16 @@ fn main() {
             bundled
         }
     };
-    let result = (|| {
-        let tokenizer = Tokenizer::from_dir(&dir)?;
-        let generation = match Config::from_dir(&dir)? {
-            Config::Gpt2(_) => run(&Gpt2::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
-            Config::Llama(_) => run(&Llama::from_pretrained(&dir, args.load)?, &tokenizer, &args)?,
-            Config::Bert(_) => {
-                return Err(kiln::Error::Value {
-                    op: "generate",
-                    detail: format!(
-                        "{} holds a BERT encoder, which does not generate text \
-                         (kiln_models::SentenceEncoder embeds sentences with it)",
-                        dir.display()
-                    ),
-                });
+    let mut result = || {
+        let generation = if dir.is_file() {
+            let file = Gguf::open(&dir)?;
+            if let Some(eos) = file.get("tokenizer.ggml.eos_token_id").and_then(|v| v.as_u64()) {
+                args.options.stop_tokens.push(eos as i64);
             }
+            let tokenizer = Tokenizer::from_gguf(&file)?;
+            run(&Llama::load_gguf(&file, args.load)?, &tokenizer, &args)?
+        } else {
+            from_folder(&dir, &args)?
         };
         eprintln!(
             "prefill: {} tokens in {:.1} ms ({:.1} tokens/s); decode: {} tokens in {:.1} ms ({:.1} tokens/s){}",
@@ -155,8 +171,8 @@ fn main() {
                 .unwrap_or_default()
         );
         Ok::<(), kiln::Error>(())
-    })();
-    if let Err(e) = result {
+    };
+    if let Err(e) = result() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -13,6 +13,10 @@
 //! biases. Their logits match transformers' (tests against fixtures it wrote). And BERT
 //! ([`bert::Bert`]), with [`SentenceEncoder`] for sentence-transformers folders such as
 //! `all-MiniLM-L6-v2`: padded batches, mean (or `[CLS]`, max) pooling, L2 normalisation.
+//!
+//! GGUF files (llama.cpp's format): [`gguf::Gguf`] reads their metadata and tensors (GGML's
+//! block types dequantized), [`llama::Llama::from_gguf`] builds a Llama-family model and
+//! [`Tokenizer::from_gguf`] its tokenizer.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -27,9 +27,17 @@ impl Llama {
     /// that does not describe a model; [`Error::Load`] listing every missing, unexpected or
     /// mis-shaped tensor.
     pub fn from_gguf(path: impl AsRef<std::path::Path>, options: LoadOptions) -> Result<Llama> {
-        let file = Gguf::open(path)?;
-        let config = config(&file)?;
-        let weights = GgufWeights::llama(&file, &config)?;
+        Llama::load_gguf(&Gguf::open(path)?, options)
+    }
+
+    /// [`Llama::from_gguf`] of a file already open (whose tokenizer
+    /// [`crate::Tokenizer::from_gguf`] reads too).
+    ///
+    /// # Errors
+    /// As [`Llama::from_gguf`].
+    pub fn load_gguf(file: &Gguf, options: LoadOptions) -> Result<Llama> {
+        let config = config(file)?;
+        let weights = GgufWeights::llama(file, &config)?;
         Llama::load(config, &weights, options)
     }
 }
