@@ -330,10 +330,10 @@ impl Builder {
     }
 }
 
-/// transformers' input ids and logits of the `llama` fixture, which llama.cpp's converter
-/// turned into the GGUF files.
-fn llama_expected() -> (Tensor, Tensor) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama");
+/// transformers' input ids and logits of a fixture (`llama`, `qwen2`), which llama.cpp's
+/// converter turned into the GGUF files.
+fn expected_of(fixture: &str) -> (Tensor, Tensor) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(fixture);
     let saved = kiln::serialize::load(dir.join("expected.safetensors")).expect("the expectations");
     let get = |name: &str| saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1.clone();
     (get("input_ids"), get("logits"))
@@ -349,7 +349,7 @@ fn worst(got: &Tensor, want: &Tensor) -> f64 {
 #[test]
 fn a_llama_converted_by_llama_cpp_matches_transformers() {
     use kiln_models::{LoadOptions, llama::Llama};
-    let (ids, want) = llama_expected();
+    let (ids, want) = expected_of("llama");
     let model = Llama::from_gguf(fixture("llama-f32.gguf"), LoadOptions::default()).unwrap();
     // Grouped-query attention, Llama 3.1's rotary scaling (as llama.cpp's divisors), the
     // query and key rows put back in transformers' order.
@@ -374,6 +374,27 @@ fn a_llama_converted_by_llama_cpp_matches_transformers() {
     let err = model.save_pretrained(&dir).unwrap_err().to_string();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(err.starts_with("save_pretrained: ") && err.contains("no config.json form"), "{err}");
+}
+
+#[test]
+fn a_qwen2_converted_by_llama_cpp_matches_transformers() {
+    use kiln_models::{LoadOptions, llama::Llama};
+    let (ids, want) = expected_of("qwen2");
+    let model = Llama::from_gguf(fixture("qwen2-f32.gguf"), LoadOptions::default()).unwrap();
+    // Query, key and value biases, a tied head, one key/value head, rows as transformers'.
+    let c = model.config();
+    assert!(c.qkv_bias && !c.o_bias && c.tie_word_embeddings && c.num_key_value_heads == 1);
+    let error = worst(&model.forward(&ids).unwrap(), &want);
+    assert!(error < 1e-4, "qwen2 logits differ by {error:e}");
+    // Files that do not describe a model say what is missing.
+    for (file, says) in [
+        ("blocks.gguf", "the metadata has no llama.embedding_length"),
+        ("tokenizer-spm.gguf", "the file has no token_embd.weight"),
+        ("tokenizer-bpe.gguf", "general.architecture is \"gpt2\": kiln builds llama and qwen2"),
+    ] {
+        let err = Llama::from_gguf(fixture(file), LoadOptions::default()).unwrap_err().to_string();
+        assert!(err.starts_with("Llama::from_gguf: ") && err.contains(says), "{file}: {err}");
+    }
 }
 
 #[test]
