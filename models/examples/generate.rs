@@ -1,5 +1,5 @@
 //! Generates text with a local Hugging Face model folder (GPT-2 or the Llama family) or a GGUF
-//! file (the Llama family, f32/f16/bf16 or Q8_0/Q4_0/Q4_K/Q6_K weights, dequantized on load),
+//! file (the Llama family, f32/f16/bf16 or Q8_0, Q4_0-Q5_1 and Q2_K-Q6_K weights, dequantized on load),
 //! streaming the tokens, and ends with the prefill and decode speed. Without `--model` it runs the
 //! bundled character-level Shakespeare model (`data/shakespeare-llama`, made by
 //! `train_llama`), sampling at temperature 0.8 with top-k 10 unless told otherwise.

@@ -248,7 +248,7 @@ fn broken_and_hostile_files_are_errors_naming_what_they_claim() {
             with(&|b| *b = b.clone().tensor("z", &[8], 4, 64).with_data(96)),
             "tensor type 4",
         ),
-        ("unread type", with(&|b| *b = b.clone().tensor("z", &[32], 3, 64).with_data(96)), ""),
+        ("unread type", with(&|b| *b = b.clone().tensor("z", &[256], 16, 64).with_data(160)), ""),
         (
             "no whole blocks",
             with(&|b| *b = b.clone().tensor("z", &[16], 2, 64).with_data(96)),
@@ -299,11 +299,11 @@ fn broken_and_hostile_files_are_errors_naming_what_they_claim() {
     }
     let bool2 = good.clone().key("b", 7, &[2]).bytes();
     c.check("a bool of 2", &bool2, true, "not 0 or 1");
-    let file = good.clone().tensor("z", &[32], 3, 64).with_data(96).bytes();
+    let file = good.clone().tensor("z", &[256], 16, 64).with_data(160).bytes();
     let path = c.write(&file);
     let err = Gguf::open(&path).unwrap().tensor("z").unwrap_err().to_string();
     assert!(
-        err.starts_with("Gguf::tensor: ") && err.contains("z: Q4_1 is not a type kiln reads"),
+        err.starts_with("Gguf::tensor: ") && err.contains("z: IQ2_XXS is not a type kiln reads"),
         "{err}"
     );
     let err = Gguf::open(&path).unwrap().tensor("w").unwrap_err().to_string();

@@ -58,7 +58,13 @@ const READERS: &[(GgmlType, Reader)] = &[
     (GgmlType::BF16, |b, o| each(GgmlType::BF16, b, o, |b, o| o[0] = bf16_at(b))),
     (GgmlType::Q8_0, |b, o| each(GgmlType::Q8_0, b, o, q8_0)),
     (GgmlType::Q4_0, |b, o| each(GgmlType::Q4_0, b, o, q4_0)),
+    (GgmlType::Q4_1, |b, o| each(GgmlType::Q4_1, b, o, q4_1)),
+    (GgmlType::Q5_0, |b, o| each(GgmlType::Q5_0, b, o, q5_0)),
+    (GgmlType::Q5_1, |b, o| each(GgmlType::Q5_1, b, o, q5_1)),
+    (GgmlType::Q2_K, |b, o| each(GgmlType::Q2_K, b, o, q2_k)),
+    (GgmlType::Q3_K, |b, o| each(GgmlType::Q3_K, b, o, q3_k)),
     (GgmlType::Q4_K, |b, o| each(GgmlType::Q4_K, b, o, q4_k)),
+    (GgmlType::Q5_K, |b, o| each(GgmlType::Q5_K, b, o, q5_k)),
     (GgmlType::Q6_K, |b, o| each(GgmlType::Q6_K, b, o, q6_k)),
 ];
 
@@ -76,10 +82,22 @@ impl GgmlType {
     pub const F16: GgmlType = GgmlType(1);
     /// Blocks of 32 4-bit values with one `f16` scale: `d * (q - 8)`.
     pub const Q4_0: GgmlType = GgmlType(2);
+    /// Blocks of 32 4-bit values with an `f16` scale and minimum: `d * q + m`.
+    pub const Q4_1: GgmlType = GgmlType(3);
+    /// Blocks of 32 5-bit values with one `f16` scale: `d * (q - 16)`.
+    pub const Q5_0: GgmlType = GgmlType(6);
+    /// Blocks of 32 5-bit values with an `f16` scale and minimum: `d * q + m`.
+    pub const Q5_1: GgmlType = GgmlType(7);
     /// Blocks of 32 `i8` values with one `f16` scale: `d * q`.
     pub const Q8_0: GgmlType = GgmlType(8);
+    /// Super-blocks of 256 2-bit values in 16 sub-blocks, each with a 4-bit scale and min.
+    pub const Q2_K: GgmlType = GgmlType(10);
+    /// Super-blocks of 256 3-bit values in 16 sub-blocks, each with a 6-bit scale.
+    pub const Q3_K: GgmlType = GgmlType(11);
     /// Super-blocks of 256 4-bit values in 8 sub-blocks, each with a 6-bit scale and min.
     pub const Q4_K: GgmlType = GgmlType(12);
+    /// Super-blocks of 256 5-bit values in 8 sub-blocks, each with a 6-bit scale and min.
+    pub const Q5_K: GgmlType = GgmlType(13);
     /// Super-blocks of 256 6-bit values in 16 sub-blocks, each with an `i8` scale.
     pub const Q6_K: GgmlType = GgmlType(14);
     /// 32-bit integers.
@@ -217,6 +235,74 @@ fn q4_0(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// `d: f16, m: f16, qs: [u8; 16]`: nibbles as in Q4_0, `d * q + m`.
+fn q4_1(b: &[u8], out: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    let (low, high) = out.split_at_mut(16);
+    for ((l, h), &q) in low.iter_mut().zip(high).zip(&b[4..20]) {
+        *l = d * f32::from(q & 0x0f) + m;
+        *h = d * f32::from(q >> 4) + m;
+    }
+}
+
+/// Value `j` of a 5-bit block: its nibble (low nibbles of `qs` first, then high ones) and
+/// bit `j` of `qh` as the fifth bit.
+fn five_bits(qs: &[u8], qh: u32, j: usize) -> u8 {
+    let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+    nibble | ((((qh >> j) & 1) as u8) << 4)
+}
+
+/// `d: f16, qh: u32, qs: [u8; 16]`: `d * (q - 16)`.
+fn q5_0(b: &[u8], out: &mut [f32]) {
+    let d = half_at(b, 0);
+    let qh = u32::from_le_bytes(le(&b[2..6]));
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = d * f32::from(five_bits(&b[6..22], qh, j) as i8 - 16);
+    }
+}
+
+/// `d: f16, m: f16, qh: u32, qs: [u8; 16]`: `d * q + m`.
+fn q5_1(b: &[u8], out: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    let qh = u32::from_le_bytes(le(&b[4..8]));
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = d * f32::from(five_bits(&b[8..24], qh, j)) + m;
+    }
+}
+
+/// `scales: [u8; 16], qs: [u8; 64], d: f16, dmin: f16`: value `v` takes bits `2s..2s+2` of
+/// `qs[32c + l]` (`v = 128c + 32s + l`); sub-block `v / 16` is
+/// `d * (scale & 15) * q - dmin * (scale >> 4)`.
+fn q2_k(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 80), half_at(b, 82));
+    for (v, o) in out.iter_mut().enumerate() {
+        let (c, s, l) = (v / 128, (v % 128) / 32, v % 32);
+        let q = (b[16 + 32 * c + l] >> (2 * s)) & 3;
+        let scale = b[v / 16];
+        let (dl, ml) = (d * f32::from(scale & 0x0f), dmin * f32::from(scale >> 4));
+        *o = dl * f32::from(q) - ml;
+    }
+}
+
+/// `hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16`: two low bits as in Q2_K, less
+/// 4 when bit `v / 32` of `hmask[v % 32]` is clear; 16 signed 6-bit scales (low nibbles in
+/// bytes 0-7, high pairs in bytes 8-11), less 32.
+fn q3_k(b: &[u8], out: &mut [f32]) {
+    let d = half_at(b, 108);
+    let scales = &b[96..108];
+    for (v, o) in out.iter_mut().enumerate() {
+        let (c, s, l) = (v / 128, (v % 128) / 32, v % 32);
+        let low = (b[32 + 32 * c + l] >> (2 * s)) & 3;
+        let high = (b[l] >> (v / 32)) & 1;
+        let q = low as i8 - (((high ^ 1) << 2) as i8);
+        let i = v / 16;
+        let nibble = if i < 8 { scales[i] & 0x0f } else { scales[i - 8] >> 4 };
+        let pair = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+        let scale = (nibble | (pair << 4)) as i8 - 32;
+        *o = d * f32::from(scale) * f32::from(q);
+    }
+}
+
 /// Sub-block `j`'s 6-bit scale and min from Q4_K's 12 packed bytes (`get_scale_min_k4`).
 fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -240,6 +326,24 @@ fn q4_k(b: &[u8], out: &mut [f32]) {
         for ((l, h), &q) in low.iter_mut().zip(high).zip(qs) {
             *l = d1 * f32::from(q & 0x0f) - min1;
             *h = d2 * f32::from(q >> 4) - min2;
+        }
+    }
+}
+
+/// `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`: Q4_K's nibbles
+/// (runs of 64: low then high nibbles of 32 bytes) with bit `v / 32` of `qh[v % 32]` as the
+/// fifth bit.
+fn q5_k(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+    let scales = &b[4..16];
+    for (j, y) in out.chunks_exact_mut(32).enumerate() {
+        let (sc, m) = scale_min_k4(j, scales);
+        let (d1, min1) = (d * f32::from(sc), dmin * f32::from(m));
+        let qs = &b[48 + 32 * (j / 2)..48 + 32 * (j / 2) + 32];
+        for (l, o) in y.iter_mut().enumerate() {
+            let nibble = if j % 2 == 0 { qs[l] & 0x0f } else { qs[l] >> 4 };
+            let q = nibble | (((b[16 + l] >> j) & 1) << 4);
+            *o = d1 * f32::from(q) - min1;
         }
     }
 }
@@ -292,10 +396,10 @@ mod tests {
             dequantize(GgmlType::Q8_0, &[0; 33], &mut out),
             Err(DequantizeError::Size { kind: GgmlType::Q8_0, values: 32, bytes: 33 })
         );
-        let err = dequantize(GgmlType(3), &[0; 20], &mut out).unwrap_err();
+        let err = dequantize(GgmlType(16), &[0; 66], &mut out).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "Q4_1 is not a type kiln reads (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)"
+            "IQ2_XXS is not a type kiln reads (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
         );
     }
 
