@@ -39,15 +39,16 @@ pub(crate) fn save(
     tensors: &[(String, Tensor)],
     options: SaveOptions,
 ) -> Result<()> {
+    let dtype = tensors.first().map_or(DType::F32, |(_, t)| t.dtype());
+    // A config with no config.json form fails before anything is written.
+    let Value::Object(ours) = config_json(config, dtype)? else {
+        unreachable!("config_json writes an object")
+    };
     std::fs::create_dir_all(dir)
         .map_err(|e| io(format!("cannot create {}: {e}", dir.display())))?;
-    let dtype = tensors.first().map_or(DType::F32, |(_, t)| t.dtype());
     let mut json = match base {
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
-    };
-    let Value::Object(ours) = config_json(config, dtype)? else {
-        unreachable!("config_json writes an object")
     };
     // transformers 4.x's spellings of what `rope_parameters` now holds would contradict it.
     for stale in ["rope_theta", "rope_scaling", "torch_dtype"] {

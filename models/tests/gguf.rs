@@ -395,6 +395,24 @@ fn a_qwen2_converted_by_llama_cpp_matches_transformers() {
         let err = Llama::from_gguf(fixture(file), LoadOptions::default()).unwrap_err().to_string();
         assert!(err.starts_with("Llama::from_gguf: ") && err.contains(says), "{file}: {err}");
     }
+    // A lying layer count or context is refused before anything is made of it.
+    let path = std::env::temp_dir().join(format!("kiln-gguf-lying-{}.gguf", std::process::id()));
+    for (key, value) in [("llama.block_count", 1u64 << 60), ("llama.context_length", 1 << 40)] {
+        let mut b = Builder::new()
+            .key("general.architecture", 8, &string(b"llama"))
+            .key("llama.embedding_length", 10, &8u64.to_le_bytes())
+            .key("llama.attention.head_count", 10, &2u64.to_le_bytes())
+            .key("llama.feed_forward_length", 10, &8u64.to_le_bytes())
+            .key(key, 10, &value.to_le_bytes())
+            .tensor("token_embd.weight", &[8, 4], 0, 0);
+        if key != "llama.block_count" {
+            b = b.key("llama.block_count", 10, &1u64.to_le_bytes());
+        }
+        std::fs::write(&path, b.with_data(128).bytes()).unwrap();
+        let err = Llama::from_gguf(&path, LoadOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("the metadata does not describe this file"), "{key}: {err}");
+    }
+    let _ = std::fs::remove_file(path);
 }
 
 #[test]

@@ -67,6 +67,9 @@ const TOP_NAMES: &[(&str, &str)] = &[
     ("output.weight", "lm_head.weight"),
 ];
 
+/// The longest context kiln makes rotary tables and positions for from a file's word.
+const MAX_CONTEXT: usize = 1 << 24;
+
 /// Llama 3.1's rotary scaling as llama.cpp's converter stores it: one divisor per frequency
 /// (read into the config, not a parameter).
 const ROPE_DIVISORS: &str = "rope_freqs.weight";
@@ -150,16 +153,28 @@ pub(super) fn config(file: &Gguf) -> Result<LlamaConfig> {
             ));
         }
     };
+    // Sizes the tensors do not check: bounded before anything is made of them.
+    let layers = required("block_count")?;
+    let context = number("context_length")?.map_or(2048, |n| n as usize);
+    if layers > file.tensors().len() || context > MAX_CONTEXT {
+        return Err(fail(
+            file,
+            format!(
+                "{layers} layers in {} tensors, or a context of {context} positions (at most {MAX_CONTEXT}): the metadata does not describe this file",
+                file.tensors().len()
+            ),
+        ));
+    }
     let has = |name: &str| file.info(name).is_some();
     Ok(LlamaConfig {
         vocab_size: embedding.shape[0],
         hidden_size: hidden,
         intermediate_size: required("feed_forward_length")?,
-        num_hidden_layers: required("block_count")?,
+        num_hidden_layers: layers,
         num_attention_heads: heads,
         num_key_value_heads: kv_heads,
         head_dim,
-        max_position_embeddings: number("context_length")?.map_or(2048, |n| n as usize),
+        max_position_embeddings: context,
         rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6)?,
         rope: Rope { theta: float("rope.freq_base", 10_000.0)?, scaling },
         tie_word_embeddings: !has("output.weight"),
