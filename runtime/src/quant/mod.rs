@@ -7,6 +7,9 @@
 //! in the file; dequantization computes in `f32` in the order GGML's reference does (no fused
 //! multiply-adds), so its values are bit-exact.
 
+mod dot;
+
+pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -70,6 +73,14 @@ const READERS: &[(GgmlType, Reader)] = &[
 ];
 
 type Reader = fn(&[u8], &mut [f32]);
+
+/// The values a thread dequantizes at a time (whole blocks of every type).
+const RUN: usize = 1 << 16;
+
+/// The reader of `kind`'s blocks (whole blocks in, values out; the caller checks sizes).
+fn reader(kind: GgmlType) -> Option<Reader> {
+    READERS.iter().find(|r| r.0 == kind).map(|r| r.1)
+}
 
 /// The types [`dequantize`] reads.
 pub fn dequantized() -> impl Iterator<Item = GgmlType> {
@@ -185,7 +196,7 @@ impl std::error::Error for DequantizeError {}
 /// [`DequantizeError::Unsupported`] for a type outside [`dequantized`];
 /// [`DequantizeError::Size`] when `bytes` is not exactly the size of `out.len()` values.
 pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), DequantizeError> {
-    let Some(&(_, read)) = READERS.iter().find(|r| r.0 == kind) else {
+    let Some(read) = reader(kind) else {
         return Err(DequantizeError::Unsupported(kind));
     };
     if kind.bytes_of(out.len()) != Some(bytes.len()) {
@@ -194,7 +205,11 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), D
     // Large tensors are read in runs of whole blocks on every core (a load dequantizes
     // billions of values).
     let (values, size) = kind.block().expect("a type with a reader is known");
-    let blocks_per_run = (1 << 16) / values;
+    let blocks_per_run = RUN / values;
+    if out.len() <= RUN {
+        read(bytes, out);
+        return Ok(());
+    }
     bytes
         .par_chunks(blocks_per_run * size)
         .zip(out.par_chunks_mut(blocks_per_run * values))
