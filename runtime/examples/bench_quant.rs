@@ -77,7 +77,7 @@ fn main() {
                         for (rows, out) in w.chunks(per * row_bytes).zip(out.chunks_mut(per)) {
                             let x = &x;
                             s.spawn(move || {
-                                dot_rows_on(path, kind, rows, x, out).expect("a product")
+                                dot_rows_on(path, kind, rows, x, out).expect("a product");
                             });
                         }
                     });
