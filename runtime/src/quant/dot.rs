@@ -54,7 +54,7 @@ pub fn dot_rows(
 /// lacks AVX2 or FMA).
 ///
 /// # Errors
-/// [`DequantizeError::Unsupported`] for a type [`dequantize`] does not read;
+/// [`DequantizeError::Unsupported`] for a type [`super::dequantize`] does not read;
 /// [`DequantizeError::Size`] when `rows` is not `out.len()` rows of `x.len()` values.
 pub fn dot_rows_on(
     path: DotPath,
