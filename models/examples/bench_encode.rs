@@ -59,7 +59,10 @@ fn main() -> kiln::Result<()> {
         eprintln!("bench_encode needs --model DIR (benches/peers/make_checkpoints.py writes one)");
         std::process::exit(2);
     };
-    let model = Bert::from_pretrained(&dir, LoadOptions { dtype, device: Device::Cpu })?;
+    let model = Bert::from_pretrained(
+        &dir,
+        LoadOptions { dtype, device: Device::Cpu, ..LoadOptions::default() },
+    )?;
     let vocab = model.config().vocab_size as i64;
     let ids: Vec<i64> = (0..(batch * len) as i64).map(|i| (i * 7919 + 13) % vocab).collect();
     let ids = Tensor::from_vec(ids, [batch, len]);

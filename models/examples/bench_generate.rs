@@ -5,7 +5,11 @@
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
+//! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized]
 //! ```
+//!
+//! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
+//! or with `--keep-quantized` its quantized projections read their blocks.
 //!
 //! `--profile` prints kiln's profile of a generation (after a warm-up) instead: a 32-token
 //! prompt's prefill and 16 decode steps, so that the decode step's kernels lead.
@@ -60,11 +64,12 @@ fn profile(model: &impl CausalLm) -> kiln::Result<()> {
 fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
-    let mut profiling = false;
+    let (mut profiling, mut keep_quantized) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--profile" {
-            profiling = true;
+        if flag == "--profile" || flag == "--keep-quantized" {
+            profiling |= flag == "--profile";
+            keep_quantized |= flag == "--keep-quantized";
             continue;
         }
         let value = it.next().unwrap_or_default();
@@ -82,7 +87,20 @@ fn main() -> kiln::Result<()> {
         eprintln!("bench_generate needs --model DIR (see examples/generate.rs for how to get one)");
         std::process::exit(2);
     };
-    let options = LoadOptions { dtype, device };
+    let options = LoadOptions { dtype, device, keep_quantized };
+    if dir.is_file() {
+        let model = Llama::from_gguf(&dir, options)?;
+        if profiling {
+            return profile(&model);
+        }
+        let (decode, prefill) = measure(&model, new, reps)?;
+        let kept = if keep_quantized { ", quantized projections kept" } else { "" };
+        println!(
+            "{}{kept}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s",
+            dir.display()
+        );
+        return Ok(());
+    }
     if profiling {
         return match Config::from_dir(&dir)? {
             Config::Gpt2(_) => profile(&Gpt2::from_pretrained(&dir, options)?),

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::mmap::MappedFile;
+use kiln_runtime::quant::GgmlType;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -21,11 +22,16 @@ pub struct LoadOptions {
     pub dtype: DType,
     /// The device the parameters live on.
     pub device: Device,
+    /// Whether projections whose weights a GGUF file stores as GGML blocks keep them so (on
+    /// the CPU): their products read the blocks ([`crate::linear::Linear::quantized`]);
+    /// embeddings, norms and the head are dequantized to `dtype` as before. Off by
+    /// default, and for other devices and for checkpoint folders.
+    pub keep_quantized: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
-        LoadOptions { dtype: DType::F32, device: Device::Cpu }
+        LoadOptions { dtype: DType::F32, device: Device::Cpu, keep_quantized: false }
     }
 }
 
@@ -230,6 +236,14 @@ pub trait Weights {
     /// # Errors
     /// When it is missing or cannot be read.
     fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor>;
+    /// The GGML blocks of `name` (u8 `[rows, row bytes]` on the CPU) and their type, when it
+    /// is stored in a block type a projection can keep; `None` for float tensors.
+    ///
+    /// # Errors
+    /// When the blocks cannot be read.
+    fn blocks(&self, _name: &str) -> Result<Option<(GgmlType, Tensor)>> {
+        Ok(None)
+    }
 }
 
 impl Weights for Checkpoint {
@@ -313,6 +327,30 @@ impl<'a> Loader<'a> {
                 stand_in()
             }
         }
+    }
+
+    /// A projection's weight `[out, inp]`: its GGML blocks and their type when the options
+    /// keep quantized weights and the weights hold it so, else [`Loader::take`].
+    pub fn take_projection(
+        &mut self,
+        name: &str,
+        out: usize,
+        inp: usize,
+    ) -> (Tensor, Option<GgmlType>) {
+        let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
+        let stored = self.weights.shape(name);
+        if keep && stored.as_deref() == Some(&[out, inp][..]) {
+            match self.weights.blocks(name) {
+                Ok(Some((kind, blocks))) => {
+                    self.taken.insert(name.to_string());
+                    self.loaded.push(blocks.clone());
+                    return (blocks, Some(kind));
+                }
+                Ok(None) => {}
+                Err(e) => self.problems.push(e.to_string()),
+            }
+        }
+        (self.take(name, &[out, inp]), None)
     }
 
     /// [`Loader::take`] of a matrix stored `[rows, cols]`, returned transposed and

@@ -31,6 +31,7 @@ pub mod gpt2;
 pub mod linear;
 pub mod llama;
 pub mod lora;
+mod quantized;
 pub mod rope;
 pub mod save;
 pub mod sentence;

@@ -3,7 +3,8 @@
 //! ([`crate::lora`]).
 
 use kiln::nn::functional as F;
-use kiln::{Result, Tensor};
+use kiln::{DType, Result, Tensor};
+use kiln_runtime::quant::GgmlType;
 
 use crate::checkpoint::Loader;
 use crate::lora::Adapter;
@@ -11,24 +12,52 @@ use crate::lora::Adapter;
 /// A projection `y = x Wᵀ + b`, and `+ s·(x Aᵀ) Bᵀ` with a LoRA adapter.
 #[derive(Debug)]
 pub struct Linear {
+    /// `[out, in]` floats, or a quantized weight's GGML blocks (u8 `[out, row bytes]`).
     pub(crate) weight: Tensor,
     pub(crate) bias: Option<Tensor>,
     pub(crate) adapter: Option<Adapter>,
+    /// The block type of a weight kept quantized ([`crate::LoadOptions::keep_quantized`]).
+    pub(crate) quantized: Option<GgmlType>,
 }
 
 impl Linear {
     /// `name.weight` (`[out, in]`) and, when `bias`, `name.bias` from the loader.
     pub(crate) fn load(l: &mut Loader<'_>, name: &str, out: usize, inp: usize, bias: bool) -> Self {
+        let (weight, quantized) = l.take_projection(&format!("{name}.weight"), out, inp);
         Linear {
-            weight: l.take(&format!("{name}.weight"), &[out, inp]),
+            weight,
             bias: bias.then(|| l.take(&format!("{name}.bias"), &[out])),
             adapter: None,
+            quantized,
         }
     }
 
-    /// The weight, `[out, in]`.
+    /// The weight, `[out, in]`; for a weight kept quantized, its GGML blocks (u8
+    /// `[out, row bytes]`, [`Linear::quantized`] names the type).
     pub fn weight(&self) -> &Tensor {
         &self.weight
+    }
+
+    /// The GGML block type of a weight kept quantized.
+    pub fn quantized(&self) -> Option<GgmlType> {
+        self.quantized
+    }
+
+    /// `(out, in)`.
+    pub fn features(&self) -> (usize, usize) {
+        let d = self.weight.dims();
+        match self.quantized {
+            Some(kind) => {
+                let (values, size) = kind.block().unwrap_or((1, 1));
+                (d[0], d[1] / size * values)
+            }
+            None => (d[0], d[1]),
+        }
+    }
+
+    /// The dtype the projection computes in (f32 for a quantized weight).
+    pub fn dtype(&self) -> DType {
+        if self.quantized.is_some() { DType::F32 } else { self.weight.dtype() }
     }
 
     /// The bias, `[out]`.
@@ -48,7 +77,10 @@ impl Linear {
     /// # Errors
     /// When `x`'s last dimension is not the weight's `in`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = x.try_matmul(&self.weight.t())?;
+        let mut y = match self.quantized {
+            Some(kind) => crate::quantized::matmul_t(x, kind, &self.weight)?.to_dtype(x.dtype()),
+            None => x.try_matmul(&self.weight.t())?,
+        };
         if let Some(a) = &self.adapter {
             let x = match a.dropout > 0.0 && a.training {
                 true => F::try_dropout(x, a.dropout, true)?,

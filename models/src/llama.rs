@@ -33,6 +33,8 @@ pub struct Llama {
     norm: Tensor,
     /// `None` when tied to `embed_tokens`.
     lm_head: Option<Tensor>,
+    /// The block type of a head kept quantized (`lm_head` then holds its blocks).
+    lm_head_quantized: Option<kiln_runtime::quant::GgmlType>,
     /// `0..max_position_embeddings` (i64) and the rotary inverse frequencies (f32) on the
     /// parameters' device, for the rotary tables of a forward pass without a cache (moving
     /// data to a device inside a compiled step would split its plan).
@@ -129,6 +131,7 @@ impl Llama {
             weight: normal(&[out, inp]),
             bias: bias.then(|| Tensor::zeros([out]).to_dtype(options.dtype).to(options.device)),
             adapter: None,
+            quantized: None,
         };
         let layers: Vec<Layer> = (0..c.num_hidden_layers)
             .map(|_| Layer {
@@ -150,6 +153,7 @@ impl Llama {
             layers,
             norm: ones(e),
             lm_head: (!c.tie_word_embeddings).then(|| normal(&[c.vocab_size, e])),
+            lm_head_quantized: None,
             positions: positions_on(c.max_position_embeddings, options.device)?,
             inv_freq: inv_freq_on(&config, options.device)?,
             config,
@@ -213,7 +217,11 @@ impl Llama {
             l.skip("lm_head.weight");
             None
         } else {
-            Some(l.take("lm_head.weight", &[c.vocab_size, e]))
+            Some(l.take_projection("lm_head.weight", c.vocab_size, e))
+        };
+        let (lm_head, lm_head_quantized) = match lm_head {
+            Some((head, kind)) => (Some(head), kind),
+            None => (None, None),
         };
         l.finish()?;
         let positions = positions_on(config.max_position_embeddings, options.device)?;
@@ -224,6 +232,7 @@ impl Llama {
             layers,
             norm,
             lm_head,
+            lm_head_quantized,
             positions,
             inv_freq,
             source: None,
@@ -357,8 +366,13 @@ impl Llama {
             let x = norm(&h, &layer.post_attention_layernorm)?;
             h = h + down.apply(&(gate.apply(&x)?.silu() * up.apply(&x)?))?;
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?.try_matmul(&head.t())
+        let h = norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?;
+        match (&self.lm_head, self.lm_head_quantized) {
+            (Some(blocks), Some(kind)) => {
+                Ok(crate::quantized::matmul_t(&h, kind, blocks)?.to_dtype(h.dtype()))
+            }
+            (head, _) => h.try_matmul(&head.as_ref().unwrap_or(&self.embed_tokens).t()),
+        }
     }
 }
 

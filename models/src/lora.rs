@@ -208,11 +208,11 @@ pub trait LoraModel {
                 continue;
             }
             let (w, r) = (&linear.weight, config.r);
-            let (out, inp) = (w.dims()[0], w.dims()[1]);
-            let a = Tensor::zeros([r, inp]).to_dtype(w.dtype()).to(w.device());
+            let ((out, inp), dtype) = (linear.features(), linear.dtype());
+            let a = Tensor::zeros([r, inp]).to_dtype(dtype).to(w.device());
             // PEFT: kaiming_uniform_(A, a=√5), a bound of 1/√in.
             kaiming_uniform_(&a, 5f64.sqrt(), FanMode::FanIn, Nonlinearity::LeakyReLU(0.0))?;
-            let b = Tensor::zeros([out, r]).to_dtype(w.dtype()).to(w.device());
+            let b = Tensor::zeros([out, r]).to_dtype(dtype).to(w.device());
             linear.adapter = Some(adapter(a, b, config)?);
             adapted += 1;
         }
@@ -301,13 +301,12 @@ pub trait LoraModel {
             if !config.targets(&name) {
                 continue;
             }
-            let (w, r) = (&linear.weight, config.r);
+            let (r, (out, inp), dtype) = (config.r, linear.features(), linear.dtype());
+            let device = linear.weight.device();
             let mut take = |which: &str, shape: [usize; 2]| {
                 let key = format!("base_model.model.{name}.{which}.weight");
                 match saved.remove(&key) {
-                    Some(t) if t.dims() == shape => {
-                        Some(t.to_dtype(w.dtype()).to(w.device()).detach())
-                    }
+                    Some(t) if t.dims() == shape => Some(t.to_dtype(dtype).to(device).detach()),
                     Some(t) => {
                         problems.push(format!(
                             "{key}: the file holds shape {}, the model expects {shape:?}",
@@ -321,8 +320,8 @@ pub trait LoraModel {
                     }
                 }
             };
-            let a = take("lora_A", [r, w.dims()[1]]);
-            let b = take("lora_B", [w.dims()[0], r]);
+            let a = take("lora_A", [r, inp]);
+            let b = take("lora_B", [out, r]);
             if let (Some(a), Some(b)) = (a, b) {
                 attached.push((linear, adapter(a, b, &config)?));
             }
@@ -359,7 +358,15 @@ pub trait LoraModel {
         }
         let mut merged = Vec::new();
         kiln::no_grad(|| -> Result<()> {
-            for (_, linear) in self.linears_mut() {
+            for (name, linear) in self.linears_mut() {
+                if let Some(kind) = linear.quantized {
+                    return Err(Error::Value {
+                        op: "merge_lora",
+                        detail: format!(
+                            "{name} keeps its weight as {kind} blocks: an adapter cannot be folded into them (load with keep_quantized: false to merge)"
+                        ),
+                    });
+                }
                 if let Some(a) = linear.adapter.take() {
                     let delta = a.b.detach().try_matmul(&a.a.detach())? * a.scale;
                     linear.weight =

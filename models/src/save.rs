@@ -39,6 +39,11 @@ pub(crate) fn save(
     tensors: &[(String, Tensor)],
     options: SaveOptions,
 ) -> Result<()> {
+    if let Some((name, _)) = tensors.iter().find(|(_, t)| t.dtype() == DType::U8) {
+        return Err(io(format!(
+            "{name} is kept as GGML blocks, which transformers' checkpoints cannot hold (load with keep_quantized: false to save)"
+        )));
+    }
     let dtype = tensors.first().map_or(DType::F32, |(_, t)| t.dtype());
     // A config with no config.json form fails before anything is written.
     let Value::Object(ours) = config_json(config, dtype)? else {

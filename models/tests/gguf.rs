@@ -445,3 +445,78 @@ fn gguf_tokenizers_give_transformers_ids() {
         Tokenizer::from_gguf(&Gguf::open(fixture("blocks.gguf")).unwrap()).unwrap_err().to_string();
     assert!(err.starts_with("Tokenizer::from_gguf: ") && err.contains("no tokenizer"), "{err}");
 }
+
+#[test]
+fn projections_kept_quantized_read_their_blocks_and_match_the_dequantized_model() {
+    use kiln_models::{GenerateOptions, LoadOptions, generate, llama::Llama};
+    let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+    let quantized = Llama::from_gguf(fixture("llama-q8_0.gguf"), keep).unwrap();
+    let dense = Llama::from_gguf(fixture("llama-q8_0.gguf"), LoadOptions::default()).unwrap();
+    // The projections and head llama.cpp stored as Q8_0 keep their blocks (u8), ffn_down
+    // (F16) not.
+    let kept: Vec<String> = quantized
+        .named_parameters()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == DType::U8)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(kept.len(), 2 * 6 + 1, "{kept:?}"); // and the head
+    assert!(kept.iter().all(|n| !n.contains("down_proj")), "{kept:?}");
+    // A prefill (14 rows: the blocks dequantized for a dense product) gives transformers'
+    // logits with the dequantized weights.
+    let (ids, _) = expected_of("llama");
+    let q8 = kiln::serialize::load(fixture("llama-q8_0.expected.safetensors")).unwrap();
+    let error = worst(&quantized.forward(&ids).unwrap(), &q8[0].1);
+    assert!(error < 1e-4, "prefill logits differ by {error:e}");
+    // One row at a time (the blocks read in place) agrees with the dequantized model.
+    let one = ids.narrow(0, 0, 1).narrow(1, 0, 1);
+    let error = worst(&quantized.forward(&one).unwrap(), &dense.forward(&one).unwrap());
+    assert!(error < 1e-5, "one-row logits differ by {error:e}");
+    // Greedy decoding with the cache (one row per step) continues as the dequantized model.
+    let prompt: Vec<i64> = ids.narrow(0, 0, 1).to_vec::<i64>();
+    let options = GenerateOptions { max_new_tokens: 6, ..GenerateOptions::default() };
+    let a = generate(&quantized, std::slice::from_ref(&prompt), &options, |_, _| {}).unwrap();
+    let b = generate(&dense, &[prompt], &options, |_, _| {}).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    // Saving or merging needs float weights.
+    let dir = std::env::temp_dir().join(format!("kiln-gguf-save-q-{}", std::process::id()));
+    let err = quantized.save_pretrained(&dir).unwrap_err().to_string();
+    assert!(err.contains("kept as GGML blocks"), "{err}");
+    assert!(!dir.exists());
+}
+
+#[test]
+fn adapters_train_over_projections_kept_quantized() {
+    use kiln_models::lora::{LoraConfig, LoraModel};
+    use kiln_models::{LoadOptions, llama::Llama};
+    let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+    let mut models = [
+        Llama::from_gguf(fixture("llama-q8_0.gguf"), keep).unwrap(),
+        Llama::from_gguf(fixture("llama-q8_0.gguf"), LoadOptions::default()).unwrap(),
+    ];
+    let ids = Tensor::from_vec(vec![5i64], [1, 1]);
+    let grads: Vec<Vec<Vec<f64>>> = models
+        .iter_mut()
+        .map(|model| {
+            kiln::manual_seed(3);
+            // (A query adapter gets no gradient from one position: its softmax is 1.)
+            model.add_lora(&LoraConfig::new(2, 4.0, &["v_proj", "gate_proj"])).unwrap();
+            // B starts at zero: give it values so that gradients reach A through it.
+            for (name, p) in model.lora_parameters() {
+                if name.contains("lora_B") {
+                    kiln::no_grad(|| p.copy_(&(Tensor::ones(p.dims().to_vec()) * 0.1)));
+                }
+            }
+            // One row: the quantized products read their blocks, and backward goes through
+            // the dequantized weights.
+            let logits = model.forward(&ids).unwrap();
+            (&logits * &logits).mean().backward();
+            model.lora_parameters().iter().map(|(_, p)| p.grad().unwrap().to_vec::<f64>()).collect()
+        })
+        .collect();
+    for (q, d) in grads[0].iter().zip(&grads[1]) {
+        let scale = d.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let worst = q.iter().zip(d).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(scale > 0.0 && worst <= 1e-4 * scale, "{worst:e} of {scale:e}");
+    }
+}

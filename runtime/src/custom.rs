@@ -39,6 +39,9 @@ pub enum Split {
     Matrices,
     /// No split: one call fills the whole output.
     Whole,
+    /// Runs of at most this many elements (at least one): for an op whose elements are
+    /// costly (each a dot product), so that a short output still spreads over the threads.
+    Runs(usize),
 }
 
 /// A CUDA C implementation, compiled by NVRTC with kiln's options and helpers (`k_b2f`,
@@ -271,6 +274,7 @@ fn filled<T: Element>(
         Split::Rows => (CHUNK / trailing(1)).max(1) * trailing(1),
         Split::Matrices => (CHUNK / trailing(2)).max(1) * trailing(2),
         Split::Whole => n.max(1),
+        Split::Runs(run) => run.max(1),
     };
     let failure: Mutex<Option<(usize, String)>> = Mutex::new(None);
     // SAFETY: every task fills its chunk before handing it to the user's function; the

@@ -290,7 +290,7 @@ impl OpaqueBuilder {
 
     /// How the CPU implementation's result may be split across threads (by default any
     /// run of elements; [`Split::Rows`] for whole rows of the last dimension,
-    /// [`Split::Whole`] for one call).
+    /// [`Split::Whole`] for one call, [`Split::Runs`] for short runs of costly elements).
     pub fn split(mut self, split: Split) -> OpaqueBuilder {
         self.split = split;
         self

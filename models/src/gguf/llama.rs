@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use kiln::{Device, Error, Result, Tensor};
+use kiln_runtime::quant::GgmlType;
 
 use super::Gguf;
 use crate::checkpoint::{LoadOptions, Weights};
@@ -246,21 +247,42 @@ impl Weights for GgufWeights<'_> {
         let Some((gguf, heads)) = self.names.get(name) else {
             return Err(Error::Load { detail: format!("missing: {name}") });
         };
-        let t = self.file.tensor_on(gguf, device)?;
-        let Some(heads) = *heads else { return Ok(t) };
-        // llama.cpp stores each head's rows as (half, 2); transformers as (2, half).
-        let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
-        let rest = dims[1..].to_vec();
-        let heads = heads as i64;
-        if heads == 0 || dims[0] % heads != 0 || (dims[0] / heads) % 2 != 0 {
-            return Err(Error::Load {
-                detail: format!(
-                    "{gguf}: {} rows do not split into {heads} heads of two rotary halves",
-                    dims[0]
-                ),
-            });
-        }
-        let split: Vec<i64> = [heads, dims[0] / heads / 2, 2].into_iter().chain(rest).collect();
-        t.try_reshape(&split)?.try_transpose(1, 2)?.contiguous().try_reshape(&dims)
+        unpermute(self.file.tensor_on(gguf, device)?, *heads, gguf)
     }
+
+    fn blocks(&self, name: &str) -> Result<Option<(GgmlType, Tensor)>> {
+        let Some((gguf, heads)) = self.names.get(name) else { return Ok(None) };
+        let Some(info) = self.file.info(gguf).filter(|t| crate::quantized::keeps(t.kind)) else {
+            return Ok(None);
+        };
+        let bytes = self.file.bytes(gguf)?;
+        let rows = info.shape[0];
+        let blocks = Tensor::try_from_le_bytes(
+            bytes,
+            kiln::DType::U8,
+            [rows, bytes.len() / rows.max(1)],
+            Device::Cpu,
+        )?;
+        // Rows are whole blocks: llama.cpp's row order is undone on the bytes.
+        Ok(Some((info.kind, unpermute(blocks, *heads, gguf)?)))
+    }
+}
+
+/// `t` (rows first) with llama.cpp's order of each head's rows undone when `heads` is given:
+/// it stores a head's rows as (half, 2), transformers as (2, half).
+fn unpermute(t: Tensor, heads: Option<usize>, gguf: &str) -> Result<Tensor> {
+    let Some(heads) = heads else { return Ok(t) };
+    let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
+    let rest = dims[1..].to_vec();
+    let heads = heads as i64;
+    if heads == 0 || dims[0] % heads != 0 || (dims[0] / heads) % 2 != 0 {
+        return Err(Error::Load {
+            detail: format!(
+                "{gguf}: {} rows do not split into {heads} heads of two rotary halves",
+                dims[0]
+            ),
+        });
+    }
+    let split: Vec<i64> = [heads, dims[0] / heads / 2, 2].into_iter().chain(rest).collect();
+    t.try_reshape(&split)?.try_transpose(1, 2)?.contiguous().try_reshape(&dims)
 }
