@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
-//! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello"
+//! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized]
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
 //! ```
@@ -32,7 +32,8 @@ one with git (git lfs install; git clone https://huggingface.co/openai-community
     cargo run --release -p kiln-models --example generate -- --model gpt2 --prompt \"Hello\"
 
 GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FILE.gguf runs
-a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token.";
+a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
+--keep-quantized keeps its quantized projections in their blocks (CPU).";
 
 struct Args {
     model: Option<PathBuf>,
@@ -66,6 +67,7 @@ fn parse() -> Result<Args, String> {
             "--repetition-penalty" => args.options.repetition_penalty = number(value()?)?,
             "--seed" => args.options.seed = number(value()?)? as u64,
             "--no-cache" => args.options.use_cache = false,
+            "--keep-quantized" => args.load.keep_quantized = true,
             "--cuda" => args.load.device = Device::Cuda(0),
             "--dtype" => {
                 args.load.dtype = match value()?.as_str() {
