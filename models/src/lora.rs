@@ -356,17 +356,21 @@ pub trait LoraModel {
                 detail: "the model has no LoRA adapters to merge".into(),
             });
         }
+        // Checked before any adapter is folded, so a refusal leaves the model as it was.
+        let kept = self.linears().into_iter().find_map(|(name, linear)| {
+            linear.quantized.filter(|_| linear.adapter.is_some()).map(|kind| (name, kind))
+        });
+        if let Some((name, kind)) = kept {
+            return Err(Error::Value {
+                op: "merge_lora",
+                detail: format!(
+                    "{name} keeps its weight as {kind} blocks: an adapter cannot be folded into them (load with keep_quantized: false to merge)"
+                ),
+            });
+        }
         let mut merged = Vec::new();
         kiln::no_grad(|| -> Result<()> {
-            for (name, linear) in self.linears_mut() {
-                if let Some(kind) = linear.quantized {
-                    return Err(Error::Value {
-                        op: "merge_lora",
-                        detail: format!(
-                            "{name} keeps its weight as {kind} blocks: an adapter cannot be folded into them (load with keep_quantized: false to merge)"
-                        ),
-                    });
-                }
+            for (_, linear) in self.linears_mut() {
                 if let Some(a) = linear.adapter.take() {
                     let delta = a.b.detach().try_matmul(&a.a.detach())? * a.scale;
                     linear.weight =

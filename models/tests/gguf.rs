@@ -514,6 +514,10 @@ fn adapters_train_over_projections_kept_quantized() {
             model.lora_parameters().iter().map(|(_, p)| p.grad().unwrap().to_vec::<f64>()).collect()
         })
         .collect();
+    // Merging into blocks is refused, and the adapters stay.
+    let err = models[0].merge_lora().unwrap_err().to_string();
+    assert!(err.starts_with("merge_lora: ") && err.contains("Q8_0 blocks"), "{err}");
+    assert!(!models[0].lora_parameters().is_empty());
     for (q, d) in grads[0].iter().zip(&grads[1]) {
         let scale = d.iter().fold(0f64, |m, v| m.max(v.abs()));
         let worst = q.iter().zip(d).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
