@@ -60,14 +60,22 @@ fn values_per_row(kind: GgmlType, row_bytes: usize) -> Option<usize> {
     row_bytes.is_multiple_of(size).then(|| row_bytes / size * values)
 }
 
+/// An input's elements in row-major order: in place when it is dense, else copied.
+fn dense<'a, T: kiln::Element>(
+    input: &kiln::ops::CpuInput<'a>,
+) -> std::result::Result<std::borrow::Cow<'a, [T]>, String> {
+    Ok(input
+        .contiguous::<T>()?
+        .map_or_else(|| input.to_vec::<T>().into(), std::borrow::Cow::Borrowed))
+}
+
 fn build(kind: GgmlType, product: &'static str, dequantize: &'static str) -> Ops {
     let product = Opaque::builder(product, 2, move |inputs, out| {
         let (x, w) = (&inputs[0], &inputs[1]);
         let k = *x.shape().last().ok_or("x has no dimensions")?;
         let rows = w.shape()[0];
         let row_bytes = w.shape()[1];
-        let x_values = x.contiguous::<f32>()?.map_or_else(|| x.to_vec::<f32>().into(), std::borrow::Cow::Borrowed);
-        let w_bytes = w.contiguous::<u8>()?.map_or_else(|| w.to_vec::<u8>().into(), std::borrow::Cow::Borrowed);
+        let (x_values, w_bytes) = (dense::<f32>(x)?, dense::<u8>(w)?);
         let start = out.start();
         let values = out.values::<f32>()?;
         // Runs of the chunk within one row of x: one call each.
@@ -112,9 +120,7 @@ fn build(kind: GgmlType, product: &'static str, dequantize: &'static str) -> Ops
         let w = &inputs[0];
         let row_bytes = w.shape()[1];
         let k = values_per_row(kind, row_bytes).ok_or("rows of partial blocks")?;
-        let w_bytes = w
-            .contiguous::<u8>()?
-            .map_or_else(|| w.to_vec::<u8>().into(), std::borrow::Cow::Borrowed);
+        let w_bytes = dense::<u8>(w)?;
         let first = out.start() / k;
         let values = out.values::<f32>()?;
         let rows = values.len() / k;
