@@ -18,17 +18,21 @@ const LANES: usize = 8;
 /// Which build of the loops runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DotPath {
-    /// Compiled for AVX2 and FMA (chosen when the CPU has both).
+    /// Compiled for AVX2, FMA and F16C (chosen when the CPU has all three).
     Avx2,
     /// The portable build.
     Portable,
 }
 
-/// The build the host runs: [`DotPath::Avx2`] where the CPU has AVX2 and FMA.
+/// The build the host runs: [`DotPath::Avx2`] where the CPU has AVX2, FMA and F16C (every
+/// CPU with AVX2 has the other two).
 pub fn host_path() -> DotPath {
     static PATH: LazyLock<DotPath> = LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             return DotPath::Avx2;
         }
         DotPath::Portable

@@ -1,5 +1,6 @@
 //! GGML's tensor types: their ids, names and block layouts (as GGUF files store them), and
-//! dequantization of the block formats kiln reads to `f32`.
+//! dequantization of the block formats kiln reads to `f32`, quantization to a few of them, and
+//! dot products that read the blocks where they lie.
 //!
 //! A quantized tensor is a sequence of blocks, each holding `block_len` values of one row in
 //! `block_bytes` bytes (a row's length is a multiple of the block length). The layouts here
@@ -8,8 +9,12 @@
 //! multiply-adds), so its values are bit-exact.
 
 mod dot;
+mod int8;
+mod quantize;
 
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
+pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
+pub use quantize::{quantize, quantized};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -112,6 +117,9 @@ impl GgmlType {
     pub const Q5_K: GgmlType = GgmlType(13);
     /// Super-blocks of 256 6-bit values in 16 sub-blocks, each with an `i8` scale.
     pub const Q6_K: GgmlType = GgmlType(14);
+    /// Super-blocks of 256 `i8` values with an `f32` scale and the sums of each 16 values
+    /// (activations for the K-quants' integer products; no file stores it).
+    pub const Q8_K: GgmlType = GgmlType(15);
     /// 32-bit integers.
     pub const I32: GgmlType = GgmlType(26);
     /// 64-bit integers.
