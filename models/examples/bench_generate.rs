@@ -5,11 +5,12 @@
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
-//! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized]
+//! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized [--int8-activations]]
 //! ```
 //!
 //! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
-//! or with `--keep-quantized` its quantized projections read their blocks.
+//! or with `--keep-quantized` its quantized projections read their blocks (and with
+//! `--int8-activations` take integer products with activations quantized per block).
 //!
 //! `--profile` prints kiln's profile of a generation (after a warm-up) instead: a 32-token
 //! prompt's prefill and 16 decode steps, so that the decode step's kernels lead.
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use kiln::{DType, Device};
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
-use kiln_models::{CausalLm, Config, GenerateOptions, LoadOptions, generate};
+use kiln_models::{Activations, CausalLm, Config, GenerateOptions, LoadOptions, generate};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -64,12 +65,13 @@ fn profile(model: &impl CausalLm) -> kiln::Result<()> {
 fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
-    let (mut profiling, mut keep_quantized) = (false, false);
+    let (mut profiling, mut keep_quantized, mut int8) = (false, false, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--profile" || flag == "--keep-quantized" {
+        if ["--profile", "--keep-quantized", "--int8-activations"].contains(&flag.as_str()) {
             profiling |= flag == "--profile";
             keep_quantized |= flag == "--keep-quantized";
+            int8 |= flag == "--int8-activations";
             continue;
         }
         let value = it.next().unwrap_or_default();
@@ -87,14 +89,19 @@ fn main() -> kiln::Result<()> {
         eprintln!("bench_generate needs --model DIR (see examples/generate.rs for how to get one)");
         std::process::exit(2);
     };
-    let options = LoadOptions { dtype, device, keep_quantized };
+    let activations = if int8 { Activations::Int8 } else { Activations::F32 };
+    let options = LoadOptions { dtype, device, keep_quantized, activations };
     if dir.is_file() {
         let model = Llama::from_gguf(&dir, options)?;
         if profiling {
             return profile(&model);
         }
         let (decode, prefill) = measure(&model, new, reps)?;
-        let kept = if keep_quantized { ", quantized projections kept" } else { "" };
+        let kept = match (keep_quantized, int8) {
+            (false, _) => "",
+            (true, false) => ", quantized projections kept",
+            (true, true) => ", quantized projections kept, int8 activations",
+        };
         println!(
             "{}{kept}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s",
             dir.display()

@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
-//! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized]
+//! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized [--int8-activations]]
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
 //! ```
@@ -20,7 +20,7 @@ use kiln_models::gguf::Gguf;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
 use kiln_models::{
-    CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
+    Activations, CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
 };
 
 const HOW_TO_GET_A_MODEL: &str = "\
@@ -33,7 +33,8 @@ one with git (git lfs install; git clone https://huggingface.co/openai-community
 
 GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FILE.gguf runs
 a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
---keep-quantized keeps its quantized projections in their blocks (CPU).";
+--keep-quantized keeps its quantized projections in their blocks (CPU), and
+--int8-activations quantizes their inputs too for integer products (as llama.cpp does).";
 
 struct Args {
     model: Option<PathBuf>,
@@ -68,6 +69,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => args.options.seed = number(value()?)? as u64,
             "--no-cache" => args.options.use_cache = false,
             "--keep-quantized" => args.load.keep_quantized = true,
+            "--int8-activations" => args.load.activations = Activations::Int8,
             "--cuda" => args.load.device = Device::Cuda(0),
             "--dtype" => {
                 args.load.dtype = match value()?.as_str() {

@@ -6,9 +6,11 @@
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example train_llama -- [--steps 2000] [--export DIR] [--bf16]
+//!     [--hidden 128 --intermediate 352 --layers 4]
 //! ```
 //!
-//! The model: hidden 128, 4 layers, 4 query heads and 2 key/value heads of 32, SwiGLU 352,
+//! The model: hidden 128, 4 layers, 4 query heads and 2 key/value heads of 32, SwiGLU 352 (the
+//! sizes as given; the heads stay 32 wide, hidden / 32 of them, half as many for keys),
 //! rotary positions, RMS norms, an untied head; batch 16 of 256 characters (its whole
 //! context), AdamW (weight decay on matrices), linear warm-up then cosine decay, one compiled
 //! step. `--bf16` exports the weights in bf16 (half the bytes; trained in f32 either way).
@@ -44,6 +46,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         PathBuf::from,
     );
     let bf16 = args.iter().any(|a| a == "--bf16");
+    let hidden: usize = value("--hidden").map_or(Ok(128), |s| s.parse())?;
+    let intermediate: usize = value("--intermediate").map_or(Ok(352), |s| s.parse())?;
+    let layers: usize = value("--layers").map_or(Ok(4), |s| s.parse())?;
+    if hidden == 0 || !hidden.is_multiple_of(64) {
+        return Err(
+            format!("--hidden {hidden}: a multiple of 64 (heads of 32, 2 per key head)").into()
+        );
+    }
     if steps <= WARMUP {
         return Err(format!("--steps must be more than the {WARMUP} warm-up steps").into());
     }
@@ -53,11 +63,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     kiln::manual_seed(2024);
     let config = LlamaConfig {
         vocab_size: plays.chars.len(),
-        hidden_size: 128,
-        intermediate_size: 352,
-        num_hidden_layers: 4,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_hidden_layers: layers,
+        num_attention_heads: hidden / 32,
+        num_key_value_heads: hidden / 64,
         head_dim: 32,
         max_position_embeddings: 256,
         rms_norm_eps: 1e-5,

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::mmap::MappedFile;
 use kiln_runtime::quant::GgmlType;
+
+use crate::quantized::Activations;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -27,11 +29,20 @@ pub struct LoadOptions {
     /// embeddings, norms and the head are dequantized to `dtype` as before. Off by
     /// default, and for other devices and for checkpoint folders.
     pub keep_quantized: bool,
+    /// How the products of weights kept quantized take their input in decode steps
+    /// (weight-only, f32, by default; [`Activations::Int8`] quantizes it too, as llama.cpp
+    /// does).
+    pub activations: Activations,
 }
 
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
-        LoadOptions { dtype: DType::F32, device: Device::Cpu, keep_quantized: false }
+        LoadOptions {
+            dtype: DType::F32,
+            device: Device::Cpu,
+            keep_quantized: false,
+            activations: Activations::F32,
+        }
     }
 }
 
@@ -351,6 +362,11 @@ impl<'a> Loader<'a> {
             }
         }
         (self.take(name, &[out, inp]), None)
+    }
+
+    /// The options' choice for products of weights kept quantized.
+    pub(crate) fn activations(&self) -> Activations {
+        self.options.activations
     }
 
     /// [`Loader::take`] of a matrix stored `[rows, cols]`, returned transposed and

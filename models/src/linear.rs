@@ -8,6 +8,7 @@ use kiln_runtime::quant::GgmlType;
 
 use crate::checkpoint::Loader;
 use crate::lora::Adapter;
+use crate::quantized::Quantized;
 
 /// A projection `y = x Wᵀ + b`, and `+ s·(x Aᵀ) Bᵀ` with a LoRA adapter.
 #[derive(Debug)]
@@ -16,14 +17,15 @@ pub struct Linear {
     pub(crate) weight: Tensor,
     pub(crate) bias: Option<Tensor>,
     pub(crate) adapter: Option<Adapter>,
-    /// The block type of a weight kept quantized ([`crate::LoadOptions::keep_quantized`]).
-    pub(crate) quantized: Option<GgmlType>,
+    /// The blocks of a weight kept quantized ([`crate::LoadOptions::keep_quantized`]).
+    pub(crate) quantized: Option<Quantized>,
 }
 
 impl Linear {
     /// `name.weight` (`[out, in]`) and, when `bias`, `name.bias` from the loader.
     pub(crate) fn load(l: &mut Loader<'_>, name: &str, out: usize, inp: usize, bias: bool) -> Self {
-        let (weight, quantized) = l.take_projection(&format!("{name}.weight"), out, inp);
+        let (weight, kind) = l.take_projection(&format!("{name}.weight"), out, inp);
+        let quantized = kind.map(|kind| Quantized { kind, activations: l.activations() });
         Linear {
             weight,
             bias: bias.then(|| l.take(&format!("{name}.bias"), &[out])),
@@ -40,15 +42,15 @@ impl Linear {
 
     /// The GGML block type of a weight kept quantized.
     pub fn quantized(&self) -> Option<GgmlType> {
-        self.quantized
+        self.quantized.map(|q| q.kind)
     }
 
     /// `(out, in)`.
     pub fn features(&self) -> (usize, usize) {
         let d = self.weight.dims();
         match self.quantized {
-            Some(kind) => {
-                let (values, size) = kind.block().unwrap_or((1, 1));
+            Some(q) => {
+                let (values, size) = q.kind.block().unwrap_or((1, 1));
                 (d[0], d[1] / size * values)
             }
             None => (d[0], d[1]),
@@ -78,7 +80,7 @@ impl Linear {
     /// When `x`'s last dimension is not the weight's `in`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = match self.quantized {
-            Some(kind) => crate::quantized::matmul_t(x, kind, &self.weight)?.to_dtype(x.dtype()),
+            Some(q) => crate::quantized::matmul_t(x, q, &self.weight)?.to_dtype(x.dtype()),
             None => x.try_matmul(&self.weight.t())?,
         };
         if let Some(a) = &self.adapter {

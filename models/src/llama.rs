@@ -14,6 +14,8 @@ use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
 use crate::config::{Config, LlamaConfig};
 use crate::linear::Linear;
 use crate::lora::{LoraConfig, LoraModel};
+use crate::quantize::{QuantConfig, QuantReport};
+use crate::quantized::Quantized;
 use crate::rope;
 
 /// A Llama-family model with its language-model head.
@@ -34,7 +36,9 @@ pub struct Llama {
     /// `None` when tied to `embed_tokens`.
     lm_head: Option<Tensor>,
     /// The block type of a head kept quantized (`lm_head` then holds its blocks).
-    lm_head_quantized: Option<kiln_runtime::quant::GgmlType>,
+    lm_head_quantized: Option<Quantized>,
+    /// The block type of an embedding table stored quantized ([`Llama::quantize_`]).
+    embed_quantized: Option<Quantized>,
     /// `0..max_position_embeddings` (i64) and the rotary inverse frequencies (f32) on the
     /// parameters' device, for the rotary tables of a forward pass without a cache (moving
     /// data to a device inside a compiled step would split its plan).
@@ -154,6 +158,7 @@ impl Llama {
             norm: ones(e),
             lm_head: (!c.tie_word_embeddings).then(|| normal(&[c.vocab_size, e])),
             lm_head_quantized: None,
+            embed_quantized: None,
             positions: positions_on(c.max_position_embeddings, options.device)?,
             inv_freq: inv_freq_on(&config, options.device)?,
             config,
@@ -220,7 +225,10 @@ impl Llama {
             Some(l.take_projection("lm_head.weight", c.vocab_size, e))
         };
         let (lm_head, lm_head_quantized) = match lm_head {
-            Some((head, kind)) => (Some(head), kind),
+            Some((head, kind)) => {
+                let activations = l.activations();
+                (Some(head), kind.map(|kind| Quantized { kind, activations }))
+            }
             None => (None, None),
         };
         l.finish()?;
@@ -233,6 +241,7 @@ impl Llama {
             norm,
             lm_head,
             lm_head_quantized,
+            embed_quantized: None,
             positions,
             inv_freq,
             source: None,
@@ -248,6 +257,76 @@ impl Llama {
     /// The device the parameters live on.
     pub fn device(&self) -> kiln::Device {
         self.embed_tokens.device()
+    }
+
+    /// The dtype the model computes in (its norms'; quantized weights are u8 blocks).
+    pub fn dtype(&self) -> kiln::DType {
+        self.norm.dtype()
+    }
+
+    /// Stores the projections' weights (and, as `config` says, the head and the embedding
+    /// table) as GGML blocks, in place, as torchao's `quantize_`: a decode step then reads
+    /// a quarter (Q8_0) or an eighth (Q4_0, Q4_K) of f32's bytes. Returns what was
+    /// quantized and what was left, with the reasons.
+    ///
+    /// ```
+    /// use kiln_models::config::{LlamaConfig, Rope, RopeScaling};
+    /// use kiln_models::quantize::QuantConfig;
+    /// use kiln_models::{LoadOptions, llama::Llama};
+    /// use kiln_runtime::quant::GgmlType;
+    /// let config = LlamaConfig {
+    ///     vocab_size: 96, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2,
+    ///     num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
+    ///     max_position_embeddings: 64, rms_norm_eps: 1e-5,
+    ///     rope: Rope { theta: 10000.0, scaling: RopeScaling::None },
+    ///     tie_word_embeddings: true, qkv_bias: false, o_bias: false, mlp_bias: false,
+    /// };
+    /// let mut model = Llama::new(config, LoadOptions::default())?;
+    /// let report = model.quantize_(&QuantConfig::new(GgmlType::Q8_0))?;
+    /// assert!(report.quantized.contains(&"model.layers.0.self_attn.q_proj.weight".to_string()));
+    /// let logits = model.forward(&kiln::Tensor::from_vec(vec![1i64, 2, 3], [1, 3]))?;
+    /// assert_eq!(logits.dims(), &[1, 3, model.config().vocab_size]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A `kind` other than Q8_0, Q4_0 and Q4_K; a model on a GPU (the quantized products
+    /// run on the CPU).
+    pub fn quantize_(&mut self, config: &QuantConfig) -> Result<QuantReport> {
+        crate::quantize::check(config, self.device())?;
+        let mut report = QuantReport::default();
+        for (name, linear) in self.linears_mut() {
+            crate::quantize::linear(&name, linear, config, &mut report)?;
+        }
+        let q = Quantized { kind: config.kind, activations: config.activations };
+        let embed = "model.embed_tokens.weight".to_string();
+        if config.embeddings && self.embed_quantized.is_none() {
+            match crate::quantize::blocks(&self.embed_tokens, config.kind)? {
+                Ok(blocks) => {
+                    (self.embed_tokens, self.embed_quantized) = (blocks, Some(q));
+                    report.quantized.push(embed);
+                }
+                Err(why) => report.kept.push((embed, why)),
+            }
+        }
+        let head = "lm_head.weight".to_string();
+        match (&self.lm_head, self.lm_head_quantized) {
+            _ if !config.head => {}
+            (Some(_), Some(_)) => report.kept.push((head, "already quantized".into())),
+            // A tied head reads the embeddings' blocks.
+            (None, _) if self.embed_quantized.is_some() => {}
+            (table, _) => match crate::quantize::blocks(
+                table.as_ref().unwrap_or(&self.embed_tokens),
+                config.kind,
+            )? {
+                Ok(blocks) => {
+                    (self.lm_head, self.lm_head_quantized) = (Some(blocks), Some(q));
+                    report.quantized.push(head);
+                }
+                Err(why) => report.kept.push((head, why)),
+            },
+        }
+        Ok(report)
     }
 
     /// Next-token logits `[batch, len, vocab]` for token ids `[batch, len]`, every token
@@ -267,7 +346,7 @@ impl Llama {
     /// When the memory cannot be had.
     pub fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
         let c = &self.config;
-        let (dtype, device) = (self.embed_tokens.dtype(), self.embed_tokens.device());
+        let (dtype, device) = (self.dtype(), self.device());
         let (cos, sin) = rope::tables(&c.rope, c.head_dim, max_len, dtype, device);
         KvCache::new(
             c.num_hidden_layers,
@@ -316,7 +395,7 @@ impl Llama {
         };
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let dtype = self.embed_tokens.dtype();
+        let dtype = self.dtype();
         let ((cos, sin), mask) = match cached {
             None => (
                 rope::on_device(&self.positions.try_narrow(0, 0, len)?, &self.inv_freq, dtype)?,
@@ -331,7 +410,12 @@ impl Llama {
         let norm = |x: &Tensor, w: &Tensor| {
             F::try_rms_norm(x, &[c.hidden_size], Some(w), Some(c.rms_norm_eps))
         };
-        let mut h = F::try_embedding(ids, &self.embed_tokens)?;
+        let mut h = match self.embed_quantized {
+            Some(q) => {
+                crate::quantized::embedding(ids, q.kind, &self.embed_tokens)?.to_dtype(dtype)
+            }
+            None => F::try_embedding(ids, &self.embed_tokens)?,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             let [q_proj, k_proj, v_proj, o_proj, gate, up, down] = &layer.projs;
             let x = norm(&h, &layer.input_layernorm)?;
@@ -367,11 +451,13 @@ impl Llama {
             h = h + down.apply(&(gate.apply(&x)?.silu() * up.apply(&x)?))?;
         }
         let h = norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?;
-        match (&self.lm_head, self.lm_head_quantized) {
-            (Some(blocks), Some(kind)) => {
-                Ok(crate::quantized::matmul_t(&h, kind, blocks)?.to_dtype(h.dtype()))
-            }
-            (head, _) => h.try_matmul(&head.as_ref().unwrap_or(&self.embed_tokens).t()),
+        let (head, quantized) = match &self.lm_head {
+            Some(head) => (head, self.lm_head_quantized),
+            None => (&self.embed_tokens, self.embed_quantized),
+        };
+        match quantized {
+            Some(q) => Ok(crate::quantized::matmul_t(&h, q, head)?.to_dtype(h.dtype())),
+            None => h.try_matmul(&head.t()),
         }
     }
 }

@@ -358,7 +358,7 @@ pub trait LoraModel {
         }
         // Checked before any adapter is folded, so a refusal leaves the model as it was.
         let kept = self.linears().into_iter().find_map(|(name, linear)| {
-            linear.quantized.filter(|_| linear.adapter.is_some()).map(|kind| (name, kind))
+            linear.quantized.filter(|_| linear.adapter.is_some()).map(|q| (name, q.kind))
         });
         if let Some((name, kind)) = kept {
             return Err(Error::Value {

@@ -40,11 +40,7 @@ fn weights(kind: GgmlType) -> Vec<u8> {
 
 /// The median time of `product` over the rows split across `threads` threads (one call
 /// per thread, each over its rows and outputs).
-fn timed(
-    w: &[u8],
-    threads: usize,
-    product: &(dyn Fn(&[u8], &mut [f32]) + Sync),
-) -> f64 {
+fn timed(w: &[u8], threads: usize, product: &(dyn Fn(&[u8], &mut [f32]) + Sync)) -> f64 {
     let row_bytes = w.len() / ROWS;
     let per = ROWS.div_ceil(threads);
     let mut out = vec![0f32; ROWS];

@@ -333,8 +333,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q6_k_row(w: &[u8], a: &[u8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
-        let (low, two, offset) =
-            (_mm256_set1_epi8(15), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+        let (low, two, offset) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)) {
             unsafe {
                 let mut sum = _mm256_setzero_si256();

@@ -13,9 +13,9 @@ mod int8;
 mod quantize;
 
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
+use half::{bf16, f16};
 pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
 pub use quantize::{quantize, quantized};
-use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// One of GGML's tensor types, by its id in a GGUF file.

@@ -1,20 +1,23 @@
 //! Quantization to GGML's blocks, as GGML's reference functions (`quantize_row_*_ref`) do:
-//! weights to Q8_0 or Q4_0 (what `quantize_` in `kiln-models` writes), and activations to
-//! Q8_0 or Q8_K for the integer dot products of [`super::int8`].
+//! weights to Q8_0, Q4_0 or Q4_K (what `quantize_` in `kiln-models` writes), and
+//! activations to Q8_0 or Q8_K for the integer dot products of [`super::int8`].
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::{DequantizeError, GgmlType};
 
 /// The types [`quantize`] writes.
 pub fn quantized() -> impl Iterator<Item = GgmlType> {
-    [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q8_K].into_iter()
+    [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_K].into_iter()
 }
 
 /// Writes `x` as `kind` blocks into `out` (its length the size of `x.len()` values).
 ///
 /// Q8_0: per block of 32, `d = max|x| / 127` (an `f16`), `q = round(x / d)`. Q4_0: `d` is
-/// the value of largest magnitude over -8, `q = min(15, trunc(x / d + 8.5))`. Q8_K (256
+/// the value of largest magnitude over -8, `q = min(15, trunc(x / d + 8.5))`. Q4_K: per
+/// sub-block of 32 a scale and min found by GGML's weighted search (`make_qkx2_quants`),
+/// both stored in 6 bits relative to the super-block's `f16` pair. Q8_K (256
 /// values, an `f32` scale and the sums of each 16 quantized values, for the K-quants'
 /// integer products): `q = round(-127 x / m)` for `m` the value of largest magnitude,
 /// `d = -m / 127`. A block of zeros has scale 0.
@@ -26,6 +29,7 @@ pub fn quantize(kind: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Dequant
     let block: fn(&[f32], &mut [u8]) = match kind {
         GgmlType::Q8_0 => q8_0,
         GgmlType::Q4_0 => q4_0,
+        GgmlType::Q4_K => q4_k,
         GgmlType::Q8_K => q8_k,
         _ => return Err(DequantizeError::Unsupported(kind)),
     };
@@ -33,8 +37,19 @@ pub fn quantize(kind: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Dequant
         return Err(DequantizeError::Size { kind, values: x.len(), bytes: out.len() });
     }
     let (values, size) = kind.block().expect("a quantized type is known");
-    for (x, b) in x.chunks_exact(values).zip(out.chunks_exact_mut(size)) {
-        block(x, b);
+    let run = |(x, b): (&[f32], &mut [u8])| {
+        for (x, b) in x.chunks_exact(values).zip(b.chunks_exact_mut(size)) {
+            block(x, b);
+        }
+    };
+    // A model's weights are quantized in runs of whole blocks on every core.
+    let blocks_per_run = super::RUN / values;
+    if x.len() <= super::RUN {
+        run((x, out));
+    } else {
+        x.par_chunks(blocks_per_run * values)
+            .zip(out.par_chunks_mut(blocks_per_run * size))
+            .for_each(run);
     }
     Ok(())
 }
@@ -71,6 +86,124 @@ fn q4_0(x: &[f32], b: &mut [u8]) {
         let high = ((x[j + 16] * id + 8.5) as i8).min(15) as u8;
         *q = low | (high << 4);
     }
+}
+
+/// `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]` (`quantize_row_q4_K_ref`).
+fn q4_k(x: &[f32], b: &mut [u8]) {
+    let mut levels = [0u8; 256];
+    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    for (j, x) in x.chunks_exact(32).enumerate() {
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+        let weights: [f32; 32] = std::array::from_fn(|l| rms + x[l].abs());
+        (scales[j], mins[j]) = scale_and_min(x, &weights, &mut levels[32 * j..32 * j + 32]);
+    }
+    let max_scale = scales.iter().fold(0f32, |m, &s| m.max(s));
+    let max_min = mins.iter().fold(0f32, |m, &s| m.max(s));
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let packed = &mut b[4..16];
+    packed.fill(0);
+    for j in 0..8 {
+        let ls = ((inv_scale * scales[j]).round_ties_even() as u8).min(63);
+        let lm = ((inv_min * mins[j]).round_ties_even() as u8).min(63);
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 15) | ((lm & 15) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    let (d, dmin) = (f16::from_f32(max_scale / 63.0), f16::from_f32(max_min / 63.0));
+    b[..2].copy_from_slice(&d.to_le_bytes());
+    b[2..4].copy_from_slice(&dmin.to_le_bytes());
+    // The levels again against the stored (rounded) scales and mins.
+    for (j, x) in x.chunks_exact(32).enumerate() {
+        let (sc, m) = super::scale_min_k4(j, &b[4..16]);
+        let d = d.to_f32() * f32::from(sc);
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin.to_f32() * f32::from(m);
+        for (l, &v) in levels[32 * j..32 * j + 32].iter_mut().zip(x) {
+            *l = ((v + dm) / d).round_ties_even().clamp(0.0, 15.0) as u8;
+        }
+    }
+    for (run, q) in b[16..144].chunks_exact_mut(32).enumerate() {
+        for (l, q) in q.iter_mut().enumerate() {
+            *q = levels[64 * run + l] | (levels[64 * run + l + 32] << 4);
+        }
+    }
+}
+
+/// GGML's `make_qkx2_quants(32, 15, x, weights, L, &min, Laux, -1, 0.1, 20, false)`: the
+/// scale and (negated) min of 4-bit levels `L` with `x ≈ scale·L - min`, the weighted
+/// squared error least over 21 trial scales, each refined by least squares.
+fn scale_and_min(x: &[f32], weights: &[f32; 32], levels: &mut [u8]) -> (f32, f32) {
+    const NMAX: f32 = 15.0;
+    let (mut min, mut max) = (x[0], x[0]);
+    let (mut sum_w, mut sum_x) = (0f32, 0f32);
+    for (&v, &w) in x.iter().zip(weights) {
+        min = min.min(v);
+        max = max.max(v);
+        sum_w += w;
+        sum_x += w * v;
+    }
+    min = min.min(0.0);
+    if max == min {
+        levels.fill(0);
+        return (0.0, -min);
+    }
+    let level = |iscale: f32, v: f32, min: f32| {
+        ((iscale * (v - min)).round_ties_even() as i32).clamp(0, NMAX as i32) as u8
+    };
+    let iscale = NMAX / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best = 0f32;
+    for ((l, &v), &w) in levels.iter_mut().zip(x).zip(weights) {
+        *l = level(iscale, v, min);
+        let diff = scale * f32::from(*l) + min - v;
+        best += w * diff * diff;
+    }
+    let mut trial = [0u8; 32];
+    for step in 0..=20 {
+        let iscale = (-1.0 + 0.1 * step as f32 + NMAX) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for ((t, &v), &w) in trial.iter_mut().zip(x).zip(weights) {
+            *t = level(iscale, v, min);
+            let l = f32::from(*t);
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * v;
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+        let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+        if this_min > 0.0 {
+            this_min = 0.0;
+            this_scale = sum_xl / sum_l2;
+        }
+        let error: f32 = trial
+            .iter()
+            .zip(x)
+            .zip(weights)
+            .map(|((&l, &v), &w)| {
+                let diff = this_scale * f32::from(l) + this_min - v;
+                w * diff * diff
+            })
+            .sum();
+        if error < best {
+            levels.copy_from_slice(&trial);
+            best = error;
+            scale = this_scale;
+            min = this_min;
+        }
+    }
+    (scale, -min)
 }
 
 /// `d: f32, qs: [i8; 256], bsums: [i16; 16]`.
@@ -128,6 +261,42 @@ mod tests {
     }
 
     #[test]
+    fn q4_k_blocks_dequantize_within_a_step_and_closer_than_q4_0() {
+        let x = values(2048, 9);
+        let error = |kind: GgmlType| {
+            let mut bytes = vec![0; kind.bytes_of(x.len()).unwrap()];
+            quantize(kind, &x, &mut bytes).unwrap();
+            let mut back = vec![0.0; x.len()];
+            dequantize(kind, &bytes, &mut back).unwrap();
+            (bytes, back.iter().zip(&x).map(|(b, v)| f64::from(b - v).powi(2)).sum::<f64>())
+        };
+        let (bytes, q4_k) = error(GgmlType::Q4_K);
+        let (_, q4_0) = error(GgmlType::Q4_0);
+        // Per-sub-block mins and searched scales: a smaller squared error than Q4_0's.
+        assert!(q4_k < 0.8 * q4_0, "Q4_K {q4_k} against Q4_0 {q4_0}");
+        // Every value within one step (d * scale of its sub-block) of its level's value.
+        let mut back = vec![0.0; 256];
+        for (block, (b, x)) in bytes.chunks_exact(144).zip(x.chunks_exact(256)).enumerate() {
+            dequantize(GgmlType::Q4_K, b, &mut back).unwrap();
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            for j in 0..8 {
+                let step = d * f32::from(crate::quant::scale_min_k4(j, &b[4..16]).0);
+                for l in 32 * j..32 * j + 32 {
+                    let off = (back[l] - x[l]).abs();
+                    assert!(off <= step * 1.01, "block {block} value {l}: {off} > {step}");
+                }
+            }
+        }
+        // A constant block and a block of zeros.
+        let mut b = [0; 144];
+        quantize(GgmlType::Q4_K, &[0.0; 256], &mut b).unwrap();
+        assert!(b.iter().all(|&v| v == 0));
+        quantize(GgmlType::Q4_K, &[-1.5; 256], &mut b).unwrap();
+        dequantize(GgmlType::Q4_K, &b, &mut back).unwrap();
+        assert!(back.iter().all(|&v| (v + 1.5).abs() < 0.05), "{:?}", &back[..4]);
+    }
+
+    #[test]
     fn q8_k_blocks_hold_their_sums_and_scale() {
         let mut x = values(512, 5);
         x[256..].fill(0.0);
@@ -161,7 +330,7 @@ mod tests {
     #[test]
     fn other_types_and_sizes_are_errors() {
         let mut b = [0; 34];
-        assert!(quantize(GgmlType::Q4_K, &[0.0; 256], &mut [0; 144]).is_err());
+        assert!(quantize(GgmlType::Q6_K, &[0.0; 256], &mut [0; 210]).is_err());
         assert_eq!(
             quantize(GgmlType::Q8_0, &[0.0; 31], &mut b),
             Err(DequantizeError::Size { kind: GgmlType::Q8_0, values: 31, bytes: 34 })

@@ -1,0 +1,175 @@
+//! `Llama::quantize_`: a float model's weights stored as GGML blocks in place, bit for bit
+//! as llama.cpp's converter quantizes them, and the quantized model's outputs.
+
+use std::path::{Path, PathBuf};
+
+use kiln::nn::Parameters;
+use kiln::{DType, Tensor};
+use kiln_models::llama::Llama;
+use kiln_models::quantize::QuantConfig;
+use kiln_models::{Activations, LoadOptions};
+use kiln_runtime::quant::GgmlType;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name)
+}
+
+fn f32_model() -> Llama {
+    Llama::from_gguf(fixture("llama-f32.gguf"), LoadOptions::default()).expect("the f32 fixture")
+}
+
+/// The largest difference relative to the largest magnitude of `want`.
+fn relative(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_vec::<f64>(), want.to_vec::<f64>());
+    let scale = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+    g.iter().zip(&w).fold(0f64, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+#[test]
+fn q8_0_blocks_are_the_converter_s_bit_for_bit() {
+    let mut model = f32_model();
+    let report = model.quantize_(&QuantConfig::new(GgmlType::Q8_0)).unwrap();
+    let layers = model.config().num_hidden_layers;
+    // The fixture's MLP is 48 wide: down_proj's rows are not whole blocks of 32, and stay
+    // (as llama.cpp's converter keeps them, in f16).
+    assert_eq!(report.quantized.len(), 6 * layers + 1, "{report:?}");
+    assert_eq!(report.kept.len(), layers);
+    for (name, why) in &report.kept {
+        assert!(name.ends_with("down_proj.weight") && why.contains("48 values"), "{name}: {why}");
+    }
+    let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+    let converted = Llama::from_gguf(fixture("llama-q8_0.gguf"), keep).unwrap();
+    let ours = model.named_parameters();
+    let mut compared = 0;
+    for (name, theirs) in converted.named_parameters() {
+        if theirs.dtype() != DType::U8 {
+            continue;
+        }
+        let mine = &ours.iter().find(|(n, _)| *n == name).expect("the same names").1;
+        assert_eq!(mine.dtype(), DType::U8, "{name}");
+        assert_eq!(mine.to_vec::<u8>(), theirs.to_vec::<u8>(), "{name}'s blocks");
+        compared += 1;
+    }
+    assert_eq!(compared, report.quantized.len());
+}
+
+fn bundled() -> Llama {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare-llama");
+    Llama::from_pretrained(&dir, LoadOptions::default()).expect("the bundled model")
+}
+
+#[test]
+fn quantized_models_follow_the_float_model() {
+    // The bundled model (trained: the fixture's random weights amplify every rounding).
+    let ids = Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9], [1, 6]);
+    let one = ids.narrow(1, 0, 1);
+    let float = bundled();
+    let (want, want_one) = (float.forward(&ids).unwrap(), float.forward(&one).unwrap());
+    // (type, activations, bound on the logits' error relative to their largest magnitude:
+    // about twice what was measured, 0.6% / 1.8% for Q8_0 and 15% / 10% for Q4_0, where a
+    // wrong product moves them by all of it; the perplexity test below bounds the quality)
+    for (kind, activations, bound) in [
+        (GgmlType::Q8_0, Activations::F32, 0.015),
+        (GgmlType::Q8_0, Activations::Int8, 0.04),
+        (GgmlType::Q4_0, Activations::F32, 0.3),
+        (GgmlType::Q4_0, Activations::Int8, 0.3),
+    ] {
+        let mut model = bundled();
+        let config = QuantConfig { activations, ..QuantConfig::new(kind) };
+        model.quantize_(&config).unwrap();
+        // A prefill (dense products of the dequantized blocks) and one row (the blocks
+        // read in place).
+        let error = relative(&model.forward(&ids).unwrap(), &want);
+        assert!(error > 0.0 && error < bound, "{kind} {activations:?} prefill: {error:e}");
+        let error = relative(&model.forward(&one).unwrap(), &want_one);
+        assert!(error > 0.0 && error < bound, "{kind} {activations:?} one row: {error:e}");
+    }
+}
+
+#[test]
+fn skips_heads_and_embeddings_are_chosen_and_reported() {
+    let mut model = f32_model();
+    let config = QuantConfig {
+        skip: vec!["self_attn.v_proj".into(), "layers.0.".into()],
+        head: false,
+        embeddings: true,
+        ..QuantConfig::new(GgmlType::Q8_0)
+    };
+    let ids = Tensor::from_vec(vec![3i64, 17, 5], [1, 3]);
+    let want = f32_model().forward(&ids).unwrap();
+    let report = model.quantize_(&config).unwrap();
+    assert!(report.quantized.contains(&"model.embed_tokens.weight".to_string()));
+    assert!(!report.quantized.iter().any(|n| n.contains("v_proj") || n.contains("layers.0.")));
+    assert!(!report.quantized.contains(&"lm_head.weight".to_string()));
+    let skipped = report.kept.iter().filter(|(_, why)| why.starts_with("skipped")).count();
+    let layers = model.config().num_hidden_layers;
+    assert_eq!(skipped, 7 + (layers - 1), "{report:?}");
+    // The lookups dequantize the rows they pick: as the float model up to Q8_0's rounding.
+    let (logits, profile) = kiln::profile(|| {
+        let logits = model.forward(&ids).unwrap();
+        logits.realize();
+        logits
+    });
+    assert!(profile.events().iter().any(|e| e.name == "embedding_q8_0"));
+    assert!(relative(&logits, &want) < 0.02);
+    // Quantizing again leaves what is quantized, and says so.
+    let again = model.quantize_(&QuantConfig::new(GgmlType::Q4_0)).unwrap();
+    assert!(
+        again
+            .kept
+            .iter()
+            .any(|(n, why)| n.ends_with("q_proj.weight") && why == "already Q8_0 blocks")
+    );
+    // An id outside the table is an error naming it.
+    let logits = model.forward(&Tensor::from_vec(vec![100_000i64], [1, 1])).unwrap();
+    let err = logits.try_realize().unwrap_err();
+    assert!(err.to_string().contains("index 100000 is out of range"), "{err}");
+}
+
+#[test]
+fn types_it_does_not_write_are_errors() {
+    let mut model = f32_model();
+    let err = model.quantize_(&QuantConfig::new(GgmlType::Q6_K)).unwrap_err().to_string();
+    assert_eq!(err, "quantize_: Q6_K is not a type quantize_ writes: Q8_0, Q4_0 or Q4_K");
+    assert!(model.named_parameters().iter().all(|(_, t)| t.dtype() == DType::F32));
+}
+
+#[path = "../examples/common/shakespeare.rs"]
+mod shakespeare;
+
+/// 16 windows of 129 characters spread over the validation tenth of the six plays (what
+/// `train_llama` held out).
+fn validation_windows() -> Vec<Vec<i64>> {
+    let plays = shakespeare::Plays::load().expect("the corpus");
+    let ids = plays.encode(&plays.six);
+    let val = &ids[ids.len() * 9 / 10..];
+    let stride = (val.len() - 129) / 16;
+    (0..16).map(|i| val[i * stride..i * stride + 129].to_vec()).collect()
+}
+
+#[test]
+fn the_bundled_model_s_perplexity_survives_quantization() {
+    use kiln_models::{Evaluation, perplexity};
+    let load = bundled;
+    let windows = validation_windows();
+    let float = perplexity(&load(), &windows, Evaluation::Prefill).unwrap();
+    let stepwise = perplexity(&load(), &windows, Evaluation::Decode).unwrap();
+    assert!((stepwise / float - 1.0).abs() < 1e-4, "{stepwise} decoding, {float} at once");
+    for (kind, activations, how) in [
+        (GgmlType::Q8_0, Activations::F32, Evaluation::Prefill),
+        (GgmlType::Q8_0, Activations::F32, Evaluation::Decode),
+        (GgmlType::Q8_0, Activations::Int8, Evaluation::Decode),
+        (GgmlType::Q4_0, Activations::F32, Evaluation::Prefill),
+        (GgmlType::Q4_0, Activations::Int8, Evaluation::Decode),
+    ] {
+        let mut model = load();
+        model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) }).unwrap();
+        let p = perplexity(&model, &windows, how).unwrap();
+        // The quantization issue's bounds: 8-bit within 1% of f32's perplexity, 4-bit
+        // within 5% (measured: Q8_0 +0.003%, with int8 activations -0.005%; Q4_0 +2.0%).
+        let bound = if kind == GgmlType::Q8_0 { 0.01 } else { 0.05 };
+        let change = p / float - 1.0;
+        assert!(change.abs() < bound, "{kind} {activations:?} {how:?}: {p} against {float}");
+        assert!(p != float, "{kind} {activations:?} {how:?}: no change at all");
+    }
+}
