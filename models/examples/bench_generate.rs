@@ -6,11 +6,13 @@
 //! ```text
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
 //! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized [--int8-activations]]
+//! cargo run --release -p kiln-models --example bench_generate -- --model DIR --quantize q8_0|q4_0|q4_k [--int8-activations]
 //! ```
 //!
 //! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
 //! or with `--keep-quantized` its quantized projections read their blocks (and with
-//! `--int8-activations` take integer products with activations quantized per block).
+//! `--int8-activations` take integer products with activations quantized per block). A
+//! Llama folder's weights are quantized after loading with `--quantize` (`Llama::quantize_`).
 //!
 //! `--profile` prints kiln's profile of a generation (after a warm-up) instead: a 32-token
 //! prompt's prefill and 16 decode steps, so that the decode step's kernels lead.
@@ -21,7 +23,9 @@ use std::path::PathBuf;
 use kiln::{DType, Device};
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
+use kiln_models::quantize::QuantConfig;
 use kiln_models::{Activations, CausalLm, Config, GenerateOptions, LoadOptions, generate};
+use kiln_runtime::quant::GgmlType;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -66,6 +70,7 @@ fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
     let (mut profiling, mut keep_quantized, mut int8) = (false, false, false);
+    let mut quantize = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if ["--profile", "--keep-quantized", "--int8-activations"].contains(&flag.as_str()) {
@@ -82,6 +87,14 @@ fn main() -> kiln::Result<()> {
             "--reps" => reps = value.parse().unwrap_or(3),
             "--json" => json = Some(PathBuf::from(value)),
             "--cuda" => device = Device::Cuda(0),
+            "--quantize" => {
+                quantize = Some(match value.as_str() {
+                    "q8_0" => GgmlType::Q8_0,
+                    "q4_0" => GgmlType::Q4_0,
+                    "q4_k" => GgmlType::Q4_K,
+                    other => panic!("--quantize {other}: q8_0, q4_0 or q4_k"),
+                })
+            }
             other => panic!("unknown argument {other}"),
         }
     }
@@ -91,37 +104,37 @@ fn main() -> kiln::Result<()> {
     };
     let activations = if int8 { Activations::Int8 } else { Activations::F32 };
     let options = LoadOptions { dtype, device, keep_quantized, activations };
-    if dir.is_file() {
-        let model = Llama::from_gguf(&dir, options)?;
-        if profiling {
-            return profile(&model);
-        }
-        let (decode, prefill) = measure(&model, new, reps)?;
-        let kept = match (keep_quantized, int8) {
-            (false, _) => "",
-            (true, false) => ", quantized projections kept",
-            (true, true) => ", quantized projections kept, int8 activations",
-        };
-        println!(
-            "{}{kept}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s",
-            dir.display()
-        );
-        return Ok(());
-    }
-    if profiling {
-        return match Config::from_dir(&dir)? {
-            Config::Gpt2(_) => profile(&Gpt2::from_pretrained(&dir, options)?),
-            Config::Llama(_) => profile(&Llama::from_pretrained(&dir, options)?),
-            Config::Bert(_) => Err(not_generative(&dir)),
-        };
-    }
-    let (decode, prefill) = match Config::from_dir(&dir)? {
-        Config::Gpt2(_) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
-        Config::Llama(_) => measure(&Llama::from_pretrained(&dir, options)?, new, reps)?,
-        Config::Bert(_) => return Err(not_generative(&dir)),
-    };
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    println!("{name} {dtype}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s");
+    // What the record's "dtype" names: the weights' form and the activations'.
+    let form =
+        match (quantize, keep_quantized && dir.is_file(), int8) {
+            (Some(kind), _, _) => format!("{kind} (quantize_)"),
+            (None, true, _) => "blocks kept".to_string(),
+            (None, false, _) => dtype.to_string(),
+        } + if int8 && (quantize.is_some() || keep_quantized) { ", int8 activations" } else { "" };
+    if profiling {
+        return match (dir.is_file(), Config::from_dir(&dir)) {
+            (true, _) => profile(&Llama::from_gguf(&dir, options)?),
+            (false, Ok(Config::Gpt2(_))) => profile(&Gpt2::from_pretrained(&dir, options)?),
+            (false, Ok(Config::Llama(_))) => profile(&Llama::from_pretrained(&dir, options)?),
+            (false, Ok(Config::Bert(_))) => Err(not_generative(&dir)),
+            (false, Err(e)) => Err(e),
+        };
+    }
+    let llama = |mut model: Llama| -> kiln::Result<(f64, f64)> {
+        if let Some(kind) = quantize {
+            model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) })?;
+        }
+        measure(&model, new, reps)
+    };
+    let (decode, prefill) = match (dir.is_file(), Config::from_dir(&dir)) {
+        (true, _) => llama(Llama::from_gguf(&dir, options)?)?,
+        (false, Ok(Config::Gpt2(_))) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
+        (false, Ok(Config::Llama(_))) => llama(Llama::from_pretrained(&dir, options)?)?,
+        (false, Ok(Config::Bert(_))) => return Err(not_generative(&dir)),
+        (false, Err(e)) => return Err(e),
+    };
+    println!("{name} {form}: decode {decode:.1} tokens/s, prefill (512) {prefill:.1} tokens/s");
     if let Some(path) = json {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -130,7 +143,7 @@ fn main() -> kiln::Result<()> {
             .expect("the JSON file");
         writeln!(
             f,
-            "{{\"framework\":\"kiln\",\"model\":\"{name}\",\"dtype\":\"{dtype}\",\"decode_tokens_per_s\":{decode:.2},\"prefill_tokens_per_s\":{prefill:.2}}}"
+            "{{\"framework\":\"kiln\",\"model\":\"{name}\",\"dtype\":\"{form}\",\"decode_tokens_per_s\":{decode:.2},\"prefill_tokens_per_s\":{prefill:.2}}}"
         )
         .expect("a write");
     }

@@ -8,6 +8,7 @@
 //! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
 //! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized [--int8-activations]]
+//! cargo run --release -p kiln-models --example generate -- --model DIR --quantize q8_0|q4_0|q4_k [--int8-activations]
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
 //! ```
@@ -19,9 +20,11 @@ use kiln::{DType, Device};
 use kiln_models::gguf::Gguf;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
+use kiln_models::quantize::QuantConfig;
 use kiln_models::{
     Activations, CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
 };
+use kiln_runtime::quant::GgmlType;
 
 const HOW_TO_GET_A_MODEL: &str = "\
 generate --model DIR runs a local Hugging Face folder with config.json, model.safetensors
@@ -34,7 +37,8 @@ one with git (git lfs install; git clone https://huggingface.co/openai-community
 GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FILE.gguf runs
 a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
 --keep-quantized keeps its quantized projections in their blocks (CPU), and
---int8-activations quantizes their inputs too for integer products (as llama.cpp does).";
+--int8-activations quantizes their inputs too for integer products (as llama.cpp does).
+--quantize q8_0|q4_0|q4_k stores a Llama's weights as those blocks after loading.";
 
 struct Args {
     model: Option<PathBuf>,
@@ -43,6 +47,8 @@ struct Args {
     prompt: String,
     options: GenerateOptions,
     load: LoadOptions,
+    /// `--quantize`: the Llama's weights stored as these blocks after loading.
+    quantize: Option<GgmlType>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -52,6 +58,7 @@ fn parse() -> Result<Args, String> {
         prompt: "The".into(),
         options: GenerateOptions { max_new_tokens: 64, ..GenerateOptions::default() },
         load: LoadOptions::default(),
+        quantize: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +77,14 @@ fn parse() -> Result<Args, String> {
             "--no-cache" => args.options.use_cache = false,
             "--keep-quantized" => args.load.keep_quantized = true,
             "--int8-activations" => args.load.activations = Activations::Int8,
+            "--quantize" => {
+                args.quantize = Some(match value()?.as_str() {
+                    "q8_0" => GgmlType::Q8_0,
+                    "q4_0" => GgmlType::Q4_0,
+                    "q4_k" => GgmlType::Q4_K,
+                    other => return Err(format!("--quantize {other}: q8_0, q4_0 or q4_k")),
+                })
+            }
             "--cuda" => args.load.device = Device::Cuda(0),
             "--dtype" => {
                 args.load.dtype = match value()?.as_str() {
@@ -107,12 +122,32 @@ fn run(model: &impl CausalLm, tokenizer: &Tokenizer, args: &Args) -> kiln::Resul
     Ok(generation)
 }
 
+/// `model` with its weights quantized as `--quantize` says (and the activations as
+/// `--int8-activations` says), reporting what stayed in floats.
+fn quantized(mut model: Llama, args: &Args) -> kiln::Result<Llama> {
+    if let Some(kind) = args.quantize {
+        let config = QuantConfig { activations: args.load.activations, ..QuantConfig::new(kind) };
+        let report = model.quantize_(&config)?;
+        eprintln!("quantized {} weights to {kind}", report.quantized.len());
+        for (name, why) in &report.kept {
+            eprintln!("  kept {name}: {why}");
+        }
+    }
+    Ok(model)
+}
+
 /// Runs the Hugging Face folder `dir`.
 fn from_folder(dir: &std::path::Path, args: &Args) -> kiln::Result<Generation> {
     let tokenizer = Tokenizer::from_dir(dir)?;
     match Config::from_dir(dir)? {
+        Config::Gpt2(_) if args.quantize.is_some() => Err(kiln::Error::Value {
+            op: "generate",
+            detail: "--quantize applies to the Llama family (Llama::quantize_)".into(),
+        }),
         Config::Gpt2(_) => run(&Gpt2::from_pretrained(dir, args.load)?, &tokenizer, args),
-        Config::Llama(_) => run(&Llama::from_pretrained(dir, args.load)?, &tokenizer, args),
+        Config::Llama(_) => {
+            run(&quantized(Llama::from_pretrained(dir, args.load)?, args)?, &tokenizer, args)
+        }
         Config::Bert(_) => Err(kiln::Error::Value {
             op: "generate",
             detail: format!(
@@ -157,7 +192,7 @@ fn main() {
                 args.options.stop_tokens.push(eos as i64);
             }
             let tokenizer = Tokenizer::from_gguf(&file)?;
-            run(&Llama::load_gguf(&file, args.load)?, &tokenizer, &args)?
+            run(&quantized(Llama::load_gguf(&file, args.load)?, &args)?, &tokenizer, &args)?
         } else {
             from_folder(&dir, &args)?
         };

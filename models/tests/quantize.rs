@@ -26,6 +26,25 @@ fn relative(got: &Tensor, want: &Tensor) -> f64 {
 }
 
 #[test]
+fn blocks_are_ggml_s_own_bit_for_bit() {
+    // GGML's quantizers (llama.cpp's library, `make_gguf.py`) on rows of values at several
+    // scales, with outliers, exact ties, constants, zeros and positives only.
+    let saved = kiln::serialize::load(fixture("quantize.expected.safetensors")).unwrap();
+    let get = |name: &str| &saved.iter().find(|(n, _)| n == name).expect("a saved tensor").1;
+    let values = get("values").to_vec::<f32>();
+    for (name, kind) in
+        [("q8_0", GgmlType::Q8_0), ("q4_0", GgmlType::Q4_0), ("q4_k", GgmlType::Q4_K)]
+    {
+        let want = get(name).to_vec::<u8>();
+        let mut got = vec![0u8; want.len()];
+        kiln_runtime::quant::quantize(kind, &values, &mut got).unwrap();
+        let size = kind.block().unwrap().1;
+        let differ = got.chunks(size).zip(want.chunks(size)).position(|(a, b)| a != b);
+        assert_eq!(differ, None, "{kind}: block {differ:?} differs from GGML's");
+    }
+}
+
+#[test]
 fn q8_0_blocks_are_the_converter_s_bit_for_bit() {
     let mut model = f32_model();
     let report = model.quantize_(&QuantConfig::new(GgmlType::Q8_0)).unwrap();

@@ -164,7 +164,7 @@ fn scale_and_min(x: &[f32], weights: &[f32; 32], levels: &mut [u8]) -> (f32, f32
     for ((l, &v), &w) in levels.iter_mut().zip(x).zip(weights) {
         *l = level(iscale, v, min);
         let diff = scale * f32::from(*l) + min - v;
-        best += w * diff * diff;
+        best += w * (diff * diff);
     }
     let mut trial = [0u8; 32];
     for step in 0..=20 {
@@ -193,7 +193,7 @@ fn scale_and_min(x: &[f32], weights: &[f32; 32], levels: &mut [u8]) -> (f32, f32
             .zip(weights)
             .map(|((&l, &v), &w)| {
                 let diff = this_scale * f32::from(l) + this_min - v;
-                w * diff * diff
+                w * (diff * diff)
             })
             .sum();
         if error < best {
