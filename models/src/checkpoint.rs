@@ -24,9 +24,10 @@ pub struct LoadOptions {
     pub dtype: DType,
     /// The device the parameters live on.
     pub device: Device,
-    /// Whether projections whose weights a GGUF file stores as GGML blocks keep them so (on
-    /// the CPU): their products read the blocks ([`crate::linear::Linear::quantized`]);
-    /// embeddings, norms and the head are dequantized to `dtype` as before. Off by
+    /// Whether the projections, the head and the embedding table keep the GGML blocks a
+    /// GGUF file stores them in (on the CPU): the products read the blocks
+    /// ([`crate::linear::Linear::quantized`]) and the lookups dequantize the rows they pick;
+    /// norms and tensors stored as floats are converted to `dtype` as before. Off by
     /// default, and for other devices and for checkpoint folders.
     pub keep_quantized: bool,
     /// How the products of weights kept quantized take their input in decode steps

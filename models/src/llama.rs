@@ -190,7 +190,12 @@ impl Llama {
         let c = &config;
         let (e, d) = (c.hidden_size, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
-        let embed_tokens = l.take("model.embed_tokens.weight", &[c.vocab_size, e]);
+        // Kept quantized, the table's lookups dequantize the rows they pick (a large
+        // vocabulary's table is most of a small model's bytes).
+        let (embed_tokens, embed_kind) =
+            l.take_projection("model.embed_tokens.weight", c.vocab_size, e);
+        let activations = l.activations();
+        let embed_quantized = embed_kind.map(|kind| Quantized { kind, activations });
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
                 let at = format!("model.layers.{i}");
@@ -225,10 +230,7 @@ impl Llama {
             Some(l.take_projection("lm_head.weight", c.vocab_size, e))
         };
         let (lm_head, lm_head_quantized) = match lm_head {
-            Some((head, kind)) => {
-                let activations = l.activations();
-                (Some(head), kind.map(|kind| Quantized { kind, activations }))
-            }
+            Some((head, kind)) => (Some(head), kind.map(|kind| Quantized { kind, activations })),
             None => (None, None),
         };
         l.finish()?;
@@ -241,7 +243,7 @@ impl Llama {
             norm,
             lm_head,
             lm_head_quantized,
-            embed_quantized: None,
+            embed_quantized,
             positions,
             inv_freq,
             source: None,

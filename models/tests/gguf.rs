@@ -452,15 +452,15 @@ fn projections_kept_quantized_read_their_blocks_and_match_the_dequantized_model(
     let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
     let quantized = Llama::from_gguf(fixture("llama-q8_0.gguf"), keep).unwrap();
     let dense = Llama::from_gguf(fixture("llama-q8_0.gguf"), LoadOptions::default()).unwrap();
-    // The projections and head llama.cpp stored as Q8_0 keep their blocks (u8), ffn_down
-    // (F16) not.
+    // The projections, head and embedding table llama.cpp stored as Q8_0 keep their blocks
+    // (u8), ffn_down (F16) not.
     let kept: Vec<String> = quantized
         .named_parameters()
         .into_iter()
         .filter(|(_, t)| t.dtype() == DType::U8)
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(kept.len(), 2 * 6 + 1, "{kept:?}"); // and the head
+    assert_eq!(kept.len(), 2 * 6 + 2, "{kept:?}"); // and the head and the table
     assert!(kept.iter().all(|n| !n.contains("down_proj")), "{kept:?}");
     // A prefill (14 rows: the blocks dequantized for a dense product) gives transformers'
     // logits with the dequantized weights.
