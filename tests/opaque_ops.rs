@@ -379,3 +379,44 @@ fn a_cuda_implementation_is_checked_against_the_cpu_one() {
     let m = cpu_only.try_call(&[&x]).unwrap_err().to_string();
     assert!(m.contains("cpu_only") && m.contains("no CUDA implementation"), "{m}");
 }
+
+#[test]
+fn kiln_check_compares_an_op_with_its_reference_implementation() {
+    // A "fast" square that is wrong for inputs above 2, beside an f64 reference.
+    let square = |wrong_above: f64| {
+        move |inputs: &[kiln::ops::CpuInput<'_>], out: &mut kiln::ops::CpuOutput<'_>| {
+            let x = inputs[0].to_vec::<f32>();
+            let start = out.start();
+            for (i, o) in out.values::<f32>()?.iter_mut().enumerate() {
+                let v = x[start + i];
+                *o = if f64::from(v) > wrong_above { v * v * 1.01 } else { v * v };
+            }
+            Ok(())
+        }
+    };
+    let reference = |inputs: &[kiln::ops::CpuInput<'_>], out: &mut kiln::ops::CpuOutput<'_>| {
+        let x = inputs[0].to_vec::<f64>();
+        let start = out.start();
+        for (i, o) in out.values::<f32>()?.iter_mut().enumerate() {
+            *o = (x[start + i] * x[start + i]) as f32;
+        }
+        Ok(())
+    };
+    let good = Opaque::builder("checked_square", 1, square(f64::INFINITY))
+        .reference(1e-6, reference)
+        .build();
+    let wrong = Opaque::builder("wrong_square", 1, square(2.0)).reference(1e-6, reference).build();
+    let x = Tensor::from_vec(vec![0.5f32, -1.5, 3.0, 1.0], [2, 2]);
+    assert_eq!(kiln::with_check(|| good.call(&[&x]).to_vec::<f32>()), [0.25, 2.25, 9.0, 1.0]);
+    // Unchecked, the wrong one runs; checked, it fails naming the element and both values.
+    if !std::env::var("KILN_CHECK").is_ok_and(|v| !v.is_empty() && v != "0") {
+        assert_eq!(wrong.call(&[&x]).to_vec::<f32>()[2], 9.09);
+    }
+    let m =
+        kiln::with_check(|| wrong.call(&[&x]).try_realize().map(|_| ()).unwrap_err()).to_string();
+    assert!(
+        m.contains("wrong_square") && m.contains("element [1, 0]") && m.contains("is 9.09"),
+        "{m}"
+    );
+    assert!(m.contains("reference implementation's is 9"), "{m}");
+}

@@ -128,6 +128,7 @@ fn build(kind: GgmlType) -> Ops {
     // A few output elements per task: each is a whole row's dot product, and a decode
     // step's projections have only hundreds to thousands of them.
     .split(Split::Runs(64))
+    .reference(CHECK_TOLERANCE, reference(kind, None))
     .shape(move |inputs| {
         let ((x, x_dtype), (w, w_dtype)) = (&inputs[0], &inputs[1]);
         let (x, w) = (x.dims(), w.dims());
@@ -209,6 +210,52 @@ fn embedding_op(kind: GgmlType) -> Opaque {
         }
     })
     .build()
+}
+
+/// How far (of the larger magnitude, at least 1) a product may be from the f64 product of
+/// the blocks' values under `KILN_CHECK`: each block's sum is in f32 lanes (or exact
+/// integers) and the blocks' sums are added in f32; a misread block is off by far more.
+const CHECK_TOLERANCE: f64 = 1e-3;
+
+/// `KILN_CHECK`'s reference for the products of `kind` weights with f32 inputs (`act`
+/// `None`) or with activation blocks: each element the f64 dot product of the weight row's
+/// dequantized values with the input row's.
+fn reference(
+    kind: GgmlType,
+    act: Option<GgmlType>,
+) -> impl Fn(
+    &[kiln::ops::CpuInput<'_>],
+    &mut kiln::ops::CpuOutput<'_>,
+) -> std::result::Result<(), String>
++ Send
++ Sync
++ 'static {
+    move |inputs, out| {
+        let (x, w) = (&inputs[0], &inputs[1]);
+        let (rows, row_bytes) = (w.shape()[0], w.shape()[1]);
+        let k = values_per_row(kind, row_bytes).ok_or("rows of partial blocks")?;
+        let xs: Vec<f32> = match act {
+            None => dense::<f32>(x)?.into_owned(),
+            Some(act) => {
+                let bytes = dense::<u8>(x)?;
+                let (values, size) = act.block().ok_or("an unknown activation type")?;
+                let mut xs = vec![0f32; bytes.len() / size * values];
+                quant::dequantize(act, &bytes, &mut xs).map_err(|e| e.to_string())?;
+                xs
+            }
+        };
+        let w_bytes = dense::<u8>(w)?;
+        let mut row = vec![0f32; k];
+        let start = out.start();
+        for (i, o) in out.values::<f32>()?.iter_mut().enumerate() {
+            let (m, n) = ((start + i) / rows, (start + i) % rows);
+            quant::dequantize(kind, &w_bytes[n * row_bytes..(n + 1) * row_bytes], &mut row)
+                .map_err(|e| e.to_string())?;
+            let terms = row.iter().zip(&xs[m * k..(m + 1) * k]);
+            *o = terms.map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32;
+        }
+        Ok(())
+    }
 }
 
 /// The rows `ids` picks from a table stored as `kind` blocks, dequantized to f32.
@@ -310,6 +357,7 @@ fn int8_product(kind: GgmlType) -> Opaque {
         Ok(())
     })
     .split(Split::Runs(64))
+    .reference(CHECK_TOLERANCE, reference(kind, Some(act)))
     .shape(move |inputs| {
         let ((a, a_dtype), (w, w_dtype)) = (&inputs[0], &inputs[1]);
         let (a, w) = (a.dims(), w.dims());

@@ -72,6 +72,9 @@ pub struct Implementation {
     /// Without a CUDA implementation: whether GPU inputs run the CPU implementation on host
     /// copies (a host step in profiles) rather than failing.
     pub host_on_gpu: bool,
+    /// A simpler implementation that `KILN_CHECK` compares the CPU one against, and the
+    /// relative tolerance (of the larger magnitude, at least 1).
+    pub reference: Option<(Box<CpuFn>, f64)>,
 }
 
 /// The registered implementations, by definition id.
@@ -246,19 +249,39 @@ pub(crate) fn run_cpu(
         .enumerate()
         .map(|(index, &(buffer, view))| Input { buffer, view, index })
         .collect();
-    let first = with_element_type!(op.dtype, T => filled::<T>(op, &imp, &views, false))?;
+    let cpu = &*imp.cpu;
+    let first = with_element_type!(op.dtype, T => filled::<T>(op, &imp, cpu, &views, false))?;
     if verify {
-        let second = with_element_type!(op.dtype, T => filled::<T>(op, &imp, &views, true))?;
+        let second = with_element_type!(op.dtype, T => filled::<T>(op, &imp, cpu, &views, true))?;
         unwritten(op, &first, &second)?;
+        if let Some((reference, tolerance)) = &imp.reference {
+            let want = with_element_type!(
+                op.dtype, T => filled::<T>(op, &imp, &**reference, &views, false)
+            )?;
+            if let Some((at, got, want)) = difference(&first, &want, *tolerance) {
+                return Err(RuntimeError::Custom {
+                    op: op.name,
+                    detail: format!(
+                        "its CPU implementation's element {:?} of its {} result is {got}, its \
+                         reference implementation's is {want} (checked under KILN_CHECK, \
+                         tolerance {tolerance:e} of the larger magnitude)",
+                        unravel(&op.shape, at),
+                        op.shape,
+                    ),
+                });
+            }
+        }
     }
     Ok(first)
 }
 
-/// The result of `imp`'s CPU function over `inputs`, each chunk first filled with zero bits
-/// (or, with `ones`, with every bit set; `true` for bools).
+/// The result of `cpu` (one of `imp`'s CPU functions) over `inputs`, split as `imp` says,
+/// each chunk first filled with zero bits (or, with `ones`, with every bit set; `true` for
+/// bools).
 fn filled<T: Element>(
     op: &Custom,
     imp: &Implementation,
+    cpu: &CpuFn,
     inputs: &[Input<'_>],
     ones: bool,
 ) -> Result<Buffer, RuntimeError> {
@@ -303,7 +326,7 @@ fn filled<T: Element>(
                     len,
                 };
                 let result =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| (imp.cpu)(inputs, &mut output)));
+                    std::panic::catch_unwind(AssertUnwindSafe(|| cpu(inputs, &mut output)));
                 let message = match result {
                     Ok(Ok(())) => return,
                     Ok(Err(message)) => message,
@@ -384,23 +407,27 @@ pub(crate) fn compare(
     scale: f64,
 ) -> Result<(), RuntimeError> {
     let tolerance = scale * crate::exec::check_tolerance(op.dtype);
+    let Some((at, got, want)) = difference(got, want, tolerance) else { return Ok(()) };
+    Err(RuntimeError::Custom {
+        op: op.name,
+        detail: format!(
+            "its CUDA implementation's element {:?} of its {} result is {got}, its CPU \
+             implementation's is {want} (checked under KILN_CHECK: the CPU implementation is \
+             the reference)",
+            unravel(&op.shape, at),
+            op.shape,
+        ),
+    })
+}
+
+/// The first element where `got` and `want` differ by more than `tolerance` of the larger
+/// magnitude (at least 1), with both values; NaNs in both places agree.
+fn difference(got: &Buffer, want: &Buffer, tolerance: f64) -> Option<(usize, f64, f64)> {
     let all = View::contiguous(Shape::from([got.len()]));
     let (g, w) = (got.gather::<f64>(&all), want.gather::<f64>(&all));
     let bad = g.iter().zip(&w).position(|(&a, &b)| {
         let same_nan = a.is_nan() && b.is_nan();
         !(same_nan || a == b || (a - b).abs() <= tolerance * a.abs().max(b.abs()).max(1.0))
     });
-    let Some(at) = bad else { return Ok(()) };
-    Err(RuntimeError::Custom {
-        op: op.name,
-        detail: format!(
-            "its CUDA implementation's element {:?} of its {} result is {}, its CPU \
-             implementation's is {} (checked under KILN_CHECK: the CPU implementation is the \
-             reference)",
-            unravel(&op.shape, at),
-            op.shape,
-            g[at],
-            w[at]
-        ),
-    })
+    bad.map(|at| (at, g[at], w[at]))
 }

@@ -116,6 +116,7 @@ pub struct OpaqueBuilder {
     shape: Option<Box<ShapeRule>>,
     backward: Option<Arc<Backward>>,
     autocast: AutocastPolicy,
+    reference: Option<(Box<CpuFn>, f64)>,
 }
 
 impl std::fmt::Debug for Opaque {
@@ -149,6 +150,7 @@ impl Opaque {
             shape: None,
             backward: None,
             autocast: AutocastPolicy::Keep,
+            reference: None,
         }
     }
 
@@ -321,6 +323,21 @@ impl OpaqueBuilder {
         self
     }
 
+    /// A simpler implementation of the same result (same signature as the CPU one, split
+    /// the same way: an f64 loop beside an optimised kernel) that `KILN_CHECK` runs too,
+    /// failing the run where an element differs from it by more than `tolerance` of the
+    /// larger magnitude (at least 1).
+    pub fn reference<F>(mut self, tolerance: f64, reference: F) -> OpaqueBuilder
+    where
+        F: Fn(&[CpuInput<'_>], &mut CpuOutput<'_>) -> std::result::Result<(), String>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.reference = Some((Box::new(reference), tolerance));
+        self
+    }
+
     /// What autocast does to the inputs ([`AutocastPolicy::Keep`] by default).
     pub fn autocast(mut self, policy: AutocastPolicy) -> OpaqueBuilder {
         self.autocast = policy;
@@ -338,6 +355,7 @@ impl OpaqueBuilder {
             split: self.split,
             cuda: self.cuda,
             host_on_gpu: self.host_on_gpu,
+            reference: self.reference,
         });
         Opaque(Arc::new(Definition {
             name: self.name,

@@ -75,6 +75,7 @@ const READERS: &[(GgmlType, Reader)] = &[
     (GgmlType::Q4_K, |b, o| each(GgmlType::Q4_K, b, o, q4_k)),
     (GgmlType::Q5_K, |b, o| each(GgmlType::Q5_K, b, o, q5_k)),
     (GgmlType::Q6_K, |b, o| each(GgmlType::Q6_K, b, o, q6_k)),
+    (GgmlType::Q8_K, |b, o| each(GgmlType::Q8_K, b, o, q8_k)),
 ];
 
 type Reader = fn(&[u8], &mut [f32]);
@@ -334,6 +335,14 @@ fn q3_k(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// `d: f32, qs: [i8; 256], bsums: [i16; 16]` (the sums are not values).
+fn q8_k(b: &[u8], out: &mut [f32]) {
+    let d = f32::from_le_bytes(le(b));
+    for (o, &q) in out.iter_mut().zip(&b[4..260]) {
+        *o = d * f32::from(q as i8);
+    }
+}
+
 /// Sub-block `j`'s 6-bit scale and min from Q4_K's 12 packed bytes (`get_scale_min_k4`).
 fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -430,7 +439,7 @@ mod tests {
         let err = dequantize(GgmlType(16), &[0; 66], &mut out).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "IQ2_XXS is not a type kiln reads (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+            "IQ2_XXS is not a type kiln reads (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)"
         );
     }
 
