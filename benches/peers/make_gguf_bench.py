@@ -2,7 +2,8 @@
 under OUT_DIR/llama-125m), in llama.cpp's tensor names and row order, written by the `gguf`
 package (models/tests/fixtures/requirements-gguf.txt): `llama-125m-f32.gguf`, and
 `llama-125m-q8_0.gguf` / `llama-125m-q4_0.gguf` with every projection and the head quantized
-by the package (the embeddings and norms stay f32, as llama.cpp's converter keeps norms).
+by the package (the embeddings and norms stay f32, as llama.cpp's converter keeps norms), and a
+SentencePiece vocabulary of filler pieces (llama.cpp loads no file without one).
 
     python make_gguf_bench.py OUT_DIR
 """
@@ -41,6 +42,17 @@ for kind in (T.F32, T.Q8_0, T.Q4_0):
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_rope_freq_base(config.get("rope_theta", config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    # A SentencePiece vocabulary of the model's size (the benchmark feeds random ids; llama.cpp
+    # needs one to load the file): <unk>, <s>, </s>, the 256 byte tokens, then filler pieces.
+    vocab = config["vocab_size"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(vocab - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(vocab - 259)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
     for name, t in sorted(weights.items()):
         t = t.astype(np.float32)
         if name == "model.embed_tokens.weight":

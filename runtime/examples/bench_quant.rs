@@ -84,7 +84,9 @@ fn main() {
         "type", "MB", "f32 1t ms", "f32 all ms", "x floor", "int8 1t ms", "int8 all ms", "x floor"
     );
     let x: Vec<f32> = (0..COLS).map(|i| ((i % 13) as f32 - 6.0) / 7.0).collect();
-    for kind in dequantized().filter(|k| k.block().is_some_and(|b| b.0 > 1)) {
+    // The weight block types (Q8_K holds activations).
+    let weights_kinds = dequantized().filter(|&k| k.block().is_some_and(|b| b.0 > 1));
+    for kind in weights_kinds.filter(|&k| k != GgmlType::Q8_K) {
         let w = weights(kind);
         let f32_product = |rows: &[u8], out: &mut [f32]| {
             dot_rows_on(path, kind, rows, &x, out).expect("a product");
