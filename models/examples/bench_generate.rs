@@ -93,7 +93,7 @@ fn main() -> kiln::Result<()> {
                     "q4_0" => GgmlType::Q4_0,
                     "q4_k" => GgmlType::Q4_K,
                     other => panic!("--quantize {other}: q8_0, q4_0 or q4_k"),
-                })
+                });
             }
             other => panic!("unknown argument {other}"),
         }

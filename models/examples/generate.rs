@@ -83,7 +83,7 @@ fn parse() -> Result<Args, String> {
                     "q4_0" => GgmlType::Q4_0,
                     "q4_k" => GgmlType::Q4_K,
                     other => return Err(format!("--quantize {other}: q8_0, q4_0 or q4_k")),
-                })
+                });
             }
             "--cuda" => args.load.device = Device::Cuda(0),
             "--dtype" => {

@@ -16,7 +16,10 @@
 //!
 //! GGUF files (llama.cpp's format): [`gguf::Gguf`] reads their metadata and tensors (GGML's
 //! block types dequantized), [`llama::Llama::from_gguf`] builds a Llama-family model and
-//! [`Tokenizer::from_gguf`] its tokenizer.
+//! [`Tokenizer::from_gguf`] its tokenizer; with [`LoadOptions::keep_quantized`] the weights
+//! stay in their blocks. [`llama::Llama::quantize_`] stores a float model's weights as
+//! Q8_0, Q4_0 or Q4_K blocks ([`quantize::QuantConfig`]), [`Activations::Int8`] makes decode
+//! steps take integer products, and [`perplexity`] measures what quantizing cost.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

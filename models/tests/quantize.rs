@@ -178,17 +178,17 @@ fn validation_windows() -> Vec<Vec<i64>> {
 fn perplexity_survives(load: fn() -> Llama, cases: &[(GgmlType, Activations, f64)]) {
     use kiln_models::{Evaluation, perplexity};
     let windows = validation_windows();
-    let float = perplexity(&load(), &windows, Evaluation::Prefill).unwrap();
-    let stepwise = perplexity(&load(), &windows, Evaluation::Decode).unwrap();
+    let float = perplexity(&load(), &windows, Evaluation::Prefill).expect("a perplexity");
+    let stepwise = perplexity(&load(), &windows, Evaluation::Decode).expect("a perplexity");
     assert!((stepwise / float - 1.0).abs() < 1e-4, "{stepwise} decoding, {float} at once");
     for &(kind, activations, bound) in cases {
         let mut model = load();
         let report = model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) });
-        assert!(report.unwrap().kept.is_empty());
+        assert!(report.expect("a quantized model").kept.is_empty());
         // A prefill (the blocks dequantized for dense products) and token by token (the
         // blocks read in place, with int8 activations where chosen).
         for how in [Evaluation::Prefill, Evaluation::Decode] {
-            let p = perplexity(&model, &windows, how).unwrap();
+            let p = perplexity(&model, &windows, how).expect("a perplexity");
             let change = p / float - 1.0;
             assert!(change.abs() < bound, "{kind} {activations:?} {how:?}: {p} against {float}");
             assert!(p != float, "{kind} {activations:?} {how:?}: no change at all");

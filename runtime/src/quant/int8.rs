@@ -191,6 +191,7 @@ mod avx2 {
     #[inline(always)]
     unsafe fn half(b: &[u8], at: usize) -> f32 {
         let bits = i32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))) }
     }
 
@@ -204,6 +205,7 @@ mod avx2 {
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -216,6 +218,7 @@ mod avx2 {
     /// fits `pmaddubsw`'s `i16`.
     #[inline(always)]
     unsafe fn dot_i8(w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
             _mm256_madd_epi16(products, _mm256_set1_epi16(1))
@@ -227,6 +230,7 @@ mod avx2 {
     #[inline(always)]
     unsafe fn scales2(w0: &[u8], a0: &[u8], w1: &[u8], a1: &[u8]) -> __m256 {
         let bits = |b: &[u8]| i16::from_le_bytes([b[0], b[1]]);
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let h = _mm_setr_epi16(bits(w0), bits(a0), bits(w1), bits(a1), 0, 0, 0, 0);
             let f = _mm_cvtph_ps(h);
@@ -248,6 +252,7 @@ mod avx2 {
         (w_size, a_size): (usize, usize),
         sum: impl Fn(&[u8], &[u8]) -> __m256i,
     ) -> f32 {
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut ws = w.chunks_exact(2 * w_size);
@@ -270,6 +275,7 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q8_0_row(w: &[u8], a: &[u8]) -> f32 {
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe { pairs(w, a, (34, 34), |w, a| dot_i8(load(w, 2), load(a, 2))) }
     }
 
@@ -278,6 +284,7 @@ mod avx2 {
         let (low, eight) = (_mm256_set1_epi8(15), _mm256_set1_epi8(8));
         let sum = |wb: &[u8], ab: &[u8]| {
             let q: [u8; 16] = wb[2..18].try_into().expect("a Q4_0 block");
+            // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
             unsafe {
                 let q = _mm_loadu_si128(q.as_ptr().cast());
                 // Low nibbles are values 0-15, high nibbles 16-31.
@@ -286,6 +293,7 @@ mod avx2 {
                 dot_i8(w, load(ab, 2))
             }
         };
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe { pairs(w, a, (18, 34), sum) }
     }
 
@@ -296,6 +304,7 @@ mod avx2 {
         for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(292)) {
             let (scales, mins) = super::scales_mins_k4(&wb[4..16]);
             let bsums: [u8; 32] = ab[260..292].try_into().expect("a Q8_K block");
+            // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
             unsafe {
                 let da = super::q8_k_scale(ab);
                 // The mins times each sub-block's activation sum (pairs of the block's
@@ -324,6 +333,7 @@ mod avx2 {
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
             }
         }
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
             hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
@@ -335,6 +345,7 @@ mod avx2 {
         let mut acc = _mm256_setzero_ps();
         let (low, two, offset) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)) {
+            // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
             unsafe {
                 let mut sum = _mm256_setzero_si256();
                 for half in 0..2 {
@@ -375,6 +386,7 @@ mod avx2 {
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
             }
         }
+        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe { hsum(acc) }
     }
 }
