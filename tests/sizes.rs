@@ -133,14 +133,23 @@ fn ragged_batches(device: Device) {
     if specializing("a_compiled_training_step_over_ragged_batches") {
         return;
     }
+    if kiln::debug::size_policy() != SizePolicy::Auto {
+        // Under `KILN_SIZES=generic` the kernels of this test's forms may be other tests'
+        // (the cache is the process's), compiled generic for their sizes while this one
+        // runs: which sizes compile then depends on the order the tests ran in (seen once:
+        // six kernels compiled at the fifth call). The counts are checked under the default
+        // policy, where this test's own first two sizes decide.
+        crate::common::skip(
+            "a_compiled_training_step_over_ragged_batches",
+            "KILN_SIZES=generic shares generic kernels between concurrent tests; the compile counts are checked under the default policy",
+            &[],
+        );
+        return;
+    }
     // Calls 1 and 2 differ in program (Adam has no moments yet at the first); the third
     // call is the second size.
-    if kiln::debug::size_policy() == SizePolicy::Auto {
-        // Under `KILN_SIZES=generic` the first call's kernels (or other tests' generic
-        // kernels of the same forms) serve every size already.
-        assert!(compiles[0] > 0, "the first call compiles: {compiles:?}");
-        assert!(compiles[2] > 0, "the second size compiles generic kernels: {compiles:?}");
-    }
+    assert!(compiles[0] > 0, "the first call compiles: {compiles:?}");
+    assert!(compiles[2] > 0, "the second size compiles generic kernels: {compiles:?}");
     assert!(compiles[3..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
 }
 

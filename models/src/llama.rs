@@ -314,7 +314,7 @@ impl Llama {
         let head = "lm_head.weight".to_string();
         match (&self.lm_head, self.lm_head_quantized) {
             _ if !config.head => {}
-            (Some(_), Some(_)) => report.kept.push((head, "already quantized".into())),
+            (Some(_), Some(q)) => report.kept.push((head, format!("already {} blocks", q.kind))),
             // A tied head reads the embeddings' blocks.
             (None, _) if self.embed_quantized.is_some() => {}
             (table, _) => match crate::quantize::blocks(
