@@ -100,6 +100,25 @@ fn dense<'a, T: kiln::Element>(
         .map_or_else(|| input.to_vec::<T>().into(), std::borrow::Cow::Borrowed))
 }
 
+/// Calls `product(m, n, values)` for each run of a product's output chunk that lies in one
+/// row `m` of the input: outputs `n..n + values.len()` of that row (`rows` per row).
+fn each_run(
+    out: &mut kiln::ops::CpuOutput<'_>,
+    rows: usize,
+    product: impl Fn(usize, usize, &mut [f32]) -> std::result::Result<(), quant::DequantizeError>,
+) -> std::result::Result<(), String> {
+    let start = out.start();
+    let values = out.values::<f32>()?;
+    let mut done = 0;
+    while done < values.len() {
+        let (m, n) = ((start + done) / rows, (start + done) % rows);
+        let run = (rows - n).min(values.len() - done);
+        product(m, n, &mut values[done..done + run]).map_err(|e| e.to_string())?;
+        done += run;
+    }
+    Ok(())
+}
+
 fn build(kind: GgmlType) -> Ops {
     let product = Opaque::builder(op_name("matmul", kind, ""), 2, move |inputs, out| {
         let (x, w) = (&inputs[0], &inputs[1]);
@@ -107,23 +126,10 @@ fn build(kind: GgmlType) -> Ops {
         let rows = w.shape()[0];
         let row_bytes = w.shape()[1];
         let (x_values, w_bytes) = (dense::<f32>(x)?, dense::<u8>(w)?);
-        let start = out.start();
-        let values = out.values::<f32>()?;
-        // Runs of the chunk within one row of x: one call each.
-        let mut done = 0;
-        while done < values.len() {
-            let (m, n) = ((start + done) / rows, (start + done) % rows);
-            let run = (rows - n).min(values.len() - done);
-            quant::dot_rows(
-                kind,
-                &w_bytes[n * row_bytes..(n + run) * row_bytes],
-                &x_values[m * k..(m + 1) * k],
-                &mut values[done..done + run],
-            )
-            .map_err(|e| e.to_string())?;
-            done += run;
-        }
-        Ok(())
+        each_run(out, rows, |m, n, values| {
+            let w = &w_bytes[n * row_bytes..(n + values.len()) * row_bytes];
+            quant::dot_rows(kind, w, &x_values[m * k..(m + 1) * k], values)
+        })
     })
     // A few output elements per task: each is a whole row's dot product, and a decode
     // step's projections have only hundreds to thousands of them.
@@ -339,22 +345,10 @@ fn int8_product(kind: GgmlType) -> Opaque {
         let a_row = *a.shape().last().ok_or("the activations have no dimensions")?;
         let (rows, row_bytes) = (w.shape()[0], w.shape()[1]);
         let (a_bytes, w_bytes) = (dense::<u8>(a)?, dense::<u8>(w)?);
-        let start = out.start();
-        let values = out.values::<f32>()?;
-        let mut done = 0;
-        while done < values.len() {
-            let (m, n) = ((start + done) / rows, (start + done) % rows);
-            let run = (rows - n).min(values.len() - done);
-            quant::dot_rows_int8(
-                kind,
-                &w_bytes[n * row_bytes..(n + run) * row_bytes],
-                &a_bytes[m * a_row..(m + 1) * a_row],
-                &mut values[done..done + run],
-            )
-            .map_err(|e| e.to_string())?;
-            done += run;
-        }
-        Ok(())
+        each_run(out, rows, |m, n, values| {
+            let w = &w_bytes[n * row_bytes..(n + values.len()) * row_bytes];
+            quant::dot_rows_int8(kind, w, &a_bytes[m * a_row..(m + 1) * a_row], values)
+        })
     })
     .split(Split::Runs(64))
     .reference(CHECK_TOLERANCE, reference(kind, Some(act)))
