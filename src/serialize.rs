@@ -72,10 +72,21 @@ pub fn save_with_metadata(
         .collect::<Result<Vec<_>>>()?;
     let metadata = (!metadata.is_empty())
         .then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-    safetensors::serialize_to_file(views, metadata, path).map_err(|e| Error::Io {
+    let io = |e: &dyn std::fmt::Display| Error::Io {
         op: "save",
         detail: format!("cannot write {}: {e}", path.display()),
-    })
+    };
+    // safetensors writes a temporary file (mode 0600) and renames it over `path`: the file
+    // gets the mode of the one it replaces, or that a plain create gives (the umask's).
+    let permissions = match std::fs::metadata(path) {
+        Ok(m) => m.permissions(),
+        Err(_) => std::fs::File::create(path)
+            .and_then(|f| f.metadata())
+            .map_err(|e| io(&e))?
+            .permissions(),
+    };
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| io(&e))?;
+    std::fs::set_permissions(path, permissions).map_err(|e| io(&e))
 }
 
 /// Reads every tensor of a safetensors file, sorted by name.

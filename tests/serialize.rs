@@ -108,3 +108,22 @@ fn bad_files_are_io_errors() {
     let e = save("/nonexistent-dir/x.safetensors", &[]).unwrap_err();
     assert!(matches!(e, kiln::Error::Io { op: "save", .. }), "{e}");
 }
+
+#[cfg(unix)]
+#[test]
+fn saved_files_get_the_mode_a_plain_create_gives_or_keep_the_replaced_one_s() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("a file").permissions().mode();
+    let (path, plain) = (temp("mode"), temp("mode-plain"));
+    let _ = std::fs::remove_file(&path);
+    std::fs::File::create(&plain).expect("a plain file");
+    let tensors = vec![("x".to_string(), Tensor::ones([2]))];
+    save(&path, &tensors).expect("save");
+    assert_eq!(mode(&path), mode(&plain), "a new file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    save(&path, &tensors).expect("save");
+    assert_eq!(mode(&path) & 0o777, 0o640, "a replaced file");
+    for p in [path, plain] {
+        std::fs::remove_file(p).expect("cleanup");
+    }
+}

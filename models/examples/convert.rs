@@ -2,11 +2,15 @@
 //! another dtype, re-sharded, with its tokenizer. transformers loads the result unchanged.
 //! With `--lora ADAPTER` (a Llama-family model), a PEFT adapter is loaded too and written
 //! back to `OUT/adapter` with `save_lora` (PEFT loads it), or, with `--merge`, folded into
-//! the weights written.
+//! the weights written. With `--quantize q8_0|q4_0|q4_k` (a Llama-family model) its
+//! projections and head are written as GGML blocks (`--embeddings`: the table too), which
+//! `generate --model OUT --keep-quantized` reads back without quantizing again (transformers
+//! does not load such a folder).
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example convert -- --model DIR --out DIR
 //!     [--dtype f32|bf16|f16] [--max-shard-bytes N] [--lora ADAPTER [--merge]]
+//!     [--quantize q8_0|q4_0|q4_k [--embeddings]]
 //! ```
 
 use std::path::PathBuf;
@@ -16,18 +20,26 @@ use kiln_models::bert::Bert;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
 use kiln_models::lora::LoraModel;
+use kiln_models::quantize::QuantConfig;
 use kiln_models::{Config, LoadOptions, SaveOptions, Tokenizer};
+use kiln_runtime::quant::GgmlType;
 
 fn main() -> kiln::Result<()> {
     let usage = "usage: convert --model DIR --out DIR [--dtype f32|bf16|f16] [--max-shard-bytes N] \
-                 [--lora ADAPTER [--merge]]";
+                 [--lora ADAPTER [--merge]] [--quantize q8_0|q4_0|q4_k [--embeddings]]";
     let (mut model, mut out, mut lora, mut merge) = (None, None, None::<PathBuf>, false);
+    let mut quantize: Option<QuantConfig> = None;
+    let mut embeddings = false;
     let mut load = LoadOptions::default();
     let mut save = SaveOptions::default();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--merge" {
-            merge = true;
+        match flag.as_str() {
+            "--merge" => merge = true,
+            "--embeddings" => embeddings = true,
+            _ => {}
+        }
+        if flag == "--merge" || flag == "--embeddings" {
             continue;
         }
         let value = args.next().unwrap_or_else(|| panic!("{flag} needs a value\n{usage}"));
@@ -43,6 +55,15 @@ fn main() -> kiln::Result<()> {
                     other => panic!("--dtype {other}: f32, bf16 or f16\n{usage}"),
                 }
             }
+            "--quantize" => {
+                let kind = match value.as_str() {
+                    "q8_0" => GgmlType::Q8_0,
+                    "q4_0" => GgmlType::Q4_0,
+                    "q4_k" => GgmlType::Q4_K,
+                    other => panic!("--quantize {other}: q8_0, q4_0 or q4_k\n{usage}"),
+                };
+                quantize = Some(QuantConfig::new(kind));
+            }
             "--max-shard-bytes" => {
                 save.max_shard_bytes = value.parse().unwrap_or_else(|_| panic!("{usage}"));
             }
@@ -50,7 +71,11 @@ fn main() -> kiln::Result<()> {
         }
     }
     let (Some(model), Some(out)) = (model, out) else { panic!("{usage}") };
-    match Config::from_dir(&model)? {
+    let config = Config::from_dir(&model)?;
+    if quantize.is_some() && !matches!(config, Config::Llama(_)) {
+        panic!("--quantize takes a Llama-family model\n{usage}");
+    }
+    match config {
         Config::Gpt2(_) => Gpt2::from_pretrained(&model, load)?.save_pretrained_with(&out, save)?,
         Config::Llama(_) => {
             let mut llama = Llama::from_pretrained(&model, load)?;
@@ -60,6 +85,13 @@ fn main() -> kiln::Result<()> {
                     llama.merge_lora()?;
                 } else {
                     llama.save_lora(&out.join("adapter"))?;
+                }
+            }
+            if let Some(config) = quantize {
+                let report = llama.quantize_(&QuantConfig { embeddings, ..config })?;
+                println!("quantized {} weights to {}", report.quantized.len(), config.kind);
+                for (name, why) in &report.kept {
+                    println!("kept {name}: {why}");
                 }
             }
             llama.save_pretrained_with(&out, save)?;

@@ -9,6 +9,7 @@
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
 //! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized [--int8-activations]]
 //! cargo run --release -p kiln-models --example generate -- --model DIR --quantize q8_0|q4_0|q4_k [--int8-activations]
+//! cargo run --release -p kiln-models --example generate -- --model QUANTIZED_DIR --keep-quantized [--int8-activations]
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
 //! ```
@@ -38,7 +39,8 @@ GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FI
 a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
 --keep-quantized keeps its quantized projections in their blocks (CPU), and
 --int8-activations quantizes their inputs too for integer products (as llama.cpp does).
---quantize q8_0|q4_0|q4_k stores a Llama's weights as those blocks after loading.";
+--quantize q8_0|q4_0|q4_k stores a Llama's weights as those blocks after loading; a folder
+written by `convert --quantize` keeps its blocks with --keep-quantized.";
 
 struct Args {
     model: Option<PathBuf>,

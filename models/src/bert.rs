@@ -106,7 +106,14 @@ impl Bert {
     /// As [`Bert::save_pretrained`].
     pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
         let config = Config::Bert(self.config.clone());
-        crate::save::save(dir, self.source.as_ref(), &config, &self.named_parameters(), options)
+        crate::save::save(
+            dir,
+            self.source.as_ref(),
+            &config,
+            &self.named_parameters(),
+            &Default::default(),
+            options,
+        )
     }
 
     /// Builds the model of `config` from `checkpoint`'s tensors.

@@ -27,8 +27,10 @@ pub struct LoadOptions {
     /// Whether the projections, the head and the embedding table keep the GGML blocks a
     /// GGUF file stores them in (on the CPU): the products read the blocks
     /// ([`crate::linear::Linear::quantized`]) and the lookups dequantize the rows they pick;
-    /// norms and tensors stored as floats are converted to `dtype` as before. Off by
-    /// default, and for other devices and for checkpoint folders.
+    /// norms and tensors stored as floats are converted to `dtype` as before. The same for
+    /// a checkpoint folder a quantized model was saved to
+    /// ([`crate::llama::Llama::save_pretrained`]). Off by default (blocks are then
+    /// dequantized to `dtype`), and for other devices.
     pub keep_quantized: bool,
     /// How the products of weights kept quantized take their input in decode steps
     /// (weight-only, f32, by default; [`Activations::Int8`] quantizes it too, as llama.cpp
@@ -55,6 +57,9 @@ struct Entry {
     shape: Vec<usize>,
     /// The byte range of its data within the file.
     bytes: std::ops::Range<usize>,
+    /// The GGML block type of a tensor stored as blocks (u8 `[rows, row bytes]`), which
+    /// the file's metadata names ([`crate::save::QUANTIZED_KEY`]).
+    kind: Option<GgmlType>,
 }
 
 /// The weights of a checkpoint folder, mapped and indexed by name.
@@ -137,6 +142,7 @@ impl Checkpoint {
         let bytes = map.bytes();
         let file = SafeTensors::deserialize(bytes)
             .map_err(|e| io(format!("{} is not a valid safetensors file: {e}", path.display())))?;
+        let kinds = quantized_kinds(&path, bytes, &file)?;
         let index = self.files.len();
         for (name, view) in file.tensors() {
             let start = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
@@ -145,6 +151,7 @@ impl Checkpoint {
                 dtype: view.dtype(),
                 shape: view.shape().to_vec(),
                 bytes: start..start + view.data().len(),
+                kind: kinds.get(&name).copied(),
             };
             if self.entries.insert(name.clone(), entry).is_some() {
                 return Err(io(format!(
@@ -234,6 +241,41 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     Ok((files, expected))
 }
 
+/// The tensors `file`'s metadata says are GGML blocks, with their types, each checked: a
+/// type kiln's quantized products read, a tensor of the file stored u8 `[rows, row bytes]`
+/// with rows of whole blocks.
+fn quantized_kinds(
+    path: &Path,
+    bytes: &[u8],
+    file: &SafeTensors<'_>,
+) -> Result<BTreeMap<String, GgmlType>> {
+    let (_, metadata) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| io(format!("{} has an unreadable header: {e}", path.display())))?;
+    let mut kinds = BTreeMap::new();
+    let Some(metadata) = metadata.metadata() else { return Ok(kinds) };
+    for (key, value) in metadata {
+        let Some(name) = key.strip_prefix(crate::save::QUANTIZED_KEY) else { continue };
+        let bad =
+            |why: String| io(format!("{}: {name} ({key:?}: {value:?}) {why}", path.display()));
+        let kind = GgmlType::from_name(value)
+            .filter(|&k| crate::quantized::keeps(k))
+            .ok_or_else(|| bad("names a type the quantized products do not read".into()))?;
+        let view = file.tensor(name).map_err(|_| bad("is not a tensor of the file".into()))?;
+        let (_, size) = kind.block().expect("a kept type is known");
+        match view.shape() {
+            [_, row] if view.dtype() == Dtype::U8 && row.is_multiple_of(size) && *row > 0 => {}
+            shape => {
+                return Err(bad(format!(
+                    "is stored as {:?} {shape:?}: {kind} blocks are u8 [rows, a multiple of {size} bytes]",
+                    view.dtype()
+                )));
+            }
+        }
+        kinds.insert(name.to_string(), kind);
+    }
+    Ok(kinds)
+}
+
 /// Named tensors a model loads from: a [`Checkpoint`] folder, or a GGUF file seen through
 /// its architecture's names ([`crate::gguf::GgufWeights`]).
 pub trait Weights {
@@ -267,12 +309,37 @@ impl Weights for Checkpoint {
         self.entries.keys().cloned().collect()
     }
 
+    /// The stored shape, or for blocks the shape of the values they hold.
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        Checkpoint::shape(self, name).map(<[usize]>::to_vec)
+        let entry = self.entries.get(name)?;
+        match (entry.kind, entry.shape.as_slice()) {
+            (Some(kind), &[rows, row_bytes]) => {
+                let (values, size) = kind.block()?;
+                Some(vec![rows, row_bytes / size * values])
+            }
+            _ => Some(entry.shape.clone()),
+        }
     }
 
+    /// The stored tensor, or for blocks their values dequantized to f32.
     fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor> {
-        Checkpoint::tensor_on(self, name, device)
+        match (self.blocks(name)?, Weights::shape(self, name)) {
+            (Some((kind, blocks)), Some(shape)) => {
+                let mut values = vec![0f32; shape.iter().product()];
+                let bytes = blocks.try_to_vec::<u8>()?;
+                kiln_runtime::quant::dequantize(kind, &bytes, &mut values)
+                    .map_err(|e| io(format!("{name}: {e}")))?;
+                Ok(Tensor::from_vec(values, shape).to(device))
+            }
+            _ => Checkpoint::tensor_on(self, name, device),
+        }
+    }
+
+    fn blocks(&self, name: &str) -> Result<Option<(GgmlType, Tensor)>> {
+        match self.entries.get(name).and_then(|e| e.kind) {
+            Some(kind) => Ok(Some((kind, Checkpoint::tensor_on(self, name, Device::Cpu)?))),
+            None => Ok(None),
+        }
     }
 }
 
@@ -363,6 +430,12 @@ impl<'a> Loader<'a> {
             }
         }
         (self.take(name, &[out, inp]), None)
+    }
+
+    /// Whether `name` is stored as blocks that [`Loader::take_projection`] would keep.
+    pub(crate) fn keeps_blocks(&self, name: &str) -> bool {
+        let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
+        keep && matches!(self.weights.blocks(name), Ok(Some(_)))
     }
 
     /// The options' choice for products of weights kept quantized.

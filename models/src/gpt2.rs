@@ -107,7 +107,14 @@ impl Gpt2 {
             })
             .collect();
         let config = Config::Gpt2(self.config.clone());
-        crate::save::save(dir, self.source.as_ref(), &config, &tensors, options)
+        crate::save::save(
+            dir,
+            self.source.as_ref(),
+            &config,
+            &tensors,
+            &Default::default(),
+            options,
+        )
     }
 
     /// Builds the model of `config` from `checkpoint`'s tensors.

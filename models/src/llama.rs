@@ -8,6 +8,7 @@ use std::path::Path;
 use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
+use kiln_runtime::quant::GgmlType;
 
 use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
@@ -99,7 +100,10 @@ impl Llama {
 
     /// Writes the model as a Hugging Face folder (`config.json`, `model.safetensors`) that
     /// transformers' `from_pretrained` and [`Llama::from_pretrained`] load unchanged, in the
-    /// parameters' dtype.
+    /// parameters' dtype. Weights kept quantized ([`Llama::quantize_`], or a GGUF file's
+    /// blocks kept) are written as their GGML blocks, which [`Llama::from_pretrained`] with
+    /// [`LoadOptions::keep_quantized`] reads back as they were (without it, dequantized);
+    /// transformers does not load such a folder.
     ///
     /// # Errors
     /// [`kiln::Error::Io`] when the folder or a file cannot be written.
@@ -113,7 +117,27 @@ impl Llama {
     /// As [`Llama::save_pretrained`].
     pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
         let config = Config::Llama(self.config.clone());
-        crate::save::save(dir, self.source.as_ref(), &config, &self.named_parameters(), options)
+        let tensors = self.named_parameters();
+        crate::save::save(dir, self.source.as_ref(), &config, &tensors, &self.quantized(), options)
+    }
+
+    /// The weights kept as GGML blocks, by parameter name, with their types.
+    fn quantized(&self) -> std::collections::BTreeMap<String, GgmlType> {
+        let mut kinds = std::collections::BTreeMap::new();
+        if let Some(q) = self.embed_quantized {
+            kinds.insert("model.embed_tokens.weight".to_string(), q.kind);
+        }
+        if let (Some(_), Some(q)) = (&self.lm_head, self.lm_head_quantized) {
+            kinds.insert("lm_head.weight".to_string(), q.kind);
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, proj) in PROJS.iter().zip(&layer.projs) {
+                if let Some(q) = proj.quantized {
+                    kinds.insert(format!("model.layers.{i}.{name}.weight"), q.kind);
+                }
+            }
+        }
+        kinds
     }
 
     /// A new model of `config` with transformers' initialisation (projections and
@@ -222,7 +246,9 @@ impl Llama {
             })
             .collect();
         let norm = l.take("model.norm.weight", &[e]);
-        let lm_head = if c.tie_word_embeddings {
+        // A tied model quantized by `quantize_` may have saved a quantized copy of the table
+        // as its head, which a model keeping blocks keeps.
+        let lm_head = if c.tie_word_embeddings && !l.keeps_blocks("lm_head.weight") {
             // Some tied checkpoints still carry the head's copy.
             l.skip("lm_head.weight");
             None

@@ -2,12 +2,15 @@
 //! kiln-models) loads unchanged: `config.json`, and `model.safetensors` or, above
 //! [`SaveOptions::max_shard_bytes`], shards `model-0000k-of-0000n.safetensors` with
 //! `model.safetensors.index.json`, tensors under the checkpoint's names in the parameters'
-//! dtype.
+//! dtype. A model with weights kept quantized is written with those weights as their GGML
+//! blocks (u8 `[out, row bytes]`, each file's metadata naming their types under
+//! [`QUANTIZED_KEY`]); kiln-models loads such a folder back, transformers does not.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use kiln::{DType, Error, Result, Tensor};
+use kiln_runtime::quant::GgmlType;
 use serde_json::{Map, Value, json};
 
 use crate::config::{BertConfig, Config, Gpt2Config, LlamaConfig, RopeScaling};
@@ -32,19 +35,25 @@ fn io(detail: String) -> Error {
 
 /// Writes `config` (over `base`, the `config.json` the model was loaded from, whose other keys
 /// such as the special token ids are kept) and `tensors` into `dir`, created if needed.
+/// `quantized` names the tensors that are GGML blocks and their types: each file's metadata
+/// records them ([`QUANTIZED_KEY`]), and `config.json` gains a `quantization_config`.
 pub(crate) fn save(
     dir: &Path,
     base: Option<&Value>,
     config: &Config,
     tensors: &[(String, Tensor)],
+    quantized: &BTreeMap<String, GgmlType>,
     options: SaveOptions,
 ) -> Result<()> {
-    if let Some((name, _)) = tensors.iter().find(|(_, t)| t.dtype() == DType::U8) {
-        return Err(io(format!(
-            "{name} is kept as GGML blocks, which transformers' checkpoints cannot hold (load with keep_quantized: false to save)"
-        )));
+    if let Some((name, t)) =
+        tensors.iter().find(|(name, t)| !t.dtype().is_float() && !quantized.contains_key(name))
+    {
+        return Err(io(format!("{name} is a {} tensor, not a float parameter", t.dtype())));
     }
-    let dtype = tensors.first().map_or(DType::F32, |(_, t)| t.dtype());
+    let dtype = tensors
+        .iter()
+        .find(|(name, _)| !quantized.contains_key(name))
+        .map_or(DType::F32, |(_, t)| t.dtype());
     // A config with no config.json form fails before anything is written.
     let Value::Object(ours) = config_json(config, dtype)? else {
         unreachable!("config_json writes an object")
@@ -55,22 +64,46 @@ pub(crate) fn save(
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
-    // transformers 4.x's spellings of what `rope_parameters` now holds would contradict it.
-    for stale in ["rope_theta", "rope_scaling", "torch_dtype"] {
+    // transformers 4.x's spellings of what `rope_parameters` now holds would contradict it,
+    // and a quantization the loaded model had is not necessarily the saved one's.
+    for stale in ["rope_theta", "rope_scaling", "torch_dtype", "quantization_config"] {
         json.remove(stale);
     }
     json.extend(ours);
+    if !quantized.is_empty() {
+        let types: std::collections::BTreeSet<String> =
+            quantized.values().map(|k| k.name()).collect();
+        json.insert(
+            "quantization_config".into(),
+            json!({ "quant_method": QUANT_METHOD, "types": types }),
+        );
+    }
     let text = serde_json::to_string_pretty(&Value::Object(json))
         .map_err(|e| io(format!("cannot write config.json: {e}")))?;
     let path = dir.join("config.json");
     std::fs::write(&path, text + "\n")
         .map_err(|e| io(format!("cannot write {}: {e}", path.display())))?;
-    write_shards(dir, tensors, options)
+    write_shards(dir, tensors, quantized, options)
 }
+
+/// The prefix of a safetensors metadata key naming a tensor stored as GGML blocks:
+/// `"ggml_type:model.layers.0.mlp.up_proj.weight": "Q4_K"`, the tensor itself u8
+/// `[out, row bytes]`, each row the blocks of one output's weights in GGML's layout.
+pub const QUANTIZED_KEY: &str = "ggml_type:";
+
+/// `config.json`'s `quantization_config.quant_method` for a folder of GGML blocks: a name
+/// transformers does not know, so it does not mistake the blocks for weights of another
+/// scheme.
+const QUANT_METHOD: &str = "ggml_blocks";
 
 /// The tensors in shards of at most `options.max_shard_bytes` (in name order), with an index
 /// when there is more than one.
-fn write_shards(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptions) -> Result<()> {
+fn write_shards(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    quantized: &BTreeMap<String, GgmlType>,
+    options: SaveOptions,
+) -> Result<()> {
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let bytes = |t: &Tensor| (t.numel() * t.element_size()) as u64;
@@ -85,19 +118,27 @@ fn write_shards(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptions) 
         size += bytes(t);
         shards.last_mut().expect("one shard at least").push((name.clone(), t.clone()));
     }
-    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let metadata = |shard: &[(String, Tensor)]| {
+        let mut m = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        for (name, _) in shard {
+            if let Some(kind) = quantized.get(name) {
+                m.insert(format!("{QUANTIZED_KEY}{name}"), kind.name());
+            }
+        }
+        m
+    };
     if shards.len() == 1 {
         return kiln::serialize::save_with_metadata(
             dir.join("model.safetensors"),
             &shards[0],
-            &metadata,
+            &metadata(&shards[0]),
         );
     }
     let n = shards.len();
     let mut weight_map = Map::new();
     for (k, shard) in shards.iter().enumerate() {
         let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
-        kiln::serialize::save_with_metadata(dir.join(&file), shard, &metadata)?;
+        kiln::serialize::save_with_metadata(dir.join(&file), shard, &metadata(shard))?;
         for (name, _) in shard {
             weight_map.insert(name.clone(), Value::String(file.clone()));
         }

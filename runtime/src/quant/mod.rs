@@ -144,6 +144,11 @@ impl GgmlType {
         self.entry().map_or_else(|| format!("type {}", self.0), |t| t.1.to_string())
     }
 
+    /// The type GGML calls `name` (`Q4_K`, as [`GgmlType::name`] writes it).
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        TYPES.iter().find(|t| t.1 == name).map(|t| GgmlType(t.0))
+    }
+
     /// Values per block and bytes per block; `None` for an id GGML does not define.
     pub fn block(self) -> Option<(usize, usize)> {
         self.entry().map(|t| (t.2, t.3))

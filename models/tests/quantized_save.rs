@@ -1,0 +1,153 @@
+//! Quantized models written by `save_pretrained` (weights as GGML blocks, their types in each
+//! file's metadata) and read back by `from_pretrained`: as they were with `keep_quantized`,
+//! dequantized without it; files whose metadata lies are errors naming the tensor.
+
+use std::path::{Path, PathBuf};
+
+use kiln::nn::Parameters;
+use kiln::{DType, Tensor};
+use kiln_models::llama::Llama;
+use kiln_models::quantize::QuantConfig;
+use kiln_models::{Activations, LoadOptions, SaveOptions};
+use kiln_runtime::quant::GgmlType;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// A fresh folder under the system's temporary directory.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-qsave-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn load(dir: &Path, keep_quantized: bool) -> Llama {
+    let options =
+        LoadOptions { keep_quantized, activations: Activations::Int8, ..LoadOptions::default() };
+    Llama::from_pretrained(dir, options).expect("a saved folder")
+}
+
+fn ids() -> Tensor {
+    Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9], [1, 6])
+}
+
+/// Every parameter of `a` and `b`: the same names, dtypes and values.
+fn same_parameters(a: &Llama, b: &Llama) {
+    let (a, b) = (a.named_parameters(), b.named_parameters());
+    let names = |p: &[(String, Tensor)]| p.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b));
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert_eq!(x.dtype(), y.dtype(), "{name}");
+        assert_eq!(x.dims(), y.dims(), "{name}");
+        assert_eq!(x.to_vec::<f64>(), y.to_vec::<f64>(), "{name}");
+    }
+}
+
+/// A model's logits for a prefill and for one row (the blocks read in place).
+fn logits(model: &Llama) -> (Vec<f32>, Vec<f32>) {
+    let ids = ids();
+    let prefill = model.forward(&ids).expect("a forward");
+    let one = model.forward(&ids.narrow(1, 0, 1)).expect("a forward");
+    (prefill.to_vec::<f32>(), one.to_vec::<f32>())
+}
+
+#[test]
+fn a_quantized_model_loads_back_as_it_was_saved() {
+    let mut model = load(&fixture("shakespeare-256"), false);
+    let config = QuantConfig {
+        embeddings: true,
+        activations: Activations::Int8,
+        ..QuantConfig::new(GgmlType::Q4_K)
+    };
+    let report = model.quantize_(&config).expect("quantize_");
+    assert_eq!(report.quantized.len(), 2 * 7 + 2, "{report:?}");
+    let dir = scratch("q4_k");
+    model.save_pretrained(&dir).expect("save_pretrained");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(json["quantization_config"]["quant_method"], "ggml_blocks");
+    assert_eq!(json["quantization_config"]["types"], serde_json::json!(["Q4_K"]));
+    assert_eq!(json["torch_dtype"], serde_json::Value::Null);
+
+    // Kept: the same blocks, the same types, the same logits bit for bit.
+    let kept = load(&dir, true);
+    same_parameters(&model, &kept);
+    let quantized: Vec<String> = kept
+        .named_parameters()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == DType::U8)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(quantized.len(), report.quantized.len());
+    assert_eq!(kept.dtype(), DType::F32);
+    let want = logits(&model);
+    assert_eq!(logits(&kept), want);
+
+    // In shards: the same.
+    let sharded = scratch("q4_k-sharded");
+    model.save_pretrained_with(&sharded, SaveOptions { max_shard_bytes: 100_000 }).unwrap();
+    assert!(sharded.join("model.safetensors.index.json").exists());
+    same_parameters(&model, &load(&sharded, true));
+
+    // Dequantized: floats of the blocks' values, so a prefill (which dequantizes the blocks
+    // for a dense product) computes the same logits.
+    let floats = load(&dir, false);
+    assert!(floats.named_parameters().iter().all(|(_, t)| t.dtype() == DType::F32));
+    assert_eq!(logits(&floats).0, want.0);
+    for dir in [dir, sharded] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn a_tied_model_s_quantized_head_is_kept_when_blocks_are() {
+    // Qwen2's fixture ties its head to the table: quantize_ gives the head a quantized copy.
+    let mut model = load(&fixture("qwen2"), false);
+    // (How the products take their input is the loader's choice, not the folder's.)
+    let config = QuantConfig { activations: Activations::Int8, ..QuantConfig::new(GgmlType::Q8_0) };
+    model.quantize_(&config).expect("quantize_");
+    let head = |m: &Llama| {
+        m.named_parameters().into_iter().find(|(n, _)| n == "lm_head.weight").map(|p| p.1.dtype())
+    };
+    assert_eq!(head(&model), Some(DType::U8));
+    let dir = scratch("qwen2-q8_0");
+    model.save_pretrained(&dir).expect("save_pretrained");
+    let kept = load(&dir, true);
+    same_parameters(&model, &kept);
+    assert_eq!(logits(&kept), logits(&model));
+    // Dequantized, the tied model's head is its table again, and the copy is not loaded.
+    assert_eq!(head(&load(&dir, false)), None);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn metadata_that_lies_about_blocks_is_an_error_naming_the_tensor() {
+    let mut model = load(&fixture("llama"), false);
+    model.quantize_(&QuantConfig::new(GgmlType::Q8_0)).expect("quantize_");
+    let dir = scratch("lies");
+    model.save_pretrained(&dir).expect("save_pretrained");
+    let file = dir.join("model.safetensors");
+    let (tensors, metadata) = kiln::serialize::load_with_metadata(&file).unwrap();
+    let up = "model.layers.0.mlp.up_proj.weight";
+    let key = format!("ggml_type:{up}");
+    assert_eq!(metadata.get(&key).map(String::as_str), Some("Q8_0"));
+    let cases = [
+        (key.clone(), "Q9_9".to_string(), "names a type the quantized products do not read"),
+        (key.clone(), "F16".to_string(), "names a type the quantized products do not read"),
+        // Rows of 34-byte Q8_0 blocks are not whole Q4_K blocks of 144 bytes.
+        (key.clone(), "Q4_K".to_string(), "Q4_K blocks are u8 [rows, a multiple of 144 bytes]"),
+        ("ggml_type:model.norm.weight".into(), "Q8_0".into(), "is stored as F32 [32]"),
+        ("ggml_type:no.such.weight".into(), "Q8_0".into(), "is not a tensor of the file"),
+    ];
+    for (key, value, want) in cases {
+        let mut lying = metadata.clone();
+        lying.insert(key.clone(), value);
+        kiln::serialize::save_with_metadata(&file, &tensors, &lying).unwrap();
+        let options = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+        let err = Llama::from_pretrained(&dir, options).expect_err("a lying file").to_string();
+        let name = key.trim_start_matches("ggml_type:");
+        assert!(err.contains(name) && err.contains(want), "{key}: {err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
