@@ -48,6 +48,7 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 struct alignas(4) uchar4 { unsigned char x, y, z, w; };
+struct alignas(4) char4 { signed char x, y, z, w; };
 
 static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }

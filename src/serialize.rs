@@ -93,7 +93,7 @@ pub fn save_with_metadata(
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be read or is not valid safetensors, or holds a dtype
-/// kiln does not have (`i8`, `u16`, the 8-bit floats, ...).
+/// kiln does not have (`u16`, `i16`, the 8-bit floats, ...).
 pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>> {
     load_with_metadata(path).map(|(tensors, _)| tensors)
 }
@@ -177,12 +177,13 @@ fn format_dtype(dtype: DType) -> Dtype {
         DType::BF16 => Dtype::BF16,
         DType::I64 => Dtype::I64,
         DType::I32 => Dtype::I32,
+        DType::I8 => Dtype::I8,
         DType::U8 => Dtype::U8,
         DType::Bool => Dtype::BOOL,
     }
 }
 
-/// kiln's dtype of a safetensors dtype (`None` for one kiln does not have: `i8`, `u16`,
+/// kiln's dtype of a safetensors dtype (`None` for one kiln does not have: `i16`, `u16`,
 /// the 8-bit floats, ...): what [`load`] and kiln-models' checkpoints read.
 pub fn kiln_dtype(dtype: Dtype) -> Option<DType> {
     Some(match dtype {
@@ -192,6 +193,7 @@ pub fn kiln_dtype(dtype: Dtype) -> Option<DType> {
         Dtype::BF16 => DType::BF16,
         Dtype::I64 => DType::I64,
         Dtype::I32 => DType::I32,
+        Dtype::I8 => DType::I8,
         Dtype::U8 => DType::U8,
         Dtype::BOOL => DType::Bool,
         _ => return None,
@@ -210,6 +212,7 @@ fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
         DType::BF16 => le(t.try_to_vec::<bf16>()?, bf16::to_le_bytes),
         DType::I64 => le(t.try_to_vec::<i64>()?, i64::to_le_bytes),
         DType::I32 => le(t.try_to_vec::<i32>()?, i32::to_le_bytes),
+        DType::I8 => le(t.try_to_vec::<i8>()?, i8::to_le_bytes),
         DType::U8 => t.try_to_vec::<u8>()?,
         DType::Bool => le(t.try_to_vec::<bool>()?, |b| [u8::from(b)]),
     })
@@ -230,6 +233,7 @@ fn from_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Tensor {
         DType::BF16 => Tensor::from_vec(parse(data, bf16::from_le_bytes), shape),
         DType::I64 => Tensor::from_vec(parse(data, i64::from_le_bytes), shape),
         DType::I32 => Tensor::from_vec(parse(data, i32::from_le_bytes), shape),
+        DType::I8 => Tensor::from_vec(parse(data, i8::from_le_bytes), shape),
         DType::U8 => Tensor::from_vec(data.to_vec(), shape),
         DType::Bool => Tensor::from_vec(data.iter().map(|&b| b != 0).collect::<Vec<bool>>(), shape),
     }

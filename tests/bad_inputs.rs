@@ -280,7 +280,7 @@ fn five_hundred_bad_calls_give_errors_naming_the_op() {
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 12]}}",
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [12, 0]}}",
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [4, 16]}}",
-        "{\"w\": {\"dtype\": \"I8\", \"shape\": [12], \"data_offsets\": [0, 12]}}",
+        "{\"w\": {\"dtype\": \"I16\", \"shape\": [6], \"data_offsets\": [0, 12]}}",
         "{\"w\": {\"dtype\": \"F8_E4M3\", \"shape\": [12], \"data_offsets\": [0, 12]}}",
         "{\"w\": {\"dtype\": \"Q4\", \"shape\": [3], \"data_offsets\": [0, 12]}}",
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [18446744073709551615, 2], \"data_offsets\": [0, 12]}}",

@@ -21,7 +21,7 @@ pub fn rank_values(rank: usize, n: usize, dtype: DType, salt: u64) -> Vec<f64> {
             match dtype {
                 DType::Bool => (r % 2) as f64,
                 DType::U8 => (r % 20) as f64,
-                DType::I32 | DType::I64 => r as f64 - 32.0,
+                DType::I8 | DType::I32 | DType::I64 => r as f64 - 32.0,
                 _ => (r as f64 - 32.0) / 8.0,
             }
         })
@@ -43,6 +43,9 @@ fn reduce(op: ReduceOp, dtype: DType, all: &[Vec<f64>]) -> Vec<f64> {
                 (DType::Bool, ReduceOp::Product | ReduceOp::Min) => xs.fold(1.0, f64::min),
                 (DType::U8, ReduceOp::Product) => {
                     xs.fold(1u8, |a, x| a.wrapping_mul(x as u8)) as f64
+                }
+                (DType::I8, ReduceOp::Product) => {
+                    xs.fold(1i8, |a, x| a.wrapping_mul(x as i8)) as f64
                 }
                 (_, ReduceOp::Sum) => xs.sum(),
                 (_, ReduceOp::Mean) => xs.sum::<f64>() / world,

@@ -82,7 +82,7 @@ fn float_unary_ops_match_f64_on_every_float_dtype_and_layout() {
 #[test]
 fn math_functions_of_integers_compute_in_f32() {
     let mut rng = Rng::new(2);
-    for dtype in [DType::I64, DType::I32, DType::U8, DType::Bool] {
+    for dtype in [DType::I64, DType::I32, DType::I8, DType::U8, DType::Bool] {
         let data = values(&mut rng, 11, dtype);
         let x = tensor(&data, &[11], dtype);
         let got = read(&x.exp(), DType::F32);
@@ -97,7 +97,7 @@ fn math_functions_of_integers_compute_in_f32() {
 #[test]
 fn integer_neg_abs_relu_keep_their_dtype() {
     let mut rng = Rng::new(3);
-    for dtype in [DType::I64, DType::I32] {
+    for dtype in [DType::I64, DType::I32, DType::I8] {
         for layout in LAYOUTS {
             let data = values(&mut rng, 12, dtype);
             let x = make(&data, &[3, 4], dtype, layout);
@@ -110,6 +110,16 @@ fn integer_neg_abs_relu_keep_their_dtype() {
             );
         }
     }
+    // i8 wraps as PyTorch's int8 does: -(-128) and |-128| are -128, 100 * 2 is -56.
+    let x = Tensor::from_vec(vec![-128i8, 100, -3], [3]);
+    assert_eq!(x.neg().to_vec::<i8>(), vec![-128, -100, 3]);
+    assert_eq!(x.abs().to_vec::<i8>(), vec![-128, 100, 3]);
+    assert_eq!((&x * 2).to_vec::<i8>(), vec![0, -56, -6]);
+    // With u8 it meets at i32 (PyTorch's i16, which kiln does not have); with floats, f32.
+    let u = Tensor::from_vec(vec![200u8, 1, 255], [3]);
+    assert_eq!((&x + &u).dtype(), DType::I32);
+    assert_eq!((&x + &u).to_vec::<i32>(), vec![72, 101, 252]);
+    assert_eq!((&x * 0.5).to_vec::<f32>(), vec![-64.0, 50.0, -1.5]);
     // u8 wraps like the C type: -3 is 253.
     let x = Tensor::from_vec(vec![3u8, 0, 200], [3]);
     assert_eq!(x.neg().to_vec::<u8>(), vec![253, 0, 56]);
@@ -200,9 +210,16 @@ fn check_binary(op: &Binary, dtype: DType, out: DType, seed: u64) {
 #[test]
 fn arithmetic_broadcasts_on_every_numeric_dtype() {
     for (i, op) in arithmetic().iter().enumerate() {
-        for dtype in
-            [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8]
-        {
+        for dtype in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I64,
+            DType::I32,
+            DType::I8,
+            DType::U8,
+        ] {
             check_binary(op, dtype, dtype, 100 + i as u64);
         }
     }
@@ -214,7 +231,7 @@ fn division_is_true_division() {
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         check_binary(&div, dtype, dtype, 7);
     }
-    for dtype in [DType::I64, DType::I32, DType::U8] {
+    for dtype in [DType::I64, DType::I32, DType::I8, DType::U8] {
         check_binary(&div, dtype, DType::F32, 8);
     }
 }

@@ -681,7 +681,7 @@ fn native_fills_unviews_and_products_agree_with_the_reference() {
         });
         assert_close(&a, &b, dtype, &format!("unview gradients {dtype}"));
     }
-    for dtype in [DType::I64, DType::I32, DType::U8, DType::BF16] {
+    for dtype in [DType::I64, DType::I32, DType::I8, DType::U8, DType::BF16] {
         for (m, k, n) in [(1, 1, 1), (3, 5, 2), (17, 33, 9), (2, 0, 3)] {
             let da = values(&mut rng, 2 * m * k, dtype);
             let db = values(&mut rng, 2 * k * n, dtype);

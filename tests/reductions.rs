@@ -41,7 +41,9 @@ fn subsets(rank: usize) -> Vec<Vec<usize>> {
 fn sum_over_every_subset_of_dims() {
     let mut rng = Rng::new(21);
     for shape in [&[5usize][..], &[3, 4], &[2, 3, 5], &[4, 1, 3], &[3, 0]] {
-        for dtype in [DType::F32, DType::F64, DType::F16, DType::I32, DType::U8, DType::Bool] {
+        for dtype in
+            [DType::F32, DType::F64, DType::F16, DType::I32, DType::I8, DType::U8, DType::Bool]
+        {
             for layout in LAYOUTS {
                 let data = values(&mut rng, shape.iter().product(), dtype);
                 let x = make(&data, shape, dtype, layout);
@@ -107,7 +109,8 @@ fn mean_of_floats() {
 #[test]
 fn max_min_and_their_indices() {
     let mut rng = Rng::new(23);
-    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32, DType::U8] {
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::I64, DType::I32, DType::I8, DType::U8]
+    {
         for layout in LAYOUTS {
             let shape = [3usize, 5, 4];
             let data = values(&mut rng, 60, dtype);
@@ -656,7 +659,7 @@ device_test!(long_reductions_match_the_reference, super::long_reductions_match_t
 fn long_reductions_match_the_reference_on(device: Device) {
     let mut rng = Rng::new(23);
     let n = 40_003;
-    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::U8] {
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::I8, DType::U8] {
         let data = values(&mut rng, n, dtype);
         let layouts: &[Layout] = if matches!(dtype, DType::F32 | DType::I32) {
             &[Layout::Contiguous, Layout::Sliced]

@@ -22,6 +22,8 @@ pub enum DType {
     I64,
     /// 32-bit signed integer.
     I32,
+    /// 8-bit signed integer (also the storage of per-channel quantized weights).
+    I8,
     /// 8-bit unsigned integer.
     U8,
     /// Boolean (one byte per element, 0 or 1): the result of comparisons.
@@ -33,7 +35,7 @@ pub enum DType {
 pub enum Category {
     /// `Bool`.
     Bool,
-    /// `U8`, `I32`, `I64`.
+    /// `U8`, `I8`, `I32`, `I64`.
     Int,
     /// `F16`, `BF16`, `F32`, `F64`.
     Float,
@@ -41,13 +43,14 @@ pub enum Category {
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 9] = [
         DType::F32,
         DType::F64,
         DType::F16,
         DType::BF16,
         DType::I64,
         DType::I32,
+        DType::I8,
         DType::U8,
         DType::Bool,
     ];
@@ -58,7 +61,7 @@ impl DType {
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::U8 | DType::Bool => 1,
+            DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
 
@@ -80,7 +83,7 @@ impl DType {
             DType::F32 => Some(24),
             DType::F16 => Some(11),
             DType::BF16 => Some(8),
-            _ => None,
+            DType::I64 | DType::I32 | DType::I8 | DType::U8 | DType::Bool => None,
         }
     }
 
@@ -88,7 +91,7 @@ impl DType {
     pub fn category(self) -> Category {
         match self {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Category::Float,
-            DType::I64 | DType::I32 | DType::U8 => Category::Int,
+            DType::I64 | DType::I32 | DType::I8 | DType::U8 => Category::Int,
             DType::Bool => Category::Bool,
         }
     }
@@ -102,6 +105,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I64 => "i64",
             DType::I32 => "i32",
+            DType::I8 => "i8",
             DType::U8 => "u8",
             DType::Bool => "bool",
         }
@@ -119,7 +123,8 @@ impl DType {
     /// The smallest dtype that holds both `a` and `b` exactly where possible, as
     /// `torch.promote_types` does: within a category the wider type wins (`f16` and `bf16`
     /// meet at `f32`, `u8` and `i32` at `i32`); across categories the higher category wins
-    /// (`i64` with `f16` gives `f16`).
+    /// (`i64` with `f16` gives `f16`). `u8` and `i8` meet at `i32` (PyTorch's `i16`, a type
+    /// kiln does not have: the narrowest that holds both).
     pub fn promote(a: DType, b: DType) -> DType {
         use DType::*;
         if a == b {
@@ -128,6 +133,7 @@ impl DType {
         match (a.category(), b.category()) {
             (ca, cb) if ca > cb => a,
             (ca, cb) if ca < cb => b,
+            (Category::Int, _) if matches!((a, b), (U8, I8) | (I8, U8)) => I32,
             (Category::Float, _) => match (a, b) {
                 (F16, BF16) | (BF16, F16) => F32,
                 _ => {
@@ -291,11 +297,11 @@ macro_rules! scalar_from {
     )*};
 }
 scalar_from!(F64, f64: f64, f32, f16, bf16);
-scalar_from!(I64, i64: i64, i32, u8);
+scalar_from!(I64, i64: i64, i32, i8, u8);
 scalar_from!(Bool, bool: bool);
 
 /// A Rust type that is the element type of a [`DType`]: `f32`, `f64`, `half::f16`,
-/// `half::bf16`, `i64`, `i32`, `u8` and `bool`.
+/// `half::bf16`, `i64`, `i32`, `i8`, `u8` and `bool`.
 ///
 /// Conversions follow Rust's `as` casts: float to integer truncates toward zero and saturates
 /// (NaN gives 0), integer to narrower integer wraps, and anything non-zero is `true`.
@@ -329,6 +335,7 @@ element!(f16, F16, |v| f16_from_f64(v.to_f64()));
 element!(bf16, BF16, |v| bf16_from_f64(v.to_f64()));
 element!(i64, I64, |v| v.to_i64());
 element!(i32, I32, |v| v.to_i64() as i32);
+element!(i8, I8, |v| v.to_i64() as i8);
 element!(u8, U8, |v| v.to_i64() as u8);
 element!(bool, Bool, |v| v.to_bool());
 
@@ -347,6 +354,11 @@ mod tests {
             (I32, I64, I64),
             (U8, I32, I32),
             (U8, Bool, U8),
+            (I8, U8, I32),
+            (I8, I32, I32),
+            (I8, I64, I64),
+            (I8, Bool, I8),
+            (I8, F16, F16),
             (I64, F16, F16),
             (Bool, F32, F32),
             (Bool, Bool, Bool),
@@ -372,6 +384,8 @@ mod tests {
     fn element_conversions_cast_like_as() {
         assert_eq!(i32::from_scalar(Scalar::F64(-2.7)), -2);
         assert_eq!(u8::from_scalar(Scalar::I64(300)), 44);
+        assert_eq!(i8::from_scalar(Scalar::I64(200)), -56);
+        assert_eq!(i8::from_scalar(Scalar::F64(-300.5)), 0i64.wrapping_sub(300) as i8);
         assert_eq!(i64::from_scalar(Scalar::F64(f64::NAN)), 0);
         assert!(bool::from_scalar(Scalar::F64(0.5)));
         assert_eq!(

@@ -155,12 +155,14 @@ pub fn compare<T: PartialOrd>(op: BinaryOp, a: T, b: T) -> bool {
     }
 }
 
-/// An integer wrapped to `dtype`'s width (`i32` and `u8` wrap; `i64` is itself).
+/// An integer wrapped to `dtype`'s width (`i32`, `i8` and `u8` wrap; `i64` is itself, and
+/// so is a value of a float or bool dtype).
 pub fn wrap(dtype: DType, v: i64) -> i64 {
     match dtype {
         DType::I32 => i64::from(v as i32),
+        DType::I8 => i64::from(v as i8),
         DType::U8 => i64::from(v as u8),
-        _ => v,
+        DType::I64 | DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => v,
     }
 }
 
@@ -172,7 +174,7 @@ pub fn round(dtype: DType, v: f64) -> f64 {
         DType::F32 => f64::from(v as f32),
         DType::F16 => f16_from_f64(v).to_f64(),
         DType::BF16 => bf16_from_f64(v).to_f64(),
-        DType::I64 | DType::I32 | DType::U8 => wrap(dtype, v as i64) as f64,
+        DType::I64 | DType::I32 | DType::I8 | DType::U8 => wrap(dtype, v as i64) as f64,
         DType::Bool => f64::from(u8::from(v != 0.0)),
     }
 }
@@ -307,6 +309,8 @@ mod tests {
         assert_eq!(wrap(DType::I32, i64::from(i32::MAX) + 1), i64::from(i32::MIN));
         assert_eq!(wrap(DType::U8, 300), 44);
         assert_eq!(wrap(DType::U8, -1), 255);
+        assert_eq!(wrap(DType::I8, 128), -128);
+        assert_eq!(wrap(DType::I8, -129), 127);
         assert_eq!(binary_int(BinaryOp::Add, i64::MAX, 1), i64::MIN);
         assert_eq!(binary_int(BinaryOp::Div, -7, 2), -3);
         assert_eq!(binary_int(BinaryOp::Div, i64::MIN, -1), i64::MIN);

@@ -205,7 +205,7 @@ impl Checkpoint {
         let data = &self.files[entry.file].1.bytes()[entry.bytes.clone()];
         let dtype = kiln::serialize::kiln_dtype(entry.dtype).ok_or_else(|| {
             io(format!(
-                "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32, u8 and bool it does)",
+                "{}: {name} is stored as {:?}, which kiln does not load (f32, f16, bf16, f64, i64, i32, i8, u8 and bool it does)",
                 self.files[entry.file].0.display(),
                 entry.dtype
             ))

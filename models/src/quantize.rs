@@ -3,7 +3,8 @@
 //! Q4_K, quantized as GGML's reference does) that its products read where they lie
 //! ([`crate::Activations`] chooses weight-only or integer products), the head and the
 //! embedding table as chosen. A quantized model generates, and LoRA adapters train over its
-//! projections (QLoRA's recipe); it cannot be saved as a transformers checkpoint.
+//! projections (QLoRA's recipe). `save_pretrained` writes the blocks as they are
+//! ([`crate::save::QUANTIZED_KEY`]), for kiln-models to load back; transformers cannot.
 
 use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::quant::{self, GgmlType};

@@ -36,6 +36,10 @@ macro_rules! with_element_type {
                 type $t = i32;
                 $body
             }
+            kiln_ir::DType::I8 => {
+                type $t = i8;
+                $body
+            }
             kiln_ir::DType::U8 => {
                 type $t = u8;
                 $body

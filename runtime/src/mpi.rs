@@ -140,6 +140,7 @@ fn datatype(dtype: DType) -> std::result::Result<ffi::MPI_Datatype, String> {
             DType::F64 => ffi::RSMPI_DOUBLE,
             DType::I32 => ffi::RSMPI_INT32_T,
             DType::I64 => ffi::RSMPI_INT64_T,
+            DType::I8 => ffi::RSMPI_INT8_T,
             DType::U8 => ffi::RSMPI_UINT8_T,
             other => return Err(format!("no MPI type for {other}")),
         })

@@ -171,6 +171,7 @@ fn store(values: &Values, dtype: DType) -> Result<Buffer, RuntimeError> {
         }
         (Values::I(v), DType::I64) => Buffer::from_slice(v),
         (Values::I(v), DType::I32) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as i32)),
+        (Values::I(v), DType::I8) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as i8)),
         (Values::I(v), DType::U8) => Buffer::from_iter(v.len(), v.iter().map(|&x| x as u8)),
         (Values::B(v), DType::Bool) => Buffer::from_slice(v),
         (v, d) => unreachable!("values in the wrong domain for {d}: {v:?}"),

@@ -60,6 +60,7 @@ static MODE: LazyLock<Opaque> = LazyLock::new(|| {
         DType::BF16 => mode_cpu::<half::bf16>(inputs, out),
         DType::I64 => mode_cpu::<i64>(inputs, out),
         DType::I32 => mode_cpu::<i32>(inputs, out),
+        DType::I8 => mode_cpu::<i8>(inputs, out),
         DType::U8 => mode_cpu::<u8>(inputs, out),
         DType::Bool => mode_cpu::<bool>(inputs, out),
     })

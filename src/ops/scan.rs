@@ -122,6 +122,7 @@ fn extreme_op(name: &'static str, which: Extreme) -> Opaque {
             DType::BF16 => extreme_cpu::<half::bf16>(inputs, out, which),
             DType::I64 => extreme_cpu::<i64>(inputs, out, which),
             DType::I32 => extreme_cpu::<i32>(inputs, out, which),
+            DType::I8 => extreme_cpu::<i8>(inputs, out, which),
             DType::U8 => extreme_cpu::<u8>(inputs, out, which),
             DType::Bool => extreme_cpu::<bool>(inputs, out, which),
         }

@@ -161,6 +161,7 @@ fn scatter_op(how: ScatterReduce, include_self: bool) -> Opaque {
         DType::F64 => scatter_cpu::<f64, f64>(inputs, out, how, include_self),
         DType::I64 => scatter_cpu::<i64, i64>(inputs, out, how, include_self),
         DType::I32 => scatter_cpu::<i32, i64>(inputs, out, how, include_self),
+        DType::I8 => scatter_cpu::<i8, i64>(inputs, out, how, include_self),
         DType::U8 => scatter_cpu::<u8, i64>(inputs, out, how, include_self),
         d => Err(format!("computes f32, f64 and integer tensors, not {d}")),
     })

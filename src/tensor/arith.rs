@@ -43,7 +43,7 @@ macro_rules! operand_from_scalar {
         }
     )*};
 }
-operand_from_scalar!(f64, f32, i64, i32, u8, bool);
+operand_from_scalar!(f64, f32, i64, i32, i8, u8, bool);
 
 impl Operand<'_> {
     fn participant(&self) -> Participant {
@@ -179,6 +179,27 @@ impl Tensor {
     #[track_caller]
     pub fn int(&self) -> Tensor {
         self.to_dtype(DType::I32)
+    }
+
+    /// Converts to `i8` (PyTorch's `char()`): floats truncate toward zero and saturate to
+    /// an `i64` first, integers wrap to 8 bits.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let x = Tensor::from_vec(vec![-1.7f32, 127.0, 200.0], [3]);
+    /// assert_eq!(x.char().to_vec::<i8>(), vec![-1, 127, -56]);
+    /// ```
+    #[must_use]
+    #[track_caller]
+    pub fn char(&self) -> Tensor {
+        self.to_dtype(DType::I8)
+    }
+
+    /// Converts to `u8` (PyTorch's `byte()`), as [`Tensor::char`] does to `i8`.
+    #[must_use]
+    #[track_caller]
+    pub fn byte(&self) -> Tensor {
+        self.to_dtype(DType::U8)
     }
 
     /// Converts to `bool` (non-zero is `true`).

@@ -118,6 +118,7 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         }
         DType::I64 => v as i64 as f64,
         DType::I32 => v as i64 as i32 as f64,
+        DType::I8 => v as i64 as i8 as f64,
         DType::U8 => v as i64 as u8 as f64,
         DType::Bool => f64::from(u8::from(v != 0.0)),
     }
@@ -161,7 +162,7 @@ pub fn values(rng: &mut Rng, n: usize, dtype: DType) -> Vec<f64> {
         .map(|_| match dtype {
             DType::Bool => rng.int(0, 2) as f64,
             DType::U8 => rng.int(0, 41) as f64,
-            DType::I32 | DType::I64 => rng.int(-20, 21) as f64,
+            DType::I8 | DType::I32 | DType::I64 => rng.int(-20, 21) as f64,
             d => round_to(d, rng.uniform(-3.0, 3.0)),
         })
         .collect()
@@ -181,6 +182,7 @@ pub fn tensor(data: &[f64], shape: &[usize], dtype: DType) -> Tensor {
         }
         DType::I64 => Tensor::from_vec(data.iter().map(|&v| v as i64).collect::<Vec<_>>(), shape),
         DType::I32 => Tensor::from_vec(data.iter().map(|&v| v as i32).collect::<Vec<_>>(), shape),
+        DType::I8 => Tensor::from_vec(data.iter().map(|&v| v as i8).collect::<Vec<_>>(), shape),
         DType::U8 => Tensor::from_vec(data.iter().map(|&v| v as u8).collect::<Vec<_>>(), shape),
         DType::Bool => Tensor::from_vec(data.iter().map(|&v| v != 0.0).collect::<Vec<_>>(), shape),
     }

@@ -11,7 +11,7 @@ pub(super) fn scalar_type(dtype: DType) -> Type {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => types::F32,
         DType::F64 => types::F64,
-        DType::I64 | DType::I32 | DType::U8 => types::I64,
+        DType::I64 | DType::I32 | DType::I8 | DType::U8 => types::I64,
         DType::Bool => types::I8,
     }
 }

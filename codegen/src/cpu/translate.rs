@@ -413,8 +413,12 @@ impl<'b> Translator<'_, 'b> {
                 let r = self.b.ins().ireduce(types::I32, v);
                 self.b.ins().sextend(types::I64, r)
             }
+            DType::I8 => {
+                let r = self.b.ins().ireduce(types::I8, v);
+                self.b.ins().sextend(types::I64, r)
+            }
             DType::U8 => self.b.ins().band_imm_u(v, 0xff),
-            _ => v,
+            DType::F32 | DType::F64 | DType::I64 | DType::Bool => v,
         }
     }
 
@@ -496,6 +500,7 @@ impl<'b> Translator<'_, 'b> {
             }
             DType::I64 => self.b.ins().load(types::I64, fl, addr, 0),
             DType::I32 => self.b.ins().sload32(fl, addr, 0),
+            DType::I8 => self.b.ins().sload8(types::I64, fl, addr, 0),
             DType::U8 => self.b.ins().uload8(types::I64, fl, addr, 0),
             DType::Bool => self.b.ins().load(types::I8, fl, addr, 0),
         }
@@ -518,7 +523,7 @@ impl<'b> Translator<'_, 'b> {
             DType::I32 => {
                 self.b.ins().istore32(fl, v, addr, 0);
             }
-            DType::U8 => {
+            DType::I8 | DType::U8 => {
                 self.b.ins().istore8(fl, v, addr, 0);
             }
         }

@@ -221,6 +221,7 @@ fn storage_type(d: DType) -> &'static str {
         DType::F16 | DType::BF16 => "unsigned short",
         DType::I64 => "long long",
         DType::I32 => "int",
+        DType::I8 => "signed char",
         DType::U8 | DType::Bool => "unsigned char",
     }
 }
@@ -232,6 +233,7 @@ fn compute_type(d: DType) -> &'static str {
         DType::F64 => "double",
         DType::I64 => "long long",
         DType::I32 => "int",
+        DType::I8 => "signed char",
         DType::U8 => "unsigned char",
         DType::Bool => "bool",
     }
@@ -423,6 +425,7 @@ fn vector4_type(d: DType) -> Option<&'static str> {
         DType::I32 => Some("int4"),
         DType::F16 | DType::BF16 => Some("ushort4"),
         DType::U8 | DType::Bool => Some("uchar4"),
+        DType::I8 => Some("char4"),
         DType::F64 | DType::I64 => None,
     }
 }
@@ -766,6 +769,8 @@ fn int_bound(d: DType, max: bool) -> String {
         (DType::I32, true) => "2147483647".into(),
         (DType::U8, false) | (DType::Bool, false) => "0".into(),
         (DType::U8, true) => "255".into(),
+        (DType::I8, false) => "(-127 - 1)".into(),
+        (DType::I8, true) => "127".into(),
         (_, true) => "1".into(),
         _ => "0".into(),
     }

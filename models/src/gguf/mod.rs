@@ -144,7 +144,7 @@ impl Gguf {
     }
 
     /// The tensor `name` on `device`, of its stored dtype for `F32`, `F16`, `BF16`, `F64`,
-    /// `I32` and `I64` (copied from the mapped file once), and dequantized to `f32` for the
+    /// `I8`, `I32` and `I64` (copied from the mapped file once), and dequantized to `f32` for the
     /// block types ([`quant::dequantized`] lists them), bit for bit as GGML's reference
     /// dequantizes.
     ///
@@ -161,6 +161,7 @@ impl Gguf {
             GgmlType::F64 => Some(DType::F64),
             GgmlType::I32 => Some(DType::I32),
             GgmlType::I64 => Some(DType::I64),
+            GgmlType::I8 => Some(DType::I8),
             _ => None,
         };
         if let Some(dtype) = stored {

@@ -167,6 +167,7 @@ fn reduce_bytes(dtype: DType, r: CollectiveReduce, all: &[Vec<u8>]) -> Result<Ve
         DType::F64 => fold::<f64>(r, all),
         DType::I32 => fold::<i32>(r, all),
         DType::I64 => fold::<i64>(r, all),
+        DType::I8 => fold::<i8>(r, all),
         DType::U8 => fold::<u8>(r, all),
         other => return Err(format!("no engine type for {other}")),
     })
@@ -198,4 +199,4 @@ macro_rules! wire_int {
     )*};
 }
 wire_float!(f32, f64);
-wire_int!(i32, i64, u8);
+wire_int!(i32, i64, i8, u8);

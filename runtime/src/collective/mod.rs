@@ -235,7 +235,13 @@ fn run_host(
         DType::F64 => through!(f64),
         DType::I32 => through!(i32),
         DType::I64 => through!(i64),
-        _ => through!(u8),
+        DType::I8 => through!(i8),
+        DType::U8 => through!(u8),
+        other => {
+            return Err(failed(format!(
+                "{other} does not travel: the wire carries f32, f64 and integers"
+            )));
+        }
     };
     ran.map_err(|e| {
         failed(format!(

@@ -190,6 +190,7 @@ pub(crate) enum Arg {
     F64(f64),
     I64(i64),
     I32(i32),
+    I8(i8),
     U8(u8),
     Bool(bool),
     /// The table of a `copies` kernel (`kiln_codegen::cuda::library::copies`), by value.
@@ -218,6 +219,7 @@ impl Arg {
             Arg::F64(v) => (v as *const f64).cast(),
             Arg::I64(v) => (v as *const i64).cast(),
             Arg::I32(v) => (v as *const i32).cast(),
+            Arg::I8(v) => (v as *const i8).cast(),
             Arg::U8(v) => (v as *const u8).cast(),
             Arg::Bool(v) => (v as *const bool).cast(),
             Arg::Copies(t) => (&raw const **t).cast(),
@@ -237,6 +239,7 @@ impl Arg {
             DType::F64 => Arg::F64(f64::from_scalar(v)),
             DType::I64 => Arg::I64(i64::from_scalar(v)),
             DType::I32 => Arg::I32(i32::from_scalar(v)),
+            DType::I8 => Arg::I8(i8::from_scalar(v)),
             DType::U8 => Arg::U8(u8::from_scalar(v)),
             DType::Bool => Arg::Bool(bool::from_scalar(v)),
         }
@@ -393,6 +396,7 @@ pub(crate) unsafe fn launch(
             Arg::F64(v) => launch.arg(v),
             Arg::I64(v) => launch.arg(v),
             Arg::I32(v) => launch.arg(v),
+            Arg::I8(v) => launch.arg(v),
             Arg::U8(v) => launch.arg(v),
             Arg::Bool(v) => launch.arg(v),
             Arg::Copies(t) => launch.arg(&**t),

@@ -246,6 +246,7 @@ fn data_type(dtype: DType) -> sys::ncclDataType_t {
         DType::BF16 => T::ncclBfloat16,
         DType::I64 => T::ncclInt64,
         DType::I32 => T::ncclInt32,
+        DType::I8 => T::ncclInt8,
         DType::U8 | DType::Bool => T::ncclUint8,
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn tolerance(dtype: kiln_ir::DType) -> f64 {
         DType::F32 => 1e-5,
         DType::F16 => 4e-3,
         DType::BF16 => 3e-2,
-        DType::I64 | DType::I32 | DType::U8 | DType::Bool => 0.0,
+        DType::I64 | DType::I32 | DType::I8 | DType::U8 | DType::Bool => 0.0,
     }
 }
 

@@ -46,7 +46,7 @@ pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buf
             ),
         ),
         DType::BF16 => bf16_through_f32(a, va, b, vb),
-        DType::I64 | DType::I32 | DType::U8 => integer(a, va, b, vb),
+        DType::I64 | DType::I32 | DType::I8 | DType::U8 => integer(a, va, b, vb),
         other => unreachable!("matmul of {other}: the op's dtype check refuses it"),
     }
 }
@@ -212,8 +212,10 @@ fn integer(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, Runti
     });
     match dtype {
         DType::I32 => Buffer::from_iter(out.len(), out.iter().map(|&x| x as i32)),
+        DType::I8 => Buffer::from_iter(out.len(), out.iter().map(|&x| x as i8)),
         DType::U8 => Buffer::from_iter(out.len(), out.iter().map(|&x| x as u8)),
-        _ => Buffer::from_slice(&out),
+        DType::I64 => Buffer::from_slice(&out),
+        other => unreachable!("an integer product of {other}"),
     }
 }
 

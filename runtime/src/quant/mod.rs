@@ -121,6 +121,8 @@ impl GgmlType {
     /// Super-blocks of 256 `i8` values with an `f32` scale and the sums of each 16 values
     /// (activations for the K-quants' integer products; no file stores it).
     pub const Q8_K: GgmlType = GgmlType(15);
+    /// 8-bit integers.
+    pub const I8: GgmlType = GgmlType(24);
     /// 32-bit integers.
     pub const I32: GgmlType = GgmlType(26);
     /// 64-bit integers.

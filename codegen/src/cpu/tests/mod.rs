@@ -18,6 +18,7 @@ fn to_bytes(values: &[f64], dtype: DType) -> Vec<u8> {
             DType::BF16 => out.extend(kiln_ir::bf16_from_f64(v).to_ne_bytes()),
             DType::I64 => out.extend((v as i64).to_ne_bytes()),
             DType::I32 => out.extend((v as i32).to_ne_bytes()),
+            DType::I8 => out.push(v as i8 as u8),
             DType::U8 => out.push(v as u8),
             DType::Bool => out.push(u8::from(v != 0.0)),
         }
@@ -36,6 +37,7 @@ fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f64> {
             DType::BF16 => bf16::from_ne_bytes(c.try_into().unwrap()).to_f64(),
             DType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as f64,
             DType::I32 => f64::from(i32::from_ne_bytes(c.try_into().unwrap())),
+            DType::I8 => f64::from(c[0] as i8),
             DType::U8 | DType::Bool => f64::from(c[0]),
         })
         .collect()
@@ -132,6 +134,7 @@ fn values(n: usize, dtype: DType, seed: u64) -> Vec<f64> {
             match dtype {
                 DType::Bool => (u < 0.5) as u8 as f64,
                 DType::U8 => (u * 200.0).floor(),
+                DType::I8 => (u * 250.0 - 125.0).floor(),
                 d if d.is_float() => u * 6.0 - 3.0,
                 _ => (u * 60.0 - 30.0).floor(),
             }
