@@ -8,10 +8,14 @@
 //! in the file; dequantization computes in `f32` in the order GGML's reference does (no fused
 //! multiply-adds), so its values are bit-exact.
 
+mod channel;
 mod dot;
 mod int8;
 mod quantize;
 
+pub use channel::{
+    dot_rows_i8, dot_rows_i8_int8, dot_rows_i8_int8_on, dot_rows_i8_on, quantize_rows_i8,
+};
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
 use half::{bf16, f16};
 pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
