@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
 //! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized [--int8-activations]]
-//! cargo run --release -p kiln-models --example bench_generate -- --model DIR --quantize q8_0|q4_0|q4_k [--int8-activations]
+//! cargo run --release -p kiln-models --example bench_generate -- --model DIR --quantize q8_0|q4_0|q4_k|int8 [--int8-activations]
 //! ```
 //!
 //! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use kiln::{DType, Device};
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
-use kiln_models::quantize::QuantConfig;
+use kiln_models::quantize::{QuantConfig, QuantKind};
 use kiln_models::{Activations, CausalLm, Config, GenerateOptions, LoadOptions, generate};
 use kiln_runtime::quant::GgmlType;
 
@@ -89,10 +89,11 @@ fn main() -> kiln::Result<()> {
             "--cuda" => device = Device::Cuda(0),
             "--quantize" => {
                 quantize = Some(match value.as_str() {
-                    "q8_0" => GgmlType::Q8_0,
-                    "q4_0" => GgmlType::Q4_0,
-                    "q4_k" => GgmlType::Q4_K,
-                    other => panic!("--quantize {other}: q8_0, q4_0 or q4_k"),
+                    "q8_0" => GgmlType::Q8_0.into(),
+                    "q4_0" => GgmlType::Q4_0.into(),
+                    "q4_k" => GgmlType::Q4_K.into(),
+                    "int8" => QuantKind::Int8,
+                    other => panic!("--quantize {other}: q8_0, q4_0, q4_k or int8"),
                 });
             }
             other => panic!("unknown argument {other}"),

@@ -2,15 +2,15 @@
 //! another dtype, re-sharded, with its tokenizer. transformers loads the result unchanged.
 //! With `--lora ADAPTER` (a Llama-family model), a PEFT adapter is loaded too and written
 //! back to `OUT/adapter` with `save_lora` (PEFT loads it), or, with `--merge`, folded into
-//! the weights written. With `--quantize q8_0|q4_0|q4_k` (a Llama-family model) its
-//! projections and head are written as GGML blocks (`--embeddings`: the table too), which
-//! `generate --model OUT --keep-quantized` reads back without quantizing again (transformers
-//! does not load such a folder).
+//! the weights written. With `--quantize q8_0|q4_0|q4_k|int8` (a Llama-family model) its
+//! projections and head are written as GGML blocks or per-channel int8 rows (`--embeddings`:
+//! the table too), which `generate --model OUT --keep-quantized` reads back without
+//! quantizing again (transformers does not load such a folder).
 //!
 //! ```text
 //! cargo run --release -p kiln-models --example convert -- --model DIR --out DIR
 //!     [--dtype f32|bf16|f16] [--max-shard-bytes N] [--lora ADAPTER [--merge]]
-//!     [--quantize q8_0|q4_0|q4_k [--embeddings]]
+//!     [--quantize q8_0|q4_0|q4_k|int8 [--embeddings]]
 //! ```
 
 use std::path::PathBuf;
@@ -20,13 +20,13 @@ use kiln_models::bert::Bert;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
 use kiln_models::lora::LoraModel;
-use kiln_models::quantize::QuantConfig;
+use kiln_models::quantize::{QuantConfig, QuantKind};
 use kiln_models::{Config, LoadOptions, SaveOptions, Tokenizer};
 use kiln_runtime::quant::GgmlType;
 
 fn main() -> kiln::Result<()> {
     let usage = "usage: convert --model DIR --out DIR [--dtype f32|bf16|f16] [--max-shard-bytes N] \
-                 [--lora ADAPTER [--merge]] [--quantize q8_0|q4_0|q4_k [--embeddings]]";
+                 [--lora ADAPTER [--merge]] [--quantize q8_0|q4_0|q4_k|int8 [--embeddings]]";
     let (mut model, mut out, mut lora, mut merge) = (None, None, None::<PathBuf>, false);
     let mut quantize: Option<QuantConfig> = None;
     let mut embeddings = false;
@@ -57,10 +57,11 @@ fn main() -> kiln::Result<()> {
             }
             "--quantize" => {
                 let kind = match value.as_str() {
-                    "q8_0" => GgmlType::Q8_0,
-                    "q4_0" => GgmlType::Q4_0,
-                    "q4_k" => GgmlType::Q4_K,
-                    other => panic!("--quantize {other}: q8_0, q4_0 or q4_k\n{usage}"),
+                    "q8_0" => GgmlType::Q8_0.into(),
+                    "q4_0" => GgmlType::Q4_0.into(),
+                    "q4_k" => GgmlType::Q4_K.into(),
+                    "int8" => QuantKind::Int8,
+                    other => panic!("--quantize {other}: q8_0, q4_0, q4_k or int8\n{usage}"),
                 };
                 quantize = Some(QuantConfig::new(kind));
             }

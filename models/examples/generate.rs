@@ -8,7 +8,7 @@
 //! cargo run --release -p kiln-models --example generate -- --prompt "ROMEO:"
 //! cargo run --release -p kiln-models --example generate -- --model DIR --prompt "Once upon a time"
 //! cargo run --release -p kiln-models --example generate -- --model FILE.gguf --prompt "Hello" [--keep-quantized [--int8-activations]]
-//! cargo run --release -p kiln-models --example generate -- --model DIR --quantize q8_0|q4_0|q4_k [--int8-activations]
+//! cargo run --release -p kiln-models --example generate -- --model DIR --quantize q8_0|q4_0|q4_k|int8 [--int8-activations]
 //! cargo run --release -p kiln-models --example generate -- --model QUANTIZED_DIR --keep-quantized [--int8-activations]
 //!     [--max-new-tokens 64] [--temperature 0.8 --top-k 40 --top-p 0.95 --seed 1]
 //!     [--dtype f32|bf16] [--cuda]
@@ -21,7 +21,7 @@ use kiln::{DType, Device};
 use kiln_models::gguf::Gguf;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
-use kiln_models::quantize::QuantConfig;
+use kiln_models::quantize::{QuantConfig, QuantKind};
 use kiln_models::{
     Activations, CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
 };
@@ -39,8 +39,9 @@ GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FI
 a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
 --keep-quantized keeps its quantized projections in their blocks (CPU), and
 --int8-activations quantizes their inputs too for integer products (as llama.cpp does).
---quantize q8_0|q4_0|q4_k stores a Llama's weights as those blocks after loading; a folder
-written by `convert --quantize` keeps its blocks with --keep-quantized.";
+--quantize q8_0|q4_0|q4_k|int8 stores a Llama's weights as those GGML blocks or per-channel
+int8 rows after loading; a folder written by `convert --quantize` keeps them with
+--keep-quantized.";
 
 struct Args {
     model: Option<PathBuf>,
@@ -49,8 +50,8 @@ struct Args {
     prompt: String,
     options: GenerateOptions,
     load: LoadOptions,
-    /// `--quantize`: the Llama's weights stored as these blocks after loading.
-    quantize: Option<GgmlType>,
+    /// `--quantize`: how the Llama's weights are stored after loading.
+    quantize: Option<QuantKind>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -81,10 +82,11 @@ fn parse() -> Result<Args, String> {
             "--int8-activations" => args.load.activations = Activations::Int8,
             "--quantize" => {
                 args.quantize = Some(match value()?.as_str() {
-                    "q8_0" => GgmlType::Q8_0,
-                    "q4_0" => GgmlType::Q4_0,
-                    "q4_k" => GgmlType::Q4_K,
-                    other => return Err(format!("--quantize {other}: q8_0, q4_0 or q4_k")),
+                    "q8_0" => GgmlType::Q8_0.into(),
+                    "q4_0" => GgmlType::Q4_0.into(),
+                    "q4_k" => GgmlType::Q4_K.into(),
+                    "int8" => QuantKind::Int8,
+                    other => return Err(format!("--quantize {other}: q8_0, q4_0, q4_k or int8")),
                 });
             }
             "--cuda" => args.load.device = Device::Cuda(0),

@@ -8,11 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::quantize::QuantKind;
+use crate::quantized::{Activations, Quantized};
 use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::mmap::MappedFile;
-use kiln_runtime::quant::GgmlType;
-
-use crate::quantized::Activations;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -57,9 +56,9 @@ struct Entry {
     shape: Vec<usize>,
     /// The byte range of its data within the file.
     bytes: std::ops::Range<usize>,
-    /// The GGML block type of a tensor stored as blocks (u8 `[rows, row bytes]`), which
-    /// the file's metadata names ([`crate::save::QUANTIZED_KEY`]).
-    kind: Option<GgmlType>,
+    /// How a tensor stored quantized is stored, as the file's metadata says
+    /// ([`crate::save::QUANTIZED_KEY`]).
+    kind: Option<QuantKind>,
 }
 
 /// The weights of a checkpoint folder, mapped and indexed by name.
@@ -241,14 +240,14 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
     Ok((files, expected))
 }
 
-/// The tensors `file`'s metadata says are GGML blocks, with their types, each checked: a
-/// type kiln's quantized products read, a tensor of the file stored u8 `[rows, row bytes]`
-/// with rows of whole blocks.
+/// The tensors `file`'s metadata says are stored quantized, with their kinds, each checked:
+/// GGML blocks of a type kiln's products read, u8 `[rows, row bytes]` of whole blocks; or
+/// per-channel int8, `i8` `[rows, cols]` with f32 scales `[rows, 1]` under `NAME_scale`.
 fn quantized_kinds(
     path: &Path,
     bytes: &[u8],
     file: &SafeTensors<'_>,
-) -> Result<BTreeMap<String, GgmlType>> {
+) -> Result<BTreeMap<String, QuantKind>> {
     let (_, metadata) = SafeTensors::read_metadata(bytes)
         .map_err(|e| io(format!("{} has an unreadable header: {e}", path.display())))?;
     let mut kinds = BTreeMap::new();
@@ -257,18 +256,35 @@ fn quantized_kinds(
         let Some(name) = key.strip_prefix(crate::save::QUANTIZED_KEY) else { continue };
         let bad =
             |why: String| io(format!("{}: {name} ({key:?}: {value:?}) {why}", path.display()));
-        let kind = GgmlType::from_name(value)
-            .filter(|&k| crate::quantized::keeps(k))
-            .ok_or_else(|| bad("names a type the quantized products do not read".into()))?;
+        let kind = QuantKind::from_name(value)
+            .ok_or_else(|| bad("names a kind the quantized products do not read".into()))?;
         let view = file.tensor(name).map_err(|_| bad("is not a tensor of the file".into()))?;
-        let (_, size) = kind.block().expect("a kept type is known");
-        match view.shape() {
-            [_, row] if view.dtype() == Dtype::U8 && row.is_multiple_of(size) && *row > 0 => {}
-            shape => {
-                return Err(bad(format!(
-                    "is stored as {:?} {shape:?}: {kind} blocks are u8 [rows, a multiple of {size} bytes]",
-                    view.dtype()
-                )));
+        let (dtype, shape) = (view.dtype(), view.shape());
+        match kind {
+            QuantKind::Blocks(ggml) => {
+                let (_, size) = ggml.block().expect("a kept type is known");
+                if !matches!(shape, [_, row] if dtype == Dtype::U8 && row.is_multiple_of(size) && *row > 0)
+                {
+                    return Err(bad(format!(
+                        "is stored as {dtype:?} {shape:?}: {ggml} blocks are u8 [rows, a multiple of {size} bytes]"
+                    )));
+                }
+            }
+            QuantKind::Int8 => {
+                let &[rows, _] = shape else {
+                    return Err(bad(format!(
+                        "is stored as {dtype:?} {shape:?}: int8 rows are i8 [rows, cols]"
+                    )));
+                };
+                let scale = format!("{name}{}", crate::save::SCALE_SUFFIX);
+                let fits = file
+                    .tensor(&scale)
+                    .is_ok_and(|s| s.dtype() == Dtype::F32 && s.shape() == [rows, 1]);
+                if dtype != Dtype::I8 || !fits {
+                    return Err(bad(format!(
+                        "is stored as {dtype:?} {shape:?}: int8 rows are i8 [rows, cols], with f32 scales [{rows}, 1] in {scale}"
+                    )));
+                }
             }
         }
         kinds.insert(name.to_string(), kind);
@@ -290,13 +306,51 @@ pub trait Weights {
     /// # Errors
     /// When it is missing or cannot be read.
     fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor>;
-    /// The GGML blocks of `name` (u8 `[rows, row bytes]` on the CPU) and their type, when it
-    /// is stored in a block type a projection can keep; `None` for float tensors.
+    /// `name` as stored quantized (on the CPU), when it is stored in a kind a projection
+    /// can keep; `None` for float tensors.
     ///
     /// # Errors
-    /// When the blocks cannot be read.
-    fn blocks(&self, _name: &str) -> Result<Option<(GgmlType, Tensor)>> {
+    /// When it cannot be read.
+    fn quantized(&self, _name: &str) -> Result<Option<StoredWeight>> {
         Ok(None)
+    }
+}
+
+/// A weight as stored quantized: its kind, its data (GGML blocks, u8 `[rows, row bytes]`;
+/// or int8 rows, `i8` `[rows, cols]`) and per-channel int8's scales (f32 `[rows]`).
+#[derive(Clone, Debug)]
+pub struct StoredWeight {
+    /// How it is stored.
+    pub kind: QuantKind,
+    /// The blocks or rows.
+    pub data: Tensor,
+    /// Per-channel int8's scales.
+    pub scales: Option<Tensor>,
+}
+
+impl StoredWeight {
+    /// The weight's values, f32 `[rows, cols]`: the blocks dequantized as GGML does, or
+    /// `scale · q`.
+    ///
+    /// # Errors
+    /// When blocks cannot be read.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        match (self.kind, &self.scales) {
+            (QuantKind::Blocks(kind), _) => {
+                let (values, size) = kind.block().unwrap_or((1, 1));
+                let rows = self.data.dims()[0];
+                let cols = self.data.dims()[1] / size * values;
+                let mut out = vec![0f32; rows * cols];
+                let bytes = self.data.try_to_vec::<u8>()?;
+                kiln_runtime::quant::dequantize(kind, &bytes, &mut out)
+                    .map_err(|e| io(e.to_string()))?;
+                Ok(Tensor::from_vec(out, [rows, cols]))
+            }
+            (QuantKind::Int8, Some(scales)) => {
+                Ok(self.data.to_dtype(DType::F32) * scales.unsqueeze(1))
+            }
+            (QuantKind::Int8, None) => Err(io("int8 rows without their scales".into())),
+        }
     }
 }
 
@@ -305,15 +359,20 @@ impl Weights for Checkpoint {
         self.dir.display().to_string()
     }
 
+    /// Every tensor's name but the scales of int8 rows (part of their weight's entry).
     fn names(&self) -> Vec<String> {
-        self.entries.keys().cloned().collect()
+        let scales: BTreeSet<String> = (self.entries.iter())
+            .filter(|(_, e)| e.kind == Some(QuantKind::Int8))
+            .map(|(name, _)| format!("{name}{}", crate::save::SCALE_SUFFIX))
+            .collect();
+        self.entries.keys().filter(|n| !scales.contains(*n)).cloned().collect()
     }
 
     /// The stored shape, or for blocks the shape of the values they hold.
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let entry = self.entries.get(name)?;
         match (entry.kind, entry.shape.as_slice()) {
-            (Some(kind), &[rows, row_bytes]) => {
+            (Some(QuantKind::Blocks(kind)), &[rows, row_bytes]) => {
                 let (values, size) = kind.block()?;
                 Some(vec![rows, row_bytes / size * values])
             }
@@ -321,25 +380,26 @@ impl Weights for Checkpoint {
         }
     }
 
-    /// The stored tensor, or for blocks their values dequantized to f32.
+    /// The stored tensor, or for a quantized one its values dequantized to f32.
     fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor> {
-        match (self.blocks(name)?, Weights::shape(self, name)) {
-            (Some((kind, blocks)), Some(shape)) => {
-                let mut values = vec![0f32; shape.iter().product()];
-                let bytes = blocks.try_to_vec::<u8>()?;
-                kiln_runtime::quant::dequantize(kind, &bytes, &mut values)
-                    .map_err(|e| io(format!("{name}: {e}")))?;
-                Ok(Tensor::from_vec(values, shape).to(device))
-            }
-            _ => Checkpoint::tensor_on(self, name, device),
+        match self.quantized(name)? {
+            Some(stored) => Ok(stored.dequantize()?.to(device)),
+            None => Checkpoint::tensor_on(self, name, device),
         }
     }
 
-    fn blocks(&self, name: &str) -> Result<Option<(GgmlType, Tensor)>> {
-        match self.entries.get(name).and_then(|e| e.kind) {
-            Some(kind) => Ok(Some((kind, Checkpoint::tensor_on(self, name, Device::Cpu)?))),
-            None => Ok(None),
-        }
+    fn quantized(&self, name: &str) -> Result<Option<StoredWeight>> {
+        let Some(kind) = self.entries.get(name).and_then(|e| e.kind) else { return Ok(None) };
+        let data = Checkpoint::tensor_on(self, name, Device::Cpu)?;
+        let scales = match kind {
+            QuantKind::Int8 => {
+                let scale = format!("{name}{}", crate::save::SCALE_SUFFIX);
+                let scales = Checkpoint::tensor_on(self, &scale, Device::Cpu)?;
+                Some(scales.try_reshape(&[-1])?)
+            }
+            QuantKind::Blocks(_) => None,
+        };
+        Ok(Some(StoredWeight { kind, data, scales }))
     }
 }
 
@@ -408,22 +468,23 @@ impl<'a> Loader<'a> {
         }
     }
 
-    /// A projection's weight `[out, inp]`: its GGML blocks and their type when the options
-    /// keep quantized weights and the weights hold it so, else [`Loader::take`].
-    pub fn take_projection(
+    /// A projection's weight `[out, inp]`: as stored, with how, when the options keep
+    /// quantized weights and the weights hold it so, else [`Loader::take`].
+    pub(crate) fn take_projection(
         &mut self,
         name: &str,
         out: usize,
         inp: usize,
-    ) -> (Tensor, Option<GgmlType>) {
+    ) -> (Tensor, Option<Quantized>) {
         let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
         let stored = self.weights.shape(name);
         if keep && stored.as_deref() == Some(&[out, inp][..]) {
-            match self.weights.blocks(name) {
-                Ok(Some((kind, blocks))) => {
+            match self.weights.quantized(name) {
+                Ok(Some(StoredWeight { kind, data, scales })) => {
                     self.taken.insert(name.to_string());
-                    self.loaded.push(blocks.clone());
-                    return (blocks, Some(kind));
+                    self.loaded.extend([Some(data.clone()), scales.clone()].into_iter().flatten());
+                    let activations = self.options.activations;
+                    return (data, Some(Quantized { kind, activations, scales }));
                 }
                 Ok(None) => {}
                 Err(e) => self.problems.push(e.to_string()),
@@ -432,15 +493,10 @@ impl<'a> Loader<'a> {
         (self.take(name, &[out, inp]), None)
     }
 
-    /// Whether `name` is stored as blocks that [`Loader::take_projection`] would keep.
-    pub(crate) fn keeps_blocks(&self, name: &str) -> bool {
+    /// Whether `name` is stored quantized so that [`Loader::take_projection`] keeps it.
+    pub(crate) fn keeps_quantized(&self, name: &str) -> bool {
         let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
-        keep && matches!(self.weights.blocks(name), Ok(Some(_)))
-    }
-
-    /// The options' choice for products of weights kept quantized.
-    pub(crate) fn activations(&self) -> Activations {
-        self.options.activations
+        keep && matches!(self.weights.quantized(name), Ok(Some(_)))
     }
 
     /// [`Loader::take`] of a matrix stored `[rows, cols]`, returned transposed and

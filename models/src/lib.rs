@@ -32,6 +32,7 @@ pub mod eval;
 pub mod generate;
 pub mod gguf;
 pub mod gpt2;
+mod int8;
 pub mod linear;
 pub mod llama;
 pub mod lora;

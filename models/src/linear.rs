@@ -4,16 +4,17 @@
 
 use kiln::nn::functional as F;
 use kiln::{DType, Result, Tensor};
-use kiln_runtime::quant::GgmlType;
 
 use crate::checkpoint::Loader;
 use crate::lora::Adapter;
+use crate::quantize::QuantKind;
 use crate::quantized::Quantized;
 
 /// A projection `y = x Wᵀ + b`, and `+ s·(x Aᵀ) Bᵀ` with a LoRA adapter.
 #[derive(Debug)]
 pub struct Linear {
-    /// `[out, in]` floats, or a quantized weight's GGML blocks (u8 `[out, row bytes]`).
+    /// `[out, in]` floats, or a quantized weight's GGML blocks (u8 `[out, row bytes]`) or
+    /// int8 rows (`i8` `[out, in]`, scaled by [`Quantized::scales`]).
     pub(crate) weight: Tensor,
     pub(crate) bias: Option<Tensor>,
     pub(crate) adapter: Option<Adapter>,
@@ -24,8 +25,7 @@ pub struct Linear {
 impl Linear {
     /// `name.weight` (`[out, in]`) and, when `bias`, `name.bias` from the loader.
     pub(crate) fn load(l: &mut Loader<'_>, name: &str, out: usize, inp: usize, bias: bool) -> Self {
-        let (weight, kind) = l.take_projection(&format!("{name}.weight"), out, inp);
-        let quantized = kind.map(|kind| Quantized { kind, activations: l.activations() });
+        let (weight, quantized) = l.take_projection(&format!("{name}.weight"), out, inp);
         Linear {
             weight,
             bias: bias.then(|| l.take(&format!("{name}.bias"), &[out])),
@@ -35,25 +35,30 @@ impl Linear {
     }
 
     /// The weight, `[out, in]`; for a weight kept quantized, its GGML blocks (u8
-    /// `[out, row bytes]`, [`Linear::quantized`] names the type).
+    /// `[out, row bytes]`) or int8 rows (`i8` `[out, in]`), as [`Linear::quantized`] says.
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
 
-    /// The GGML block type of a weight kept quantized.
-    pub fn quantized(&self) -> Option<GgmlType> {
-        self.quantized.map(|q| q.kind)
+    /// How a weight kept quantized is stored.
+    pub fn quantized(&self) -> Option<QuantKind> {
+        self.quantized.as_ref().map(|q| q.kind)
+    }
+
+    /// The scales of a per-channel int8 weight (f32 `[out]`).
+    pub fn scales(&self) -> Option<&Tensor> {
+        self.quantized.as_ref().and_then(|q| q.scales.as_ref())
     }
 
     /// `(out, in)`.
     pub fn features(&self) -> (usize, usize) {
         let d = self.weight.dims();
-        match self.quantized {
-            Some(q) => {
-                let (values, size) = q.kind.block().unwrap_or((1, 1));
+        match self.quantized.as_ref().map(|q| q.kind) {
+            Some(QuantKind::Blocks(kind)) => {
+                let (values, size) = kind.block().unwrap_or((1, 1));
                 (d[0], d[1] / size * values)
             }
-            None => (d[0], d[1]),
+            Some(QuantKind::Int8) | None => (d[0], d[1]),
         }
     }
 
@@ -79,7 +84,7 @@ impl Linear {
     /// # Errors
     /// When `x`'s last dimension is not the weight's `in`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = match self.quantized {
+        let mut y = match &self.quantized {
             Some(q) => crate::quantized::matmul_t(x, q, &self.weight)?.to_dtype(x.dtype()),
             None => x.try_matmul(&self.weight.t())?,
         };

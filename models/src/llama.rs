@@ -8,7 +8,6 @@ use std::path::Path;
 use kiln::nn::Parameters;
 use kiln::nn::functional as F;
 use kiln::{Result, Tensor};
-use kiln_runtime::quant::GgmlType;
 
 use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
@@ -117,23 +116,33 @@ impl Llama {
     /// As [`Llama::save_pretrained`].
     pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
         let config = Config::Llama(self.config.clone());
-        let tensors = self.named_parameters();
-        crate::save::save(dir, self.source.as_ref(), &config, &tensors, &self.quantized(), options)
+        let mut tensors = self.named_parameters();
+        let quantized = self.quantized();
+        // Per-channel int8's scales beside their rows, `[out, 1]` as compressed-tensors
+        // stores them.
+        for (name, q) in &quantized {
+            if let Some(scales) = &q.scales {
+                let scales = scales.try_reshape(&[-1, 1])?;
+                tensors.push((format!("{name}{}", crate::save::SCALE_SUFFIX), scales));
+            }
+        }
+        let kinds = quantized.into_iter().map(|(name, q)| (name, q.kind)).collect();
+        crate::save::save(dir, self.source.as_ref(), &config, &tensors, &kinds, options)
     }
 
-    /// The weights kept as GGML blocks, by parameter name, with their types.
-    fn quantized(&self) -> std::collections::BTreeMap<String, GgmlType> {
+    /// The weights kept quantized, by parameter name.
+    fn quantized(&self) -> std::collections::BTreeMap<String, &Quantized> {
         let mut kinds = std::collections::BTreeMap::new();
-        if let Some(q) = self.embed_quantized {
-            kinds.insert("model.embed_tokens.weight".to_string(), q.kind);
+        if let Some(q) = &self.embed_quantized {
+            kinds.insert("model.embed_tokens.weight".to_string(), q);
         }
-        if let (Some(_), Some(q)) = (&self.lm_head, self.lm_head_quantized) {
-            kinds.insert("lm_head.weight".to_string(), q.kind);
+        if let (Some(_), Some(q)) = (&self.lm_head, &self.lm_head_quantized) {
+            kinds.insert("lm_head.weight".to_string(), q);
         }
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, proj) in PROJS.iter().zip(&layer.projs) {
-                if let Some(q) = proj.quantized {
-                    kinds.insert(format!("model.layers.{i}.{name}.weight"), q.kind);
+                if let Some(q) = &proj.quantized {
+                    kinds.insert(format!("model.layers.{i}.{name}.weight"), q);
                 }
             }
         }
@@ -216,10 +225,8 @@ impl Llama {
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
         // Kept quantized, the table's lookups dequantize the rows they pick (a large
         // vocabulary's table is most of a small model's bytes).
-        let (embed_tokens, embed_kind) =
+        let (embed_tokens, embed_quantized) =
             l.take_projection("model.embed_tokens.weight", c.vocab_size, e);
-        let activations = l.activations();
-        let embed_quantized = embed_kind.map(|kind| Quantized { kind, activations });
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
                 let at = format!("model.layers.{i}");
@@ -248,7 +255,7 @@ impl Llama {
         let norm = l.take("model.norm.weight", &[e]);
         // A tied model quantized by `quantize_` may have saved a quantized copy of the table
         // as its head, which a model keeping blocks keeps.
-        let lm_head = if c.tie_word_embeddings && !l.keeps_blocks("lm_head.weight") {
+        let lm_head = if c.tie_word_embeddings && !l.keeps_quantized("lm_head.weight") {
             // Some tied checkpoints still carry the head's copy.
             l.skip("lm_head.weight");
             None
@@ -256,7 +263,7 @@ impl Llama {
             Some(l.take_projection("lm_head.weight", c.vocab_size, e))
         };
         let (lm_head, lm_head_quantized) = match lm_head {
-            Some((head, kind)) => (Some(head), kind.map(|kind| Quantized { kind, activations })),
+            Some((head, q)) => (Some(head), q),
             None => (None, None),
         };
         l.finish()?;
@@ -326,29 +333,29 @@ impl Llama {
         for (name, linear) in self.linears_mut() {
             crate::quantize::linear(&name, linear, config, &mut report)?;
         }
-        let q = Quantized { kind: config.kind, activations: config.activations };
         let embed = "model.embed_tokens.weight".to_string();
         if config.embeddings && self.embed_quantized.is_none() {
-            match crate::quantize::blocks(&self.embed_tokens, config.kind)? {
-                Ok(blocks) => {
-                    (self.embed_tokens, self.embed_quantized) = (blocks, Some(q));
+            match crate::quantize::quantized(&self.embed_tokens, config.kind, config.activations)? {
+                Ok((stored, q)) => {
+                    (self.embed_tokens, self.embed_quantized) = (stored, Some(q));
                     report.quantized.push(embed);
                 }
                 Err(why) => report.kept.push((embed, why)),
             }
         }
         let head = "lm_head.weight".to_string();
-        match (&self.lm_head, self.lm_head_quantized) {
+        match (&self.lm_head, &self.lm_head_quantized) {
             _ if !config.head => {}
-            (Some(_), Some(q)) => report.kept.push((head, format!("already {} blocks", q.kind))),
-            // A tied head reads the embeddings' blocks.
+            (Some(_), Some(q)) => report.kept.push((head, format!("already {}", q.kind))),
+            // A tied head reads the embeddings' quantized table.
             (None, _) if self.embed_quantized.is_some() => {}
-            (table, _) => match crate::quantize::blocks(
+            (table, _) => match crate::quantize::quantized(
                 table.as_ref().unwrap_or(&self.embed_tokens),
                 config.kind,
+                config.activations,
             )? {
-                Ok(blocks) => {
-                    (self.lm_head, self.lm_head_quantized) = (Some(blocks), Some(q));
+                Ok((stored, q)) => {
+                    (self.lm_head, self.lm_head_quantized) = (Some(stored), Some(q));
                     report.quantized.push(head);
                 }
                 Err(why) => report.kept.push((head, why)),
@@ -438,10 +445,8 @@ impl Llama {
         let norm = |x: &Tensor, w: &Tensor| {
             F::try_rms_norm(x, &[c.hidden_size], Some(w), Some(c.rms_norm_eps))
         };
-        let mut h = match self.embed_quantized {
-            Some(q) => {
-                crate::quantized::embedding(ids, q.kind, &self.embed_tokens)?.to_dtype(dtype)
-            }
+        let mut h = match &self.embed_quantized {
+            Some(q) => crate::quantized::embedding(ids, q, &self.embed_tokens)?.to_dtype(dtype),
             None => F::try_embedding(ids, &self.embed_tokens)?,
         };
         for (i, layer) in self.layers.iter().enumerate() {
@@ -480,8 +485,8 @@ impl Llama {
         }
         let h = norm(&crate::keep_last(h, logits_to_keep)?, &self.norm)?;
         let (head, quantized) = match &self.lm_head {
-            Some(head) => (head, self.lm_head_quantized),
-            None => (&self.embed_tokens, self.embed_quantized),
+            Some(head) => (head, &self.lm_head_quantized),
+            None => (&self.embed_tokens, &self.embed_quantized),
         };
         match quantized {
             Some(q) => Ok(crate::quantized::matmul_t(&h, q, head)?.to_dtype(h.dtype())),

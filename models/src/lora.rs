@@ -358,13 +358,13 @@ pub trait LoraModel {
         }
         // Checked before any adapter is folded, so a refusal leaves the model as it was.
         let kept = self.linears().into_iter().find_map(|(name, linear)| {
-            linear.quantized.filter(|_| linear.adapter.is_some()).map(|q| (name, q.kind))
+            linear.quantized.as_ref().filter(|_| linear.adapter.is_some()).map(|q| (name, q.kind))
         });
         if let Some((name, kind)) = kept {
             return Err(Error::Value {
                 op: "merge_lora",
                 detail: format!(
-                    "{name} keeps its weight as {kind} blocks: an adapter cannot be folded into them (load with keep_quantized: false to merge)"
+                    "{name} keeps its weight as {kind}: an adapter cannot be folded into it (load with keep_quantized: false to merge)"
                 ),
             });
         }

@@ -15,9 +15,11 @@ use kiln::ops::{Opaque, Split};
 use kiln::{DType, Error, Result, Shape, Tensor};
 use kiln_runtime::quant::{self, GgmlType};
 
+use crate::quantize::QuantKind;
+
 /// Rows of `x` up to which the product reads the blocks in place; past it the weight is
 /// dequantized for a dense product (which reuses each weight across the rows).
-const IN_PLACE_ROWS: usize = 4;
+pub(crate) const IN_PLACE_ROWS: usize = 4;
 
 /// How the products of weights kept quantized take their input in a decode step (up to
 /// four rows of `x`; longer inputs, prefills, always run a dense product of the weight
@@ -35,11 +37,14 @@ pub enum Activations {
     Int8,
 }
 
-/// A weight kept as GGML blocks: their type, and how its products take their input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a weight kept quantized is stored (its data is the weight tensor: GGML blocks or
+/// `i8` rows), with per-channel int8's scales, and how its products take their input.
+#[derive(Clone, Debug)]
 pub(crate) struct Quantized {
-    pub(crate) kind: GgmlType,
+    pub(crate) kind: QuantKind,
     pub(crate) activations: Activations,
+    /// Per-channel int8's scales, f32 `[out]`.
+    pub(crate) scales: Option<Tensor>,
 }
 
 /// The block types a projection may keep: those with a product here.
@@ -92,7 +97,7 @@ fn values_per_row(kind: GgmlType, row_bytes: usize) -> Option<usize> {
 }
 
 /// An input's elements in row-major order: in place when it is dense, else copied.
-fn dense<'a, T: kiln::Element>(
+pub(crate) fn dense<'a, T: kiln::Element>(
     input: &kiln::ops::CpuInput<'a>,
 ) -> std::result::Result<std::borrow::Cow<'a, [T]>, String> {
     Ok(input
@@ -102,7 +107,7 @@ fn dense<'a, T: kiln::Element>(
 
 /// Calls `product(m, n, values)` for each run of a product's output chunk that lies in one
 /// row `m` of the input: outputs `n..n + values.len()` of that row (`rows` per row).
-fn each_run(
+pub(crate) fn each_run(
     out: &mut kiln::ops::CpuOutput<'_>,
     rows: usize,
     product: impl Fn(usize, usize, &mut [f32]) -> std::result::Result<(), quant::DequantizeError>,
@@ -221,7 +226,7 @@ fn embedding_op(kind: GgmlType) -> Opaque {
 /// How far (of the larger magnitude, at least 1) a product may be from the f64 product of
 /// the blocks' values under `KILN_CHECK`: each block's sum is in f32 lanes (or exact
 /// integers) and the blocks' sums are added in f32; a misread block is off by far more.
-const CHECK_TOLERANCE: f64 = 1e-3;
+pub(crate) const CHECK_TOLERANCE: f64 = 1e-3;
 
 /// `KILN_CHECK`'s reference for the products of `kind` weights with f32 inputs (`act`
 /// `None`) or with activation blocks: each element the f64 dot product of the weight row's
@@ -264,28 +269,53 @@ fn reference(
     }
 }
 
-/// The rows `ids` picks from a table stored as `kind` blocks, dequantized to f32.
-pub(crate) fn embedding(ids: &Tensor, kind: GgmlType, table: &Tensor) -> Result<Tensor> {
-    ops(kind)?.embedding.try_call(&[ids, table])
+/// The rows `ids` picks from a table stored quantized, dequantized to f32.
+pub(crate) fn embedding(ids: &Tensor, q: &Quantized, table: &Tensor) -> Result<Tensor> {
+    match (q.kind, &q.scales) {
+        (QuantKind::Blocks(kind), _) => ops(kind)?.embedding.try_call(&[ids, table]),
+        (QuantKind::Int8, Some(scales)) => {
+            let rows = kiln::nn::functional::try_embedding(ids, table)?.to_dtype(DType::F32);
+            Ok(rows * kiln::nn::functional::try_embedding(ids, &scales.unsqueeze(1))?)
+        }
+        (QuantKind::Int8, None) => Err(no_scales("embedding")),
+    }
+}
+
+fn no_scales(op: &'static str) -> Error {
+    Error::Internal(format!("{op}: a per-channel int8 weight without its scales"))
 }
 
 fn dequantize_with(kind: GgmlType, blocks: &Tensor) -> Result<Tensor> {
     ops(kind)?.dequantize.try_call(&[blocks])
 }
 
-/// `x Wᵀ` for `W` stored as `q.kind` blocks (`blocks`: u8 `[out, row bytes]`), `x` f32
-/// `[.., in]`: in place for up to [`IN_PLACE_ROWS`] rows of `x` (integer products under
-/// [`Activations::Int8`] where `x` carries no gradient), else dequantized and dense.
-pub(crate) fn matmul_t(x: &Tensor, q: Quantized, blocks: &Tensor) -> Result<Tensor> {
+/// `x Wᵀ` for `W` stored as `q` says (`stored`: GGML blocks, u8 `[out, row bytes]`, or
+/// int8 rows, `i8` `[out, in]`), `x` f32 `[.., in]`: in place for up to [`IN_PLACE_ROWS`]
+/// rows of `x` (integer products under [`Activations::Int8`] where `x` carries no
+/// gradient), else dequantized and dense.
+pub(crate) fn matmul_t(x: &Tensor, q: &Quantized, stored: &Tensor) -> Result<Tensor> {
+    match (q.kind, &q.scales) {
+        (QuantKind::Blocks(kind), _) => blocks_matmul_t(x, kind, q.activations, stored),
+        (QuantKind::Int8, Some(scales)) => crate::int8::matmul_t(x, q.activations, stored, scales),
+        (QuantKind::Int8, None) => Err(no_scales("quantized matmul")),
+    }
+}
+
+fn blocks_matmul_t(
+    x: &Tensor,
+    kind: GgmlType,
+    input: Activations,
+    blocks: &Tensor,
+) -> Result<Tensor> {
     let k = x.dims().last().copied().unwrap_or(0);
     let rows = x.numel().checked_div(k).unwrap_or(0);
     let x = x.to_dtype(DType::F32);
-    let ops = ops(q.kind)?;
+    let ops = ops(kind)?;
     if rows > IN_PLACE_ROWS {
         return x.try_matmul(&ops.dequantize.try_call(&[blocks])?.t());
     }
     let gradients = kiln::is_grad_enabled() && x.requires_grad();
-    match (&ops.int8, quant::activation_type(q.kind), q.activations) {
+    match (&ops.int8, quant::activation_type(kind), input) {
         (Some(int8), Some(act), Activations::Int8) if !gradients => {
             int8.try_call(&[&activations(act)?.try_call(&[&x])?, blocks])
         }
@@ -294,7 +324,7 @@ pub(crate) fn matmul_t(x: &Tensor, q: Quantized, blocks: &Tensor) -> Result<Tens
 }
 
 /// The op quantizing f32 rows (`[.., k]`) to `act` blocks (u8 `[.., bytes of k]`).
-fn activations(act: GgmlType) -> Result<&'static Opaque> {
+pub(crate) fn activations(act: GgmlType) -> Result<&'static Opaque> {
     static OPS: OnceLock<[(GgmlType, Opaque); 2]> = OnceLock::new();
     let all = OPS.get_or_init(|| {
         [(GgmlType::Q8_0, "quantize_q8_0"), (GgmlType::Q8_K, "quantize_q8_k")]

@@ -2,18 +2,18 @@
 //! kiln-models) loads unchanged: `config.json`, and `model.safetensors` or, above
 //! [`SaveOptions::max_shard_bytes`], shards `model-0000k-of-0000n.safetensors` with
 //! `model.safetensors.index.json`, tensors under the checkpoint's names in the parameters'
-//! dtype. A model with weights kept quantized is written with those weights as their GGML
-//! blocks (u8 `[out, row bytes]`, each file's metadata naming their types under
+//! dtype. A model with weights kept quantized is written with those weights as stored (GGML
+//! blocks, or int8 rows and their scales; each file's metadata names how under
 //! [`QUANTIZED_KEY`]); kiln-models loads such a folder back, transformers does not.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use kiln::{DType, Error, Result, Tensor};
-use kiln_runtime::quant::GgmlType;
 use serde_json::{Map, Value, json};
 
 use crate::config::{BertConfig, Config, Gpt2Config, LlamaConfig, RopeScaling};
+use crate::quantize::QuantKind;
 
 /// How [`crate::llama::Llama::save_pretrained`] and friends write a folder.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,14 +35,14 @@ fn io(detail: String) -> Error {
 
 /// Writes `config` (over `base`, the `config.json` the model was loaded from, whose other keys
 /// such as the special token ids are kept) and `tensors` into `dir`, created if needed.
-/// `quantized` names the tensors that are GGML blocks and their types: each file's metadata
-/// records them ([`QUANTIZED_KEY`]), and `config.json` gains a `quantization_config`.
+/// `quantized` names the tensors stored quantized and how: each file's metadata records them
+/// ([`QUANTIZED_KEY`]), and `config.json` gains a `quantization_config`.
 pub(crate) fn save(
     dir: &Path,
     base: Option<&Value>,
     config: &Config,
     tensors: &[(String, Tensor)],
-    quantized: &BTreeMap<String, GgmlType>,
+    quantized: &BTreeMap<String, QuantKind>,
     options: SaveOptions,
 ) -> Result<()> {
     if let Some((name, t)) =
@@ -86,22 +86,28 @@ pub(crate) fn save(
     write_shards(dir, tensors, quantized, options)
 }
 
-/// The prefix of a safetensors metadata key naming a tensor stored as GGML blocks:
-/// `"ggml_type:model.layers.0.mlp.up_proj.weight": "Q4_K"`, the tensor itself u8
-/// `[out, row bytes]`, each row the blocks of one output's weights in GGML's layout.
-pub const QUANTIZED_KEY: &str = "ggml_type:";
+/// The prefix of a safetensors metadata key naming a tensor stored quantized, and how
+/// ([`QuantKind::name`]): `"quantized:model.layers.0.mlp.up_proj.weight": "Q4_K"`, the
+/// tensor u8 `[out, row bytes]`, each row the blocks of one output's weights in GGML's
+/// layout; or `"int8"`, the tensor `i8` `[out, in]` and its f32 scales `[out, 1]` beside it
+/// under the name with [`SCALE_SUFFIX`].
+pub const QUANTIZED_KEY: &str = "quantized:";
 
-/// `config.json`'s `quantization_config.quant_method` for a folder of GGML blocks: a name
-/// transformers does not know, so it does not mistake the blocks for weights of another
-/// scheme.
-const QUANT_METHOD: &str = "ggml_blocks";
+/// What the scales of int8 rows add to their weight's name (`up_proj.weight_scale`, as
+/// compressed-tensors names them).
+pub const SCALE_SUFFIX: &str = "_scale";
+
+/// `config.json`'s `quantization_config.quant_method` for a folder kiln-models quantized: a
+/// name transformers does not know, so it does not mistake the weights for another
+/// scheme's.
+const QUANT_METHOD: &str = "kiln";
 
 /// The tensors in shards of at most `options.max_shard_bytes` (in name order), with an index
 /// when there is more than one.
 fn write_shards(
     dir: &Path,
     tensors: &[(String, Tensor)],
-    quantized: &BTreeMap<String, GgmlType>,
+    quantized: &BTreeMap<String, QuantKind>,
     options: SaveOptions,
 ) -> Result<()> {
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kiln::nn::Parameters;
 use kiln::{DType, Tensor};
 use kiln_models::llama::Llama;
-use kiln_models::quantize::QuantConfig;
+use kiln_models::quantize::{QuantConfig, QuantKind};
 use kiln_models::{Activations, LoadOptions, SaveOptions};
 use kiln_runtime::quant::GgmlType;
 
@@ -66,7 +66,7 @@ fn a_quantized_model_loads_back_as_it_was_saved() {
     model.save_pretrained(&dir).expect("save_pretrained");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    assert_eq!(json["quantization_config"]["quant_method"], "ggml_blocks");
+    assert_eq!(json["quantization_config"]["quant_method"], "kiln");
     assert_eq!(json["quantization_config"]["types"], serde_json::json!(["Q4_K"]));
     assert_eq!(json["torch_dtype"], serde_json::Value::Null);
 
@@ -101,6 +101,40 @@ fn a_quantized_model_loads_back_as_it_was_saved() {
 }
 
 #[test]
+fn per_channel_int8_saves_its_rows_and_scales_and_loads_back() {
+    let mut model = load(&fixture("shakespeare-256"), false);
+    let config = QuantConfig {
+        embeddings: true,
+        activations: Activations::Int8,
+        ..QuantConfig::new(QuantKind::Int8)
+    };
+    let report = model.quantize_(&config).expect("quantize_");
+    assert_eq!(report.quantized.len(), 2 * 7 + 2, "{report:?}");
+    let dir = scratch("int8");
+    model.save_pretrained(&dir).expect("save_pretrained");
+    // The rows as i8 and their scales beside them, [out, 1] in f32.
+    let checkpoint = kiln_models::Checkpoint::open(&dir).unwrap();
+    let up = "model.layers.1.mlp.up_proj.weight";
+    assert_eq!(checkpoint.tensor(up).unwrap().dtype(), DType::I8);
+    assert_eq!(checkpoint.shape(up), Some(&[512, 256][..]));
+    let scale = checkpoint.tensor(&format!("{up}_scale")).unwrap();
+    assert_eq!((scale.dtype(), scale.dims()), (DType::F32, &[512, 1][..]));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(json["quantization_config"]["types"], serde_json::json!(["int8"]));
+
+    let kept = load(&dir, true);
+    same_parameters(&model, &kept);
+    let want = logits(&model);
+    assert_eq!(logits(&kept), want);
+    // Dequantized (`scale · q`): the floats a prefill multiplies by.
+    let floats = load(&dir, false);
+    assert!(floats.named_parameters().iter().all(|(_, t)| t.dtype() == DType::F32));
+    assert_eq!(logits(&floats).0, want.0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn a_tied_model_s_quantized_head_is_kept_when_blocks_are() {
     // Qwen2's fixture ties its head to the table: quantize_ gives the head a quantized copy.
     let mut model = load(&fixture("qwen2"), false);
@@ -130,15 +164,17 @@ fn metadata_that_lies_about_blocks_is_an_error_naming_the_tensor() {
     let file = dir.join("model.safetensors");
     let (tensors, metadata) = kiln::serialize::load_with_metadata(&file).unwrap();
     let up = "model.layers.0.mlp.up_proj.weight";
-    let key = format!("ggml_type:{up}");
+    let key = format!("quantized:{up}");
     assert_eq!(metadata.get(&key).map(String::as_str), Some("Q8_0"));
     let cases = [
-        (key.clone(), "Q9_9".to_string(), "names a type the quantized products do not read"),
-        (key.clone(), "F16".to_string(), "names a type the quantized products do not read"),
+        (key.clone(), "Q9_9".to_string(), "names a kind the quantized products do not read"),
+        (key.clone(), "F16".to_string(), "names a kind the quantized products do not read"),
         // Rows of 34-byte Q8_0 blocks are not whole Q4_K blocks of 144 bytes.
         (key.clone(), "Q4_K".to_string(), "Q4_K blocks are u8 [rows, a multiple of 144 bytes]"),
-        ("ggml_type:model.norm.weight".into(), "Q8_0".into(), "is stored as F32 [32]"),
-        ("ggml_type:no.such.weight".into(), "Q8_0".into(), "is not a tensor of the file"),
+        ("quantized:model.norm.weight".into(), "Q8_0".into(), "is stored as F32 [32]"),
+        ("quantized:no.such.weight".into(), "Q8_0".into(), "is not a tensor of the file"),
+        // int8 rows are i8 with their scales beside them.
+        (key.clone(), "int8".to_string(), "int8 rows are i8 [rows, cols], with f32 scales [48, 1]"),
     ];
     for (key, value, want) in cases {
         let mut lying = metadata.clone();
@@ -146,7 +182,7 @@ fn metadata_that_lies_about_blocks_is_an_error_naming_the_tensor() {
         kiln::serialize::save_with_metadata(&file, &tensors, &lying).unwrap();
         let options = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
         let err = Llama::from_pretrained(&dir, options).expect_err("a lying file").to_string();
-        let name = key.trim_start_matches("ggml_type:");
+        let name = key.trim_start_matches("quantized:");
         assert!(err.contains(name) && err.contains(want), "{key}: {err}");
     }
     std::fs::remove_dir_all(dir).unwrap();

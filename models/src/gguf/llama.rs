@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use kiln::{Device, Error, Result, Tensor};
-use kiln_runtime::quant::GgmlType;
 
 use super::Gguf;
 use crate::checkpoint::{LoadOptions, Weights};
@@ -250,7 +249,7 @@ impl Weights for GgufWeights<'_> {
         unpermute(self.file.tensor_on(gguf, device)?, *heads, gguf)
     }
 
-    fn blocks(&self, name: &str) -> Result<Option<(GgmlType, Tensor)>> {
+    fn quantized(&self, name: &str) -> Result<Option<crate::checkpoint::StoredWeight>> {
         let Some((gguf, heads)) = self.names.get(name) else { return Ok(None) };
         let Some(info) = self.file.info(gguf).filter(|t| crate::quantized::keeps(t.kind)) else {
             return Ok(None);
@@ -264,7 +263,11 @@ impl Weights for GgufWeights<'_> {
             Device::Cpu,
         )?;
         // Rows are whole blocks: llama.cpp's row order is undone on the bytes.
-        Ok(Some((info.kind, unpermute(blocks, *heads, gguf)?)))
+        Ok(Some(crate::checkpoint::StoredWeight {
+            kind: info.kind.into(),
+            data: unpermute(blocks, *heads, gguf)?,
+            scales: None,
+        }))
     }
 }
 
