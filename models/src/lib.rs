@@ -18,8 +18,10 @@
 //! block types dequantized), [`llama::Llama::from_gguf`] builds a Llama-family model and
 //! [`Tokenizer::from_gguf`] its tokenizer; with [`LoadOptions::keep_quantized`] the weights
 //! stay in their blocks. [`llama::Llama::quantize_`] stores a float model's weights as
-//! Q8_0, Q4_0 or Q4_K blocks ([`quantize::QuantConfig`]), [`Activations::Int8`] makes decode
-//! steps take integer products, and [`perplexity`] measures what quantizing cost.
+//! Q8_0, Q4_0 or Q4_K blocks or per-channel int8 rows ([`quantize::QuantConfig`],
+//! [`quantize::QuantKind`]), [`Activations::Int8`] makes decode steps take integer products,
+//! `save_pretrained` writes them as they are, and [`perplexity`] measures what quantizing
+//! cost.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

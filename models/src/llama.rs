@@ -294,15 +294,16 @@ impl Llama {
         self.embed_tokens.device()
     }
 
-    /// The dtype the model computes in (its norms'; quantized weights are u8 blocks).
+    /// The dtype the model computes in (its norms'; quantized weights are u8 blocks or i8
+    /// rows).
     pub fn dtype(&self) -> kiln::DType {
         self.norm.dtype()
     }
 
     /// Stores the projections' weights (and, as `config` says, the head and the embedding
-    /// table) as GGML blocks, in place, as torchao's `quantize_`: a decode step then reads
-    /// a quarter (Q8_0) or an eighth (Q4_0, Q4_K) of f32's bytes. Returns what was
-    /// quantized and what was left, with the reasons.
+    /// table) as GGML blocks or per-channel int8 rows, in place, as torchao's `quantize_`: a
+    /// decode step then reads a quarter (Q8_0, int8) or an eighth (Q4_0, Q4_K) of f32's
+    /// bytes. Returns what was quantized and what was left, with the reasons.
     ///
     /// ```
     /// use kiln_models::config::{LlamaConfig, Rope, RopeScaling};
@@ -325,7 +326,7 @@ impl Llama {
     /// ```
     ///
     /// # Errors
-    /// A `kind` other than Q8_0, Q4_0 and Q4_K; a model on a GPU (the quantized products
+    /// A `kind` other than Q8_0, Q4_0, Q4_K and int8; a model on a GPU (the quantized products
     /// run on the CPU).
     pub fn quantize_(&mut self, config: &QuantConfig) -> Result<QuantReport> {
         crate::quantize::check(config, self.device())?;

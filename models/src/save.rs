@@ -75,7 +75,7 @@ pub(crate) fn save(
             quantized.values().map(|k| k.name()).collect();
         json.insert(
             "quantization_config".into(),
-            json!({ "quant_method": QUANT_METHOD, "types": types }),
+            json!({ "format": QUANT_FORMAT, "types": types }),
         );
     }
     let text = serde_json::to_string_pretty(&Value::Object(json))
@@ -97,10 +97,11 @@ pub const QUANTIZED_KEY: &str = "quantized:";
 /// compressed-tensors names them).
 pub const SCALE_SUFFIX: &str = "_scale";
 
-/// `config.json`'s `quantization_config.quant_method` for a folder kiln-models quantized: a
-/// name transformers does not know, so it does not mistake the weights for another
-/// scheme's.
-const QUANT_METHOD: &str = "kiln";
+/// `config.json`'s `quantization_config.format` for a folder kiln-models quantized. The
+/// config has no `quant_method`, so that transformers refuses the folder (it raises for a
+/// quantization config without one; an unknown method it skips, and would then load int8
+/// rows as if they were the weights, scales left aside, with only a warning).
+const QUANT_FORMAT: &str = "kiln";
 
 /// The tensors in shards of at most `options.max_shard_bytes` (in name order), with an index
 /// when there is more than one.
