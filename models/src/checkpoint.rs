@@ -8,12 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::quantize::QuantKind;
-use crate::quantized::{Activations, Quantized};
 use kiln::{DType, Device, Error, Result, Tensor};
 use kiln_runtime::mmap::MappedFile;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
+
+use crate::quantize::QuantKind;
+use crate::quantized::{Activations, Quantized};
 
 /// How [`crate::gpt2::Gpt2::from_pretrained`] and friends place the weights.
 #[derive(Clone, Copy, Debug, PartialEq)]

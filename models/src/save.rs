@@ -116,9 +116,15 @@ fn write_shards(
     let bytes = |t: &Tensor| (t.numel() * t.element_size()) as u64;
     let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
     let mut size = 0;
+    // Int8 rows' scales stay in their rows' shard (they sort right after them): a file's
+    // metadata describes the tensors it holds.
+    let scales_of_rows = |name: &str| {
+        name.strip_suffix(SCALE_SUFFIX).is_some_and(|w| quantized.get(w) == Some(&QuantKind::Int8))
+    };
     for (name, t) in sorted {
         let last = shards.last_mut().expect("one shard at least");
-        if !last.is_empty() && size + bytes(t) > options.max_shard_bytes {
+        let full = size + bytes(t) > options.max_shard_bytes;
+        if !last.is_empty() && full && !scales_of_rows(name) {
             shards.push(Vec::new());
             size = 0;
         }

@@ -129,6 +129,11 @@ fn per_channel_int8_saves_its_rows_and_scales_and_loads_back() {
     same_parameters(&model, &kept);
     let want = logits(&model);
     assert_eq!(logits(&kept), want);
+    // In shards of about one projection each, every row's scales in its shard.
+    let sharded = scratch("int8-sharded");
+    model.save_pretrained_with(&sharded, SaveOptions { max_shard_bytes: 100_000 }).unwrap();
+    assert_eq!(logits(&load(&sharded, true)), want);
+    std::fs::remove_dir_all(sharded).unwrap();
     // Dequantized (`scale · q`): the floats a prefill multiplies by.
     let floats = load(&dir, false);
     assert!(floats.named_parameters().iter().all(|(_, t)| t.dtype() == DType::F32));
