@@ -87,12 +87,15 @@ fn io(detail: String) -> Error {
 
 impl Checkpoint {
     /// Maps `dir/model.safetensors`, or every shard `dir/model.safetensors.index.json`
-    /// names, and reads their headers.
+    /// names, and reads their headers. Tensors stored quantized are known by the files'
+    /// metadata ([`crate::save::QUANTIZED_KEY`]) or, for compressed-tensors' per-channel
+    /// int8 scheme, by `config.json`.
     ///
     /// # Errors
     /// [`Error::Io`] naming the file: none of the two present, an unreadable or invalid
     /// index, a shard it names that is missing or holds none of the tensors the index puts
-    /// there, a file that is not valid safetensors or is shorter than its header says.
+    /// there, a file that is not valid safetensors or is shorter than its header says, a
+    /// compressed-tensors config of a scheme kiln does not read.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
@@ -114,6 +117,9 @@ impl Checkpoint {
             let map = MappedFile::open(&path)
                 .map_err(|e| io(format!("cannot map {}: {e}", path.display())))?;
             checkpoint.add_file(path, map)?;
+        }
+        if crate::compressed::int8_channel(dir)? {
+            checkpoint.mark_int8_rows();
         }
         if let Some(expected) = expected {
             for (tensor, file) in expected {
@@ -162,6 +168,24 @@ impl Checkpoint {
         }
         self.files.push((path, map));
         Ok(())
+    }
+
+    /// Marks as per-channel int8 every `i8` `[rows, cols]` tensor with float scales
+    /// `[rows, 1]` beside it (a compressed-tensors checkpoint's quantized weights).
+    fn mark_int8_rows(&mut self) {
+        let rows: Vec<String> = (self.entries.iter())
+            .filter(|(name, e)| {
+                let scale = self.entries.get(&format!("{name}{}", crate::save::SCALE_SUFFIX));
+                matches!((e.dtype, e.shape.as_slice(), scale), (Dtype::I8, &[rows, _], Some(s))
+                    if scale_dtype(s.dtype) && s.shape == [rows, 1])
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in rows {
+            if let Some(entry) = self.entries.get_mut(&name) {
+                entry.kind.get_or_insert(QuantKind::Int8);
+            }
+        }
     }
 
     /// The folder.
@@ -243,7 +267,7 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
 
 /// The tensors `file`'s metadata says are stored quantized, with their kinds, each checked:
 /// GGML blocks of a type kiln's products read, u8 `[rows, row bytes]` of whole blocks; or
-/// per-channel int8, `i8` `[rows, cols]` with f32 scales `[rows, 1]` under `NAME_scale`.
+/// per-channel int8, `i8` `[rows, cols]` with float scales `[rows, 1]` under `NAME_scale`.
 fn quantized_kinds(
     path: &Path,
     bytes: &[u8],
@@ -280,10 +304,10 @@ fn quantized_kinds(
                 let scale = format!("{name}{}", crate::save::SCALE_SUFFIX);
                 let fits = file
                     .tensor(&scale)
-                    .is_ok_and(|s| s.dtype() == Dtype::F32 && s.shape() == [rows, 1]);
+                    .is_ok_and(|s| scale_dtype(s.dtype()) && s.shape() == [rows, 1]);
                 if dtype != Dtype::I8 || !fits {
                     return Err(bad(format!(
-                        "is stored as {dtype:?} {shape:?}: int8 rows are i8 [rows, cols], with f32 scales [{rows}, 1] in {scale}"
+                        "is stored as {dtype:?} {shape:?}: int8 rows are i8 [rows, cols], with float scales [{rows}, 1] in {scale}"
                     )));
                 }
             }
@@ -291,6 +315,12 @@ fn quantized_kinds(
         kinds.insert(name.to_string(), kind);
     }
     Ok(kinds)
+}
+
+/// Whether int8 rows' scales may be stored as `dtype` (f32, or the 16-bit floats
+/// compressed-tensors writes for 16-bit models; they are widened to f32 on load).
+fn scale_dtype(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
 }
 
 /// Named tensors a model loads from: a [`Checkpoint`] folder, or a GGUF file seen through
@@ -396,7 +426,7 @@ impl Weights for Checkpoint {
             QuantKind::Int8 => {
                 let scale = format!("{name}{}", crate::save::SCALE_SUFFIX);
                 let scales = Checkpoint::tensor_on(self, &scale, Device::Cpu)?;
-                Some(scales.try_reshape(&[-1])?)
+                Some(scales.try_reshape(&[-1])?.to_dtype(DType::F32).contiguous())
             }
             QuantKind::Blocks(_) => None,
         };

@@ -29,6 +29,7 @@
 pub mod bert;
 pub mod cache;
 pub mod checkpoint;
+mod compressed;
 pub mod config;
 pub mod eval;
 pub mod generate;

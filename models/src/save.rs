@@ -71,12 +71,7 @@ pub(crate) fn save(
     }
     json.extend(ours);
     if !quantized.is_empty() {
-        let types: std::collections::BTreeSet<String> =
-            quantized.values().map(|k| k.name()).collect();
-        json.insert(
-            "quantization_config".into(),
-            json!({ "format": QUANT_FORMAT, "types": types }),
-        );
+        json.insert("quantization_config".into(), quantization_config(quantized));
     }
     let text = serde_json::to_string_pretty(&Value::Object(json))
         .map_err(|e| io(format!("cannot write config.json: {e}")))?;
@@ -84,6 +79,29 @@ pub(crate) fn save(
     std::fs::write(&path, text + "\n")
         .map_err(|e| io(format!("cannot write {}: {e}", path.display())))?;
     write_shards(dir, tensors, quantized, options)
+}
+
+/// `config.json`'s `quantization_config` for the `quantized` weights: compressed-tensors'
+/// per-channel int8 scheme when every one is int8 rows of a projection or the head (the
+/// layout is theirs), else kiln's own (blocks, or an int8 embedding table, which
+/// compressed-tensors' loader in transformers does not restore).
+fn quantization_config(quantized: &BTreeMap<String, QuantKind>) -> Value {
+    let modules: Option<Vec<String>> = (quantized.iter())
+        .map(|(name, kind)| match (kind, name.strip_suffix(".weight")) {
+            (QuantKind::Int8, Some(module)) if !module.ends_with("embed_tokens") => {
+                Some(module.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    match modules {
+        Some(modules) => crate::compressed::config(&modules),
+        None => {
+            let types: std::collections::BTreeSet<String> =
+                quantized.values().map(|k| k.name()).collect();
+            json!({ "format": QUANT_FORMAT, "types": types })
+        }
+    }
 }
 
 /// The prefix of a safetensors metadata key naming a tensor stored quantized, and how

@@ -181,7 +181,11 @@ fn metadata_that_lies_about_blocks_is_an_error_naming_the_tensor() {
         ("quantized:model.norm.weight".into(), "Q8_0".into(), "is stored as F32 [32]"),
         ("quantized:no.such.weight".into(), "Q8_0".into(), "is not a tensor of the file"),
         // int8 rows are i8 with their scales beside them.
-        (key.clone(), "int8".to_string(), "int8 rows are i8 [rows, cols], with f32 scales [48, 1]"),
+        (
+            key.clone(),
+            "int8".to_string(),
+            "int8 rows are i8 [rows, cols], with float scales [48, 1]",
+        ),
     ];
     for (key, value, want) in cases {
         let mut lying = metadata.clone();
@@ -192,5 +196,51 @@ fn metadata_that_lies_about_blocks_is_an_error_naming_the_tensor() {
         let name = key.trim_start_matches("quantized:");
         assert!(err.contains(name) && err.contains(want), "{key}: {err}");
     }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn int8_projections_save_as_compressed_tensors_and_such_checkpoints_load() {
+    let mut model = load(&fixture("shakespeare-256"), false);
+    let config =
+        QuantConfig { activations: Activations::Int8, ..QuantConfig::new(QuantKind::Int8) };
+    model.quantize_(&config).expect("quantize_");
+    let dir = scratch("compressed-tensors");
+    model.save_pretrained(&dir).expect("save_pretrained");
+    let config_path = dir.join("config.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let q = &json["quantization_config"];
+    assert_eq!(q["quant_method"], "compressed-tensors");
+    assert_eq!(q["format"], "naive-quantized");
+    let group = &q["config_groups"]["group_0"];
+    assert_eq!(group["weights"]["strategy"], "channel");
+    assert_eq!(group["targets"].as_array().map(Vec::len), Some(2 * 7 + 1));
+    let want = logits(&model);
+
+    // A checkpoint compressed-tensors wrote has no kiln metadata, and 16-bit scales.
+    let file = dir.join("model.safetensors");
+    let (tensors, _) = kiln::serialize::load_with_metadata(&file).unwrap();
+    let plain = std::collections::BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    kiln::serialize::save_with_metadata(&file, &tensors, &plain).unwrap();
+    assert_eq!(logits(&load(&dir, true)), want);
+    let bf16: Vec<(String, Tensor)> = (tensors.iter().cloned())
+        .map(|(n, t)| if n.ends_with("_scale") { (n, t.bfloat16()) } else { (n, t) })
+        .collect();
+    kiln::serialize::save_with_metadata(&file, &bf16, &plain).unwrap();
+    let rounded = load(&dir, true);
+    assert!(rounded.named_parameters().iter().any(|(_, t)| t.dtype() == DType::I8));
+    let got = logits(&rounded).0;
+    let scale = want.0.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let error = got.iter().zip(&want.0).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    assert!(error > 0.0 && error < 0.02, "bf16 scales: {error}");
+
+    // Schemes kiln does not read are errors naming them.
+    let mut other = json.clone();
+    other["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] =
+        "group".into();
+    std::fs::write(&config_path, other.to_string()).unwrap();
+    let err = Llama::from_pretrained(&dir, LoadOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("compressed-tensors group group_0") && err.contains("\"group\""), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
