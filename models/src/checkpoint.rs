@@ -367,19 +367,8 @@ impl StoredWeight {
     /// When blocks cannot be read.
     pub fn dequantize(&self) -> Result<Tensor> {
         match (self.kind, &self.scales) {
-            (QuantKind::Blocks(kind), _) => {
-                let (values, size) = kind.block().unwrap_or((1, 1));
-                let rows = self.data.dims()[0];
-                let cols = self.data.dims()[1] / size * values;
-                let mut out = vec![0f32; rows * cols];
-                let bytes = self.data.try_to_vec::<u8>()?;
-                kiln_runtime::quant::dequantize(kind, &bytes, &mut out)
-                    .map_err(|e| io(e.to_string()))?;
-                Ok(Tensor::from_vec(out, [rows, cols]))
-            }
-            (QuantKind::Int8, Some(scales)) => {
-                Ok(self.data.to_dtype(DType::F32) * scales.unsqueeze(1))
-            }
+            (QuantKind::Blocks(kind), _) => crate::quantized::dequantize_with(kind, &self.data),
+            (QuantKind::Int8, Some(scales)) => Ok(crate::int8::dequantize(&self.data, scales)),
             (QuantKind::Int8, None) => Err(io("int8 rows without their scales".into())),
         }
     }
@@ -500,34 +489,45 @@ impl<'a> Loader<'a> {
     }
 
     /// A projection's weight `[out, inp]`: as stored, with how, when the options keep
-    /// quantized weights and the weights hold it so, else [`Loader::take`].
+    /// quantized weights and the weights hold it so ([`Loader::take_quantized`]), else
+    /// [`Loader::take`].
     pub(crate) fn take_projection(
         &mut self,
         name: &str,
         out: usize,
         inp: usize,
     ) -> (Tensor, Option<Quantized>) {
-        let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
-        let stored = self.weights.shape(name);
-        if keep && stored.as_deref() == Some(&[out, inp][..]) {
-            match self.weights.quantized(name) {
-                Ok(Some(StoredWeight { kind, data, scales })) => {
-                    self.taken.insert(name.to_string());
-                    self.loaded.extend([Some(data.clone()), scales.clone()].into_iter().flatten());
-                    let activations = self.options.activations;
-                    return (data, Some(Quantized { kind, activations, scales }));
-                }
-                Ok(None) => {}
-                Err(e) => self.problems.push(e.to_string()),
-            }
+        match self.take_quantized(name, out, inp) {
+            Some((data, q)) => (data, Some(q)),
+            None => (self.take(name, &[out, inp]), None),
         }
-        (self.take(name, &[out, inp]), None)
     }
 
-    /// Whether `name` is stored quantized so that [`Loader::take_projection`] keeps it.
-    pub(crate) fn keeps_quantized(&self, name: &str) -> bool {
+    /// `name` (a weight `[out, inp]`) as stored quantized, read once, when the options keep
+    /// quantized weights and the weights hold it so; else nothing is taken.
+    pub(crate) fn take_quantized(
+        &mut self,
+        name: &str,
+        out: usize,
+        inp: usize,
+    ) -> Option<(Tensor, Quantized)> {
         let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
-        keep && matches!(self.weights.quantized(name), Ok(Some(_)))
+        if !keep || self.weights.shape(name).as_deref() != Some(&[out, inp][..]) {
+            return None;
+        }
+        match self.weights.quantized(name) {
+            Ok(Some(StoredWeight { kind, data, scales })) => {
+                self.taken.insert(name.to_string());
+                self.loaded.extend([Some(data.clone()), scales.clone()].into_iter().flatten());
+                let activations = self.options.activations;
+                Some((data, Quantized { kind, activations, scales }))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.problems.push(e.to_string());
+                None
+            }
+        }
     }
 
     /// [`Loader::take`] of a matrix stored `[rows, cols]`, returned transposed and

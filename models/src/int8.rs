@@ -39,7 +39,7 @@ pub(crate) fn matmul_t(
 }
 
 /// The weight `scales · rows` as f32 `[out, in]`: one elementwise kernel.
-fn dequantize(rows: &Tensor, scales: &Tensor) -> Tensor {
+pub(crate) fn dequantize(rows: &Tensor, scales: &Tensor) -> Tensor {
     rows.to_dtype(DType::F32) * scales.unsqueeze(1)
 }
 

@@ -255,16 +255,18 @@ impl Llama {
         let norm = l.take("model.norm.weight", &[e]);
         // A tied model quantized by `quantize_` may have saved a quantized copy of the table
         // as its head, which a model keeping blocks keeps.
-        let lm_head = if c.tie_word_embeddings && !l.keeps_quantized("lm_head.weight") {
-            // Some tied checkpoints still carry the head's copy.
-            l.skip("lm_head.weight");
-            None
+        let (lm_head, lm_head_quantized) = if c.tie_word_embeddings {
+            match l.take_quantized("lm_head.weight", c.vocab_size, e) {
+                Some((head, q)) => (Some(head), Some(q)),
+                None => {
+                    // Some tied checkpoints still carry the head's copy.
+                    l.skip("lm_head.weight");
+                    (None, None)
+                }
+            }
         } else {
-            Some(l.take_projection("lm_head.weight", c.vocab_size, e))
-        };
-        let (lm_head, lm_head_quantized) = match lm_head {
-            Some((head, q)) => (Some(head), q),
-            None => (None, None),
+            let (head, q) = l.take_projection("lm_head.weight", c.vocab_size, e);
+            (Some(head), q)
         };
         l.finish()?;
         let positions = positions_on(config.max_position_embeddings, options.device)?;

@@ -285,7 +285,8 @@ fn no_scales(op: &'static str) -> Error {
     Error::Internal(format!("{op}: a per-channel int8 weight without its scales"))
 }
 
-fn dequantize_with(kind: GgmlType, blocks: &Tensor) -> Result<Tensor> {
+/// The values of `kind` blocks (u8 `[rows, row bytes]`), f32 `[rows, values per row]`.
+pub(crate) fn dequantize_with(kind: GgmlType, blocks: &Tensor) -> Result<Tensor> {
     ops(kind)?.dequantize.try_call(&[blocks])
 }
 

@@ -22,6 +22,12 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The folder's `config.json`.
+fn config_json(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("config.json")).expect("a written config");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
 fn load(dir: &Path, keep_quantized: bool) -> Llama {
     let options =
         LoadOptions { keep_quantized, activations: Activations::Int8, ..LoadOptions::default() };
@@ -64,8 +70,7 @@ fn a_quantized_model_loads_back_as_it_was_saved() {
     assert_eq!(report.quantized.len(), 2 * 7 + 2, "{report:?}");
     let dir = scratch("q4_k");
     model.save_pretrained(&dir).expect("save_pretrained");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let json = config_json(&dir);
     assert_eq!(json["quantization_config"]["format"], "kiln");
     // No quant_method: transformers refuses the folder rather than load blocks as weights.
     assert_eq!(json["quantization_config"]["quant_method"], serde_json::Value::Null);
@@ -121,8 +126,7 @@ fn per_channel_int8_saves_its_rows_and_scales_and_loads_back() {
     assert_eq!(checkpoint.shape(up), Some(&[512, 256][..]));
     let scale = checkpoint.tensor(&format!("{up}_scale")).unwrap();
     assert_eq!((scale.dtype(), scale.dims()), (DType::F32, &[512, 1][..]));
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let json = config_json(&dir);
     assert_eq!(json["quantization_config"]["types"], serde_json::json!(["int8"]));
 
     let kept = load(&dir, true);
@@ -208,8 +212,7 @@ fn int8_projections_save_as_compressed_tensors_and_such_checkpoints_load() {
     let dir = scratch("compressed-tensors");
     model.save_pretrained(&dir).expect("save_pretrained");
     let config_path = dir.join("config.json");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let json = config_json(&dir);
     let q = &json["quantization_config"];
     assert_eq!(q["quant_method"], "compressed-tensors");
     assert_eq!(q["format"], "naive-quantized");

@@ -166,15 +166,7 @@ pub fn dot_rows_i8_int8_on(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-        }
-    }
+    use super::super::int8::avx2::{half, hsum};
 
     /// `Σ w·x`: eight weights widened to f32 at a time, two accumulators; the tail of fewer
     /// than eight in the scalar lanes' order.
@@ -219,9 +211,7 @@ mod avx2 {
                 let v = _mm256_loadu_si256(ab.as_ptr().add(2).cast());
                 let products = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(v, q));
                 let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(products, ones));
-                let bits = i32::from(u16::from_le_bytes([ab[0], ab[1]]));
-                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), sums, acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(half(ab, 0)), sums, acc);
             }
         }
         // SAFETY: the CPU has AVX2, FMA and F16C.

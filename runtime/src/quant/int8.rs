@@ -184,12 +184,12 @@ fn q6_k_row(w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
     /// The `f16` at `b[at..at + 2]` (F16C).
     #[inline(always)]
-    unsafe fn half(b: &[u8], at: usize) -> f32 {
+    pub(in crate::quant) unsafe fn half(b: &[u8], at: usize) -> f32 {
         let bits = i32::from(u16::from_le_bytes([b[at], b[at + 1]]));
         // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))) }
@@ -203,8 +203,9 @@ mod avx2 {
         unsafe { _mm256_loadu_si256(b.as_ptr().add(at).cast()) }
     }
 
+    /// The sum of the eight lanes.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(in crate::quant) unsafe fn hsum(v: __m256) -> f32 {
         // SAFETY: the CPU has AVX2, FMA and F16C (these run only where `host_path` found them).
         unsafe {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
