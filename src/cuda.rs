@@ -107,3 +107,16 @@ pub fn copy_bandwidth(ordinal: usize, bytes: usize, reps: usize) -> crate::Resul
     kiln_runtime::cuda::copy_bandwidth(ordinal, bytes, reps)
         .map_err(|e| kiln_runtime::RunError::from(e).into())
 }
+
+/// Compiles a user-defined op's CUDA C ([`crate::ops::OpaqueBuilder::cuda`]) with NVRTC for
+/// `arch` (`"sm_90"`), with the helpers and options kiln runs it with, and returns the PTX:
+/// no device is needed, so a test can check an op's source on a machine with NVRTC (the
+/// `nvidia-cuda-nvrtc` wheel) and no GPU.
+///
+/// # Errors
+/// [`crate::Error::Runtime`] naming the op, with NVRTC's log, when the source does not
+/// compile, or when NVRTC is not found.
+pub fn compile_source(op: &'static str, source: &str, arch: &str) -> crate::Result<String> {
+    kiln_runtime::cuda::compile_user_source(op, source, arch)
+        .map_err(|e| kiln_runtime::RunError::from(e).into())
+}

@@ -353,8 +353,9 @@ fn autocast_policies_cast_the_inputs() {
 }
 
 #[test]
-fn a_cuda_implementation_is_checked_against_the_cpu_one() {
-    let Some((gpu, _memory)) = gpu_or_skip("a_cuda_implementation_is_checked_against_the_cpu_one")
+fn on_cuda_an_implementation_is_checked_against_the_cpu_one() {
+    let Some((gpu, _memory)) =
+        gpu_or_skip("on_cuda_an_implementation_is_checked_against_the_cpu_one")
     else {
         return;
     };
@@ -378,6 +379,49 @@ fn a_cuda_implementation_is_checked_against_the_cpu_one() {
             .build();
     let m = cpu_only.try_call(&[&x]).unwrap_err().to_string();
     assert!(m.contains("cpu_only") && m.contains("no CUDA implementation"), "{m}");
+}
+
+/// Each row's sum, a warp per row: lanes stride over the row, `__shfl_xor_sync` adds them.
+const ROW_SUM_CUDA: &str = r#"
+extern "C" __global__ void row_sum(float* out, const float* x, long long n, long long inner) {
+  long long cols = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < 32 * n;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long row = i >> 5;
+    int lane = (int)(i & 31);
+    float acc = 0.0f;
+    for (long long c = lane; c < COLS; c += 32) acc += x[row * COLS + c];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[row] = acc;
+  }
+}
+"#;
+
+#[test]
+fn on_cuda_a_warp_per_element_kernel_reduces_rows() {
+    let Some((gpu, _memory)) = gpu_or_skip("on_cuda_a_warp_per_element_kernel_reduces_rows") else {
+        return;
+    };
+    // More rows than the launch has warps (the grid-stride loop takes several turns), rows
+    // longer than a warp and not a multiple of it.
+    let (rows, cols) = (2000, 67);
+    let source = ROW_SUM_CUDA.replace("COLS", &cols.to_string());
+    let op = Opaque::builder("row_sum", 1, move |inputs, out| {
+        let x = inputs[0].data::<f32>()?;
+        let start = out.start();
+        for (r, v) in out.values::<f32>()?.iter_mut().enumerate() {
+            let row = (0..cols).map(|c| f64::from(x[inputs[0].position(&[start + r, c])]));
+            *v = row.sum::<f64>() as f32;
+        }
+        Ok(())
+    })
+    .cuda_warp_per_element(source, "row_sum")
+    .shape(|inputs| Ok((Shape::from(vec![inputs[0].0.dims()[0]]), inputs[0].1)))
+    .build();
+    let x = Tensor::randn([rows, cols]);
+    let want = op.call(&[&x]).to_vec::<f64>();
+    let got = kiln::with_check(|| op.call(&[&x.to(gpu)]).to_vec::<f64>());
+    assert_close_tol(&got, &want, 1e-5, "a warp per row");
 }
 
 #[test]

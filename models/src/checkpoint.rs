@@ -25,12 +25,12 @@ pub struct LoadOptions {
     /// The device the parameters live on.
     pub device: Device,
     /// Whether the projections, the head and the embedding table keep the GGML blocks a
-    /// GGUF file stores them in (on the CPU): the products read the blocks
+    /// GGUF file stores them in (on [`LoadOptions::device`]): the products read the blocks
     /// ([`crate::linear::Linear::quantized`]) and the lookups dequantize the rows they pick;
     /// norms and tensors stored as floats are converted to `dtype` as before. The same for
     /// a checkpoint folder a quantized model was saved to
     /// ([`crate::llama::Llama::save_pretrained`]). Off by default (blocks are then
-    /// dequantized to `dtype`), and for other devices.
+    /// dequantized to `dtype`).
     pub keep_quantized: bool,
     /// How the products of weights kept quantized take their input in decode steps
     /// (weight-only, f32, by default; [`Activations::Int8`] quantizes it too, as llama.cpp
@@ -511,12 +511,15 @@ impl<'a> Loader<'a> {
         out: usize,
         inp: usize,
     ) -> Option<(Tensor, Quantized)> {
-        let keep = self.options.keep_quantized && self.options.device == Device::Cpu;
-        if !keep || self.weights.shape(name).as_deref() != Some(&[out, inp][..]) {
+        if !self.options.keep_quantized
+            || self.weights.shape(name).as_deref() != Some(&[out, inp][..])
+        {
             return None;
         }
         match self.weights.quantized(name) {
             Ok(Some(StoredWeight { kind, data, scales })) => {
+                let device = self.options.device;
+                let (data, scales) = (data.to(device), scales.map(|s| s.to(device)));
                 self.taken.insert(name.to_string());
                 self.loaded.extend([Some(data.clone()), scales.clone()].into_iter().flatten());
                 let activations = self.options.activations;

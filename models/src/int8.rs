@@ -5,9 +5,10 @@
 //! dynamic int8 quantization); a longer input multiplies by the rows dequantized once per
 //! call (`q · scale`, one fused kernel), which is also the gradient's path.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use kiln::ops::{Opaque, Split};
+use kiln::ops::{Opaque, OpaqueBuilder, Split};
 use kiln::{DType, Result, Shape, Tensor};
 use kiln_runtime::quant::{self, GgmlType};
 
@@ -28,13 +29,15 @@ pub(crate) fn matmul_t(
     if m > IN_PLACE_ROWS {
         return x.try_matmul(&dequantize(rows, scales).t());
     }
-    let (f32_op, int8_op) = ops();
+    // Integer products run on the CPU; elsewhere, and where `x` carries gradients, the
+    // float one.
+    let integer = x.device() == kiln::Device::Cpu && !gradients && k.is_multiple_of(32);
     match activations {
-        Activations::Int8 if !gradients && k.is_multiple_of(32) => {
+        Activations::Int8 if integer => {
             let a = crate::quantized::activations(GgmlType::Q8_0)?.try_call(&[&x])?;
-            int8_op.try_call(&[&a, rows, scales])
+            int8_product().try_call(&[&a, rows, scales])
         }
-        _ => f32_op.try_call(&[&x, rows, scales]),
+        _ => float_product(k).try_call(&[&x, rows, scales]),
     }
 }
 
@@ -43,16 +46,28 @@ pub(crate) fn dequantize(rows: &Tensor, scales: &Tensor) -> Tensor {
     rows.to_dtype(DType::F32) * scales.unsqueeze(1)
 }
 
-/// The products with f32 inputs and with Q8_0 activation blocks.
-fn ops() -> (&'static Opaque, &'static Opaque) {
-    static OPS: OnceLock<(Opaque, Opaque)> = OnceLock::new();
-    let (a, b) = OPS.get_or_init(|| (product(false), product(true)));
-    (a, b)
+/// The product with Q8_0 activation blocks (on the CPU).
+fn int8_product() -> &'static Opaque {
+    static OP: OnceLock<Opaque> = OnceLock::new();
+    OP.get_or_init(|| product(true).build())
+}
+
+/// The product with f32 inputs of `k` values a row, made once per row length (the CUDA
+/// kernel is specialised to `k`).
+fn float_product(k: usize) -> Opaque {
+    static PRODUCTS: Mutex<BTreeMap<usize, Opaque>> = Mutex::new(BTreeMap::new());
+    let mut all = PRODUCTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let op = all.entry(k).or_insert_with(|| {
+        product(false)
+            .cuda_warp_per_element(crate::kernels::i8_product(k), "kiln_i8_matmul")
+            .build()
+    });
+    op.clone()
 }
 
 /// `matmul_i8` (f32 `x`) or `matmul_i8_int8` (`x` as Q8_0 blocks, u8) times `i8` rows and
-/// their f32 scales.
-fn product(int8: bool) -> Opaque {
+/// their f32 scales, but for a CUDA implementation.
+fn product(int8: bool) -> OpaqueBuilder {
     let name = if int8 { "matmul_i8_int8" } else { "matmul_i8" };
     Opaque::builder(name, 3, move |inputs, out| {
         let (x, w, s) = (&inputs[0], &inputs[1], &inputs[2]);
@@ -98,7 +113,6 @@ fn product(int8: bool) -> Opaque {
         let [_, w, s] = saved.inputs() else { unreachable!("three inputs") };
         Ok(vec![Some(grad.try_matmul(&dequantize(w, s))?), None, None])
     })
-    .build()
 }
 
 /// `KILN_CHECK`'s reference: each element the f64 dot product of a row's `q · scale` with

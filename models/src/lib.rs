@@ -36,6 +36,7 @@ pub mod generate;
 pub mod gguf;
 pub mod gpt2;
 mod int8;
+mod kernels;
 pub mod linear;
 pub mod llama;
 pub mod lora;

@@ -305,7 +305,10 @@ impl Llama {
     /// Stores the projections' weights (and, as `config` says, the head and the embedding
     /// table) as GGML blocks or per-channel int8 rows, in place, as torchao's `quantize_`: a
     /// decode step then reads a quarter (Q8_0, int8) or an eighth (Q4_0, Q4_K) of f32's
-    /// bytes. Returns what was quantized and what was left, with the reasons.
+    /// bytes. Returns what was quantized and what was left, with the reasons. Quantizing
+    /// runs on the host (the values are read once); the stored weights stay on the model's
+    /// device, where the products read them (on a GPU, CUDA kernels; the integer products
+    /// of [`crate::Activations::Int8`] are the CPU's, and a GPU takes f32 inputs instead).
     ///
     /// ```
     /// use kiln_models::config::{LlamaConfig, Rope, RopeScaling};
@@ -328,10 +331,9 @@ impl Llama {
     /// ```
     ///
     /// # Errors
-    /// A `kind` other than Q8_0, Q4_0, Q4_K and int8; a model on a GPU (the quantized products
-    /// run on the CPU).
+    /// A `kind` other than Q8_0, Q4_0, Q4_K and int8.
     pub fn quantize_(&mut self, config: &QuantConfig) -> Result<QuantReport> {
-        crate::quantize::check(config, self.device())?;
+        crate::quantize::check(config)?;
         let mut report = QuantReport::default();
         for (name, linear) in self.linears_mut() {
             crate::quantize::linear(&name, linear, config, &mut report)?;

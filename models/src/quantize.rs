@@ -7,7 +7,7 @@
 //! projections (QLoRA's recipe). `save_pretrained` writes the blocks as they are
 //! ([`crate::save::QUANTIZED_KEY`]), for kiln-models to load back; transformers cannot.
 
-use kiln::{DType, Device, Error, Result, Tensor};
+use kiln::{DType, Error, Result, Tensor};
 use kiln_runtime::quant::{self, GgmlType};
 
 use crate::linear::Linear;
@@ -112,22 +112,14 @@ const KINDS: [QuantKind; 4] = [
     QuantKind::Int8,
 ];
 
-/// Refuses a configuration or a model the quantized products cannot serve.
-pub(crate) fn check(config: &QuantConfig, device: Device) -> Result<()> {
+/// Refuses a configuration the quantized products cannot serve.
+pub(crate) fn check(config: &QuantConfig) -> Result<()> {
     if !KINDS.contains(&config.kind) {
         return Err(Error::Value {
             op: "quantize_",
             detail: format!(
                 "{} is not a kind quantize_ writes: Q8_0, Q4_0 or Q4_K blocks, or per-channel int8",
                 config.kind
-            ),
-        });
-    }
-    if device != Device::Cpu {
-        return Err(Error::Device {
-            op: "quantize_",
-            detail: format!(
-                "quantized products run on the CPU and the model is on {device:?}: quantize it before moving it, or load it with .to(Device::Cpu)"
             ),
         });
     }
@@ -157,12 +149,14 @@ pub(crate) fn quantized(
             };
             let mut bytes = vec![0u8; rows * row_bytes];
             quant::quantize(ggml, &values, &mut bytes).map_err(error)?;
-            (Tensor::from_vec(bytes, [rows, row_bytes]), None)
+            (Tensor::from_vec(bytes, [rows, row_bytes]).to(weight.device()), None)
         }
         QuantKind::Int8 => {
             let (mut q, mut scales) = (vec![0i8; rows * cols], vec![0f32; rows]);
             quant::quantize_rows_i8(&values, cols, &mut q, &mut scales).map_err(error)?;
-            (Tensor::from_vec(q, [rows, cols]), Some(Tensor::from_vec(scales, [rows])))
+            let device = weight.device();
+            let scales = Tensor::from_vec(scales, [rows]).to(device);
+            (Tensor::from_vec(q, [rows, cols]).to(device), Some(scales))
         }
     };
     Ok(Ok((stored.0, Quantized { kind, activations, scales: stored.1 })))

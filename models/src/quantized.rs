@@ -9,7 +9,8 @@
 //! (`quant::dot_rows_int8`), as llama.cpp does; where `x` carries gradients the float
 //! product runs instead (the integer one has no derivative with respect to `x`).
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use kiln::ops::{Opaque, Split};
 use kiln::{DType, Error, Result, Shape, Tensor};
@@ -52,17 +53,15 @@ pub(crate) fn keeps(kind: GgmlType) -> bool {
     KINDS.contains(&kind)
 }
 
-/// The ops of one block type: the product read in place, the dequantization, the integer
-/// product where the type has one, and the embedding lookup.
+/// The ops of one block type that do not depend on the row length: the dequantization and
+/// the integer product where the type has one.
 struct Ops {
-    product: Opaque,
     dequantize: Opaque,
     int8: Option<Opaque>,
-    embedding: Opaque,
 }
 
 /// The types with ops here (every block type [`quant::dequantize`] reads).
-const KINDS: &[GgmlType] = &[
+pub(crate) const KINDS: &[GgmlType] = &[
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -124,8 +123,25 @@ pub(crate) fn each_run(
     Ok(())
 }
 
-fn build(kind: GgmlType) -> Ops {
-    let product = Opaque::builder(op_name("matmul", kind, ""), 2, move |inputs, out| {
+/// The product of f32 `x` with `kind` blocks of `k`-value rows read in place, made once per
+/// kind and row length (the CUDA kernel is specialised to `k`).
+fn product(kind: GgmlType, k: usize) -> Result<Opaque> {
+    static PRODUCTS: Mutex<BTreeMap<(u32, usize), Opaque>> = Mutex::new(BTreeMap::new());
+    let mut all = PRODUCTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(op) = all.get(&(kind.0, k)) {
+        return Ok(op.clone());
+    }
+    let source = crate::kernels::blocks_product(kind, k).ok_or_else(|| Error::Value {
+        op: "quantized matmul",
+        detail: format!("rows of {k} values are not whole {kind} blocks"),
+    })?;
+    let op = build_product(kind, source);
+    all.insert((kind.0, k), op.clone());
+    Ok(op)
+}
+
+fn build_product(kind: GgmlType, cuda: String) -> Opaque {
+    Opaque::builder(op_name("matmul", kind, ""), 2, move |inputs, out| {
         let (x, w) = (&inputs[0], &inputs[1]);
         let k = *x.shape().last().ok_or("x has no dimensions")?;
         let rows = w.shape()[0];
@@ -139,6 +155,7 @@ fn build(kind: GgmlType) -> Ops {
     // A few output elements per task: each is a whole row's dot product, and a decode
     // step's projections have only hundreds to thousands of them.
     .split(Split::Runs(64))
+    .cuda_warp_per_element(cuda, "kiln_gq_matmul")
     .reference(CHECK_TOLERANCE, reference(kind, None))
     .shape(move |inputs| {
         let ((x, x_dtype), (w, w_dtype)) = (&inputs[0], &inputs[1]);
@@ -158,7 +175,10 @@ fn build(kind: GgmlType) -> Ops {
         let w = dequantize_with(kind, &saved.inputs()[1])?;
         Ok(vec![Some(grad.try_matmul(&w)?), None])
     })
-    .build();
+    .build()
+}
+
+fn build(kind: GgmlType) -> Ops {
     let dequantize = Opaque::builder(op_name("dequantize", kind, ""), 1, move |inputs, out| {
         let w = &inputs[0];
         let row_bytes = w.shape()[1];
@@ -171,6 +191,10 @@ fn build(kind: GgmlType) -> Ops {
             .map_err(|e| e.to_string())
     })
     .split(Split::Rows)
+    .cuda(
+        crate::kernels::blocks_dequantize(kind).expect("a kind with ops has a CUDA reader"),
+        "kiln_gq_dequantize",
+    )
     .shape(move |inputs| {
         let (w, dtype) = &inputs[0];
         let w = w.dims();
@@ -183,44 +207,7 @@ fn build(kind: GgmlType) -> Ops {
     })
     .build();
     let int8 = quant::activation_type(kind).map(|_| int8_product(kind));
-    Ops { product, dequantize, int8, embedding: embedding_op(kind) }
-}
-
-/// Rows of a table stored as `kind` blocks (u8 `[rows, row bytes]`) picked by i64 ids,
-/// dequantized: f32 `[.., values per row]`.
-fn embedding_op(kind: GgmlType) -> Opaque {
-    Opaque::builder(op_name("embedding", kind, ""), 2, move |inputs, out| {
-        let (ids, table) = (&inputs[0], &inputs[1]);
-        let (rows, row_bytes) = (table.shape()[0], table.shape()[1]);
-        let k = values_per_row(kind, row_bytes).ok_or("rows of partial blocks")?;
-        let (ids, table) = (dense::<i64>(ids)?, dense::<u8>(table)?);
-        let first = out.start() / k;
-        for (r, values) in out.values::<f32>()?.chunks_exact_mut(k).enumerate() {
-            let id = ids[first + r];
-            let row = usize::try_from(id).ok().filter(|&i| i < rows).ok_or_else(|| {
-                format!("index {id} is out of range for a table of {rows} rows")
-            })?;
-            quant::dequantize(kind, &table[row * row_bytes..(row + 1) * row_bytes], values)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    })
-    .split(Split::Rows)
-    .shape(move |inputs| {
-        let ((ids, ids_dtype), (table, dtype)) = (&inputs[0], &inputs[1]);
-        let table = table.dims();
-        match (table, values_per_row(kind, table.get(1).copied().unwrap_or(0))) {
-            ([_, _], Some(k)) if *dtype == DType::U8 && *ids_dtype == DType::I64 => {
-                let mut dims = ids.dims().to_vec();
-                dims.push(k);
-                Ok((Shape::from(dims), DType::F32))
-            }
-            _ => Err(format!(
-                "ids ({ids:?}, {ids_dtype}) into {kind} blocks ({table:?}, {dtype}): i64 ids, u8 [rows, whole blocks]"
-            )),
-        }
-    })
-    .build()
+    Ops { dequantize, int8 }
 }
 
 /// How far (of the larger magnitude, at least 1) a product may be from the f64 product of
@@ -272,13 +259,26 @@ fn reference(
 /// The rows `ids` picks from a table stored quantized, dequantized to f32.
 pub(crate) fn embedding(ids: &Tensor, q: &Quantized, table: &Tensor) -> Result<Tensor> {
     match (q.kind, &q.scales) {
-        (QuantKind::Blocks(kind), _) => ops(kind)?.embedding.try_call(&[ids, table]),
+        // The rows' blocks picked by kiln's own lookup (its index checks, on any device),
+        // then dequantized.
+        (QuantKind::Blocks(kind), _) => {
+            let rows = kiln::nn::functional::try_embedding(ids, table)?;
+            let k = values_per_row(kind, table.dims()[1]).ok_or_else(|| no_blocks(kind))?;
+            let values = dequantize_with(kind, &rows.try_reshape(&[-1, table.dims()[1] as i64])?)?;
+            let mut dims = ids.dims().to_vec();
+            dims.push(k);
+            values.try_reshape(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>())
+        }
         (QuantKind::Int8, Some(scales)) => {
             let rows = kiln::nn::functional::try_embedding(ids, table)?.to_dtype(DType::F32);
             Ok(rows * kiln::nn::functional::try_embedding(ids, &scales.unsqueeze(1))?)
         }
         (QuantKind::Int8, None) => Err(no_scales("embedding")),
     }
+}
+
+fn no_blocks(kind: GgmlType) -> Error {
+    Error::Internal(format!("quantized embedding: a table of partial {kind} blocks"))
 }
 
 fn no_scales(op: &'static str) -> Error {
@@ -315,12 +315,15 @@ fn blocks_matmul_t(
     if rows > IN_PLACE_ROWS {
         return x.try_matmul(&ops.dequantize.try_call(&[blocks])?.t());
     }
-    let gradients = kiln::is_grad_enabled() && x.requires_grad();
+    // Integer products run on the CPU; elsewhere, and where `x` carries gradients, the
+    // float one.
+    let integer =
+        x.device() == kiln::Device::Cpu && !(kiln::is_grad_enabled() && x.requires_grad());
     match (&ops.int8, quant::activation_type(kind), input) {
-        (Some(int8), Some(act), Activations::Int8) if !gradients => {
+        (Some(int8), Some(act), Activations::Int8) if integer => {
             int8.try_call(&[&activations(act)?.try_call(&[&x])?, blocks])
         }
-        _ => ops.product.try_call(&[&x, blocks]),
+        _ => product(kind, k)?.try_call(&[&x, blocks]),
     }
 }
 

@@ -138,7 +138,7 @@ fn skips_heads_and_embeddings_are_chosen_and_reported() {
         logits.realize();
         logits
     });
-    assert!(profile.events().iter().any(|e| e.name == "embedding_q8_0"));
+    assert!(profile.events().iter().any(|e| e.name == "dequantize_q8_0"));
     assert!(relative(&logits, &want) < 0.02);
     // Quantizing again leaves what is quantized, and says so.
     let again = model.quantize_(&QuantConfig::new(GgmlType::Q4_0)).unwrap();
@@ -151,7 +151,7 @@ fn skips_heads_and_embeddings_are_chosen_and_reported() {
     // An id outside the table is an error naming it.
     let logits = model.forward(&Tensor::from_vec(vec![100_000i64], [1, 1])).unwrap();
     let err = logits.try_realize().unwrap_err();
-    assert!(err.to_string().contains("index 100000 is out of range"), "{err}");
+    assert!(err.to_string().contains("index 100000 is out of bounds"), "{err}");
 }
 
 #[test]
@@ -242,4 +242,70 @@ fn a_wider_model_s_perplexity_survives_q4_k() {
             (QuantKind::Int8, Activations::Int8, 0.01),
         ],
     );
+}
+
+/// On a CUDA device (the emulated one in CI's `emulator/run-tests`): GGUF blocks kept
+/// quantized and models quantized in place decode on the device, every step a device
+/// kernel, with the CPU's logits and tokens.
+#[test]
+fn quantized_models_on_cuda_decode_as_on_the_cpu() {
+    use kiln::Device;
+    use kiln_models::{GenerateOptions, generate};
+    let test = "quantized_models_on_cuda_decode_as_on_the_cpu";
+    if !kiln::cuda::is_available() {
+        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+        kiln_ir::testing::skip(
+            test,
+            &format!("there is no CUDA device ({why})"),
+            &["KILN_REQUIRE_GPU"],
+        );
+        return;
+    }
+    let gpu = Device::Cuda(0);
+    let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+    let on_gpu = LoadOptions { device: gpu, ..keep };
+    let ids = Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9], [1, 6]);
+    let one = ids.narrow(1, 0, 1);
+    let prompt = vec![ids.to_vec::<i64>()];
+    let options = GenerateOptions { max_new_tokens: 6, ..GenerateOptions::default() };
+    let q8 = fixture("llama-q8_0.gguf");
+    let (cpu, gpu_model) = (Llama::from_gguf(&q8, keep), Llama::from_gguf(&q8, on_gpu));
+    let (cpu, gpu_model) = (cpu.expect("on the CPU"), gpu_model.expect("on the GPU"));
+    let quantized =
+        |m: &Llama| m.named_parameters().iter().filter(|(_, t)| t.dtype() == DType::U8).count();
+    assert_eq!((quantized(&gpu_model), quantized(&cpu)), (14, 14));
+    let mut models = vec![("GGUF Q8_0".to_string(), cpu, gpu_model)];
+    for (kind, activations) in [
+        (QuantKind::Blocks(GgmlType::Q4_K), Activations::F32),
+        (QuantKind::Int8, Activations::F32),
+        // A GPU takes the float products.
+        (QuantKind::Blocks(GgmlType::Q4_0), Activations::Int8),
+    ] {
+        let config = QuantConfig { activations, embeddings: true, ..QuantConfig::new(kind) };
+        let mut cpu = f32_model();
+        let float = QuantConfig { activations: Activations::F32, ..config.clone() };
+        cpu.quantize_(&float).expect("on the CPU");
+        let f32_on_gpu = LoadOptions { device: gpu, ..LoadOptions::default() };
+        let mut on_device = Llama::from_gguf(fixture("llama-f32.gguf"), f32_on_gpu).expect("f32");
+        on_device.quantize_(&config).expect("on the GPU");
+        assert!(on_device.named_parameters().iter().all(|(_, t)| t.device() == gpu));
+        models.push((format!("{kind} {activations:?}"), cpu, on_device));
+    }
+    for (what, cpu, on_device) in &models {
+        // A prefill (dequantized blocks, a dense product) and one row (the blocks read in
+        // place, under KILN_CHECK against the CPU implementation).
+        let prefill = on_device.forward(&ids.to(gpu)).expect("a prefill");
+        assert!(relative(&prefill, &cpu.forward(&ids).expect("on the CPU")) < 1e-5, "{what}");
+        let (row, profile) = kiln::profile(|| {
+            kiln::with_check(|| on_device.forward(&one.to(gpu)).expect("one row").cpu())
+        });
+        assert!(relative(&row, &cpu.forward(&one).expect("on the CPU")) < 1e-5, "{what}");
+        for e in profile.events() {
+            let on_host = matches!(e.kind, kiln::StepKind::Host | kiln::StepKind::Reference);
+            assert!(!on_host, "{what}: {} ran on the host", e.name);
+        }
+        let a = generate(on_device, &prompt, &options, |_, _| {}).expect("on the GPU");
+        let b = generate(cpu, &prompt, &options, |_, _| {}).expect("on the CPU");
+        assert_eq!(a.tokens, b.tokens, "{what}");
+    }
 }

@@ -49,14 +49,22 @@ pub enum Split {
 /// `extern "C" __global__ void entry(OUT* out, const IN0* in0, ..., long long n, long long
 /// inner)`: `out` holds the `n` result elements, each input is dense and row-major, `inner`
 /// is the size of the result's last dimension; 16-bit floats travel as `unsigned short`,
-/// bools as `unsigned char`. It is launched over `n` threads (at most 32 blocks of 256 per
-/// multiprocessor: loop with a grid stride).
+/// bools as `unsigned char`, `i8` as `signed char`. It is launched over `n` threads (at most
+/// 32 blocks of 256 per multiprocessor: loop with a grid stride), or with
+/// [`CudaKernel::warp_per_element`] over `32 n`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaKernel {
     /// The source.
     pub source: String,
     /// The entry point's name.
     pub entry: String,
+    /// Whether each result element takes a warp (32 threads) instead of one thread: the
+    /// launch covers `32 n` threads in whole warps and the grid's stride is a multiple of
+    /// 32, so a loop `for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < 32 * n;
+    /// i += (long long)gridDim.x * blockDim.x)` gives the 32 lanes of a warp the same
+    /// element `i >> 5` on every turn, and `__shfl_xor_sync(0xffffffff, ..)` may combine
+    /// them (a product's dot product split over a warp).
+    pub warp_per_element: bool,
 }
 
 /// One definition's implementations.

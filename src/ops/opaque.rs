@@ -301,7 +301,22 @@ impl OpaqueBuilder {
     /// A CUDA implementation: `source` (CUDA C, compiled by NVRTC when first run) with the
     /// entry point `entry`, declared with kiln's launch convention ([`CudaKernel`]).
     pub fn cuda(mut self, source: impl Into<String>, entry: impl Into<String>) -> OpaqueBuilder {
-        self.cuda = Some(CudaKernel { source: source.into(), entry: entry.into() });
+        let (source, entry) = (source.into(), entry.into());
+        self.cuda = Some(CudaKernel { source, entry, warp_per_element: false });
+        self
+    }
+
+    /// [`OpaqueBuilder::cuda`] with a warp (32 threads) per result element: the kernel is
+    /// launched over `32 n` threads, and a grid-stride loop gives a warp's lanes the same
+    /// element on every turn ([`CudaKernel::warp_per_element`]), for elements that are each
+    /// a long reduction (a matrix-vector product's dot products).
+    pub fn cuda_warp_per_element(
+        mut self,
+        source: impl Into<String>,
+        entry: impl Into<String>,
+    ) -> OpaqueBuilder {
+        let (source, entry) = (source.into(), entry.into());
+        self.cuda = Some(CudaKernel { source, entry, warp_per_element: true });
         self
     }
 

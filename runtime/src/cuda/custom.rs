@@ -56,9 +56,10 @@ fn launch_user(
     let inner = op.shape.dims().last().copied().unwrap_or(1);
     launch_args.push(Arg::I64(i64::try_from(n).unwrap_or(i64::MAX)));
     launch_args.push(Arg::I64(i64::try_from(inner).unwrap_or(i64::MAX)));
+    let threads = if kernel.warp_per_element { n.saturating_mul(32) } else { n };
     // SAFETY: the arguments follow the documented convention, which the user's entry point
     // declares; `out` holds `n` elements and each input its dense shape's.
-    unsafe { launch(gpu, &function, &launch_args, grid_config(gpu, n)) }?;
+    unsafe { launch(gpu, &function, &launch_args, grid_config(gpu, threads)) }?;
     Ok(out)
 }
 

@@ -43,6 +43,7 @@ pub use memory::copy_bandwidth;
 pub(crate) use memory::{DeviceMemory, Home};
 pub(crate) use nccl::{Nccl, Queued};
 pub use nccl::{nccl_group, nccl_unique_id, nccl_version};
+pub use nvrtc::compile_user_source;
 pub use probe::{device_count, unavailable_reason};
 pub(crate) use rows::{GroupKernel, run_group as run_row_group};
 

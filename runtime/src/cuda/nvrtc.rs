@@ -137,6 +137,33 @@ fn fnv(text: &str) -> u64 {
 
 /// `source` compiled for `gpu` and loaded as a module: from the disk cache when it holds
 /// this exact compile, else compiled now (and stored there).
+/// A user-defined op's CUDA C (`source`, without kiln's prelude) compiled with NVRTC for
+/// `arch` (`sm_90`) with the prelude and options kiln runs it with, no device needed: its
+/// PTX, or NVRTC's log. For tests of an op's source on machines with NVRTC and no GPU.
+///
+/// # Errors
+/// [`RuntimeError::Custom`] with NVRTC's log; [`RuntimeError::BackendUnavailable`] without
+/// NVRTC.
+pub fn compile_user_source(
+    op: &'static str,
+    source: &str,
+    arch: &str,
+) -> Result<String, RuntimeError> {
+    let Some((major, minor)) = version() else {
+        return Err(RuntimeError::BackendUnavailable {
+            device: crate::Device::Cuda(0),
+            reason: "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit or the \
+                     nvidia-cuda-nvrtc wheel and put its lib directory on LD_LIBRARY_PATH"
+                .into(),
+        });
+    };
+    let options = kiln_codegen::cuda::nvrtc_options(arch, (major, minor) >= (12, 4));
+    let source = kiln_codegen::cuda::with_prelude(source);
+    compile_now(op, &source, &options).map(|compiled| compiled.ptx).map_err(|log| {
+        RuntimeError::Custom { op, detail: format!("NVRTC rejected its CUDA source: {log}") }
+    })
+}
+
 pub(crate) fn load(gpu: &Gpu, name: &str, source: &str) -> Result<Arc<CudaModule>, RuntimeError> {
     load_blaming(gpu, name, source, "a bug in kiln")
 }

@@ -9,6 +9,7 @@
 //! multiply-adds), so its values are bit-exact.
 
 mod channel;
+mod cuda;
 mod dot;
 mod int8;
 mod quantize;
@@ -16,6 +17,7 @@ mod quantize;
 pub use channel::{
     dot_rows_i8, dot_rows_i8_int8, dot_rows_i8_int8_on, dot_rows_i8_on, quantize_rows_i8,
 };
+pub use cuda::block_source;
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
 use half::{bf16, f16};
 pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
