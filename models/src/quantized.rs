@@ -2,7 +2,8 @@
 //! lie (`kiln_runtime::quant::dot_rows`, an opaque op split across threads by output
 //! element) for a few rows of `x` (a decode step), and through the blocks dequantized once
 //! per call and a dense product for more (a prefill). The gradient with respect to `x` is
-//! the dequantized weight's product, so adapters can train over a quantized base.
+//! the dequantized weight's product, so adapters can train over a quantized base. On a GPU
+//! the same ops run CUDA kernels (`crate::kernels`).
 //!
 //! With [`Activations::Int8`] a decode step's product quantizes `x` once (an op of its own:
 //! Q8_0 or Q8_K blocks) and takes integer dot products with the weight's blocks
@@ -35,6 +36,7 @@ pub enum Activations {
     /// Q8_K for Q4_K and Q6_K; other types keep [`Activations::F32`]) and the products are
     /// integer dot products: faster on CPUs with AVX2, and each input value rounded to
     /// within half a step of its block's scale (1/254 of the block's largest magnitude).
+    /// On a GPU the products take f32 inputs (as [`Activations::F32`]).
     Int8,
 }
 
