@@ -13,6 +13,7 @@ use kiln_runtime::mmap::MappedFile;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
+use crate::compressed::Packed;
 use crate::quantize::QuantKind;
 use crate::quantized::{Activations, Quantized};
 
@@ -29,7 +30,8 @@ pub struct LoadOptions {
     /// ([`crate::linear::Linear::quantized`]) and the lookups dequantize the rows they pick;
     /// norms and tensors stored as floats are converted to `dtype` as before. The same for
     /// a checkpoint folder a quantized model was saved to
-    /// ([`crate::llama::Llama::save_pretrained`]). Off by default (blocks are then
+    /// ([`crate::llama::Llama::save_pretrained`]), and for compressed-tensors' int8 rows and
+    /// packed int4 weights (kept as Q4_0 blocks). Off by default (blocks are then
     /// dequantized to `dtype`).
     pub keep_quantized: bool,
     /// How the products of weights kept quantized take their input in decode steps
@@ -67,6 +69,9 @@ pub struct Checkpoint {
     dir: PathBuf,
     files: Vec<(PathBuf, MappedFile)>,
     entries: BTreeMap<String, Entry>,
+    /// compressed-tensors' packed int4 weights, by the weight's name (their parts are
+    /// entries).
+    packed: BTreeMap<String, Packed>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -89,13 +94,15 @@ impl Checkpoint {
     /// Maps `dir/model.safetensors`, or every shard `dir/model.safetensors.index.json`
     /// names, and reads their headers. Tensors stored quantized are known by the files'
     /// metadata ([`crate::save::QUANTIZED_KEY`]) or, for compressed-tensors' per-channel
-    /// int8 scheme, by `config.json`.
+    /// int8 and packed int4 schemes, by `config.json` (a packed weight is seen under its
+    /// weight's name, its parts checked against each other).
     ///
     /// # Errors
     /// [`Error::Io`] naming the file: none of the two present, an unreadable or invalid
     /// index, a shard it names that is missing or holds none of the tensors the index puts
     /// there, a file that is not valid safetensors or is shorter than its header says, a
-    /// compressed-tensors config of a scheme kiln does not read.
+    /// compressed-tensors config of a scheme kiln does not read, a packed weight whose
+    /// parts disagree or that has zero points or an activation order.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
@@ -110,16 +117,24 @@ impl Checkpoint {
                 dir.display()
             )));
         };
-        let mut checkpoint =
-            Checkpoint { dir: dir.to_path_buf(), files: Vec::new(), entries: BTreeMap::new() };
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_path_buf(),
+            files: Vec::new(),
+            entries: BTreeMap::new(),
+            packed: BTreeMap::new(),
+        };
         for name in names {
             let path = dir.join(&name);
             let map = MappedFile::open(&path)
                 .map_err(|e| io(format!("cannot map {}: {e}", path.display())))?;
             checkpoint.add_file(path, map)?;
         }
-        if crate::compressed::int8_channel(dir)? {
+        let schemes = crate::compressed::schemes(dir)?;
+        if schemes.int8_rows {
             checkpoint.mark_int8_rows();
+        }
+        if schemes.int4_packed {
+            checkpoint.mark_packed()?;
         }
         if let Some(expected) = expected {
             for (tensor, file) in expected {
@@ -186,6 +201,77 @@ impl Checkpoint {
                 entry.kind.get_or_insert(QuantKind::Int8);
             }
         }
+    }
+
+    /// Records every packed int4 weight (`NAME_packed` with `NAME_scale` and `NAME_shape`
+    /// beside it), each part checked against the others.
+    fn mark_packed(&mut self) -> Result<()> {
+        use crate::compressed::{PACKED_SUFFIX, SHAPE_SUFFIX};
+        let bases: Vec<String> = (self.entries.keys())
+            .filter_map(|n| n.strip_suffix(PACKED_SUFFIX).map(str::to_string))
+            .collect();
+        for name in bases {
+            let part = |suffix: &str| format!("{name}{suffix}");
+            let bad = |why: String| io(format!("{}: {name}: {why}", self.dir.display()));
+            for other in ["_zero_point", "_g_idx"] {
+                if self.entries.contains_key(&part(other)) {
+                    return Err(bad(format!(
+                        "{} is there: asymmetric or activation-ordered int4 weights are not read",
+                        part(other)
+                    )));
+                }
+            }
+            let (packed, scale) = (
+                &self.entries[&part(PACKED_SUFFIX)],
+                self.entries.get(&part(crate::save::SCALE_SUFFIX)),
+            );
+            let shape = self
+                .tensor(&part(SHAPE_SUFFIX))
+                .and_then(|t| t.to_dtype(DType::I64).try_to_vec::<i64>());
+            let (out, inp) = match shape.as_deref() {
+                Ok(&[out, inp]) => {
+                    (usize::try_from(out).unwrap_or(0), usize::try_from(inp).unwrap_or(0))
+                }
+                _ => {
+                    return Err(bad(format!("{} is not a shape of two sizes", part(SHAPE_SUFFIX))));
+                }
+            };
+            let groups = match scale.map(|s| (s.dtype, s.shape.as_slice())) {
+                Some((dtype, &[rows, groups]))
+                    if scale_dtype(dtype)
+                        && rows == out
+                        && groups > 0
+                        && inp.is_multiple_of(groups) =>
+                {
+                    groups
+                }
+                other => {
+                    return Err(bad(format!(
+                        "its scales {} are {other:?}: float [{out}, groups], the groups dividing {inp} inputs",
+                        part(crate::save::SCALE_SUFFIX)
+                    )));
+                }
+            };
+            if packed.dtype != Dtype::I32 || packed.shape != [out, inp.div_ceil(8)] {
+                return Err(bad(format!(
+                    "{} is {:?} {:?}: int4 values of a [{out}, {inp}] weight pack into i32 [{out}, {}]",
+                    part(PACKED_SUFFIX),
+                    packed.dtype,
+                    packed.shape,
+                    inp.div_ceil(8)
+                )));
+            }
+            self.packed.insert(name, Packed { out, inp, groups });
+        }
+        Ok(())
+    }
+
+    /// A packed int4 weight's stored nibbles (the `i32` words' bytes) and its scales as f32.
+    fn packed_parts(&self, name: &str) -> Result<(&[u8], Vec<f32>)> {
+        let entry = &self.entries[&format!("{name}{}", crate::compressed::PACKED_SUFFIX)];
+        let bytes = &self.files[entry.file].1.bytes()[entry.bytes.clone()];
+        let scales = self.tensor(&format!("{name}{}", crate::save::SCALE_SUFFIX))?;
+        Ok((bytes, scales.to_dtype(DType::F32).try_to_vec::<f32>()?))
     }
 
     /// The folder.
@@ -379,17 +465,34 @@ impl Weights for Checkpoint {
         self.dir.display().to_string()
     }
 
-    /// Every tensor's name but the scales of int8 rows (part of their weight's entry).
+    /// Every tensor's name but the scales of int8 rows (part of their weight's entry); a
+    /// packed int4 weight under its weight's name, not its parts'.
     fn names(&self) -> Vec<String> {
-        let scales: BTreeSet<String> = (self.entries.iter())
+        use crate::compressed::{PACKED_SUFFIX, SHAPE_SUFFIX};
+        let scale = |name: &String| format!("{name}{}", crate::save::SCALE_SUFFIX);
+        let mut parts: BTreeSet<String> = (self.entries.iter())
             .filter(|(_, e)| e.kind == Some(QuantKind::Int8))
-            .map(|(name, _)| format!("{name}{}", crate::save::SCALE_SUFFIX))
+            .map(|(name, _)| scale(name))
             .collect();
-        self.entries.keys().filter(|n| !scales.contains(*n)).cloned().collect()
+        for name in self.packed.keys() {
+            parts.extend([
+                scale(name),
+                format!("{name}{PACKED_SUFFIX}"),
+                format!("{name}{SHAPE_SUFFIX}"),
+            ]);
+        }
+        let mut names: Vec<String> =
+            self.entries.keys().filter(|n| !parts.contains(*n)).cloned().collect();
+        names.extend(self.packed.keys().cloned());
+        names.sort();
+        names
     }
 
-    /// The stored shape, or for blocks the shape of the values they hold.
+    /// The stored shape, or for blocks and packed weights the shape of the values they hold.
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some(p) = self.packed.get(name) {
+            return Some(vec![p.out, p.inp]);
+        }
         let entry = self.entries.get(name)?;
         match (entry.kind, entry.shape.as_slice()) {
             (Some(QuantKind::Blocks(kind)), &[rows, row_bytes]) => {
@@ -402,13 +505,36 @@ impl Weights for Checkpoint {
 
     /// The stored tensor, or for a quantized one its values dequantized to f32.
     fn tensor_on(&self, name: &str, device: Device) -> Result<Tensor> {
+        if let Some(p) = self.packed.get(name) {
+            let (packed, scales) = self.packed_parts(name)?;
+            return Ok(Tensor::from_vec(p.values(packed, &scales), [p.out, p.inp]).to(device));
+        }
         match self.quantized(name)? {
             Some(stored) => Ok(stored.dequantize()?.to(device)),
             None => Checkpoint::tensor_on(self, name, device),
         }
     }
 
+    /// Blocks or int8 rows as stored; a packed int4 weight as the Q4_0 blocks of the same
+    /// values, where they can hold them (else it loads dequantized, with a warning).
     fn quantized(&self, name: &str) -> Result<Option<StoredWeight>> {
+        if let Some(p) = self.packed.get(name) {
+            let (packed, scales) = self.packed_parts(name)?;
+            return Ok(match p.q4_0(packed, &scales) {
+                Ok(blocks) => Some(StoredWeight {
+                    kind: QuantKind::Blocks(kiln_runtime::quant::GgmlType::Q4_0),
+                    data: Tensor::from_vec(blocks, [p.out, p.inp / 32 * 18]),
+                    scales: None,
+                }),
+                Err(why) => {
+                    eprintln!(
+                        "kiln: warning: {}: {name} loads dequantized, not kept: {why}",
+                        self.dir.display()
+                    );
+                    None
+                }
+            });
+        }
         let Some(kind) = self.entries.get(name).and_then(|e| e.kind) else { return Ok(None) };
         let data = Checkpoint::tensor_on(self, name, Device::Cpu)?;
         let scales = match kind {

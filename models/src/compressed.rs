@@ -1,10 +1,18 @@
-//! compressed-tensors' description of per-channel int8 weights (the `quantization_config`
-//! that llm-compressor writes and transformers, with the `compressed-tensors` package, and
-//! vLLM read): `weight` stored as `i8` `[out, in]`, `weight_scale` `[out, 1]` beside it,
-//! symmetric, 8-bit, one scale per output channel. kiln's per-channel int8 rows are exactly
-//! that layout, so a model whose quantized weights are all int8 projections is saved with
-//! this config, and checkpoints with it load with their rows kept ([`crate::LoadOptions`]'s
-//! `keep_quantized`) or dequantized.
+//! compressed-tensors' quantized checkpoints (the `quantization_config` that llm-compressor
+//! writes and transformers, with the `compressed-tensors` package, and vLLM read):
+//!
+//! - per-channel int8 (W8A16, W8A8): `weight` stored as `i8` `[out, in]`, `weight_scale`
+//!   `[out, 1]` beside it, symmetric, one scale per output channel. kiln's per-channel int8
+//!   rows are exactly that layout, so a model whose quantized weights are all int8
+//!   projections is saved with this config, and checkpoints with it load with their rows
+//!   kept ([`crate::LoadOptions`]'s `keep_quantized`) or dequantized;
+//! - packed int4 (W4A16, `pack-quantized`): `weight_packed` `i32` `[out, in / 8]` (value `c`
+//!   of a row in bits `4 (c % 8)` of word `c / 8`, stored as `q + 8`), `weight_scale`
+//!   `[out, groups]` (one per group of inputs, or per channel), `weight_shape`, symmetric:
+//!   `w = q · scale`. That is GGML's Q4_0 (`(nibble - 8) · d`) with the scale repeated per
+//!   32 values, so such a weight loads kept as Q4_0 blocks (its products are Q4_0's) when
+//!   its groups are whole blocks and its scales are exact in f16, or dequantized to
+//!   `q · scale` exactly (transformers rounds the product to the scales' bf16).
 
 use std::path::Path;
 
@@ -40,22 +48,35 @@ pub(crate) fn config(targets: &[String]) -> Value {
     })
 }
 
-/// Whether `config.json` in `dir` describes compressed-tensors' per-channel int8 weights.
+/// The compressed-tensors schemes a checkpoint's `config.json` describes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Schemes {
+    /// Per-channel int8 weights.
+    pub(crate) int8_rows: bool,
+    /// Packed symmetric int4 weights.
+    pub(crate) int4_packed: bool,
+}
+
+/// The format of packed int4 weights.
+const PACKED_FORMAT: &str = "pack-quantized";
+
+/// The schemes `config.json` in `dir` describes (none without a compressed-tensors config).
 ///
 /// # Errors
 /// [`Error::Io`] for a compressed-tensors config of another scheme (other bit widths,
-/// groups or blocks, asymmetric, packed or float formats), naming what it says.
-pub(crate) fn int8_channel(dir: &Path) -> Result<bool> {
-    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return Ok(false) };
-    let Ok(json) = serde_json::from_str::<Value>(&text) else { return Ok(false) };
-    let Some(q) = json.get("quantization_config") else { return Ok(false) };
+/// asymmetric, activation-ordered, blocks, float formats), naming what it says.
+pub(crate) fn schemes(dir: &Path) -> Result<Schemes> {
+    let mut found = Schemes::default();
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else { return Ok(found) };
+    let Ok(json) = serde_json::from_str::<Value>(&text) else { return Ok(found) };
+    let Some(q) = json.get("quantization_config") else { return Ok(found) };
     if q.get("quant_method").and_then(Value::as_str) != Some(METHOD) {
-        return Ok(false);
+        return Ok(found);
     }
     let unsupported = |what: String| Error::Io {
         op: "from_pretrained",
         detail: format!(
-            "{}: compressed-tensors {what}: kiln reads 8-bit symmetric per-channel int weights ({} formats)",
+            "{}: compressed-tensors {what}: kiln reads symmetric int weights, 8-bit per channel ({} formats) or 4-bit per group or channel ({PACKED_FORMAT})",
             dir.join("config.json").display(),
             FORMATS.join(", ")
         ),
@@ -65,16 +86,91 @@ pub(crate) fn int8_channel(dir: &Path) -> Result<bool> {
     let groups = q.get("config_groups").and_then(Value::as_object);
     for (name, group) in groups.into_iter().flatten() {
         let weights = &group["weights"];
-        let fits = weights["num_bits"] == 8
-            && weights["type"] == "int"
-            && weights["symmetric"] == true
-            && weights["strategy"] == "channel";
         let format = format(group).unwrap_or_else(|| top.clone());
-        if !fits || !FORMATS.contains(&format.as_str()) {
-            return Err(unsupported(format!(
-                "group {name} (format {format:?}, weights {weights})"
-            )));
+        let symmetric = weights["type"] == "int" && weights["symmetric"] == true;
+        let ordered =
+            !matches!(weights.get("actorder"), None | Some(Value::Null | Value::Bool(false)));
+        let strategy = weights["strategy"].as_str().unwrap_or_default();
+        match (weights["num_bits"].as_u64(), format.as_str()) {
+            (Some(8), f) if symmetric && strategy == "channel" && FORMATS.contains(&f) => {
+                found.int8_rows = true;
+            }
+            (Some(4), PACKED_FORMAT)
+                if symmetric && !ordered && matches!(strategy, "group" | "channel") =>
+            {
+                found.int4_packed = true;
+            }
+            _ => {
+                return Err(unsupported(format!(
+                    "group {name} (format {format:?}, weights {weights})"
+                )));
+            }
         }
     }
-    Ok(groups.is_some_and(|g| !g.is_empty()))
+    Ok(found)
+}
+
+/// The suffixes of a packed weight's parts (`NAME_packed`, `NAME_shape`; its scales are
+/// `NAME_scale`, [`crate::save::SCALE_SUFFIX`]).
+pub(crate) const PACKED_SUFFIX: &str = "_packed";
+pub(crate) const SHAPE_SUFFIX: &str = "_shape";
+
+/// A weight stored as packed int4: `[out, inp]` values, `groups` scales a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Packed {
+    pub(crate) out: usize,
+    pub(crate) inp: usize,
+    pub(crate) groups: usize,
+}
+
+impl Packed {
+    /// The stored nibble (`q + 8`) of value `c` of row `r` in `packed` (the `i32` words'
+    /// little-endian bytes).
+    fn nibble(&self, packed: &[u8], r: usize, c: usize) -> u8 {
+        let byte = packed[r * self.inp.div_ceil(8) * 4 + c / 2];
+        if c.is_multiple_of(2) { byte & 15 } else { byte >> 4 }
+    }
+
+    /// The values `q · scale`, f32 `[out, inp]` row-major, exact (`scales` f32
+    /// `[out, groups]`).
+    pub(crate) fn values(&self, packed: &[u8], scales: &[f32]) -> Vec<f32> {
+        let group = self.inp / self.groups;
+        let mut values = Vec::with_capacity(self.out * self.inp);
+        for r in 0..self.out {
+            for c in 0..self.inp {
+                let q = f32::from(i8::try_from(self.nibble(packed, r, c)).unwrap_or(0) - 8);
+                values.push(q * scales[r * self.groups + c / group]);
+            }
+        }
+        values
+    }
+
+    /// The weight as GGML Q4_0 blocks (u8 `[out, inp / 32 · 18]`), the same values, or
+    /// why not: groups that are not whole blocks, or a scale f16 cannot hold exactly.
+    pub(crate) fn q4_0(
+        &self,
+        packed: &[u8],
+        scales: &[f32],
+    ) -> std::result::Result<Vec<u8>, String> {
+        let group = self.inp / self.groups;
+        if !group.is_multiple_of(32) {
+            return Err(format!("its groups of {group} inputs are not whole Q4_0 blocks of 32"));
+        }
+        let mut blocks = Vec::with_capacity(self.out * self.inp / 32 * 18);
+        for r in 0..self.out {
+            for b in 0..self.inp / 32 {
+                let scale = scales[r * self.groups + 32 * b / group];
+                let d = half::f16::from_f32(scale);
+                if d.to_f32() != scale {
+                    return Err(format!("its scale {scale:e} (row {r}) is not exact in f16"));
+                }
+                blocks.extend(d.to_le_bytes());
+                blocks.extend((0..16).map(|j| {
+                    let c = 32 * b + j;
+                    self.nibble(packed, r, c) | (self.nibble(packed, r, c + 16) << 4)
+                }));
+            }
+        }
+        Ok(blocks)
+    }
 }
