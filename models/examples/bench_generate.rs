@@ -7,7 +7,12 @@
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR [--dtype bf16] [--new 32] [--reps 3] [--json FILE] [--profile]
 //! cargo run --release -p kiln-models --example bench_generate -- --model FILE.gguf [--keep-quantized [--int8-activations]]
 //! cargo run --release -p kiln-models --example bench_generate -- --model DIR --quantize q8_0|q4_0|q4_k|int8 [--int8-activations]
+//! cargo run --release -p kiln-models --example bench_generate -- --model benches/configs/llama-125m --random [--cuda]
 //! ```
+//!
+//! `--random` takes only the folder's `config.json` and gives the model random weights
+//! (`Llama::new`, `Gpt2::new`: timing needs no checkpoint; `benches/configs/` holds the
+//! benchmark models' configs); `--cuda` runs on the first CUDA device.
 //!
 //! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
 //! or with `--keep-quantized` its quantized projections read their blocks (and with
@@ -69,14 +74,20 @@ fn profile(model: &impl CausalLm) -> kiln::Result<()> {
 fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut new, mut reps, mut json, mut device) =
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
-    let (mut profiling, mut keep_quantized, mut int8) = (false, false, false);
+    let (mut profiling, mut keep_quantized, mut int8, mut random) = (false, false, false, false);
     let mut quantize = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if ["--profile", "--keep-quantized", "--int8-activations"].contains(&flag.as_str()) {
+        let switches =
+            ["--profile", "--keep-quantized", "--int8-activations", "--random", "--cuda"];
+        if switches.contains(&flag.as_str()) {
             profiling |= flag == "--profile";
             keep_quantized |= flag == "--keep-quantized";
             int8 |= flag == "--int8-activations";
+            random |= flag == "--random";
+            if flag == "--cuda" {
+                device = Device::Cuda(0);
+            }
             continue;
         }
         let value = it.next().unwrap_or_default();
@@ -86,7 +97,6 @@ fn main() -> kiln::Result<()> {
             "--new" => new = value.parse().unwrap_or(32),
             "--reps" => reps = value.parse().unwrap_or(3),
             "--json" => json = Some(PathBuf::from(value)),
-            "--cuda" => device = Device::Cuda(0),
             "--quantize" => {
                 quantize = Some(match value.as_str() {
                     "q8_0" => GgmlType::Q8_0.into(),
@@ -113,25 +123,30 @@ fn main() -> kiln::Result<()> {
             (None, true, _) => "blocks kept".to_string(),
             (None, false, _) => dtype.to_string(),
         } + if int8 && (quantize.is_some() || keep_quantized) { ", int8 activations" } else { "" };
+    // The folder's model, or with `--random` its config's with random weights.
+    let gpt2 =
+        |c| if random { Gpt2::new(c, options) } else { Gpt2::from_pretrained(&dir, options) };
+    let llama =
+        |c| if random { Llama::new(c, options) } else { Llama::from_pretrained(&dir, options) };
     if profiling {
         return match (dir.is_file(), Config::from_dir(&dir)) {
             (true, _) => profile(&Llama::from_gguf(&dir, options)?),
-            (false, Ok(Config::Gpt2(_))) => profile(&Gpt2::from_pretrained(&dir, options)?),
-            (false, Ok(Config::Llama(_))) => profile(&Llama::from_pretrained(&dir, options)?),
+            (false, Ok(Config::Gpt2(c))) => profile(&gpt2(c)?),
+            (false, Ok(Config::Llama(c))) => profile(&llama(c)?),
             (false, Ok(Config::Bert(_))) => Err(not_generative(&dir)),
             (false, Err(e)) => Err(e),
         };
     }
-    let llama = |mut model: Llama| -> kiln::Result<(f64, f64)> {
+    let quantized = |mut model: Llama| -> kiln::Result<(f64, f64)> {
         if let Some(kind) = quantize {
             model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) })?;
         }
         measure(&model, new, reps)
     };
     let (decode, prefill) = match (dir.is_file(), Config::from_dir(&dir)) {
-        (true, _) => llama(Llama::from_gguf(&dir, options)?)?,
-        (false, Ok(Config::Gpt2(_))) => measure(&Gpt2::from_pretrained(&dir, options)?, new, reps)?,
-        (false, Ok(Config::Llama(_))) => llama(Llama::from_pretrained(&dir, options)?)?,
+        (true, _) => quantized(Llama::from_gguf(&dir, options)?)?,
+        (false, Ok(Config::Gpt2(c))) => measure(&gpt2(c)?, new, reps)?,
+        (false, Ok(Config::Llama(c))) => quantized(llama(c)?)?,
         (false, Ok(Config::Bert(_))) => return Err(not_generative(&dir)),
         (false, Err(e)) => return Err(e),
     };

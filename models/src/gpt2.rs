@@ -117,6 +117,63 @@ impl Gpt2 {
         )
     }
 
+    /// A new model of `config` with transformers' initialisation (embeddings and projections
+    /// drawn from `N(0, 0.02²)`, biases at 0, norms at 1; kiln's generator, so
+    /// [`kiln::manual_seed`] makes it reproducible), every parameter requiring gradients,
+    /// named as `GPT2LMHeadModel`'s: a GPT-2 to train from scratch, or to time without a
+    /// checkpoint.
+    ///
+    /// ```
+    /// use kiln_models::config::Gpt2Config;
+    /// use kiln_models::{LoadOptions, gpt2::Gpt2};
+    /// let config = Gpt2Config { vocab_size: 50, n_positions: 16, n_embd: 32, n_layer: 2, n_head: 4, n_inner: 64, layer_norm_epsilon: 1e-5 };
+    /// let model = Gpt2::new(config, LoadOptions::default())?;
+    /// let logits = model.forward(&kiln::Tensor::from_vec(vec![1i64, 2, 3], [1, 3]))?;
+    /// assert_eq!(logits.dims(), &[1, 3, 50]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    pub fn new(config: Gpt2Config, options: LoadOptions) -> Result<Gpt2> {
+        let (e, inner) = (config.n_embd, config.n_inner);
+        let on = |t: Tensor| t.to_dtype(options.dtype).to(options.device);
+        let normal = |shape: [usize; 2]| on(Tensor::randn(shape) * 0.02);
+        let norm = || (on(Tensor::ones([e])), on(Tensor::zeros([e])));
+        // A projection's weight `[out, in]` (a `Conv1D`'s transposed) and bias.
+        let proj = |inp: usize, out: usize| (normal([out, inp]), on(Tensor::zeros([out])));
+        let blocks = (0..config.n_layer)
+            .map(|_| Block {
+                ln_1: norm(),
+                c_attn: proj(e, 3 * e),
+                attn_proj: proj(e, e),
+                ln_2: norm(),
+                c_fc: proj(e, inner),
+                mlp_proj: proj(inner, e),
+            })
+            .collect();
+        let mut model = Gpt2 {
+            wte: normal([config.vocab_size, e]),
+            wpe: normal([config.n_positions, e]),
+            positions: positions_on(config.n_positions, options.device)?,
+            blocks,
+            ln_f: norm(),
+            prefix: "transformer.".to_string(),
+            config,
+            source: None,
+        };
+        let mut params = Vec::new();
+        model.visit_mut("", &mut |_, t| {
+            *t = t.detach();
+            params.push(t.clone());
+        });
+        Tensor::try_realize_all(&params.iter().collect::<Vec<_>>())?;
+        for t in &params {
+            t.try_requires_grad_(true)?;
+        }
+        Ok(model)
+    }
+
     /// Builds the model of `config` from `checkpoint`'s tensors.
     ///
     /// # Errors

@@ -242,3 +242,21 @@ fn the_bundled_model_generates_what_transformers_does() {
     let text = tokenizer.decode(&out.tokens[0], false).expect("text");
     assert!(text.chars().filter(char::is_ascii_alphabetic).count() > 20, "{text:?}");
 }
+
+/// `generate` records no gradients (transformers' runs under `torch.no_grad`): a model whose
+/// parameters require them, as a new one's do, decodes without building autograd history.
+#[test]
+fn generation_records_no_gradients() {
+    let config = match kiln_models::Config::from_dir(&fixture("llama")).expect("a config") {
+        kiln_models::Config::Llama(c) => c,
+        other => panic!("a Llama config, got {other:?}"),
+    };
+    let model = Llama::new(config, LoadOptions::default()).expect("a new model");
+    assert!(model.named_parameters().iter().all(|(_, t)| t.requires_grad()));
+    let options = GenerateOptions { max_new_tokens: 3, ..GenerateOptions::default() };
+    let mut seen = Vec::new();
+    generate(&model, &[vec![1, 2, 3]], &options, |_, _| seen.push(kiln::is_grad_enabled()))
+        .expect("generates");
+    assert_eq!(seen, [false; 3]);
+    assert!(kiln::is_grad_enabled(), "grad mode is restored after");
+}

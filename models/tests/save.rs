@@ -104,3 +104,25 @@ fn a_converted_model_names_its_dtype_and_its_tokenizer_comes_along() {
     assert_eq!(a.encode("hello there", true).unwrap(), b.encode("hello there", true).unwrap());
     std::fs::remove_dir_all(&dst).unwrap();
 }
+
+/// `Gpt2::new` (random, transformers' initialisation) has the fixture's tensor names, shapes
+/// and dtypes once saved, and loads back with the same logits.
+#[test]
+fn a_new_gpt2_has_the_checkpoint_layout_and_loads_back() {
+    let config = match Config::from_dir(&fixture("gpt2")).expect("the fixture's config") {
+        Config::Gpt2(c) => c,
+        other => panic!("a GPT-2 config, got {other:?}"),
+    };
+    kiln::manual_seed(5);
+    let model = Gpt2::new(config, LoadOptions::default()).expect("a new model");
+    let dir = scratch("new-gpt2");
+    model.save_pretrained(&dir).expect("saved");
+    assert_eq!(layout(&dir), layout(&fixture("gpt2")));
+    let loaded = Gpt2::from_pretrained(&dir, LoadOptions::default()).expect("loads");
+    let (a, b) = (model.forward(&ids()).expect("logits"), loaded.forward(&ids()).expect("logits"));
+    assert_eq!(a.to_vec::<f32>(), b.to_vec::<f32>());
+    let std = |t: &Tensor| t.to_vec::<f64>().iter().map(|v| v * v).sum::<f64>() / t.numel() as f64;
+    let wte = &model.named_parameters()[0];
+    assert!((std(&wte.1).sqrt() - 0.02).abs() < 0.002, "{}: {}", wte.0, std(&wte.1).sqrt());
+    std::fs::remove_dir_all(dir).expect("cleaned up");
+}
