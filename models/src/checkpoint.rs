@@ -233,7 +233,7 @@ impl Checkpoint {
                     (usize::try_from(out).unwrap_or(0), usize::try_from(inp).unwrap_or(0))
                 }
                 _ => {
-                    return Err(bad(format!("{} is not a shape of two sizes", part(SHAPE_SUFFIX))));
+                    return Err(bad(format!("{} is missing or not two sizes", part(SHAPE_SUFFIX))));
                 }
             };
             let groups = match scale.map(|s| (s.dtype, s.shape.as_slice())) {

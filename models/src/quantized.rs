@@ -264,9 +264,10 @@ pub(crate) fn embedding(ids: &Tensor, q: &Quantized, table: &Tensor) -> Result<T
         // The rows' blocks picked by kiln's own lookup (its index checks, on any device),
         // then dequantized.
         (QuantKind::Blocks(kind), _) => {
+            let &[_, row_bytes] = table.dims() else { return Err(no_blocks(kind)) };
+            let k = values_per_row(kind, row_bytes).ok_or_else(|| no_blocks(kind))?;
             let rows = kiln::nn::functional::try_embedding(ids, table)?;
-            let k = values_per_row(kind, table.dims()[1]).ok_or_else(|| no_blocks(kind))?;
-            let values = dequantize_with(kind, &rows.try_reshape(&[-1, table.dims()[1] as i64])?)?;
+            let values = dequantize_with(kind, &rows.try_reshape(&[-1, row_bytes as i64])?)?;
             let mut dims = ids.dims().to_vec();
             dims.push(k);
             values.try_reshape(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>())
@@ -280,7 +281,7 @@ pub(crate) fn embedding(ids: &Tensor, q: &Quantized, table: &Tensor) -> Result<T
 }
 
 fn no_blocks(kind: GgmlType) -> Error {
-    Error::Internal(format!("quantized embedding: a table of partial {kind} blocks"))
+    Error::Internal(format!("quantized embedding: a table that is not rows of whole {kind} blocks"))
 }
 
 fn no_scales(op: &'static str) -> Error {

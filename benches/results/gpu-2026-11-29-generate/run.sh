@@ -6,8 +6,9 @@
 # configs of benches/configs) in f32 and bf16, the Llama with Q8_0, Q4_0, Q4_K and int8
 # projections (`quantize_` on the device), and PyTorch's rows on the same shapes
 # (transformers' `generate`, eager and static cache with torch.compile).
-#   here:  scripts/gpu-build
-#   there: benches/results/gpu-2026-11-29-generate/run.sh "$OUT"   (about 5 minutes)
+#   here:  scripts/gpu-build   (carry .gpu.tar.gz)
+#   there: tar -xzf .gpu.tar.gz && benches/results/gpu-2026-11-29-generate/run.sh "$OUT"
+#          (about 5 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-gpu-results}; mkdir -p "$out"; log="$out/generate.txt"; rows="$out/generate.jsonl"
