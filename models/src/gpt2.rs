@@ -3,7 +3,8 @@
 //! `[in, out]` (the transpose of a `Linear`'s): they are transposed on load, so every
 //! projection is `x @ wᵀ + b` as a `Linear`'s, whose product reads each weight row in place
 //! (a decode step's bf16 dot products). Parameters keep the checkpoint's names; those four
-//! weights have the transposed shape `[out, in]`.
+//! weights have the transposed shape `[out, in]`. [`Gpt2::quantize_`] stores them (and, as
+//! chosen, the head and the token embedding) quantized, as `Llama::quantize_` does.
 
 use std::path::Path;
 
@@ -14,6 +15,9 @@ use kiln::{Result, Tensor};
 use crate::cache::{KvCache, positions_on};
 use crate::checkpoint::{Checkpoint, LoadOptions, Loader, Weights};
 use crate::config::{Config, Gpt2Config};
+use crate::linear::Linear;
+use crate::quantize::{QuantConfig, QuantReport};
+use crate::quantized::Quantized;
 
 /// GPT-2 with its language-model head.
 ///
@@ -40,16 +44,26 @@ pub struct Gpt2 {
     ln_f: (Tensor, Tensor),
     /// The `config.json` it was loaded from: `save_pretrained` keeps its other keys.
     source: Option<serde_json::Value>,
+    /// How the token embedding is stored when [`Gpt2::quantize_`] quantized it (`wte` then
+    /// holds its blocks or rows; the tied head reads them too).
+    wte_quantized: Option<Quantized>,
+    /// The head's quantized copy of `wte` (when the head is quantized and the table not).
+    head_quantized: Option<(Tensor, Quantized)>,
 }
 
 #[derive(Debug)]
 struct Block {
     ln_1: (Tensor, Tensor),
-    c_attn: (Tensor, Tensor),
-    attn_proj: (Tensor, Tensor),
+    c_attn: Linear,
+    attn_proj: Linear,
     ln_2: (Tensor, Tensor),
-    c_fc: (Tensor, Tensor),
-    mlp_proj: (Tensor, Tensor),
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+/// A projection of `weight` (`[out, in]`) and `bias`.
+fn projection(weight: Tensor, bias: Tensor) -> Linear {
+    Linear { weight, bias: Some(bias), adapter: None, quantized: None }
 }
 
 impl Gpt2 {
@@ -96,6 +110,16 @@ impl Gpt2 {
     /// # Errors
     /// As [`Gpt2::save_pretrained`].
     pub fn save_pretrained_with(&self, dir: &Path, options: crate::SaveOptions) -> Result<()> {
+        if self.quantized_names().next().is_some() {
+            let names: Vec<String> = self.quantized_names().collect();
+            return Err(kiln::Error::Value {
+                op: "Gpt2::save_pretrained",
+                detail: format!(
+                    "{} are quantized, and GPT-2 checkpoints store projections as Conv1D [in, out], which quantized rows cannot be: save the model before quantize_",
+                    names.join(", ")
+                ),
+            });
+        }
         let conv1d =
             ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"];
         let tensors: Vec<(String, Tensor)> = self
@@ -141,7 +165,8 @@ impl Gpt2 {
         let normal = |shape: [usize; 2]| on(Tensor::randn(shape) * 0.02);
         let norm = || (on(Tensor::ones([e])), on(Tensor::zeros([e])));
         // A projection's weight `[out, in]` (a `Conv1D`'s transposed) and bias.
-        let proj = |inp: usize, out: usize| (normal([out, inp]), on(Tensor::zeros([out])));
+        let proj =
+            |inp: usize, out: usize| projection(normal([out, inp]), on(Tensor::zeros([out])));
         let blocks = (0..config.n_layer)
             .map(|_| Block {
                 ln_1: norm(),
@@ -161,6 +186,8 @@ impl Gpt2 {
             prefix: "transformer.".to_string(),
             config,
             source: None,
+            wte_quantized: None,
+            head_quantized: None,
         };
         let mut params = Vec::new();
         model.visit_mut("", &mut |_, t| {
@@ -172,6 +199,83 @@ impl Gpt2 {
             t.try_requires_grad_(true)?;
         }
         Ok(model)
+    }
+
+    /// The names of the weights stored quantized.
+    fn quantized_names(&self) -> impl Iterator<Item = String> + '_ {
+        let p = &self.prefix;
+        let blocks = self.blocks.iter().enumerate().flat_map(move |(i, b)| {
+            PROJECTIONS
+                .iter()
+                .zip(b.projections())
+                .filter(|(_, l)| l.quantized.is_some())
+                .map(move |(name, _)| format!("{p}h.{i}.{name}.weight"))
+        });
+        let wte = self.wte_quantized.as_ref().map(|_| format!("{p}wte.weight"));
+        let head = self.head_quantized.as_ref().map(|_| "lm_head.weight".to_string());
+        blocks.chain(wte).chain(head)
+    }
+
+    /// Stores the projections' weights (and, as `config` says, the head and the token
+    /// embedding) as GGML blocks or per-channel int8 rows, in place, as
+    /// `Llama::quantize_` does; the head is tied to the embedding, so a quantized head
+    /// reads the quantized table, or a quantized copy of it when the table stays. Returns
+    /// what was quantized and what was left, with the reasons. A quantized GPT-2 cannot be
+    /// saved (its checkpoints store projections transposed).
+    ///
+    /// ```
+    /// use kiln_models::config::Gpt2Config;
+    /// use kiln_models::quantize::QuantConfig;
+    /// use kiln_models::{LoadOptions, gpt2::Gpt2};
+    /// use kiln_runtime::quant::GgmlType;
+    /// let config = Gpt2Config { vocab_size: 50, n_positions: 16, n_embd: 64, n_layer: 2, n_head: 4, n_inner: 128, layer_norm_epsilon: 1e-5 };
+    /// let mut model = Gpt2::new(config, LoadOptions::default())?;
+    /// let report = model.quantize_(&QuantConfig::new(GgmlType::Q8_0))?;
+    /// assert!(report.quantized.contains(&"transformer.h.0.attn.c_attn.weight".to_string()));
+    /// let logits = model.forward(&kiln::Tensor::from_vec(vec![1i64, 2, 3], [1, 3]))?;
+    /// assert_eq!(logits.dims(), &[1, 3, 50]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A `kind` other than Q8_0, Q4_0, Q4_K and int8.
+    pub fn quantize_(&mut self, config: &QuantConfig) -> Result<QuantReport> {
+        crate::quantize::check(config)?;
+        let mut report = QuantReport::default();
+        let p = self.prefix.clone();
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            for (name, linear) in PROJECTIONS.iter().zip(block.projections_mut()) {
+                crate::quantize::linear(&format!("{p}h.{i}.{name}"), linear, config, &mut report)?;
+            }
+        }
+        let wte = format!("{p}wte.weight");
+        if config.embeddings && self.wte_quantized.is_none() {
+            match crate::quantize::quantized(&self.wte, config.kind, config.activations)? {
+                Ok((stored, q)) => {
+                    (self.wte, self.wte_quantized) = (stored, Some(q));
+                    self.head_quantized = None;
+                    report.quantized.push(wte);
+                }
+                Err(why) => report.kept.push((wte, why)),
+            }
+        }
+        let head = "lm_head.weight".to_string();
+        match (&self.wte_quantized, &self.head_quantized) {
+            _ if !config.head => {}
+            // The tied head reads the quantized table.
+            (Some(_), _) => {}
+            (None, Some((_, q))) => report.kept.push((head, format!("already {}", q.kind))),
+            (None, None) => {
+                match crate::quantize::quantized(&self.wte, config.kind, config.activations)? {
+                    Ok(copy) => {
+                        self.head_quantized = Some(copy);
+                        report.quantized.push(head);
+                    }
+                    Err(why) => report.kept.push((head, why)),
+                }
+            }
+        }
+        Ok(report)
     }
 
     /// Builds the model of `config` from `checkpoint`'s tensors.
@@ -196,7 +300,7 @@ impl Gpt2 {
             (l.take(&format!("{name}.weight"), &[e]), l.take(&format!("{name}.bias"), &[e]))
         };
         let conv = |l: &mut Loader<'_>, name: &str, inp: usize, out: usize| {
-            (
+            projection(
                 l.take_transposed(&format!("{name}.weight"), [inp, out]),
                 l.take(&format!("{name}.bias"), &[out]),
             )
@@ -222,7 +326,18 @@ impl Gpt2 {
         l.skip("lm_head.weight");
         l.finish()?;
         let positions = positions_on(config.n_positions, options.device)?;
-        Ok(Gpt2 { config, prefix, wte, wpe, positions, blocks, ln_f, source: None })
+        Ok(Gpt2 {
+            config,
+            prefix,
+            wte,
+            wpe,
+            positions,
+            blocks,
+            ln_f,
+            source: None,
+            wte_quantized: None,
+            head_quantized: None,
+        })
     }
 
     /// The configuration.
@@ -305,19 +420,20 @@ impl Gpt2 {
             None => (self.positions.narrow(0, 0, len), None),
             Some((cache, slots)) => (cache.position_ids(slots)?, Some(cache.mask(slots)?)),
         };
-        let mut h = F::try_embedding(ids, &self.wte)? + F::try_embedding(&positions, &self.wpe)?;
+        let tokens = match &self.wte_quantized {
+            Some(q) => crate::quantized::embedding(ids, q, &self.wte)?.to_dtype(self.wpe.dtype()),
+            None => F::try_embedding(ids, &self.wte)?,
+        };
+        let mut h = tokens + F::try_embedding(&positions, &self.wpe)?;
         let eps = self.config.layer_norm_epsilon;
         let norm = |x: &Tensor, (w, b): &(Tensor, Tensor)| {
             F::try_layer_norm(x, &[e], Some(w), Some(b), eps)
-        };
-        let linear = |x: &Tensor, (w, b): &(Tensor, Tensor)| -> Result<Tensor> {
-            Ok(x.try_matmul(&w.t())? + b)
         };
         let split = |x: Tensor| {
             x.reshape(&[batch as i64, len as i64, heads as i64, (e / heads) as i64]).transpose(1, 2)
         };
         for (i, block) in self.blocks.iter().enumerate() {
-            let qkv = linear(&norm(&h, &block.ln_1)?, &block.c_attn)?;
+            let qkv = block.c_attn.apply(&norm(&h, &block.ln_1)?)?;
             let (q, k, v) = (
                 split(qkv.narrow(-1, 0, e)),
                 split(qkv.narrow(-1, e, e)),
@@ -333,11 +449,20 @@ impl Gpt2 {
                 }
             };
             let y = y.transpose(1, 2).reshape(&[batch as i64, len as i64, e as i64]);
-            h = h + linear(&y, &block.attn_proj)?;
-            let m = linear(&norm(&h, &block.ln_2)?, &block.c_fc)?.gelu_tanh();
-            h = h + linear(&m, &block.mlp_proj)?;
+            h = h + block.attn_proj.apply(&y)?;
+            let m = block.c_fc.apply(&norm(&h, &block.ln_2)?)?.gelu_tanh();
+            h = h + block.mlp_proj.apply(&m)?;
         }
-        norm(&crate::keep_last(h, logits_to_keep)?, &self.ln_f)?.try_matmul(&self.wte.t())
+        let x = norm(&crate::keep_last(h, logits_to_keep)?, &self.ln_f)?;
+        match (&self.head_quantized, &self.wte_quantized) {
+            (Some((copy, q)), _) => {
+                Ok(crate::quantized::matmul_t(&x, q, copy)?.to_dtype(x.dtype()))
+            }
+            (None, Some(q)) => {
+                Ok(crate::quantized::matmul_t(&x, q, &self.wte)?.to_dtype(x.dtype()))
+            }
+            (None, None) => x.try_matmul(&self.wte.t()),
+        }
     }
 }
 
@@ -346,20 +471,48 @@ impl Gpt2 {
 const BLOCK_PAIRS: [&str; 6] =
     ["ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"];
 
+/// A block's projections, in the order of [`Block::projections`].
+const PROJECTIONS: [&str; 4] = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"];
+
+/// A projection's (weight, bias): GPT-2's always have a bias.
+fn pair(l: &Linear) -> (&Tensor, &Tensor) {
+    (&l.weight, l.bias.as_ref().expect("a GPT-2 projection has a bias"))
+}
+
+fn pair_mut(l: &mut Linear) -> (&mut Tensor, &mut Tensor) {
+    (&mut l.weight, l.bias.as_mut().expect("a GPT-2 projection has a bias"))
+}
+
 impl Block {
-    fn pairs(&self) -> [&(Tensor, Tensor); 6] {
-        [&self.ln_1, &self.c_attn, &self.attn_proj, &self.ln_2, &self.c_fc, &self.mlp_proj]
+    fn pairs(&self) -> [(&Tensor, &Tensor); 6] {
+        [
+            (&self.ln_1.0, &self.ln_1.1),
+            pair(&self.c_attn),
+            pair(&self.attn_proj),
+            (&self.ln_2.0, &self.ln_2.1),
+            pair(&self.c_fc),
+            pair(&self.mlp_proj),
+        ]
     }
 
-    fn pairs_mut(&mut self) -> [&mut (Tensor, Tensor); 6] {
+    fn pairs_mut(&mut self) -> [(&mut Tensor, &mut Tensor); 6] {
+        let (ln_1, ln_2) = (&mut self.ln_1, &mut self.ln_2);
         [
-            &mut self.ln_1,
-            &mut self.c_attn,
-            &mut self.attn_proj,
-            &mut self.ln_2,
-            &mut self.c_fc,
-            &mut self.mlp_proj,
+            (&mut ln_1.0, &mut ln_1.1),
+            pair_mut(&mut self.c_attn),
+            pair_mut(&mut self.attn_proj),
+            (&mut ln_2.0, &mut ln_2.1),
+            pair_mut(&mut self.c_fc),
+            pair_mut(&mut self.mlp_proj),
         ]
+    }
+
+    fn projections(&self) -> [&Linear; 4] {
+        [&self.c_attn, &self.attn_proj, &self.c_fc, &self.mlp_proj]
+    }
+
+    fn projections_mut(&mut self) -> [&mut Linear; 4] {
+        [&mut self.c_attn, &mut self.attn_proj, &mut self.c_fc, &mut self.mlp_proj]
     }
 }
 

@@ -309,3 +309,40 @@ fn quantized_models_on_cuda_decode_as_on_the_cpu() {
         assert_eq!(a.tokens, b.tokens, "{what}");
     }
 }
+
+/// `Gpt2::quantize_`: its four projections per block, the tied head (a quantized copy of
+/// the table, or the table itself with `embeddings`), the float model's logits up to the
+/// blocks' rounding; rows that are not whole blocks kept and said; saving refused.
+#[test]
+fn gpt2_quantizes_its_projections_and_tied_head() {
+    use kiln_models::gpt2::Gpt2;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2");
+    let load = || Gpt2::from_pretrained(&dir, LoadOptions::default()).expect("the fixture");
+    let ids = Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9], [1, 6]);
+    let one = ids.narrow(1, 0, 1);
+    let float = load();
+    let (want, want_one) = (float.forward(&ids).unwrap(), float.forward(&one).unwrap());
+    for embeddings in [false, true] {
+        let mut model = load();
+        let config = QuantConfig { embeddings, ..QuantConfig::new(GgmlType::Q8_0) };
+        let report = model.quantize_(&config).unwrap();
+        let projections = report.quantized.iter().filter(|n| n.contains(".h.")).count();
+        assert_eq!(projections, 2 * 4, "{report:?}");
+        let table = report.quantized.contains(&"transformer.wte.weight".to_string());
+        let head = report.quantized.contains(&"lm_head.weight".to_string());
+        assert_eq!((table, head), (embeddings, !embeddings), "{report:?}");
+        // (about twice the 1.2% measured: the fixture's random weights amplify rounding)
+        let error = relative(&model.forward(&ids).unwrap(), &want);
+        assert!(error > 0.0 && error < 0.025, "prefill: {error:e}");
+        let checked = kiln::with_check(|| model.forward(&one).unwrap().cpu());
+        let error = relative(&checked, &want_one);
+        assert!(error > 0.0 && error < 0.025, "one row: {error:e}");
+        let err = model.save_pretrained(&std::env::temp_dir().join("kiln-q-gpt2")).unwrap_err();
+        assert!(err.to_string().contains("h.0.attn.c_attn.weight"), "{err}");
+    }
+    // The 32-wide rows are not whole Q4_K blocks of 256: everything stays, with the reason.
+    let mut model = load();
+    let report = model.quantize_(&QuantConfig::new(GgmlType::Q4_K)).unwrap();
+    assert!(report.quantized.is_empty(), "{report:?}");
+    assert!(report.kept.iter().all(|(_, why)| why.contains("Q4_K blocks of 256")), "{report:?}");
+}

@@ -6,8 +6,9 @@
 # (.gpu/gpu-before, at c068fa4) and after, interleaved twice; the copy, softmax and
 # cross-entropy rows with every kernel specialised and every kernel size-generic,
 # interleaved twice; the training steps once; then PyTorch's rows and W7 reduce-overhead.
-#   here:  scripts/gpu-build, and .gpu/gpu-before built at c068fa4
-#   there: benches/results/gpu-2026-11-28-sizes/run2.sh "$OUT"
+#   here:  scripts/gpu-build, .gpu/gpu-before built at c068fa4 and stripped, then
+#          `tar -czf .gpu.tar.gz .gpu` (carry .gpu.tar.gz)
+#   there: tar -xzf .gpu.tar.gz && benches/results/gpu-2026-11-28-sizes/run2.sh "$OUT"
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-gpu-results}; mkdir -p "$out"; log="$out/sizes2.txt"

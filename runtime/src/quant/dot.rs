@@ -2,9 +2,9 @@
 //! matrix-vector product (a decode step's projection) reads each weight's bytes once, a
 //! quarter of f32's for Q8_0 and an eighth for Q4_0.
 //!
-//! Q8_0 and Q4_0 have loops of their own (eight f32 lanes per block, each block's sum
-//! scaled once); the other types dequantize one block at a time into a buffer on the stack
-//! and take its dot product. On x86-64 with AVX2 and FMA the same loops are compiled for
+//! Q8_0, Q4_0, Q4_K and Q6_K have loops of their own (eight f32 lanes per block, each block's or
+//! sub-block's sum scaled once); the other types dequantize one block at a time into a
+//! buffer on the stack and take its dot product. On x86-64 with AVX2 and FMA the same loops are compiled for
 //! those instructions and chosen at run time; elsewhere the portable build runs (tests run
 //! both where the CPU allows).
 
@@ -116,6 +116,8 @@ fn rows_with<const FMA: bool>(
         *o = match kind {
             GgmlType::Q8_0 => q8_0_row::<FMA>(row, x),
             GgmlType::Q4_0 => q4_0_row::<FMA>(row, x),
+            GgmlType::Q4_K => q4_k_row::<FMA>(row, x),
+            GgmlType::Q6_K => q6_k_row::<FMA>(row, x),
             _ => any_row::<FMA>(kind, row, x),
         };
     }
@@ -163,6 +165,81 @@ fn q4_0_row<const FMA: bool>(row: &[u8], x: &[f32]) -> f32 {
         }
         for l in 0..LANES {
             total[l] = madd::<FMA>(d, acc[l], total[l]);
+        }
+    }
+    finish(total)
+}
+
+/// Q4_K: runs of 64 values take the low then the high nibbles of 32 bytes; sub-block `j`
+/// (32 values) is `d·scale_j · Σ q·x - dmin·min_j · Σ x`, both sums in eight lanes (as
+/// llama.cpp takes it), so no value is dequantized.
+#[inline(always)]
+fn q4_k_row<const FMA: bool>(row: &[u8], x: &[f32]) -> f32 {
+    let mut total = [0f32; LANES];
+    for (b, xs) in row.chunks_exact(144).zip(x.chunks_exact(256)) {
+        let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+        let scales = &b[4..16];
+        for (run, (qs, xs)) in b[16..144].chunks_exact(32).zip(xs.chunks_exact(64)).enumerate() {
+            let (low_x, high_x) = xs.split_at(32);
+            let [mut low, mut high, mut low_sum, mut high_sum] = [[0f32; LANES]; 4];
+            for ((q, lx), hx) in qs
+                .chunks_exact(LANES)
+                .zip(low_x.chunks_exact(LANES))
+                .zip(high_x.chunks_exact(LANES))
+            {
+                for l in 0..LANES {
+                    low[l] = madd::<FMA>(f32::from(q[l] & 0x0f), lx[l], low[l]);
+                    high[l] = madd::<FMA>(f32::from(q[l] >> 4), hx[l], high[l]);
+                    low_sum[l] += lx[l];
+                    high_sum[l] += hx[l];
+                }
+            }
+            let (sc1, m1) = super::scale_min_k4(2 * run, scales);
+            let (sc2, m2) = super::scale_min_k4(2 * run + 1, scales);
+            let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+            let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+            for l in 0..LANES {
+                total[l] = madd::<FMA>(d1, low[l], total[l]);
+                total[l] = madd::<FMA>(-min1, low_sum[l], total[l]);
+                total[l] = madd::<FMA>(d2, high[l], total[l]);
+                total[l] = madd::<FMA>(-min2, high_sum[l], total[l]);
+            }
+        }
+    }
+    finish(total)
+}
+
+/// Q6_K: two halves of 128 values; in each, value `l + 32k` takes four low bits from `ql`
+/// (byte `l` or `l + 32`, low or high nibble) and two from `qh[l]`, and each 16 values share
+/// a signed scale: `d·scale · (Σ q·x - 32 Σ x)`, both sums in eight lanes.
+#[inline(always)]
+fn q6_k_row<const FMA: bool>(row: &[u8], x: &[f32]) -> f32 {
+    let mut total = [0f32; LANES];
+    for (b, xs) in row.chunks_exact(210).zip(x.chunks_exact(256)) {
+        let d = half_at(b, 208);
+        for (half, xs) in xs.chunks_exact(128).enumerate() {
+            let (ql, qh) = (&b[64 * half..64 * half + 64], &b[128 + 32 * half..160 + 32 * half]);
+            for (k, xs) in xs.chunks_exact(32).enumerate() {
+                let (bytes, shift) = (&ql[32 * (k % 2)..32 * (k % 2) + 32], 4 * (k / 2));
+                for (g, xs) in xs.chunks_exact(16).enumerate() {
+                    let [mut qx, mut sum] = [[0f32; LANES]; 2];
+                    for c in 0..2 {
+                        let at = 16 * g + LANES * c;
+                        for l in 0..LANES {
+                            let low = (bytes[at + l] >> shift) & 0x0f;
+                            let q = low | (((qh[at + l] >> (2 * k)) & 3) << 4);
+                            let x = xs[LANES * c + l];
+                            qx[l] = madd::<FMA>(f32::from(q), x, qx[l]);
+                            sum[l] += x;
+                        }
+                    }
+                    let scale = d * f32::from(b[192 + 8 * half + 2 * k + g] as i8);
+                    for l in 0..LANES {
+                        total[l] = madd::<FMA>(scale, qx[l], total[l]);
+                        total[l] = madd::<FMA>(-32.0 * scale, sum[l], total[l]);
+                    }
+                }
+            }
         }
     }
     finish(total)
