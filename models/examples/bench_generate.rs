@@ -17,7 +17,7 @@
 //! A GGUF file (`benches/peers/make_gguf_bench.py` writes the 125M Llama's) loads dequantized,
 //! or with `--keep-quantized` its quantized projections read their blocks (and with
 //! `--int8-activations` take integer products with activations quantized per block). A
-//! Llama folder's weights are quantized after loading with `--quantize` (`Llama::quantize_`).
+//! folder's weights are quantized after loading with `--quantize` (`quantize_`).
 //!
 //! `--profile` prints kiln's profile of a generation (after a warm-up) instead: a 32-token
 //! prompt's prefill and 16 decode steps, so that the decode step's kernels lead.
@@ -145,7 +145,13 @@ fn main() -> kiln::Result<()> {
     };
     let (decode, prefill) = match (dir.is_file(), Config::from_dir(&dir)) {
         (true, _) => quantized(Llama::from_gguf(&dir, options)?)?,
-        (false, Ok(Config::Gpt2(c))) => measure(&gpt2(c)?, new, reps)?,
+        (false, Ok(Config::Gpt2(c))) => {
+            let mut model = gpt2(c)?;
+            if let Some(kind) = quantize {
+                model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) })?;
+            }
+            measure(&model, new, reps)?
+        }
         (false, Ok(Config::Llama(c))) => quantized(llama(c)?)?,
         (false, Ok(Config::Bert(_))) => return Err(not_generative(&dir)),
         (false, Err(e)) => return Err(e),

@@ -21,7 +21,7 @@ use kiln::{DType, Device};
 use kiln_models::gguf::Gguf;
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
-use kiln_models::quantize::{QuantConfig, QuantKind};
+use kiln_models::quantize::{QuantConfig, QuantKind, QuantReport};
 use kiln_models::{
     Activations, CausalLm, Config, GenerateOptions, Generation, LoadOptions, Tokenizer, generate,
 };
@@ -39,7 +39,7 @@ GPT-2 and the Llama family (Llama 2/3, TinyLlama, SmolLM, Qwen2) run. --model FI
 a llama.cpp GGUF file of the Llama family (its tokenizer inside), stopping at its EOS token;
 --keep-quantized keeps its quantized projections in their blocks (CPU), and
 --int8-activations quantizes their inputs too for integer products (as llama.cpp does).
---quantize q8_0|q4_0|q4_k|int8 stores a Llama's weights as those GGML blocks or per-channel
+--quantize q8_0|q4_0|q4_k|int8 stores the model's weights as those GGML blocks or per-channel
 int8 rows after loading; a folder written by `convert --quantize` keeps them with
 --keep-quantized.";
 
@@ -50,7 +50,7 @@ struct Args {
     prompt: String,
     options: GenerateOptions,
     load: LoadOptions,
-    /// `--quantize`: how the Llama's weights are stored after loading.
+    /// `--quantize`: how the model's weights are stored after loading.
     quantize: Option<QuantKind>,
 }
 
@@ -126,31 +126,36 @@ fn run(model: &impl CausalLm, tokenizer: &Tokenizer, args: &Args) -> kiln::Resul
     Ok(generation)
 }
 
-/// `model` with its weights quantized as `--quantize` says (and the activations as
-/// `--int8-activations` says), reporting what stayed in floats.
-fn quantized(mut model: Llama, args: &Args) -> kiln::Result<Llama> {
+/// Quantizes a model as `--quantize` says (and the activations as `--int8-activations`
+/// says) with `quantize_`, reporting what stayed in floats.
+fn quantize_with(
+    args: &Args,
+    quantize_: impl FnOnce(&QuantConfig) -> kiln::Result<QuantReport>,
+) -> kiln::Result<()> {
     if let Some(kind) = args.quantize {
         let config = QuantConfig { activations: args.load.activations, ..QuantConfig::new(kind) };
-        let report = model.quantize_(&config)?;
+        let report = quantize_(&config)?;
         eprintln!("quantized {} weights to {kind}", report.quantized.len());
         for (name, why) in &report.kept {
             eprintln!("  kept {name}: {why}");
         }
     }
-    Ok(model)
+    Ok(())
 }
 
 /// Runs the Hugging Face folder `dir`.
 fn from_folder(dir: &std::path::Path, args: &Args) -> kiln::Result<Generation> {
     let tokenizer = Tokenizer::from_dir(dir)?;
     match Config::from_dir(dir)? {
-        Config::Gpt2(_) if args.quantize.is_some() => Err(kiln::Error::Value {
-            op: "generate",
-            detail: "--quantize applies to the Llama family (Llama::quantize_)".into(),
-        }),
-        Config::Gpt2(_) => run(&Gpt2::from_pretrained(dir, args.load)?, &tokenizer, args),
+        Config::Gpt2(_) => {
+            let mut model = Gpt2::from_pretrained(dir, args.load)?;
+            quantize_with(args, |config| model.quantize_(config))?;
+            run(&model, &tokenizer, args)
+        }
         Config::Llama(_) => {
-            run(&quantized(Llama::from_pretrained(dir, args.load)?, args)?, &tokenizer, args)
+            let mut model = Llama::from_pretrained(dir, args.load)?;
+            quantize_with(args, |config| model.quantize_(config))?;
+            run(&model, &tokenizer, args)
         }
         Config::Bert(_) => Err(kiln::Error::Value {
             op: "generate",
@@ -196,7 +201,9 @@ fn main() {
                 args.options.stop_tokens.push(eos as i64);
             }
             let tokenizer = Tokenizer::from_gguf(&file)?;
-            run(&quantized(Llama::load_gguf(&file, args.load)?, &args)?, &tokenizer, &args)?
+            let mut model = Llama::load_gguf(&file, args.load)?;
+            quantize_with(&args, |config| model.quantize_(config))?;
+            run(&model, &tokenizer, &args)?
         } else {
             from_folder(&dir, &args)?
         };

@@ -138,7 +138,7 @@ impl Packed {
         let mut values = Vec::with_capacity(self.out * self.inp);
         for r in 0..self.out {
             for c in 0..self.inp {
-                let q = f32::from(i8::try_from(self.nibble(packed, r, c)).unwrap_or(0) - 8);
+                let q = f32::from(self.nibble(packed, r, c)) - 8.0;
                 values.push(q * scales[r * self.groups + c / group]);
             }
         }

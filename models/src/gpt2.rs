@@ -189,15 +189,7 @@ impl Gpt2 {
             wte_quantized: None,
             head_quantized: None,
         };
-        let mut params = Vec::new();
-        model.visit_mut("", &mut |_, t| {
-            *t = t.detach();
-            params.push(t.clone());
-        });
-        Tensor::try_realize_all(&params.iter().collect::<Vec<_>>())?;
-        for t in &params {
-            t.try_requires_grad_(true)?;
-        }
+        crate::fresh_parameters(&mut model)?;
         Ok(model)
     }
 

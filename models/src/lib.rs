@@ -57,6 +57,21 @@ pub use save::SaveOptions;
 pub use sentence::{Pooling, SentenceEncoder};
 pub use tokenizer::{PaddingSide, Tokenizer};
 
+/// A new model's parameters made leaves of their own, computed, and requiring gradients
+/// (what `Llama::new` and `Gpt2::new` hand back).
+pub(crate) fn fresh_parameters(model: &mut dyn kiln::nn::Parameters) -> kiln::Result<()> {
+    let mut params = Vec::new();
+    model.visit_mut("", &mut |_, t| {
+        *t = t.detach();
+        params.push(t.clone());
+    });
+    kiln::Tensor::try_realize_all(&params.iter().collect::<Vec<_>>())?;
+    for t in &params {
+        t.try_requires_grad_(true)?;
+    }
+    Ok(())
+}
+
 /// The last `logits_to_keep` positions of hidden states `[batch, len, hidden]` (all of them
 /// for 0, as transformers' `logits_to_keep`), taken before the final norm and the head,
 /// which act on each position alone: a prefill's head then multiplies one row per sequence

@@ -198,15 +198,7 @@ impl Llama {
             source: None,
             lora: None,
         };
-        let mut params = Vec::new();
-        model.visit_mut("", &mut |_, t| {
-            *t = t.detach();
-            params.push(t.clone());
-        });
-        Tensor::try_realize_all(&params.iter().collect::<Vec<_>>())?;
-        for t in &params {
-            t.try_requires_grad_(true)?;
-        }
+        crate::fresh_parameters(&mut model)?;
         Ok(model)
     }
 
