@@ -112,3 +112,42 @@ fn schemes_and_files_it_does_not_read_are_errors_naming_them() {
     let m = error(&dir);
     assert!(m.contains("model.layers.0.mlp.up_proj.weight") && m.contains("[512, 264]"), "{m}");
 }
+
+/// On a CUDA device (the emulated one in CI's `emulator/run-tests`): the packed int4
+/// checkpoint kept as Q4_0 blocks on the device gives the CPU's logits and tokens.
+#[test]
+fn packed_int4_checkpoints_kept_on_cuda_match_the_cpu() {
+    let test = "packed_int4_checkpoints_kept_on_cuda_match_the_cpu";
+    if !kiln::cuda::is_available() {
+        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
+        kiln_ir::testing::skip(
+            test,
+            &format!("there is no CUDA device ({why})"),
+            &["KILN_REQUIRE_GPU"],
+        );
+        return;
+    }
+    let gpu = kiln::Device::Cuda(0);
+    let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
+    let cpu = Llama::from_pretrained(&fixture(), keep).expect("on the CPU");
+    let on_gpu = Llama::from_pretrained(&fixture(), LoadOptions { device: gpu, ..keep });
+    let on_gpu = on_gpu.expect("on the GPU");
+    let blocks = |m: &Llama| {
+        m.named_parameters()
+            .iter()
+            .filter(|(_, t)| t.dtype() == DType::U8 && t.device() == m.device())
+            .count()
+    };
+    assert_eq!((blocks(&on_gpu), on_gpu.device()), (14, gpu));
+    let ids = expected("ids");
+    let one = ids.narrow(1, 0, 1);
+    let prefill = on_gpu.forward(&ids.to(gpu)).expect("a prefill");
+    assert!(relative(&prefill, &cpu.forward(&ids).expect("on the CPU")) < 1e-5);
+    let row = kiln::with_check(|| on_gpu.forward(&one.to(gpu)).expect("one row").cpu());
+    assert!(relative(&row, &cpu.forward(&one).expect("on the CPU")) < 1e-5);
+    let prompt = vec![ids.to_vec::<i64>()];
+    let options = GenerateOptions { max_new_tokens: 6, ..GenerateOptions::default() };
+    let a = generate(&on_gpu, &prompt, &options, |_, _| {}).expect("on the GPU");
+    let b = generate(&cpu, &prompt, &options, |_, _| {}).expect("on the CPU");
+    assert_eq!(a.tokens, b.tokens);
+}

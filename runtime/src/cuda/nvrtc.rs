@@ -20,6 +20,11 @@ use cudarc::nvrtc::{Ptx, result, sys};
 use super::Gpu;
 use crate::RuntimeError;
 
+/// Why kernels cannot be compiled without NVRTC, and how to get it.
+const NVRTC_MISSING: &str = "NVRTC (libnvrtc.so) was not found: it compiles kiln's CUDA kernels; \
+                             install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and put its \
+                             lib directory on LD_LIBRARY_PATH";
+
 /// NVRTC's version, when NVRTC is present.
 fn version() -> Option<(c_int, c_int)> {
     static VERSION: OnceLock<Option<(c_int, c_int)>> = OnceLock::new();
@@ -152,9 +157,7 @@ pub fn compile_user_source(
     let Some((major, minor)) = version() else {
         return Err(RuntimeError::BackendUnavailable {
             device: crate::Device::Cuda(0),
-            reason: "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit or the \
-                     nvidia-cuda-nvrtc wheel and put its lib directory on LD_LIBRARY_PATH"
-                .into(),
+            reason: NVRTC_MISSING.into(),
         });
     };
     let options = kiln_codegen::cuda::nvrtc_options(arch, (major, minor) >= (12, 4));
@@ -178,10 +181,7 @@ pub(crate) fn load_blaming(
     let Some((major, minor)) = version() else {
         return Err(RuntimeError::BackendUnavailable {
             device: gpu.device(),
-            reason: "NVRTC (libnvrtc.so) was not found: it compiles kiln's CUDA kernels; install \
-                     the CUDA toolkit or the nvidia-cuda-nvrtc wheel and put its lib directory \
-                     on LD_LIBRARY_PATH"
-                .into(),
+            reason: NVRTC_MISSING.into(),
         });
     };
     let target = target_for(gpu.arch, supported_architectures()).ok_or_else(|| {
