@@ -14,6 +14,8 @@ use kiln_models::quantize::QuantKind;
 use kiln_models::{GenerateOptions, LoadOptions, generate};
 use kiln_runtime::quant::GgmlType;
 
+mod common;
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shakespeare-256-w4a16")
 }
@@ -117,17 +119,10 @@ fn schemes_and_files_it_does_not_read_are_errors_naming_them() {
 /// checkpoint kept as Q4_0 blocks on the device gives the CPU's logits and tokens.
 #[test]
 fn packed_int4_checkpoints_kept_on_cuda_match_the_cpu() {
-    let test = "packed_int4_checkpoints_kept_on_cuda_match_the_cpu";
-    if !kiln::cuda::is_available() {
-        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
-        kiln_ir::testing::skip(
-            test,
-            &format!("there is no CUDA device ({why})"),
-            &["KILN_REQUIRE_GPU"],
-        );
+    let Some(gpu) = common::cuda_or_skip("packed_int4_checkpoints_kept_on_cuda_match_the_cpu")
+    else {
         return;
-    }
-    let gpu = kiln::Device::Cuda(0);
+    };
     let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
     let cpu = Llama::from_pretrained(&fixture(), keep).expect("on the CPU");
     let on_gpu = Llama::from_pretrained(&fixture(), LoadOptions { device: gpu, ..keep });

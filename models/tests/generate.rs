@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use kiln::prelude::*;
 use kiln_models::{CausalLm, GenerateOptions, LoadOptions, generate, gpt2::Gpt2, llama::Llama};
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
@@ -71,19 +73,12 @@ fn greedy_decoding_matches_transformers_with_and_without_the_cache() {
 /// cache and every step on the GPU, the same greedy tokens, one decode plan.
 #[test]
 fn greedy_decoding_on_cuda_matches_transformers() {
-    let test = "greedy_decoding_on_cuda_matches_transformers";
-    if !kiln::cuda::is_available() {
-        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
-        kiln_ir::testing::skip(
-            test,
-            &format!("there is no CUDA device ({why})"),
-            &["KILN_REQUIRE_GPU"],
-        );
+    let Some(gpu) = common::cuda_or_skip("greedy_decoding_on_cuda_matches_transformers") else {
         return;
-    }
-    let options = LoadOptions { device: Device::Cuda(0), ..LoadOptions::default() };
+    };
+    let options = LoadOptions { device: gpu, ..LoadOptions::default() };
     let model = Llama::from_pretrained(&fixture("llama"), options).unwrap();
-    assert_eq!(model.device(), Device::Cuda(0));
+    assert_eq!(model.device(), gpu);
     greedy_matches_transformers(&model, "llama");
     // Weights stored as bf16 go to the device as stored and are widened there: the
     // conversions are device kernels, not host work, and give the CPU's parameters.
@@ -94,11 +89,11 @@ fn greedy_decoding_on_cuda_matches_transformers() {
         profile.events().iter().filter(|e| e.kind != kiln::StepKind::Plan).collect();
     assert!(!steps.is_empty(), "the conversions run as kernels");
     for e in steps {
-        assert_eq!((e.kind, e.device), (kiln::StepKind::Kernel, Device::Cuda(0)), "{}", e.name);
+        assert_eq!((e.kind, e.device), (kiln::StepKind::Kernel, gpu), "{}", e.name);
     }
     let on_cpu = Llama::from_pretrained(&sharded, LoadOptions::default()).unwrap();
     for ((name, got), (_, want)) in model.named_parameters().iter().zip(on_cpu.named_parameters()) {
-        assert_eq!(got.device(), Device::Cuda(0), "{name}");
+        assert_eq!(got.device(), gpu, "{name}");
         assert_eq!(got.to_vec::<f32>(), want.to_vec::<f32>(), "{name}");
     }
     greedy_matches_transformers(&model, "llama-bf16-sharded");

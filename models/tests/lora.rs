@@ -11,6 +11,8 @@ use kiln::prelude::*;
 use kiln_models::lora::{LoraConfig, LoraModel};
 use kiln_models::{LoadOptions, llama::Llama};
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
@@ -73,27 +75,18 @@ fn a_peft_adapter_gives_peft_logits_loss_and_gradients() {
 /// matrices are made there.
 #[test]
 fn lora_on_cuda_matches_peft() {
-    let test = "lora_on_cuda_matches_peft";
-    if !kiln::cuda::is_available() {
-        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
-        kiln_ir::testing::skip(
-            test,
-            &format!("there is no CUDA device ({why})"),
-            &["KILN_REQUIRE_GPU"],
-        );
-        return;
-    }
-    let options = LoadOptions { device: Device::Cuda(0), ..LoadOptions::default() };
+    let Some(gpu) = common::cuda_or_skip("lora_on_cuda_matches_peft") else { return };
+    let options = LoadOptions { device: gpu, ..LoadOptions::default() };
     let mut model = Llama::from_pretrained(&fixture("llama"), options).unwrap();
     model.load_lora(&fixture("llama-lora")).unwrap();
     let saved = expected();
-    let ids = get(&saved, "input_ids").to(Device::Cuda(0));
+    let ids = get(&saved, "input_ids").to(gpu);
     let logits = model.forward(&ids).unwrap();
-    assert_eq!(logits.device(), Device::Cuda(0));
+    assert_eq!(logits.device(), gpu);
     assert_close(&logits, &get(&saved, "logits"), 1e-5, "logits on the device");
     causal_loss(&logits, &ids).backward();
     for (name, t) in model.lora_parameters() {
-        assert_eq!(t.device(), Device::Cuda(0), "{name}");
+        assert_eq!(t.device(), gpu, "{name}");
         let grad = t.grad().unwrap_or_else(|| panic!("{name} has no gradient"));
         assert_close(&grad, &get(&saved, &format!("grad.{name}")), 1e-4, &name);
     }
@@ -106,7 +99,7 @@ fn lora_on_cuda_matches_peft() {
     );
     let mut fresh = Llama::from_pretrained(&fixture("llama"), options).unwrap();
     fresh.add_lora(&LoraConfig::new(2, 4.0, &["v_proj"])).unwrap();
-    assert!(fresh.lora_parameters().iter().all(|(_, t)| t.device() == Device::Cuda(0)));
+    assert!(fresh.lora_parameters().iter().all(|(_, t)| t.device() == gpu));
 }
 
 #[test]

@@ -10,6 +10,8 @@ use kiln_models::quantize::{QuantConfig, QuantKind};
 use kiln_models::{Activations, LoadOptions};
 use kiln_runtime::quant::GgmlType;
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name)
 }
@@ -249,19 +251,10 @@ fn a_wider_model_s_perplexity_survives_q4_k() {
 /// kernel, with the CPU's logits and tokens.
 #[test]
 fn quantized_models_on_cuda_decode_as_on_the_cpu() {
-    use kiln::Device;
     use kiln_models::{GenerateOptions, generate};
-    let test = "quantized_models_on_cuda_decode_as_on_the_cpu";
-    if !kiln::cuda::is_available() {
-        let why = kiln::cuda::unavailable_reason().unwrap_or("kiln::cuda::device_count() is 0");
-        kiln_ir::testing::skip(
-            test,
-            &format!("there is no CUDA device ({why})"),
-            &["KILN_REQUIRE_GPU"],
-        );
+    let Some(gpu) = common::cuda_or_skip("quantized_models_on_cuda_decode_as_on_the_cpu") else {
         return;
-    }
-    let gpu = Device::Cuda(0);
+    };
     let keep = LoadOptions { keep_quantized: true, ..LoadOptions::default() };
     let on_gpu = LoadOptions { device: gpu, ..keep };
     let ids = Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9], [1, 6]);
