@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod bf16_dot;
+mod gemv;
 
 use gemm::{Parallelism, gemm};
 use half::{bf16, f16};
@@ -27,7 +28,7 @@ use crate::{Buffer, RuntimeError};
 /// If the dtype is not `f32`, `f64` or `f16` (the planner sends only those here).
 pub(crate) fn matmul(a: &Buffer, va: &View, b: &Buffer, vb: &View) -> Result<Buffer, RuntimeError> {
     match a.dtype() {
-        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
+        DType::F32 => batched::<f32>(a, va, b, vb, 0.0, (&f32_band, Split::Gemm)),
         DType::F64 => batched::<f64>(a, va, b, vb, 0.0, (&with_gemm(1.0), Split::Gemm)),
         DType::F16 => batched::<f16>(a, va, b, vb, f16::ZERO, (&with_gemm(f16::ONE), Split::Gemm)),
         #[cfg(target_arch = "x86_64")]
@@ -234,6 +235,33 @@ fn with_gemm<T: Element>(one: T) -> impl Fn(Problem, *mut T, usize, Operand<T>, 
     }
 }
 
+/// An f32 band: a few rows read in place against columns along `k` as dot products
+/// ([`gemv`]), anything else through `gemm`.
+fn f32_band(pr: Problem, dst: *mut f32, dst_rs: usize, lhs: Operand<f32>, rhs: Operand<f32>) {
+    let ((a, a_cs, a_rs), (b, b_cs, b_rs)) = (lhs, rhs);
+    // SAFETY: `batched` calls its band kernel under `product`'s contract, which covers
+    // `gemv::product`'s (its operands' rows and columns along `k` where it `takes` them).
+    unsafe {
+        if gemv::takes(pr.m, a_cs, b_rs) {
+            gemv::product((pr.m, pr.n, pr.k), dst, dst_rs, (a, a_rs), (b, b_cs));
+        } else {
+            product(pr, dst, dst_rs, lhs, rhs, 0.0, 1.0);
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread's f32 dot-product bands run their portable loop (a test hook).
+    static PORTABLE_GEMV: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's f32 dot-product bands ([`gemv`]) run their portable loop (`true`)
+/// or the vector one where the CPU has it (`false`); returns the previous setting.
+#[cfg(test)]
+fn portable_gemv(on: bool) -> bool {
+    PORTABLE_GEMV.replace(on)
+}
+
 /// How a product splits into bands across threads.
 #[derive(Clone, Copy, PartialEq)]
 enum Split {
@@ -269,8 +297,13 @@ fn batched<T: Element>(
     let (sa, sb) = (va.strides(), vb.strides());
     let a = a.as_slice::<T>().expect("matmul operands have the node's dtype");
     let b = b.as_slice::<T>().expect("matmul operands have the node's dtype");
-    let threads = if m * n * k >= SPLIT_FROM { crate::team::threads() } else { 1 };
     let (a_cs, a_rs, b_cs, b_rs) = (sa[r - 1], sa[r - 2], sb[r - 1], sb[r - 2]);
+    // A few rows read in place against columns along `k` (f32's `gemv`, bf16's dot
+    // products) stream the weights once: memory-bound, so splitting pays from fewer
+    // multiply-adds than a packed product.
+    let streams = matches!(T::DTYPE, DType::F32 | DType::BF16) && gemv::takes(m, a_cs, b_rs);
+    let split_from = if streams { STREAM_SPLIT_FROM } else { SPLIT_FROM };
+    let threads = if m * n * k >= split_from { crate::team::threads() } else { 1 };
     // One band of the product for batch `p`: the `mb x nb` block of the output at `(i0, j0)`,
     // on the calling thread. The caller guarantees that the band lies inside the output block
     // at `dst` and that no other thread writes it.
@@ -477,6 +510,10 @@ const REORIENT_FROM_K: usize = 256;
 /// product took 10.7 µs on one thread and 16 µs split (each half too small to pay for the
 /// hand-off), and W4's step ran 0.50-0.53 ms with this at 2²⁰ against 0.54-0.56 at 2¹⁸.
 const SPLIT_FROM: usize = 1 << 20;
+
+/// [`SPLIT_FROM`] for products that stream their right operand once (a decode step's
+/// projections): split from 2¹⁶ multiply-adds, 256 KB of f32 weights.
+const STREAM_SPLIT_FROM: usize = 1 << 16;
 
 /// An output pointer shared by the threads that write disjoint bands of it.
 #[derive(Clone, Copy)]
