@@ -5,13 +5,27 @@
 //!
 //! `gemm` 0.19 packs and tiles these like any product: a decode step's `[1, 768] @ [768,
 //! 2048]` read its weights at 26 GB/s and `[1, 768] @ [768, 256]` at 14 GB/s, on a machine
-//! whose copies run at 35 GB/s (`bench_generate --profile`, the 125M Llama). Sums are f32, in
-//! eight lanes (two interleaved accumulators of four columns, or of each row), added across
-//! lanes at the end; PyTorch's oneDNN and `gemm` sum in other orders, equally within f32.
+//! whose copies run at 35 GB/s (`bench_generate --profile`, the 125M Llama). Sums are f32 in
+//! eight lanes (one row: four accumulators; two to four rows: one each), added across lanes
+//! at the end; PyTorch's oneDNN and `gemm` sum in other orders, equally within f32.
+
+use std::cell::Cell;
 
 /// Products of at most this many left rows take the dot-product loop; more rows reuse each
 /// weight column enough for packing to pay.
 pub(super) const ROWS: usize = 4;
+
+thread_local! {
+    /// Whether this thread's products run the portable loop (a test hook).
+    static PORTABLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Makes this thread's products run the portable loop (`true`) or the vector one where the
+/// CPU has it (`false`); returns the previous setting.
+#[cfg(test)]
+fn portable(on: bool) -> bool {
+    PORTABLE.replace(on)
+}
 
 /// Whether [`product`] takes a product of `m` rows: the left operand's rows and the right
 /// operand's columns both lie along `k` (column stride 1, row stride 1).
@@ -41,9 +55,9 @@ pub(super) unsafe fn product(
         std::array::from_fn(|i| a.wrapping_offset(i.min(m - 1) as isize * a_rs));
     let column = |j: usize| b.wrapping_offset(j as isize * b_cs);
     #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
+    if avx2::available() && !PORTABLE.get() {
         // SAFETY: the CPU has AVX2 and FMA; the caller's contract covers the reads and writes.
-        unsafe { avx2::product(m, n, k, dst, dst_rs, &rows, &column) };
+        unsafe { avx2::product((m, n, k), dst, dst_rs, &rows, (b, b_cs)) };
         return;
     }
     for (i, &row) in rows.iter().take(m).enumerate() {
@@ -79,12 +93,13 @@ mod avx2 {
     use std::sync::LazyLock;
 
     use super::ROWS;
+    use crate::quant::hsum;
 
     /// Whether the CPU has AVX2 and FMA.
     pub(super) fn available() -> bool {
         static AVAILABLE: LazyLock<bool> =
             LazyLock::new(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
-        *AVAILABLE && !super::super::PORTABLE_GEMV.get()
+        *AVAILABLE
     }
 
     /// [`super::product`] on AVX2: one row against each column in turn (four accumulators
@@ -94,39 +109,26 @@ mod avx2 {
     /// The CPU has AVX2 and FMA, and [`super::product`]'s contract holds.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn product(
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         dst: *mut f32,
         dst_rs: usize,
         rows: &[*const f32; ROWS],
-        column: &dyn Fn(usize) -> *const f32,
+        (b, b_cs): (*const f32, isize),
     ) {
-        let mut j = 0;
-        if m == 1 {
-            // One column after another: the weights stream through in memory order.
-            while j < n {
-                // SAFETY: the contract: `k` values in row 0 and in column `j`, and `dst[j]`
-                // in the block.
-                unsafe { *dst.add(j) = dot(rows[0], column(j), k) };
-                j += 1;
-            }
-            return;
-        }
-        while j < n {
-            let col = [column(j)];
-            // SAFETY: as above, for the `m` rows and column `j`.
+        // Columns one after another: the weights stream through in memory order.
+        for j in 0..n {
+            let column = b.wrapping_offset(j as isize * b_cs);
+            let out = dst.wrapping_add(j);
+            // SAFETY: the contract: `k` values in each of the `m` rows and in column `j`, and
+            // `(i, j)` in the block for every row `i`.
             unsafe {
-                let sums = match m {
-                    2 => pad(dots::<2, 1>(&[rows[0], rows[1]], &col, k)),
-                    3 => pad(dots::<3, 1>(&[rows[0], rows[1], rows[2]], &col, k)),
-                    _ => dots::<4, 1>(rows, &col, k),
-                };
-                for (i, s) in sums.iter().take(m).enumerate() {
-                    *dst.add(i * dst_rs + j) = s[0];
+                match m {
+                    1 => *out = dot(rows[0], column, k),
+                    2 => dots::<2>(&[rows[0], rows[1]], column, k, out, dst_rs),
+                    3 => dots::<3>(&[rows[0], rows[1], rows[2]], column, k, out, dst_rs),
+                    _ => dots::<4>(rows, column, k, out, dst_rs),
                 }
             }
-            j += 1;
         }
     }
 
@@ -164,58 +166,38 @@ mod avx2 {
         }
     }
 
-    /// `R` rows' sums padded to [`ROWS`].
-    fn pad<const R: usize>(sums: [[f32; 1]; R]) -> [[f32; 1]; ROWS] {
-        std::array::from_fn(|i| if i < R { sums[i] } else { [0.0] })
-    }
-
-    /// The `R x C` dot products of `rows` with `cols`, `k` values each.
+    /// The dot products of `R` rows with one column, `k` values each, written to `out` and
+    /// every `out_rs` after it.
     ///
     /// # Safety
-    /// AVX2 and FMA; every row and column holds `k` readable values.
+    /// AVX2 and FMA; every row and the column hold `k` readable values, and the `R` outputs
+    /// are writable.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn dots<const R: usize, const C: usize>(
+    unsafe fn dots<const R: usize>(
         rows: &[*const f32; R],
-        cols: &[*const f32; C],
+        column: *const f32,
         k: usize,
-    ) -> [[f32; C]; R] {
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        out: *mut f32,
+        out_rs: usize,
+    ) {
+        let mut acc = [_mm256_setzero_ps(); R];
         let mut kk = 0;
-        // SAFETY: every load reads 8 values at `kk + 8 <= k` (the contract).
+        // SAFETY: every load reads 8 values below `k`, every tail read is below `k`, and the
+        // writes are the `R` outputs (the contract).
         unsafe {
             while kk + 8 <= k {
-                let w: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(cols[c].add(kk)));
-                for r in 0..R {
-                    let x = _mm256_loadu_ps(rows[r].add(kk));
-                    for c in 0..C {
-                        acc[r][c] = _mm256_fmadd_ps(x, w[c], acc[r][c]);
-                    }
+                let w = _mm256_loadu_ps(column.add(kk));
+                for (a, row) in acc.iter_mut().zip(rows) {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(kk)), w, *a);
                 }
                 kk += 8;
             }
-        }
-        let mut out = [[0f32; C]; R];
-        for r in 0..R {
-            for c in 0..C {
-                let mut tail = 0f32;
-                for t in kk..k {
-                    // SAFETY: `t < k` (the contract).
-                    tail += unsafe { *rows[r].add(t) * *cols[c].add(t) };
-                }
-                out[r][c] = hsum(acc[r][c]) + tail;
+            for (r, (a, row)) in acc.iter().zip(rows).enumerate() {
+                let tail: f32 = (kk..k).map(|t| *row.add(t) * *column.add(t)).sum();
+                *out.add(r * out_rs) = hsum(*a) + tail;
             }
         }
-        out
-    }
-
-    /// The sum of the eight lanes, pairwise.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 }
 
@@ -235,7 +217,7 @@ mod tests {
             (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         };
         for portable in [false, true] {
-            let before = super::super::portable_gemv(portable);
+            let before = super::portable(portable);
             for &(m, n, k) in
                 &[(1, 1, 1), (1, 5, 7), (1, 9, 8), (2, 3, 9), (3, 7, 33), (4, 6, 773), (1, 13, 768)]
             {
@@ -271,7 +253,7 @@ mod tests {
                     assert!(dst[i * dst_rs + n..(i + 1) * dst_rs].iter().all(|v| v.is_nan()));
                 }
             }
-            super::super::portable_gemv(before);
+            super::portable(before);
         }
     }
 }

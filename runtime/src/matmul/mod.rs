@@ -250,18 +250,6 @@ fn f32_band(pr: Problem, dst: *mut f32, dst_rs: usize, lhs: Operand<f32>, rhs: O
     }
 }
 
-thread_local! {
-    /// Whether this thread's f32 dot-product bands run their portable loop (a test hook).
-    static PORTABLE_GEMV: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Makes this thread's f32 dot-product bands ([`gemv`]) run their portable loop (`true`)
-/// or the vector one where the CPU has it (`false`); returns the previous setting.
-#[cfg(test)]
-fn portable_gemv(on: bool) -> bool {
-    PORTABLE_GEMV.replace(on)
-}
-
 /// How a product splits into bands across threads.
 #[derive(Clone, Copy, PartialEq)]
 enum Split {

@@ -20,6 +20,8 @@ pub use channel::{
 pub use cuda::block_source;
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
 use half::{bf16, f16};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use int8::avx2::hsum;
 pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
 pub use quantize::{quantize, quantized};
 use rayon::prelude::*;
