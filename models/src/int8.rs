@@ -3,7 +3,8 @@
 //! in place (`kiln_runtime::quant::dot_rows_i8`, or with [`Activations::Int8`] the input
 //! quantized to Q8_0 blocks once and integer dot products, `dot_rows_i8_int8`: PyTorch's
 //! dynamic int8 quantization); a longer input multiplies by the rows dequantized once per
-//! call (`q · scale`, one fused kernel), which is also the gradient's path.
+//! call (`q · scale`, one fused kernel), which is also the gradient's path, or with
+//! [`Activations::Int8`] on CPUs with AVX512-VNNI takes `crate::prefill`'s integer product.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -27,6 +28,9 @@ pub(crate) fn matmul_t(
     let x = x.to_dtype(DType::F32);
     let gradients = kiln::is_grad_enabled() && x.requires_grad();
     if m > IN_PLACE_ROWS {
+        if activations == Activations::Int8 && crate::prefill::applies(&x, None, k) {
+            return crate::prefill::matmul_t(&x, crate::prefill::Weight::Int8(rows, scales));
+        }
         return x.try_matmul(&dequantize(rows, scales).t());
     }
     // Integer products run on the CPU; elsewhere, and where `x` carries gradients, the

@@ -40,6 +40,7 @@ mod kernels;
 pub mod linear;
 pub mod llama;
 pub mod lora;
+mod prefill;
 pub mod quantize;
 mod quantized;
 pub mod rope;

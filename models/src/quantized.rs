@@ -23,9 +23,10 @@ use crate::quantize::QuantKind;
 /// dequantized for a dense product (which reuses each weight across the rows).
 pub(crate) const IN_PLACE_ROWS: usize = 4;
 
-/// How the products of weights kept quantized take their input in a decode step (up to
-/// four rows of `x`; longer inputs, prefills, always run a dense product of the weight
-/// dequantized once per call).
+/// How the products of weights kept quantized take their input: in a decode step (up to
+/// four rows of `x`), and for Q8_0, Q4_0 and per-channel int8 weights in a prefill on CPUs
+/// with AVX512-VNNI (other prefills run a dense product of the weight dequantized once per
+/// call).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activations {
     /// Weight-only quantization: `x` stays f32 and each block's values are widened to
@@ -36,7 +37,10 @@ pub enum Activations {
     /// Q8_K for Q4_K and Q6_K; other types keep [`Activations::F32`]) and the products are
     /// integer dot products: faster on CPUs with AVX2, and each input value rounded to
     /// within half a step of its block's scale (1/254 of the block's largest magnitude).
-    /// On a GPU the products take f32 inputs (as [`Activations::F32`]).
+    /// A prefill's products with Q8_0, Q4_0 and per-channel int8 weights are integer too
+    /// where the CPU has AVX512-VNNI (the weight repacked once per call into groups of 16
+    /// outputs; `vpdpbusd`), and dense f32 products elsewhere. On a GPU the products take
+    /// f32 inputs (as [`Activations::F32`]).
     Int8,
 }
 
@@ -316,6 +320,9 @@ fn blocks_matmul_t(
     let x = x.to_dtype(DType::F32);
     let ops = ops(kind)?;
     if rows > IN_PLACE_ROWS {
+        if input == Activations::Int8 && crate::prefill::applies(&x, Some(kind), k) {
+            return crate::prefill::matmul_t(&x, crate::prefill::Weight::Blocks(kind, blocks));
+        }
         return x.try_matmul(&ops.dequantize.try_call(&[blocks])?.t());
     }
     // Integer products run on the CPU; elsewhere, and where `x` carries gradients, the

@@ -117,6 +117,45 @@ fn quantized_models_follow_the_float_model() {
 }
 
 #[test]
+fn prefills_with_int8_activations_take_the_decode_step_s_integer_sums() {
+    const TEST: &str = "prefills_with_int8_activations_take_the_decode_step_s_integer_sums";
+    if !kiln_runtime::quant::gemm_available() {
+        let why = "this CPU has no AVX512-VNNI: prefills dequantize their weights instead";
+        kiln_ir::testing::skip(TEST, why, &["KILN_REQUIRE_VNNI"]);
+        return;
+    }
+    let ids = Tensor::from_vec(vec![3i64, 17, 5, 60, 2, 9, 31], [1, 7]);
+    for kind in [GgmlType::Q8_0.into(), GgmlType::Q4_0.into(), QuantKind::Int8] {
+        let mut model = bundled();
+        let config = QuantConfig { activations: Activations::Int8, ..QuantConfig::new(kind) };
+        model.quantize_(&config).unwrap();
+        // The prompt at once: integer products of many rows, each checked against the f64
+        // product of its values under KILN_CHECK.
+        let (prefill, profile) = kiln::profile(|| {
+            kiln::with_check(|| {
+                let logits = model.forward(&ids).unwrap();
+                logits.realize();
+                logits
+            })
+        });
+        let packed = profile.events().iter().filter(|e| e.name == "matmul_packed_int8").count();
+        let layers = model.config().num_hidden_layers;
+        assert!(packed >= 7 * layers, "{kind}: {packed} integer prefill products");
+        // Token by token through the cache: the decode step's integer products of the same
+        // activation blocks, the same sums in another order.
+        let cache = model.new_cache(1, 7).unwrap();
+        let mut rows = Vec::new();
+        for t in 0..7 {
+            let at = Tensor::from_vec(vec![t as i64], [1]);
+            rows.push(model.forward_cached(&ids.narrow(1, t, 1), &at, &cache).unwrap());
+        }
+        let stepwise = Tensor::cat(&rows.iter().collect::<Vec<_>>(), 1);
+        let error = relative(&prefill, &stepwise);
+        assert!(error < 1e-4, "{kind}: the prefill is {error:e} from the steps");
+    }
+}
+
+#[test]
 fn skips_heads_and_embeddings_are_chosen_and_reported() {
     let mut model = f32_model();
     let config = QuantConfig {

@@ -11,6 +11,7 @@
 mod channel;
 mod cuda;
 mod dot;
+mod gemm;
 mod int8;
 mod quantize;
 
@@ -19,6 +20,10 @@ pub use channel::{
 };
 pub use cuda::block_source;
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
+pub use gemm::{
+    GEMM_GROUP, GemmPath, GemmWeights, gemm_available, gemm_int8, gemm_int8_on, pack_gemm,
+    packed_group_bytes, unpack_gemm,
+};
 use half::{bf16, f16};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use int8::avx2::hsum;

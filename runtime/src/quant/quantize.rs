@@ -38,6 +38,11 @@ pub fn quantize(kind: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Dequant
     }
     let (values, size) = kind.block().expect("a quantized type is known");
     let run = |(x, b): (&[f32], &mut [u8])| {
+        #[cfg(target_arch = "x86_64")]
+        if kind == GgmlType::Q8_0 && super::host_path() == super::DotPath::Avx2 {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`host_path`).
+            return unsafe { q8_0_avx2(x, b) };
+        }
         for (x, b) in x.chunks_exact(values).zip(b.chunks_exact_mut(size)) {
             block(x, b);
         }
@@ -54,8 +59,31 @@ pub fn quantize(kind: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Dequant
     Ok(())
 }
 
+/// [`q8_0`] over whole blocks, compiled for AVX2 and F16C: activations are quantized once
+/// per product, and with the baseline's scalar `round` calls this took longer than a
+/// prefill's integer product of the same rows.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_avx2(x: &[f32], b: &mut [u8]) {
+    for (x, b) in x.chunks_exact(32).zip(b.chunks_exact_mut(34)) {
+        q8_0(x, b);
+    }
+}
+
+#[inline(always)]
 fn q8_0(x: &[f32], b: &mut [u8]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // Eight running maxima, then theirs: the same value as one fold in order (`max` skips
+    // NaN in any order), in vector lanes instead of a chain of 32 dependent steps.
+    let mut lanes = [0f32; 8];
+    for c in x.chunks_exact(8) {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
