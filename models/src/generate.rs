@@ -231,7 +231,11 @@ fn generate_with_grad_off(
             // Without a cache every length is another program: eager, not compiled.
             last(model.forward_with(&ids_of(seqs.concat(), t), None, 1))?
         };
-        let rows = logits.to_dtype(kiln::DType::F64).try_to_vec::<f64>()?;
+        // f32 logits are read as they are (a cast would be one more realization per token).
+        let rows: Vec<f64> = match logits.dtype() {
+            kiln::DType::F32 => logits.try_to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+            _ => logits.to_dtype(kiln::DType::F64).try_to_vec::<f64>()?,
+        };
         let vocab = rows.len() / batch;
         for (i, row) in rows.chunks(vocab).enumerate() {
             let token =

@@ -101,8 +101,8 @@ fn quantized_models_follow_the_float_model() {
         let mut model = bundled();
         let config = QuantConfig { activations, ..QuantConfig::new(kind) };
         model.quantize_(&config).unwrap();
-        // A prefill (dense products of the dequantized blocks) and one row (the blocks
-        // read in place).
+        // A prefill (dense products of the dequantized blocks, or with int8 activations
+        // and AVX512-VNNI integer products) and one row (the blocks read in place).
         let error = relative(&model.forward(&ids).unwrap(), &want);
         assert!(error > 0.0 && error < bound, "{kind} {activations:?} prefill: {error:e}");
         // (Under KILN_CHECK: each product against the f64 product of the blocks' values.)
@@ -231,8 +231,9 @@ fn perplexity_survives(load: fn() -> Llama, cases: &[(QuantKind, Activations, f6
         let mut model = load();
         let report = model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) });
         assert!(report.expect("a quantized model").kept.is_empty());
-        // A prefill (the blocks dequantized for dense products) and token by token (the
-        // blocks read in place, with int8 activations where chosen).
+        // A prefill (the blocks dequantized for dense products, or integer products with
+        // int8 activations where the CPU has AVX512-VNNI) and token by token (the blocks
+        // read in place, with int8 activations where chosen).
         for how in [Evaluation::Prefill, Evaluation::Decode] {
             let p = perplexity(&model, &windows, how).expect("a perplexity");
             let change = p / float - 1.0;

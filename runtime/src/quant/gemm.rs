@@ -158,22 +158,20 @@ pub fn pack_gemm(
         return Err(size);
     }
     for (g, out) in out.chunks_exact_mut(group).enumerate() {
-        for (b, out) in out.chunks_exact_mut(PACKED_BLOCK).enumerate() {
+        let rows = n.saturating_sub((first + g) * GEMM_GROUP).min(GEMM_GROUP);
+        if rows < GEMM_GROUP {
             out.fill(0);
+        }
+        for (b, out) in out.chunks_exact_mut(PACKED_BLOCK).enumerate() {
             let (heads, values) = out.split_at_mut(GEMM_GROUP * 8);
-            for l in 0..GEMM_GROUP {
-                let row = (first + g) * GEMM_GROUP + l;
-                if row >= n {
-                    break;
-                }
-                let (d, v) = weights.block(k, row, b);
+            for l in 0..rows {
+                let (d, v) = weights.block(k, (first + g) * GEMM_GROUP + l, b);
                 let correction = -128 * v.iter().map(|&q| i32::from(q)).sum::<i32>();
                 heads[l * 4..][..4].copy_from_slice(&correction.to_le_bytes());
                 heads[(GEMM_GROUP + l) * 4..][..4].copy_from_slice(&d.to_le_bytes());
                 for (t, four) in v.chunks_exact(4).enumerate() {
-                    for (j, &q) in four.iter().enumerate() {
-                        values[(t * GEMM_GROUP + l) * 4 + j] = q as u8;
-                    }
+                    let four = [four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8];
+                    values[(t * GEMM_GROUP + l) * 4..][..4].copy_from_slice(&four);
                 }
             }
         }

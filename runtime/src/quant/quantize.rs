@@ -59,31 +59,53 @@ pub fn quantize(kind: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Dequant
     Ok(())
 }
 
-/// [`q8_0`] over whole blocks, compiled for AVX2 and F16C: activations are quantized once
-/// per product, and with the baseline's scalar `round` calls this took longer than a
-/// prefill's integer product of the same rows.
+/// [`q8_0`] over whole blocks in AVX2 registers, with its values: activations are
+/// quantized once per product, and the scalar loop's saturating conversions took longer
+/// than a prefill's integer product of the same rows.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_avx2(x: &[f32], b: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    // `round` as `roundf` (halves away from zero): `trunc(v + copysign(pred(0.5), v))`.
+    let half = _mm256_set1_ps(0.499_999_97);
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    // NaN lanes to zero, as `as` converts them (and as `max` skips them).
+    let scrub = |v: __m256| _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
     for (x, b) in x.chunks_exact(32).zip(b.chunks_exact_mut(34)) {
-        q8_0(x, b);
+        // SAFETY: `x` holds 32 values.
+        let v: [__m256; 4] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+        let abs = v.map(|v| scrub(_mm256_andnot_ps(sign, v)));
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        let q = v.map(|v| {
+            let v = _mm256_mul_ps(v, id);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm256_add_ps(
+                v,
+                _mm256_or_ps(_mm256_and_ps(v, sign), half),
+            ));
+            _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(scrub(r), lo), hi))
+        });
+        let bytes =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        // The packs interleave 128-bit halves: put the four runs of eight back in order.
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `b` holds 34 bytes; the values are its last 32.
+        unsafe { _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), bytes) };
     }
 }
 
-#[inline(always)]
 fn q8_0(x: &[f32], b: &mut [u8]) {
-    // Eight running maxima, then theirs: the same value as one fold in order (`max` skips
-    // NaN in any order), in vector lanes instead of a chain of 32 dependent steps.
-    let mut lanes = [0f32; 8];
-    for c in x.chunks_exact(8) {
-        for (m, v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v.abs());
-        }
-    }
-    let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     b[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
@@ -340,6 +362,35 @@ mod tests {
             assert_eq!(i32::from(i16::from_le_bytes([b[260 + 2 * j], b[261 + 2 * j]])), sum);
         }
         assert!(b[292..].iter().all(|&v| v == 0), "a block of zeros");
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn q8_0_s_vector_loop_gives_the_scalar_loop_s_bytes() {
+        if crate::quant::host_path() != crate::quant::DotPath::Avx2 {
+            let why = "this CPU has no AVX2: the scalar loop is all there is";
+            kiln_ir::testing::skip("q8_0_s_vector_loop", why, &[]);
+            return;
+        }
+        let mut x = values(32 * 64, 9);
+        // Ties of the rounding (the block's maximum 127 makes `d` 1), NaN, infinities,
+        // zeros, subnormals and a block of one huge value.
+        x[..6].copy_from_slice(&[127.0, 0.5, -0.5, 1.5, -2.5, 126.5]);
+        x[40] = f32::NAN;
+        x[70] = f32::INFINITY;
+        x[100] = f32::NEG_INFINITY;
+        x[128..160].fill(0.0);
+        x[160..192].fill(1e-42);
+        x[200] = 3e38;
+        let (mut scalar, mut vector) = (vec![0u8; 64 * 34], vec![0u8; 64 * 34]);
+        for (x, b) in x.chunks_exact(32).zip(scalar.chunks_exact_mut(34)) {
+            q8_0(x, b);
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        unsafe { q8_0_avx2(&x, &mut vector) };
+        for (i, (s, v)) in scalar.chunks_exact(34).zip(vector.chunks_exact(34)).enumerate() {
+            assert_eq!(s, v, "block {i}");
+        }
     }
 
     #[test]
