@@ -2,8 +2,8 @@
 //! per-channel int8 rows) under [`Activations::Int8`](crate::Activations::Int8): the input
 //! quantized to Q8_0 blocks once (the decode step's op), the weight repacked into groups of
 //! 16 outputs once per call (`pack_gemm_*`, split across threads by group), and one
-//! integer product over them (`matmul_packed_int8`, split by rows: each thread's rows pass
-//! over every group), on CPUs with AVX512-VNNI (`kiln_runtime::quant::gemm_available`).
+//! integer product over them (`matmul_packed_int8`, which splits itself over the threads in
+//! bands of rows, or of groups for a short input), on CPUs with AVX512-VNNI (`kiln_runtime::quant::gemm_available`).
 //! Elsewhere, and where `x` carries gradients, a prefill multiplies by the weight
 //! dequantized once per call, as with f32 activations.
 
@@ -150,13 +150,12 @@ fn product() -> Opaque {
         let a_row = *a.shape().last().ok_or("the activations have no dimensions")?;
         let (k, cols) = (a_row / 34 * 32, w.shape()[0] * GEMM_GROUP);
         let (a_bytes, w_bytes) = (dense::<u8>(a)?, dense::<u8>(w)?);
-        let first = out.start() / cols;
+        debug_assert_eq!((out.start(), out.len()), (0, a_bytes.len() / a_row * cols));
         let values = out.values::<f32>()?;
-        let rows = values.len() / cols;
-        let a = &a_bytes[first * a_row..(first + rows) * a_row];
-        quant::gemm_int8(a, &w_bytes, k, values).map_err(|e| e.to_string())
+        quant::gemm_int8(&a_bytes, &w_bytes, k, values).map_err(|e| e.to_string())
     })
-    .split(Split::Rows)
+    // One call: the product splits itself over the team, in bands of rows or of groups.
+    .split(Split::Whole)
     .reference(CHECK_TOLERANCE, reference)
     .shape(|inputs| {
         let ((a, a_dtype), (w, w_dtype)) = (&inputs[0], &inputs[1]);

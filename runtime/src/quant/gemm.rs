@@ -40,7 +40,7 @@ const X_BLOCK_BYTES: usize = 128 * 1024;
 /// roundings (tests run it on every host, so the packing and tiling are tested everywhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmPath {
-    /// `vpdpbusd` (the CPU has AVX512-F/BW and AVX512-VNNI: [`gemm_available`]).
+    /// `vpdpbusd` (the CPU has AVX512-F/BW/VL, AVX512-VNNI and F16C: [`gemm_available`]).
     Vnni,
     /// Plain integer and float arithmetic.
     Portable,
@@ -53,7 +53,9 @@ pub fn gemm_available() -> bool {
         #[cfg(target_arch = "x86_64")]
         return is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni");
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("f16c");
         #[cfg(not(target_arch = "x86_64"))]
         false
     });
@@ -61,7 +63,7 @@ pub fn gemm_available() -> bool {
 }
 
 /// A weight to pack: `rows` back to back, each of the same number of values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum GemmWeights<'a> {
     /// Q8_0 or Q4_0 blocks.
     Blocks(GgmlType, &'a [u8]),
@@ -72,6 +74,15 @@ pub enum GemmWeights<'a> {
         /// One per row.
         scales: &'a [f32],
     },
+}
+
+impl std::fmt::Debug for GemmWeights<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GemmWeights::Blocks(kind, bytes) => write!(f, "{kind} blocks ({} bytes)", bytes.len()),
+            GemmWeights::Int8 { scales, .. } => write!(f, "int8 rows ({} rows)", scales.len()),
+        }
+    }
 }
 
 impl GemmWeights<'_> {
@@ -140,6 +151,23 @@ pub fn pack_gemm(
     first: usize,
     out: &mut [u8],
 ) -> Result<(), DequantizeError> {
+    let path = if gemm_available() { GemmPath::Vnni } else { GemmPath::Portable };
+    pack_gemm_on(path, weights, k, first, out)
+}
+
+/// [`pack_gemm`] on `path` (both write the same bytes; [`GemmPath::Vnni`] gathers each
+/// step's 16 rows in one instruction, and falls back to the portable loop on a CPU without
+/// the instructions).
+///
+/// # Errors
+/// As [`pack_gemm`].
+pub fn pack_gemm_on(
+    path: GemmPath,
+    weights: GemmWeights<'_>,
+    k: usize,
+    first: usize,
+    out: &mut [u8],
+) -> Result<(), DequantizeError> {
     if let GemmWeights::Blocks(kind, _) = weights
         && !matches!(kind, GgmlType::Q8_0 | GgmlType::Q4_0)
     {
@@ -159,6 +187,32 @@ pub fn pack_gemm(
     }
     for (g, out) in out.chunks_exact_mut(group).enumerate() {
         let rows = n.saturating_sub((first + g) * GEMM_GROUP).min(GEMM_GROUP);
+        #[cfg(target_arch = "x86_64")]
+        if path == GemmPath::Vnni && gemm_available() {
+            let row0 = (first + g) * GEMM_GROUP;
+            let (source, row_bytes, src) = match weights {
+                GemmWeights::Blocks(GgmlType::Q8_0, bytes) => (
+                    vnni::Source::Q8_0,
+                    k / BLOCK * ACT_BYTES,
+                    &bytes[row0 * k / BLOCK * ACT_BYTES..],
+                ),
+                GemmWeights::Blocks(_, bytes) => {
+                    (vnni::Source::Q4_0, k / BLOCK * 18, &bytes[row0 * k / BLOCK * 18..])
+                }
+                GemmWeights::Int8 { rows: values, scales } => {
+                    // SAFETY: `i8` and `u8` have one layout.
+                    let bytes =
+                        unsafe { &*(std::ptr::from_ref(&values[row0 * k..]) as *const [u8]) };
+                    (vnni::Source::Int8(&scales[row0..row0 + rows]), k, bytes)
+                }
+            };
+            // SAFETY: the CPU has the instructions (`gemm_available`); `src` (the
+            // weight's bytes from row `row0` on) holds `rows` rows of `row_bytes`; `out` is
+            // one group of `k / 32` packed blocks.
+            unsafe { vnni::pack_group(source, src, row_bytes, rows, k / BLOCK, out) };
+            continue;
+        }
+        let _ = path;
         if rows < GEMM_GROUP {
             out.fill(0);
         }
@@ -244,7 +298,7 @@ pub fn gemm_int8_on(
 ) -> Result<(), DequantizeError> {
     let size = || DequantizeError::Size { kind: GgmlType::Q8_0, values: k, bytes: a.len() };
     let group = packed_group_bytes(k).ok_or_else(size)?;
-    let (row_bytes, nb) = (k / BLOCK * ACT_BYTES, k / BLOCK);
+    let row_bytes = k / BLOCK * ACT_BYTES;
     let (m, groups) = (a.len() / row_bytes, packed.len() / group);
     let whole = a.len().is_multiple_of(row_bytes) && packed.len().is_multiple_of(group);
     if !whole || m.checked_mul(groups * GEMM_GROUP) != Some(out.len()) {
@@ -252,26 +306,73 @@ pub fn gemm_int8_on(
     }
     let cols = groups * GEMM_GROUP;
     let vnni = path == GemmPath::Vnni && gemm_available();
+    // The team's tasks: bands of rows where there are enough (each reads the whole weight
+    // once), else bands of groups (each reads the whole input once).
+    let threads = crate::team::threads();
+    let tiles = m.div_ceil(MR);
+    let (row_parts, group_parts) = match tiles >= 4 * threads || groups < 2 * threads {
+        true => (threads.min(tiles), 1),
+        false => (1, threads),
+    };
+    let rows_per = tiles.div_ceil(row_parts) * MR;
+    let groups_per = groups.div_ceil(group_parts).next_multiple_of(2);
+    let dst = Shared(out.as_mut_ptr());
+    crate::team::for_each(row_parts * group_parts, &|task| {
+        let (r0, g0) = ((task / group_parts) * rows_per, (task % group_parts) * groups_per);
+        let (r1, g1) = ((r0 + rows_per).min(m), (g0 + groups_per).min(groups));
+        if r0 < r1 && g0 < g1 {
+            let a = &a[r0 * row_bytes..r1 * row_bytes];
+            let w = &packed[g0 * group..g1 * group];
+            let dst = &dst;
+            // SAFETY: the block of rows `r0..r1` and columns `16 g0..16 g1` of `out` (row
+            // stride `cols`), which no other task writes.
+            unsafe { band(vnni, a, w, k, dst.0.add(r0 * cols + g0 * GEMM_GROUP), cols) };
+        }
+    });
+    Ok(())
+}
+
+/// The output's memory shared by the team's tasks, each writing its own block.
+struct Shared(*mut f32);
+// SAFETY: the tasks write disjoint blocks.
+unsafe impl Sync for Shared {}
+
+/// `a`'s rows (Q8_0 blocks of `k` values) times the packed groups `w`, written at `dst`
+/// (row stride `cols`), on the instruction where `vnni`.
+///
+/// # Safety
+/// `vnni` only where [`gemm_available`]; `dst` has room for `a`'s rows of `cols` values,
+/// of which this writes the first `16 · groups`, and no other thread writes them.
+unsafe fn band(vnni: bool, a: &[u8], w: &[u8], k: usize, dst: *mut f32, cols: usize) {
+    let (row_bytes, nb) = (k / BLOCK * ACT_BYTES, k / BLOCK);
+    let group = nb * PACKED_BLOCK;
+    let (m, groups) = (a.len() / row_bytes, w.len() / group);
     let rows_per_block = (X_BLOCK_BYTES / k / MR).max(1) * MR;
     SCRATCH.with_borrow_mut(|(x, xs)| {
         for m0 in (0..m).step_by(rows_per_block) {
             let rows = rows_per_block.min(m - m0);
-            let padded = rows.next_multiple_of(MR);
-            offset_input(&a[m0 * row_bytes..(m0 + rows) * row_bytes], nb, padded, x, xs);
-            let mut g0 = 0;
-            while g0 < groups {
+            offset_input(
+                &a[m0 * row_bytes..(m0 + rows) * row_bytes],
+                nb,
+                rows.next_multiple_of(MR),
+                x,
+                xs,
+            );
+            for g0 in (0..groups).step_by(2) {
                 let ng = (groups - g0).min(2);
-                let w = &packed[g0 * group..(g0 + ng) * group];
+                let w = &w[g0 * group..(g0 + ng) * group];
                 for r0 in (0..rows).step_by(MR) {
                     let (xt, st) = (&x[r0 * k..(r0 + MR) * k], &xs[r0 * nb..(r0 + MR) * nb]);
-                    let dst = &mut out[(m0 + r0) * cols + g0 * GEMM_GROUP..];
                     let tile_rows = MR.min(rows - r0);
+                    // SAFETY: rows `m0 + r0..` of the block, columns `16 g0..16 (g0 + ng)`,
+                    // inside what the caller gives.
+                    let dst = unsafe { dst.add((m0 + r0) * cols + g0 * GEMM_GROUP) };
                     #[cfg(target_arch = "x86_64")]
                     if vnni {
-                        // SAFETY: the CPU has the instructions (`gemm_available`); `xt` is
-                        // `MR` rows of `k` bytes and `st` their `MR · nb` scales; `w` is `ng`
-                        // groups of `nb` packed blocks; `dst` holds `tile_rows` rows of
-                        // `cols` from column `g0 · 16`, which covers the `ng` groups.
+                        // SAFETY: the CPU has the instructions (the contract); `xt` is `MR`
+                        // rows of `k` bytes and `st` their `MR · nb` scales; `w` is `ng`
+                        // groups of `nb` packed blocks; `dst` has room for `tile_rows` rows
+                        // of `ng · 16` at stride `cols`.
                         unsafe {
                             match ng {
                                 2 => vnni::tile::<2>(nb, xt, st, w, group, dst, cols, tile_rows),
@@ -281,13 +382,12 @@ pub fn gemm_int8_on(
                         continue;
                     }
                     let _ = vnni;
-                    tile_portable(nb, xt, st, w, group, ng, dst, cols, tile_rows);
+                    // SAFETY: as above.
+                    unsafe { tile_portable(nb, xt, st, w, group, ng, dst, cols, tile_rows) };
                 }
-                g0 += ng;
             }
         }
     });
-    Ok(())
 }
 
 /// The input's values offset by 128 (`rows` rows of `k = 32 nb` bytes into `x`, then zero
@@ -304,15 +404,18 @@ fn offset_input(a: &[u8], nb: usize, padded: usize, x: &mut Vec<u8>, xs: &mut Ve
 }
 
 /// One tile without the instruction: the sums and roundings of [`vnni::tile`].
+///
+/// # Safety
+/// `dst` has room for `rows` rows of `ng · 16` values at stride `cols`.
 #[allow(clippy::too_many_arguments)]
-fn tile_portable(
+unsafe fn tile_portable(
     nb: usize,
     x: &[u8],
     xs: &[f32],
     w: &[u8],
     group: usize,
     ng: usize,
-    dst: &mut [f32],
+    dst: *mut f32,
     cols: usize,
     rows: usize,
 ) {
@@ -338,7 +441,11 @@ fn tile_portable(
             }
         }
         for (r, acc) in acc.iter().enumerate().take(rows) {
-            dst[r * cols + g * GEMM_GROUP..][..GEMM_GROUP].copy_from_slice(acc);
+            // SAFETY: row `r < rows`, columns `16g..16g + 16` (the contract).
+            unsafe {
+                dst.add(r * cols + g * GEMM_GROUP)
+                    .copy_from_nonoverlapping(acc.as_ptr(), GEMM_GROUP);
+            }
         }
     }
 }
@@ -349,13 +456,106 @@ mod vnni {
 
     use super::{BLOCK, GEMM_GROUP, MR, PACKED_BLOCK};
 
+    /// The layout of the rows a group is packed from.
+    #[derive(Clone, Copy)]
+    pub(super) enum Source<'a> {
+        /// Q8_0 blocks: an `f16` scale, 32 `i8` values.
+        Q8_0,
+        /// Q4_0 blocks: an `f16` scale, 16 bytes of two 4-bit values (`q - 8`).
+        Q4_0,
+        /// `i8` rows and their scales (one per row of the group).
+        Int8(&'a [f32]),
+    }
+
+    /// One packed group ([`super::pack_gemm`]'s layout) from `rows` rows (at most 16) of
+    /// `row_bytes` at `src`, `nb` blocks each. Row by row, each block's 32 values are one
+    /// load and one scatter of eight four-value steps (reading the rows in memory order:
+    /// gathering a step of all 16 rows at once ran at a third of the speed from memory);
+    /// then each block's corrections are the sums of its steps (`vpdpbusd` by ones).
+    ///
+    /// # Safety
+    /// The CPU has AVX512-F, AVX512-BW, AVX512-VL and AVX512-VNNI; `src` holds `rows` rows
+    /// of `row_bytes` bytes, each `nb` blocks of the source's layout; `out` is `nb` packed
+    /// blocks; a source of scales holds `rows` of them.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub(super) unsafe fn pack_group(
+        source: Source<'_>,
+        src: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        nb: usize,
+        out: &mut [u8],
+    ) {
+        debug_assert!(rows <= GEMM_GROUP && src.len() >= rows * row_bytes);
+        debug_assert!(out.len() == nb * PACKED_BLOCK);
+        if rows < GEMM_GROUP {
+            out.fill(0);
+        }
+        let steps = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+        let (eights, nibble) = (_mm_set1_epi8(8), _mm_set1_epi8(0x0f));
+        let o = out.as_mut_ptr();
+        // The `f16` at `p` as f32.
+        // SAFETY: `p` points at two readable bytes (the callers' blocks).
+        let half = |p: *const u8| unsafe {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+                p.cast::<u16>().read_unaligned(),
+            ))))
+        };
+        for l in 0..rows {
+            let row = src[l * row_bytes..(l + 1) * row_bytes].as_ptr();
+            for b in 0..nb {
+                // SAFETY: block `b` of row `l` (the contract: `nb` blocks a row).
+                let (scale, values) = unsafe {
+                    match source {
+                        Source::Q8_0 => {
+                            let blk = row.add(b * 34);
+                            (half(blk), _mm256_loadu_si256(blk.add(2).cast()))
+                        }
+                        Source::Q4_0 => {
+                            let blk = row.add(b * 18);
+                            let q = _mm_loadu_si128(blk.add(2).cast());
+                            let low = _mm_sub_epi8(_mm_and_si128(q, nibble), eights);
+                            let high =
+                                _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(q), nibble), eights);
+                            (half(blk), _mm256_set_m128i(high, low))
+                        }
+                        Source::Int8(scales) => {
+                            (scales[l], _mm256_loadu_si256(row.add(b * BLOCK).cast()))
+                        }
+                    }
+                };
+                // SAFETY: the block's scale `l`, and its eight steps' values `l`, inside
+                // `out` (`nb` packed blocks).
+                unsafe {
+                    let blk = o.add(b * PACKED_BLOCK);
+                    blk.add((GEMM_GROUP + l) * 4).cast::<f32>().write_unaligned(scale);
+                    let base = blk.add(GEMM_GROUP * 8 + l * 4);
+                    _mm256_i32scatter_epi32::<1>(base.cast(), steps, values);
+                }
+            }
+        }
+        let (ones, zero) = (_mm512_set1_epi8(1), _mm512_setzero_si512());
+        for b in 0..nb {
+            // SAFETY: block `b`'s 8 steps of 64 bytes after its corrections and scales.
+            unsafe {
+                let blk = o.add(b * PACKED_BLOCK);
+                let sums = (0..BLOCK / 4).fold(zero, |acc, t| {
+                    let step = _mm512_loadu_si512(blk.add(GEMM_GROUP * 8 + 64 * t).cast());
+                    _mm512_dpbusd_epi32(acc, ones, step)
+                });
+                let corrections = _mm512_sub_epi32(zero, _mm512_slli_epi32::<7>(sums));
+                _mm512_storeu_si512(blk.cast(), corrections);
+            }
+        }
+    }
+
     /// `MR` rows of offset input (`x`, `MR · 32 nb` bytes, and their scales `xs`) times `NG`
     /// packed groups (`w`, `group` bytes each), the first `rows` rows of the `NG · 16`
     /// results stored at `dst` (row stride `cols`).
     ///
     /// # Safety
     /// The CPU has AVX512-F, AVX512-BW and AVX512-VNNI; the slices are as described, and
-    /// `dst` holds `rows - 1` rows of `cols` and `NG · 16` values more.
+    /// `dst` has room for `rows` rows of `NG · 16` values at stride `cols`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile<const NG: usize>(
@@ -364,13 +564,13 @@ mod vnni {
         xs: &[f32],
         w: &[u8],
         group: usize,
-        dst: &mut [f32],
+        dst: *mut f32,
         cols: usize,
         rows: usize,
     ) {
         let k = nb * BLOCK;
         debug_assert!(x.len() >= MR * k && xs.len() >= MR * nb && w.len() >= NG * group);
-        debug_assert!(rows <= MR && dst.len() >= (rows - 1) * cols + NG * GEMM_GROUP);
+        debug_assert!(rows <= MR);
         let (x, xs, w) = (x.as_ptr(), xs.as_ptr(), w.as_ptr());
         let mut acc = [[_mm512_setzero_ps(); NG]; MR];
         for b in 0..nb {
@@ -414,8 +614,8 @@ mod vnni {
         }
         for (r, acc) in acc.iter().enumerate().take(rows) {
             for (g, &v) in acc.iter().enumerate() {
-                // SAFETY: row `r < rows`, columns `16g..16g + 16` are inside `dst`.
-                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(r * cols + g * GEMM_GROUP), v) };
+                // SAFETY: row `r < rows`, columns `16g..16g + 16` (the contract).
+                unsafe { _mm512_storeu_ps(dst.add(r * cols + g * GEMM_GROUP), v) };
             }
         }
     }
@@ -460,7 +660,16 @@ mod tests {
             let why = "this CPU has no AVX512-VNNI: the portable loop runs for both paths";
             kiln_ir::testing::skip("quant::gemm::products_match", why, &["KILN_REQUIRE_VNNI"]);
         }
-        for (m, n, k) in [(1, 1, 32), (5, 17, 64), (9, 40, 96), (4, 32, 32), (13, 33, 256)] {
+        // (Bands of rows on a team of two or more: 37 rows; bands of groups: 5 rows of 80.)
+        for (m, n, k) in [
+            (1, 1, 32),
+            (5, 17, 64),
+            (9, 40, 96),
+            (4, 32, 32),
+            (13, 33, 256),
+            (37, 20, 64),
+            (5, 80, 64),
+        ] {
             let a = blocks(GgmlType::Q8_0, 1, m, k);
             let x = values(GgmlType::Q8_0, &a);
             let int8_rows: Vec<i8> = bytes(2, n * k).into_iter().map(|b| b as i8).collect();
@@ -481,10 +690,14 @@ mod tests {
                 let groups = n.div_ceil(GEMM_GROUP);
                 let group = packed_group_bytes(k).expect("k is whole blocks");
                 let mut packed = vec![0u8; groups * group];
-                // Packed in two calls, as threads pack their groups.
+                // Packed in two calls, as threads pack their groups; both paths write the
+                // same bytes.
                 let (head, tail) = packed.split_at_mut(group.min(groups * group));
-                pack_gemm(weights, k, 0, head).expect("packs");
-                pack_gemm(weights, k, 1, tail).expect("packs");
+                pack_gemm_on(GemmPath::Portable, weights, k, 0, head).expect("packs");
+                pack_gemm_on(GemmPath::Portable, weights, k, 1, tail).expect("packs");
+                let mut gathered = vec![0xa5u8; groups * group];
+                pack_gemm_on(GemmPath::Vnni, weights, k, 0, &mut gathered).expect("packs");
+                assert!(packed == gathered, "{weights:?}: the paths pack the same bytes");
                 let mut unpacked = vec![0f32; groups * GEMM_GROUP * k];
                 unpack_gemm(&packed, k, &mut unpacked).expect("whole groups");
                 for (i, &u) in unpacked.iter().enumerate() {

@@ -22,7 +22,7 @@ pub use cuda::block_source;
 pub use dot::{DotPath, dot_rows, dot_rows_on, host_path};
 pub use gemm::{
     GEMM_GROUP, GemmPath, GemmWeights, gemm_available, gemm_int8, gemm_int8_on, pack_gemm,
-    packed_group_bytes, unpack_gemm,
+    pack_gemm_on, packed_group_bytes, unpack_gemm,
 };
 use half::{bf16, f16};
 #[cfg(target_arch = "x86_64")]
