@@ -23,3 +23,24 @@ pub fn skip(test: &str, why: &str, required_by: &[&str]) {
     assert!(!required, "{test}: {} but {why}", required_by.join("=1 and ") + "=1");
     let _ = writeln!(std::io::stderr(), "skipped {test}: {why}");
 }
+
+/// The numbers tests draw their inputs from: a linear congruential generator (Numerical
+/// Recipes' constants) from `seed`, the same stream on every host and run.
+fn lcg(seed: u32) -> impl Iterator<Item = u32> {
+    std::iter::successors(Some(seed), |s| {
+        Some(s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223))
+    })
+    .skip(1)
+}
+
+/// `n` values in `[-0.5, 0.5)` from `seed` ([`lcg`]'s top 24 bits).
+#[doc(hidden)]
+pub fn uniform(n: usize, seed: u32) -> Vec<f32> {
+    lcg(seed).take(n).map(|s| (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5).collect()
+}
+
+/// `n` bytes from `seed` ([`lcg`]'s top 8 bits).
+#[doc(hidden)]
+pub fn bytes(n: usize, seed: u32) -> Vec<u8> {
+    lcg(seed).take(n).map(|s| (s >> 24) as u8).collect()
+}

@@ -203,16 +203,6 @@ mod tests {
     use crate::quantize::QuantKind;
     use crate::quantized::{Activations, Quantized};
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
-
     fn relative(got: &[f32], want: &[f32]) -> f64 {
         let big = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
         let diff = got.iter().zip(want).map(|(&a, &b)| f64::from(a - b).abs());
@@ -223,8 +213,8 @@ mod tests {
     fn prefills_agree_with_the_decode_step_s_integer_products() {
         // Odd row counts and outputs that are not whole groups; the input a transposed view.
         let (m, n, k) = (7, 40, 96);
-        let x = Tensor::from_vec(values(m * k, 1), [k, m]).t();
-        let w = values(n * k, 2);
+        let x = Tensor::from_vec(kiln_ir::testing::uniform(m * k, 1), [k, m]).t();
+        let w = kiln_ir::testing::uniform(n * k, 2);
         let mut cases: Vec<(Quantized, Tensor)> = Vec::new();
         for kind in [GgmlType::Q8_0, GgmlType::Q4_0] {
             let mut bytes = vec![0u8; kind.bytes_of(n * k).expect("whole blocks")];

@@ -7,8 +7,10 @@
 //!
 //! With [`Activations::Int8`] a decode step's product quantizes `x` once (an op of its own:
 //! Q8_0 or Q8_K blocks) and takes integer dot products with the weight's blocks
-//! (`quant::dot_rows_int8`), as llama.cpp does; where `x` carries gradients the float
-//! product runs instead (the integer one has no derivative with respect to `x`).
+//! (`quant::dot_rows_int8`), as llama.cpp does, and a prefill with Q8_0 or Q4_0 blocks on a
+//! CPU with AVX512-VNNI takes `crate::prefill`'s integer product; where `x` carries
+//! gradients the float product runs instead (the integer ones have no derivative with
+//! respect to `x`).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -20,7 +22,8 @@ use kiln_runtime::quant::{self, GgmlType};
 use crate::quantize::QuantKind;
 
 /// Rows of `x` up to which the product reads the blocks in place; past it the weight is
-/// dequantized for a dense product (which reuses each weight across the rows).
+/// dequantized for a dense product (which reuses each weight across the rows), or packed
+/// for an integer one (`crate::prefill`).
 pub(crate) const IN_PLACE_ROWS: usize = 4;
 
 /// How the products of weights kept quantized take their input: in a decode step (up to

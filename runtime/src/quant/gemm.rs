@@ -625,21 +625,12 @@ mod vnni {
 mod tests {
     use super::*;
 
-    /// A deterministic stream of bytes.
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                (s >> 33) as u8
-            })
-            .collect()
-    }
+    use kiln_ir::testing::bytes;
 
     /// Blocks of `kind` with random values and scales in `[2⁻⁸, 2⁻⁷)` (f16 bits).
-    fn blocks(kind: GgmlType, seed: u64, rows: usize, k: usize) -> Vec<u8> {
+    fn blocks(kind: GgmlType, seed: u32, rows: usize, k: usize) -> Vec<u8> {
         let (_, size) = kind.block().expect("a block type");
-        let mut out = bytes(seed, rows * k / BLOCK * size);
+        let mut out = bytes(rows * k / BLOCK * size, seed);
         for blk in out.chunks_exact_mut(size) {
             let d = half::f16::from_f32(1.0 / 256.0 + f32::from(blk[0]) / 65536.0);
             blk[..2].copy_from_slice(&d.to_le_bytes());
@@ -672,7 +663,7 @@ mod tests {
         ] {
             let a = blocks(GgmlType::Q8_0, 1, m, k);
             let x = values(GgmlType::Q8_0, &a);
-            let int8_rows: Vec<i8> = bytes(2, n * k).into_iter().map(|b| b as i8).collect();
+            let int8_rows: Vec<i8> = bytes(n * k, 2).into_iter().map(|b| b as i8).collect();
             let int8_scales: Vec<f32> = (0..n).map(|i| 0.01 + i as f32 / 1000.0).collect();
             let q8 = blocks(GgmlType::Q8_0, 3, n, k);
             let q4 = blocks(GgmlType::Q4_0, 4, n, k);
