@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use kiln::ops::{Opaque, OpaqueBuilder, Split};
-use kiln::{DType, Result, Shape, Tensor};
+use kiln::{DType, Result, Tensor};
 use kiln_runtime::quant::{self, GgmlType};
 
 use crate::quantized::{Activations, CHECK_TOLERANCE, IN_PLACE_ROWS, dense, each_run};
@@ -109,9 +109,7 @@ fn product(int8: bool) -> OpaqueBuilder {
                 if int8 { "Q8_0 blocks of in" } else { "in" }
             ));
         }
-        let mut dims = x.to_vec();
-        *dims.last_mut().expect("x has a last dimension") = w[0];
-        Ok((Shape::from(dims), DType::F32))
+        Ok((crate::quantized::product_shape(x, w[0]), DType::F32))
     })
     .backward(|saved, grad| {
         let [_, w, s] = saved.inputs() else { unreachable!("three inputs") };

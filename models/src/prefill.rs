@@ -167,9 +167,7 @@ fn product() -> Opaque {
                 "Q8_0 activations ({a:?}, {a_dtype}) times packed groups ({w:?}, {w_dtype}): both u8, the groups packed for rows of the activations' values"
             ));
         }
-        let mut dims = a.to_vec();
-        *dims.last_mut().expect("a has a last dimension") = w[0] * GEMM_GROUP;
-        Ok((Shape::from(dims), DType::F32))
+        Ok((crate::quantized::product_shape(a, w[0] * GEMM_GROUP), DType::F32))
     })
     .build()
 }

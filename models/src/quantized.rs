@@ -132,6 +132,16 @@ pub(crate) fn each_run(
     Ok(())
 }
 
+/// The f32 result's shape of a product of `x` (`[.., k]`, checked to have a last
+/// dimension) with `n` rows: `[.., n]`.
+pub(crate) fn product_shape(x: &[usize], n: usize) -> Shape {
+    let mut dims = x.to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    Shape::from(dims)
+}
+
 /// The product of f32 `x` with `kind` blocks of `k`-value rows read in place, made once per
 /// kind and row length (the CUDA kernel is specialised to `k`).
 fn product(kind: GgmlType, k: usize) -> Result<Opaque> {
@@ -176,9 +186,7 @@ fn build_product(kind: GgmlType, cuda: String) -> Opaque {
                 "x ({x:?}, {x_dtype}) times {kind} blocks ({w:?}, {w_dtype}): x is f32 [.., k] and the blocks u8 [out, bytes of k values]"
             ));
         }
-        let mut dims = x.to_vec();
-        *dims.last_mut().expect("x has a last dimension") = w[0];
-        Ok((Shape::from(dims), DType::F32))
+        Ok((crate::quantized::product_shape(x, w[0]), DType::F32))
     })
     .backward(move |saved, grad| {
         let w = dequantize_with(kind, &saved.inputs()[1])?;
@@ -409,9 +417,7 @@ fn int8_product(kind: GgmlType) -> Opaque {
                 "{act} activations ({a:?}, {a_dtype}) times {kind} blocks ({w:?}, {w_dtype}): both u8, of the same values per row"
             ));
         }
-        let mut dims = a.to_vec();
-        *dims.last_mut().expect("a has a last dimension") = w[0];
-        Ok((Shape::from(dims), DType::F32))
+        Ok((crate::quantized::product_shape(a, w[0]), DType::F32))
     })
     .build()
 }

@@ -46,6 +46,13 @@ pub enum GemmPath {
     Portable,
 }
 
+impl GemmPath {
+    /// The path this CPU runs: [`GemmPath::Vnni`] where [`gemm_available`].
+    pub fn host() -> GemmPath {
+        if gemm_available() { GemmPath::Vnni } else { GemmPath::Portable }
+    }
+}
+
 /// Whether the integer products run on the instruction here. Elsewhere a prefill
 /// dequantizes its weights for a dense f32 product (the portable loop is for tests).
 pub fn gemm_available() -> bool {
@@ -151,13 +158,12 @@ pub fn pack_gemm(
     first: usize,
     out: &mut [u8],
 ) -> Result<(), DequantizeError> {
-    let path = if gemm_available() { GemmPath::Vnni } else { GemmPath::Portable };
-    pack_gemm_on(path, weights, k, first, out)
+    pack_gemm_on(GemmPath::host(), weights, k, first, out)
 }
 
-/// [`pack_gemm`] on `path` (both write the same bytes; [`GemmPath::Vnni`] gathers each
-/// step's 16 rows in one instruction, and falls back to the portable loop on a CPU without
-/// the instructions).
+/// [`pack_gemm`] on `path` (both write the same bytes; [`GemmPath::Vnni`] moves each
+/// block's 32 values with one load and one scatter, and falls back to the portable loop on
+/// a CPU without the instructions).
 ///
 /// # Errors
 /// As [`pack_gemm`].
@@ -190,22 +196,17 @@ pub fn pack_gemm_on(
         #[cfg(target_arch = "x86_64")]
         if path == GemmPath::Vnni && gemm_available() {
             let row0 = (first + g) * GEMM_GROUP;
-            let (source, row_bytes, src) = match weights {
-                GemmWeights::Blocks(GgmlType::Q8_0, bytes) => (
-                    vnni::Source::Q8_0,
-                    k / BLOCK * ACT_BYTES,
-                    &bytes[row0 * k / BLOCK * ACT_BYTES..],
-                ),
-                GemmWeights::Blocks(_, bytes) => {
-                    (vnni::Source::Q4_0, k / BLOCK * 18, &bytes[row0 * k / BLOCK * 18..])
-                }
+            let row_bytes = kind.bytes_of(k).expect("whole rows (checked above)");
+            let (source, src) = match weights {
+                GemmWeights::Blocks(GgmlType::Q8_0, bytes) => (vnni::Source::Q8_0, bytes),
+                GemmWeights::Blocks(_, bytes) => (vnni::Source::Q4_0, bytes),
                 GemmWeights::Int8 { rows: values, scales } => {
                     // SAFETY: `i8` and `u8` have one layout.
-                    let bytes =
-                        unsafe { &*(std::ptr::from_ref(&values[row0 * k..]) as *const [u8]) };
-                    (vnni::Source::Int8(&scales[row0..row0 + rows]), k, bytes)
+                    let bytes = unsafe { &*(std::ptr::from_ref(values) as *const [u8]) };
+                    (vnni::Source::Int8(&scales[row0..row0 + rows]), bytes)
                 }
             };
+            let src = &src[row0 * row_bytes..];
             // SAFETY: the CPU has the instructions (`gemm_available`); `src` (the
             // weight's bytes from row `row0` on) holds `rows` rows of `row_bytes`; `out` is
             // one group of `k / 32` packed blocks.
@@ -279,8 +280,7 @@ pub fn gemm_int8(
     k: usize,
     out: &mut [f32],
 ) -> Result<(), DequantizeError> {
-    let path = if gemm_available() { GemmPath::Vnni } else { GemmPath::Portable };
-    gemm_int8_on(path, a, packed, k, out)
+    gemm_int8_on(GemmPath::host(), a, packed, k, out)
 }
 
 /// [`gemm_int8`] on `path` ([`GemmPath::Vnni`] falls back to the portable loop on a CPU
@@ -470,7 +470,7 @@ mod vnni {
     /// One packed group ([`super::pack_gemm`]'s layout) from `rows` rows (at most 16) of
     /// `row_bytes` at `src`, `nb` blocks each. Row by row, each block's 32 values are one
     /// load and one scatter of eight four-value steps (reading the rows in memory order:
-    /// gathering a step of all 16 rows at once ran at a third of the speed from memory);
+    /// gathering a step of all 16 rows at once ran up to four times slower from memory);
     /// then each block's corrections are the sums of its steps (`vpdpbusd` by ones).
     ///
     /// # Safety
@@ -686,9 +686,9 @@ mod tests {
                 let (head, tail) = packed.split_at_mut(group.min(groups * group));
                 pack_gemm_on(GemmPath::Portable, weights, k, 0, head).expect("packs");
                 pack_gemm_on(GemmPath::Portable, weights, k, 1, tail).expect("packs");
-                let mut gathered = vec![0xa5u8; groups * group];
-                pack_gemm_on(GemmPath::Vnni, weights, k, 0, &mut gathered).expect("packs");
-                assert!(packed == gathered, "{weights:?}: the paths pack the same bytes");
+                let mut vector = vec![0xa5u8; groups * group];
+                pack_gemm_on(GemmPath::Vnni, weights, k, 0, &mut vector).expect("packs");
+                assert!(packed == vector, "{weights:?}: the paths pack the same bytes");
                 let mut unpacked = vec![0f32; groups * GEMM_GROUP * k];
                 unpack_gemm(&packed, k, &mut unpacked).expect("whole groups");
                 for (i, &u) in unpacked.iter().enumerate() {
