@@ -128,31 +128,33 @@ fn main() -> kiln::Result<()> {
         |c| if random { Gpt2::new(c, options) } else { Gpt2::from_pretrained(&dir, options) };
     let llama =
         |c| if random { Llama::new(c, options) } else { Llama::from_pretrained(&dir, options) };
+    // The model as measured (and profiled): quantized first when `--quantize` asks.
+    let quant = quantize.map(|kind| QuantConfig { activations, ..QuantConfig::new(kind) });
+    let quantized = |mut model: Llama| -> kiln::Result<Llama> {
+        if let Some(config) = &quant {
+            model.quantize_(config)?;
+        }
+        Ok(model)
+    };
+    let quantized_gpt2 = |mut model: Gpt2| -> kiln::Result<Gpt2> {
+        if let Some(config) = &quant {
+            model.quantize_(config)?;
+        }
+        Ok(model)
+    };
     if profiling {
         return match (dir.is_file(), Config::from_dir(&dir)) {
-            (true, _) => profile(&Llama::from_gguf(&dir, options)?),
-            (false, Ok(Config::Gpt2(c))) => profile(&gpt2(c)?),
-            (false, Ok(Config::Llama(c))) => profile(&llama(c)?),
+            (true, _) => profile(&quantized(Llama::from_gguf(&dir, options)?)?),
+            (false, Ok(Config::Gpt2(c))) => profile(&quantized_gpt2(gpt2(c)?)?),
+            (false, Ok(Config::Llama(c))) => profile(&quantized(llama(c)?)?),
             (false, Ok(Config::Bert(_))) => Err(not_generative(&dir)),
             (false, Err(e)) => Err(e),
         };
     }
-    let quantized = |mut model: Llama| -> kiln::Result<(f64, f64)> {
-        if let Some(kind) = quantize {
-            model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) })?;
-        }
-        measure(&model, new, reps)
-    };
     let (decode, prefill) = match (dir.is_file(), Config::from_dir(&dir)) {
-        (true, _) => quantized(Llama::from_gguf(&dir, options)?)?,
-        (false, Ok(Config::Gpt2(c))) => {
-            let mut model = gpt2(c)?;
-            if let Some(kind) = quantize {
-                model.quantize_(&QuantConfig { activations, ..QuantConfig::new(kind) })?;
-            }
-            measure(&model, new, reps)?
-        }
-        (false, Ok(Config::Llama(c))) => quantized(llama(c)?)?,
+        (true, _) => measure(&quantized(Llama::from_gguf(&dir, options)?)?, new, reps)?,
+        (false, Ok(Config::Gpt2(c))) => measure(&quantized_gpt2(gpt2(c)?)?, new, reps)?,
+        (false, Ok(Config::Llama(c))) => measure(&quantized(llama(c)?)?, new, reps)?,
         (false, Ok(Config::Bert(_))) => return Err(not_generative(&dir)),
         (false, Err(e)) => return Err(e),
     };
