@@ -18,7 +18,9 @@
 //! A call at other sizes (a ragged last batch) is the same program at other sizes: it plans
 //! once for them, and its kernels whose sizes changed are compiled size-generic, so
 //! that later sizes compile nothing ([`Dynamic::Auto`]; [`compile_with`] takes
-//! [`Dynamic::Always`] or [`Dynamic::Never`]). Sizes seen before replay their plans.
+//! [`Dynamic::Always`] or [`Dynamic::Never`]). An argument's dimension marked with
+//! [`Tensor::mark_dynamic`] makes the kernels over its size generic from the first call
+//! instead. Sizes seen before replay their plans.
 //!
 //! Reading a value that the closure itself computed (`.item()`, `.to_vec()`, printing) would
 //! need a realization in the middle of the plan: it is an error ([`Error::Compile`](crate::Error::Compile)), a
@@ -61,7 +63,7 @@ use std::sync::Arc;
 use kiln_ir::pipeline::{Constants, Fusion};
 use kiln_ir::{DType, Shape};
 use kiln_runtime::Device;
-use kiln_runtime::exec::{GraphRun, Prepared, SizePolicy, Sizes};
+use kiln_runtime::exec::{GraphRun, Marked, Prepared, SizePolicy, Sizes};
 
 use crate::engine::lazy::LazyNode;
 use crate::engine::realize::{
@@ -376,12 +378,15 @@ impl<F> Compiled<F> {
     {
         self.stats.calls += 1;
         let signature = Signature::of(&inputs.tensors());
+        let marked = Marked::new(
+            inputs.tensors().iter().flat_map(|t| t.dynamic_dims().into_iter().map(|d| t.dims()[d])),
+        );
         let (out, session) = record(|| (self.f)(inputs))?;
         let mut targets: Vec<Arc<LazyNode>> =
             out.tensors().iter().map(|t| t.storage().node()).collect();
         targets.extend(session.deferred);
         targets.extend(session.written.iter().map(|s| s.node()));
-        self.run(signature, &targets, session.first_serial)?;
+        self.run(signature, &targets, session.first_serial, marked)?;
         Ok(out)
     }
 
@@ -390,6 +395,7 @@ impl<F> Compiled<F> {
         signature: Signature,
         targets: &[Arc<LazyNode>],
         first_serial: u64,
+        marked: Option<Marked>,
     ) -> Result<()> {
         let device = targets.first().map_or(Device::Cpu, |t| t.device);
         let options = crate::engine::execution::plan_options(Constants::Rebindable, device);
@@ -478,7 +484,7 @@ impl<F> Compiled<F> {
             reason = Some(why);
         }
 
-        let sizes = self.sizes_of(&captured, &outputs, device);
+        let sizes = self.sizes_of(&captured, &outputs, device, marked);
         let built = build_graph(&captured, targets)?;
         debug_assert_eq!(built.outputs, outputs);
         let recorded = Recorded::new(&captured, &outputs, &built.ids);
@@ -498,10 +504,17 @@ impl<F> Compiled<F> {
         Ok(())
     }
 
-    /// How a new plan of `captured` treats sizes: under [`Dynamic::Auto`], the same program
-    /// as a cached plan's at other sizes (a ragged batch) compiles its kernels whose sizes
-    /// changed size-generic, to serve the sizes still to come.
-    fn sizes_of(&self, captured: &Captured, outputs: &[usize], device: Device) -> Sizes {
+    /// How a new plan of `captured` treats sizes: under [`Dynamic::Auto`], the kernels over
+    /// sizes an argument marked dynamic ([`Tensor::mark_dynamic`]) are compiled size-generic,
+    /// and the same program as a cached plan's at other sizes (a ragged batch) compiles its
+    /// kernels whose sizes changed size-generic, to serve the sizes still to come.
+    fn sizes_of(
+        &self,
+        captured: &Captured,
+        outputs: &[usize],
+        device: Device,
+        marked: Option<Marked>,
+    ) -> Sizes {
         let resized = || {
             self.entries.iter().any(|e| {
                 e.prepared.device() == device && e.recorded.same_up_to_sizes(captured, outputs)
@@ -510,6 +523,7 @@ impl<F> Compiled<F> {
         match self.options.dynamic {
             Dynamic::Always => Sizes::Dynamic,
             Dynamic::Never => Sizes::Static,
+            Dynamic::Auto if let Some(marked) = marked => Sizes::Marked(marked),
             Dynamic::Auto if resized() => Sizes::Changed,
             Dynamic::Auto => Sizes::First,
         }
@@ -518,13 +532,21 @@ impl<F> Compiled<F> {
     /// Records why the call planned again, and warns once past the recompile limit.
     fn note_recompile(&mut self, reason: String, sizes: Sizes) {
         let policy = kiln_runtime::exec::size_policy();
-        let reason = if sizes == Sizes::Changed && policy != SizePolicy::Specialize {
-            format!(
+        let reason = match sizes {
+            _ if policy == SizePolicy::Specialize => reason,
+            Sizes::Changed => format!(
                 "{reason}; the same program at other sizes: its kernels whose sizes changed are \
                  compiled size-generic, for every size"
-            )
-        } else {
-            reason
+            ),
+            Sizes::Marked(marked) => {
+                let sizes: Vec<String> = marked.sizes().map(|s| s.to_string()).collect();
+                format!(
+                    "{reason}; kernels over the sizes marked dynamic ({}) are size-generic, \
+                     and any other whose sizes changed is compiled size-generic",
+                    sizes.join(", ")
+                )
+            }
+            Sizes::First | Sizes::Dynamic | Sizes::Static => reason,
         };
         self.stats.recompiles.push(Recompile { call: self.stats.calls, reason: reason.clone() });
         if self.stats.recompiles.len() > self.recompile_limit && !self.warned {

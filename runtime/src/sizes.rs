@@ -29,6 +29,49 @@ pub enum Sizes {
     Dynamic,
     /// Every kernel specialised to its sizes, whatever ran before.
     Static,
+    /// Sizes a user marked dynamic (PyTorch's `mark_dynamic`): a kernel whose domain has a
+    /// dimension of one of these sizes is compiled size-generic from the first plan, the
+    /// others as under [`Sizes::Changed`] (the program may also have run before at other
+    /// sizes).
+    Marked(Marked),
+}
+
+/// The sizes of the dimensions a user marked dynamic in one call (at most [`Marked::MOST`];
+/// sizes 0 and 1 are left out: they stay specialised, as broadcasting depends on them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Marked([usize; Marked::MOST]);
+
+impl Marked {
+    /// How many distinct sizes one call marks. Past them, later sizes are found as in
+    /// [`Sizes::Changed`] (a compile at the second size, then none).
+    pub const MOST: usize = 8;
+
+    /// The marked sizes `sizes` (repeats, 0 and 1 dropped), or `None` when none is left.
+    pub fn new(sizes: impl IntoIterator<Item = usize>) -> Option<Marked> {
+        let mut kept = [0; Marked::MOST];
+        let mut n = 0;
+        for size in sizes {
+            if size > 1 && n < Marked::MOST && !kept[..n].contains(&size) {
+                kept[n] = size;
+                n += 1;
+            }
+        }
+        (n > 0).then_some(Marked(kept))
+    }
+
+    /// The marked sizes.
+    pub fn sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().copied().take_while(|&s| s != 0)
+    }
+
+    /// Whether `kernel` runs over a marked size: a dimension of its domain is one. (A
+    /// dimension that only equals a marked size by chance makes a kernel generic that need
+    /// not be; one that depends on a marked size without being it, as a flattened domain,
+    /// is found when the size changes, as in [`Sizes::Changed`]. Either way the kernel
+    /// computes the same values.)
+    pub(crate) fn touches(&self, kernel: &Kernel) -> bool {
+        kernel.shape.dims().iter().any(|d| self.sizes().any(|s| s == *d))
+    }
 }
 
 /// When kernels are compiled size-generic (`KILN_SIZES`), on the CPU and on GPUs alike.
@@ -75,16 +118,23 @@ pub fn set_size_policy(policy: SizePolicy) -> SizePolicy {
 }
 
 /// Whether a plan whose program's sizes are `sizes` takes a kernel its cache holds for the
-/// exact kernel, `generic` or not. A plan that runs kernels specialised to its sizes only
-/// (under the policy in force) does not take a size-generic one (linked there when another
-/// program came back at other sizes): it compiles the specialised kernel, so that a program
-/// whose sizes never change runs the same code whatever ran before it in the process.
-pub(crate) fn reuses(generic: bool, sizes: Sizes) -> bool {
-    let specialised_only = match (size_policy(), sizes) {
+/// exact kernel `kernel`, `generic` or not. A plan that runs kernels specialised to its sizes
+/// only (under the policy in force) does not take a size-generic one (linked there when
+/// another program came back at other sizes): it compiles the specialised kernel, so that a
+/// program whose sizes never change runs the same code whatever ran before it in the
+/// process. Likewise a kernel over a size marked dynamic ([`Sizes::Marked`]) does not take a
+/// specialised one: it is compiled generic, so that the marked size's next value compiles
+/// nothing.
+pub(crate) fn reuses(generic: bool, sizes: Sizes, kernel: &Kernel) -> bool {
+    let policy = size_policy();
+    let specialised_only = match (policy, sizes) {
         (SizePolicy::Specialize, _) | (SizePolicy::Auto, Sizes::First | Sizes::Static) => true,
-        (SizePolicy::Generic, _) | (SizePolicy::Auto, Sizes::Changed | Sizes::Dynamic) => false,
+        (SizePolicy::Generic, _)
+        | (SizePolicy::Auto, Sizes::Changed | Sizes::Dynamic | Sizes::Marked(_)) => false,
     };
-    !(generic && specialised_only)
+    let generic_only =
+        policy != SizePolicy::Specialize && matches!(sizes, Sizes::Marked(m) if m.touches(kernel));
+    if generic { !specialised_only } else { !generic_only }
 }
 
 /// What a kernel cache does with a kernel it does not hold.
@@ -151,7 +201,8 @@ impl<K: Clone> Forms<K> {
         }
         let (form, numbers) = (form(kernel), generic::numbers(kernel));
         let mut marks = Vec::new();
-        let generic_ok = policy == SizePolicy::Generic || sizes == Sizes::Changed;
+        let generic_ok =
+            policy == SizePolicy::Generic || matches!(sizes, Sizes::Changed | Sizes::Marked(_));
         match self.forms.get(&form) {
             Some(seen) if generic_ok => {
                 let serving =
@@ -174,7 +225,8 @@ impl<K: Clone> Forms<K> {
                     .insert(form.clone(), Form { first: numbers.clone(), generic: Vec::new() });
             }
         }
-        if policy == SizePolicy::Generic {
+        let marked = matches!(sizes, Sizes::Marked(m) if m.touches(kernel));
+        if policy == SizePolicy::Generic || marked {
             marks = generic::generic_marks(kernel);
         }
         Decision::Compile(Box::new(Ask { marks, seen: Some((form, numbers)) }))

@@ -176,6 +176,7 @@ pub(crate) fn with_value(
         storage: Storage::new(node),
         view,
         autograd: Mutex::new(autograd),
+        dynamic: Default::default(),
     }))
 }
 

@@ -10,6 +10,7 @@ mod create;
 mod data_sized;
 mod display;
 mod division;
+mod dynamic;
 mod einsum;
 mod erfinv;
 mod gamma;
@@ -29,6 +30,7 @@ mod special;
 mod statistics;
 mod trig;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kiln_ir::{DType, Op, Shape, View};
@@ -77,6 +79,8 @@ pub(crate) struct TensorInner {
     storage: Arc<Storage>,
     view: View,
     pub(crate) autograd: Mutex<AutogradMeta>,
+    /// The dimensions marked dynamic ([`Tensor::mark_dynamic`]), one bit each.
+    dynamic: AtomicU64,
 }
 
 impl Tensor {
@@ -87,6 +91,7 @@ impl Tensor {
             storage: Storage::new(node),
             view,
             autograd: Mutex::default(),
+            dynamic: AtomicU64::new(0),
         }))
     }
 
@@ -102,6 +107,7 @@ impl Tensor {
             storage: self.0.storage.clone(),
             view,
             autograd: Mutex::default(),
+            dynamic: AtomicU64::new(0),
         }))
     }
 
@@ -110,7 +116,8 @@ impl Tensor {
     pub(crate) fn snapshot(&self) -> Tensor {
         let storage = Storage::new(self.0.storage.node());
         let autograd = Mutex::new(history::snapshot_meta(self));
-        Tensor(Arc::new(TensorInner { storage, view: self.0.view.clone(), autograd }))
+        let dynamic = AtomicU64::new(self.0.dynamic.load(Ordering::Relaxed));
+        Tensor(Arc::new(TensorInner { storage, view: self.0.view.clone(), autograd, dynamic }))
     }
 
     pub(crate) fn storage(&self) -> &Arc<Storage> {

@@ -93,7 +93,8 @@ pub(crate) fn compile_kernel(
 ) -> Result<(Arc<CudaKernel>, Option<Duration>), RuntimeError> {
     let ask = {
         let mut cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-        let takes = |f: &Arc<CudaKernel>| planned.is_none_or(|sizes| reuses(f.is_generic(), sizes));
+        let takes =
+            |f: &Arc<CudaKernel>| planned.is_none_or(|sizes| reuses(f.is_generic(), sizes, kernel));
         if let Some(f) = cache.functions.get_if(kernel, takes) {
             return Ok((f, None));
         }
@@ -150,7 +151,7 @@ pub(crate) fn precompile(
         let cache = gpu.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = std::collections::HashSet::new();
         for (i, k) in kernels.iter().enumerate() {
-            let usable = cache.functions.peek(*k).is_some_and(|f| reuses(f.is_generic(), sizes));
+            let usable = cache.functions.peek(*k).is_some_and(|f| reuses(f.is_generic(), sizes, k));
             if !usable && seen.insert(*k) {
                 todo.push(Job::Kernel(i));
             }

@@ -41,7 +41,7 @@ pub(super) fn compiled(
     let cached = CACHE
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get_if(kernel, |k| reuses(generic(k), sizes));
+        .get_if(kernel, |k| reuses(generic(k), sizes, kernel));
     if let Some(found) = cached {
         return (found, None);
     }

@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use kiln_ir::Graph;
 use kiln_ir::pipeline::{Constants, Fusion, PlanOptions};
 
-pub use crate::sizes::{SizePolicy, Sizes, set_size_policy, size_policy};
+pub use crate::sizes::{Marked, SizePolicy, Sizes, set_size_policy, size_policy};
 pub(crate) use check::tolerance as check_tolerance;
 pub use check::unchecked_runs;
 pub use cpu::{cache_stats, clif, compile_failures, compiles_fail, fail_compiles, generic_clif};
