@@ -226,10 +226,10 @@ fn dynamic_sizes_asked_up_front_compile_no_kernel_after_the_first_call() {
     g.call(&Tensor::randn([31, 12]));
     let reason = &g.stats().recompiles[0].reason;
     assert!(reason.contains("argument 0's dimension 0 is 31 (was 30)"), "{reason}");
-    assert!(reason.contains("size-generic"), "{reason}");
     if specializing("dynamic_sizes_asked_up_front") {
         return;
     }
+    assert!(reason.contains("size-generic"), "{reason}");
     assert!(compiles[1..].iter().all(|&n| n == 0), "kernels compiled per call: {compiles:?}");
 }
 
