@@ -377,10 +377,12 @@ impl<F> Compiled<F> {
         F: FnMut(I) -> O,
     {
         self.stats.calls += 1;
-        let signature = Signature::of(&inputs.tensors());
-        let marked = Marked::new(
-            inputs.tensors().iter().flat_map(|t| t.dynamic_dims().into_iter().map(|d| t.dims()[d])),
-        );
+        let (signature, marked) = {
+            let tensors = inputs.tensors();
+            let marked =
+                tensors.iter().flat_map(|t| t.dynamic_dims().into_iter().map(|d| t.dims()[d]));
+            (Signature::of(&tensors), Marked::new(marked))
+        };
         let (out, session) = record(|| (self.f)(inputs))?;
         let mut targets: Vec<Arc<LazyNode>> =
             out.tensors().iter().map(|t| t.storage().node()).collect();

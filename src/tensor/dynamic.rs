@@ -10,8 +10,8 @@ impl Tensor {
     /// compiled function (PyTorch's `torch._dynamo.mark_dynamic(t, dim)`): a
     /// [`compile()`](crate::compile()) call that takes this tensor as an argument compiles
     /// the kernels that run over that dimension size-generic from its first call, so that
-    /// no later size compiles a kernel. Without a mark, a compiled function does the same
-    /// from the second size it sees ([`Dynamic::Auto`](crate::compile::Dynamic::Auto)).
+    /// later sizes compile nothing for them. Without a mark, a compiled function does the
+    /// same from the second size it sees ([`Dynamic::Auto`](crate::compile::Dynamic::Auto)).
     ///
     /// The mark belongs to this handle (and its clones), not to tensors computed from it;
     /// sizes 0 and 1 stay specialised (broadcasting depends on them). Marking changes which
