@@ -11,11 +11,17 @@
 //!                                                         # (with the same --steps)
 //! cargo run --release --example train_gpt -- --steps 300  # a shorter run
 //! cargo run --release --example train_gpt -- --bf16       # under autocast(BF16)
+//! cargo run --release --example train_gpt -- --random-context  # lengths 16..=64
 //! ```
 //!
 //! `--bf16` runs the forward pass and loss under `kiln::autocast(DType::BF16, ..)`: products
 //! and attention in bf16 (on AVX512-BF16 dot products where the CPU has them), norms, softmax
 //! and the loss in f32, weights and optimizer state in f32.
+//!
+//! `--random-context` draws each batch's context length from 16 to 64 (a variable-length
+//! workload): the compiled step sees a new size on most calls, with the length dimension
+//! marked dynamic (`Tensor::mark_dynamic`), and its statistics at the end say how many
+//! plans it built.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -117,6 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let resume = args.iter().any(|a| a == "--resume");
     let bf16 = args.iter().any(|a| a == "--bf16");
+    let random_context = args.iter().any(|a| a == "--random-context");
     let steps: usize = match args.iter().position(|a| a == "--steps") {
         Some(i) => args.get(i + 1).ok_or("--steps takes a number")?.parse()?,
         None => 900,
@@ -183,9 +190,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{bar:32.cyan/blue} {pos:>5}/{len} steps  {msg}  [{elapsed_precise}]",
     )?);
     bar.set_position(step as u64);
-    let tokens_per_step = (BATCH * model.config.context) as f64;
     let started = Instant::now();
     let first_step = step;
+    let mut tokens = 0usize;
     let mut val_loss = f32::NAN;
     {
         let mut train_step = kiln::compile(|(x, y): (&Tensor, &Tensor)| {
@@ -201,12 +208,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             loss
         });
         while step < steps {
-            let (x, y) = batch(train_ids, model.config.context);
+            let context = if random_context {
+                Tensor::randint(16, model.config.context as i64 + 1, [1]).item::<i64>() as usize
+            } else {
+                model.config.context
+            };
+            let (x, y) = batch(train_ids, context);
+            if random_context {
+                x.mark_dynamic(1);
+                y.mark_dynamic(1);
+            }
             let loss = train_step.try_call((&x, &y))?.item::<f32>();
             schedule.step(&mut *opt.borrow_mut());
             step += 1;
-            let rate =
-                (step - first_step) as f64 * tokens_per_step / started.elapsed().as_secs_f64();
+            tokens += BATCH * context;
+            let rate = tokens as f64 / started.elapsed().as_secs_f64();
             bar.set_message(format!("loss {loss:.3}  {rate:>6.0} tokens/s"));
             bar.inc(1);
             if step % EVAL_EVERY == 0 || step == steps {
@@ -229,13 +245,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         bar.finish_and_clear();
-        println!("compiled step: {:?}", train_step.stats());
+        // Every new length is a recompile, each with its reason: the summary then.
+        if random_context {
+            let (stats, kernels) = (train_step.stats(), kiln::debug::cache_stats());
+            println!(
+                "compiled step: {} calls, {} planned ({} recompiles), {} replayed; kernels \
+                 compiled {} ({} size-generic), {} served by a size-generic kernel",
+                stats.calls,
+                stats.plans,
+                stats.recompiles.len(),
+                stats.replays,
+                kernels.compiled,
+                kernels.generic,
+                kernels.served
+            );
+        } else {
+            println!("compiled step: {:?}", train_step.stats());
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
         "trained {} steps in {seconds:.1} s ({:.0} tokens/s); checkpoint in {}",
         step - first_step,
-        (step - first_step) as f64 * tokens_per_step / seconds.max(1e-9),
+        tokens as f64 / seconds.max(1e-9),
         ckpt_path.display()
     );
 
