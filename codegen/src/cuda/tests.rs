@@ -607,32 +607,57 @@ fn generated_cuda_compiles_with_nvrtc_and_does_not_spill() {
             sources.push((name, row_group(dtype, rows, cols, log)));
         }
     }
-    for (i, (name, src)) in sources.iter().enumerate() {
-        // Exactly the options the runtime compiles with for an sm_90 device (NVRTC 13 takes
-        // `-minimal`).
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: super::nvrtc_options("sm_90", true),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-            .unwrap_or_else(|e| panic!("{name}: NVRTC rejected the source: {e:?}\n{src}"));
-        let Some(ptxas) = &ptxas else { continue };
-        let file = dir.join(format!("k{i}.ptx"));
-        std::fs::write(&file, ptx.to_src()).unwrap();
-        let out = std::process::Command::new(ptxas)
-            .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .expect("ptxas runs");
-        let report = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{name}: ptxas failed:\n{report}");
-        let entries = ptx.to_src().matches(".entry ").count();
-        let compiled = report.matches("Compiling entry function").count();
-        assert!(entries > 0 && compiled == entries, "{name}: every entry point:\n{report}");
-        let spills = entry_spills(&report);
-        assert!(spills.len() >= entries, "{name}: a report per entry point:\n{report}");
-        let spilling: Vec<_> = spills.iter().filter(|(_, clean)| !clean).collect();
-        assert!(spilling.is_empty(), "{name}: {spilling:?} spill:\n{report}");
-    }
+    // NVRTC and ptxas take most of a second per source, and this test ran alone for over a
+    // minute after the others ended: the sources are shared out over the machine's cores
+    // (NVRTC programs are independent; each ptxas is a process).
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sources.len());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((name, src)) = sources.get(i) else { break };
+                    check_nvrtc_and_ptxas(i, name, src, ptxas.as_deref(), &dir);
+                }
+            });
+        }
+    });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Compiles source `i` with NVRTC as the runtime does for an sm_90 device and, when there
+/// is a `ptxas`, checks that every entry point compiles without spilling.
+fn check_nvrtc_and_ptxas(
+    i: usize,
+    name: &str,
+    src: &str,
+    ptxas: Option<&std::path::Path>,
+    dir: &std::path::Path,
+) {
+    // Exactly the options the runtime compiles with for an sm_90 device (NVRTC 13 takes
+    // `-minimal`).
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: super::nvrtc_options("sm_90", true),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+        .unwrap_or_else(|e| panic!("{name}: NVRTC rejected the source: {e:?}\n{src}"));
+    let Some(ptxas) = ptxas else { return };
+    let file = dir.join(format!("k{i}.ptx"));
+    std::fs::write(&file, ptx.to_src()).unwrap();
+    let out = std::process::Command::new(ptxas)
+        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .expect("ptxas runs");
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{name}: ptxas failed:\n{report}");
+    let entries = ptx.to_src().matches(".entry ").count();
+    let compiled = report.matches("Compiling entry function").count();
+    assert!(entries > 0 && compiled == entries, "{name}: every entry point:\n{report}");
+    let spills = entry_spills(&report);
+    assert!(spills.len() >= entries, "{name}: a report per entry point:\n{report}");
+    let spilling: Vec<_> = spills.iter().filter(|(_, clean)| !clean).collect();
+    assert!(spilling.is_empty(), "{name}: {spilling:?} spill:\n{report}");
 }
