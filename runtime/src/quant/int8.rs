@@ -3,9 +3,10 @@
 //! Q8_0 blocks for Q8_0 and Q4_0 weights, Q8_K for Q4_K and Q6_K), each block's products
 //! summed in `i32` and scaled once. On x86-64 with AVX2 the sums are `pmaddubsw`/`pmaddwd`
 //! (32 products in two instructions, where the f32 loops of [`super::dot_rows`] convert
-//! every weight to a float first); the portable build does the same integer arithmetic, so
-//! both give the same sums, and they differ from the f32 product by the activations'
-//! rounding (at most half a step of each block's scale per value).
+//! every weight to a float first; Q4_0 rows go eight at a time, one row per lane); the
+//! portable build does the same integer arithmetic, so both give the same sums, and they
+//! differ from the f32 product by the activations' rounding (at most half a step of each
+//! block's scale per value).
 
 use super::dot::{DotPath, host_path};
 use super::{DequantizeError, GgmlType, half_at};
