@@ -15,6 +15,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+#[path = "common/args.rs"]
+mod args;
+
 use kiln::nn::functional as F;
 use kiln::{DType, Device, Tensor};
 use kiln_models::bert::Bert;
@@ -36,8 +39,11 @@ fn encode(model: &Bert, ids: &Tensor, mask: &Tensor, autocast: Option<DType>) ->
 fn main() -> kiln::Result<()> {
     let (mut dir, mut dtype, mut autocast, mut json) = (None, DType::F32, None, None::<PathBuf>);
     let (mut batch, mut len, mut reps, mut profiling) = (32usize, 128usize, 7usize, false);
+    let usage = "usage: bench_encode --model DIR [--autocast bf16] [--dtype bf16] [--batch 32] \
+                 [--len 128] [--reps 7] [--json FILE] [--profile]";
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        args::help(&flag, usage);
         if flag == "--profile" {
             profiling = true;
             continue;
@@ -52,12 +58,14 @@ fn main() -> kiln::Result<()> {
             "--len" => len = value.parse().unwrap_or(128),
             "--reps" => reps = value.parse().unwrap_or(7).max(1),
             "--json" => json = Some(PathBuf::from(&value)),
-            other => panic!("unknown argument {other}"),
+            other => args::fail(&format!("unknown argument {other}"), usage),
         }
     }
     let Some(dir) = dir else {
-        eprintln!("bench_encode needs --model DIR (benches/peers/make_checkpoints.py writes one)");
-        std::process::exit(2);
+        args::fail(
+            "bench_encode needs --model (benches/peers/make_checkpoints.py writes one)",
+            usage,
+        )
     };
     let model = Bert::from_pretrained(
         &dir,

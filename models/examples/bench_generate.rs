@@ -25,6 +25,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+#[path = "common/args.rs"]
+mod args;
+
 use kiln::{DType, Device};
 use kiln_models::gpt2::Gpt2;
 use kiln_models::llama::Llama;
@@ -76,8 +79,12 @@ fn main() -> kiln::Result<()> {
         (None, DType::F32, 32, 3, None::<PathBuf>, Device::Cpu);
     let (mut profiling, mut keep_quantized, mut int8, mut random) = (false, false, false, false);
     let mut quantize = None;
+    let usage = "usage: bench_generate --model DIR|FILE.gguf [--dtype f32|bf16] [--new 32] [--reps 3] \
+                 [--json FILE] [--profile] [--keep-quantized] [--int8-activations] \
+                 [--quantize q8_0|q4_0|q4_k|int8] [--random] [--cuda]";
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        args::help(&flag, usage);
         let switches =
             ["--profile", "--keep-quantized", "--int8-activations", "--random", "--cuda"];
         if switches.contains(&flag.as_str()) {
@@ -103,15 +110,19 @@ fn main() -> kiln::Result<()> {
                     "q4_0" => GgmlType::Q4_0.into(),
                     "q4_k" => GgmlType::Q4_K.into(),
                     "int8" => QuantKind::Int8,
-                    other => panic!("--quantize {other}: q8_0, q4_0, q4_k or int8"),
+                    other => {
+                        args::fail(&format!("--quantize {other}: q8_0, q4_0, q4_k or int8"), usage)
+                    }
                 });
             }
-            other => panic!("unknown argument {other}"),
+            other => args::fail(&format!("unknown argument {other}"), usage),
         }
     }
     let Some(dir) = dir else {
-        eprintln!("bench_generate needs --model DIR (see examples/generate.rs for how to get one)");
-        std::process::exit(2);
+        args::fail(
+            "bench_generate needs --model (see examples/generate.rs for how to get one)",
+            usage,
+        )
     };
     let activations = if int8 { Activations::Int8 } else { Activations::F32 };
     let options = LoadOptions { dtype, device, keep_quantized, activations };

@@ -13,6 +13,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+#[path = "common/args.rs"]
+mod args;
+
 use kiln::nn::functional as F;
 use kiln::optim::{AdamConfig, AdamW, Optimizer};
 use kiln::{DType, Tensor};
@@ -22,8 +25,11 @@ use kiln_models::{LoadOptions, llama::Llama};
 fn main() -> kiln::Result<()> {
     let (mut dir, mut batch, mut len, mut reps) = (None, 4usize, 128usize, 5usize);
     let (mut autocast, mut json) = (false, None::<PathBuf>);
+    let usage = "usage: bench_lora --model DIR [--batch 4] [--len 128] [--reps 5] \
+                 [--autocast bf16] [--json FILE]";
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        args::help(&flag, usage);
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--model" => dir = Some(PathBuf::from(&value)),
@@ -32,12 +38,11 @@ fn main() -> kiln::Result<()> {
             "--reps" => reps = value.parse().unwrap_or(5).max(1),
             "--autocast" => autocast = value == "bf16",
             "--json" => json = Some(PathBuf::from(&value)),
-            other => panic!("unknown argument {other}"),
+            other => args::fail(&format!("unknown argument {other}"), usage),
         }
     }
     let Some(dir) = dir else {
-        eprintln!("bench_lora needs --model DIR (benches/peers/make_checkpoints.py writes one)");
-        std::process::exit(2);
+        args::fail("bench_lora needs --model (benches/peers/make_checkpoints.py writes one)", usage)
     };
     kiln::manual_seed(0);
     let mut model = Llama::from_pretrained(&dir, LoadOptions::default())?;

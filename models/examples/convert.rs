@@ -15,6 +15,9 @@
 
 use std::path::PathBuf;
 
+#[path = "common/args.rs"]
+mod args;
+
 use kiln::DType;
 use kiln_models::bert::Bert;
 use kiln_models::gpt2::Gpt2;
@@ -32,8 +35,9 @@ fn main() -> kiln::Result<()> {
     let mut embeddings = false;
     let mut load = LoadOptions::default();
     let mut save = SaveOptions::default();
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
+    let mut argv = std::env::args().skip(1);
+    while let Some(flag) = argv.next() {
+        args::help(&flag, usage);
         match flag.as_str() {
             "--merge" => merge = true,
             "--embeddings" => embeddings = true,
@@ -42,7 +46,8 @@ fn main() -> kiln::Result<()> {
         if flag == "--merge" || flag == "--embeddings" {
             continue;
         }
-        let value = args.next().unwrap_or_else(|| panic!("{flag} needs a value\n{usage}"));
+        let value =
+            argv.next().unwrap_or_else(|| args::fail(&format!("{flag} needs a value"), usage));
         match flag.as_str() {
             "--model" => model = Some(PathBuf::from(value)),
             "--out" => out = Some(PathBuf::from(value)),
@@ -52,7 +57,7 @@ fn main() -> kiln::Result<()> {
                     "f32" => DType::F32,
                     "bf16" => DType::BF16,
                     "f16" => DType::F16,
-                    other => panic!("--dtype {other}: f32, bf16 or f16\n{usage}"),
+                    other => args::fail(&format!("--dtype {other}: f32, bf16 or f16"), usage),
                 }
             }
             "--quantize" => {
@@ -61,20 +66,26 @@ fn main() -> kiln::Result<()> {
                     "q4_0" => GgmlType::Q4_0.into(),
                     "q4_k" => GgmlType::Q4_K.into(),
                     "int8" => QuantKind::Int8,
-                    other => panic!("--quantize {other}: q8_0, q4_0, q4_k or int8\n{usage}"),
+                    other => {
+                        args::fail(&format!("--quantize {other}: q8_0, q4_0, q4_k or int8"), usage)
+                    }
                 };
                 quantize = Some(QuantConfig::new(kind));
             }
             "--max-shard-bytes" => {
-                save.max_shard_bytes = value.parse().unwrap_or_else(|_| panic!("{usage}"));
+                save.max_shard_bytes = value.parse().unwrap_or_else(|_| {
+                    args::fail(&format!("--max-shard-bytes {value}: a number of bytes"), usage)
+                });
             }
-            other => panic!("unknown flag {other}\n{usage}"),
+            other => args::fail(&format!("unknown flag {other}"), usage),
         }
     }
-    let (Some(model), Some(out)) = (model, out) else { panic!("{usage}") };
+    let (Some(model), Some(out)) = (model, out) else {
+        args::fail("convert needs --model and --out", usage)
+    };
     let config = Config::from_dir(&model)?;
     if quantize.is_some() && !matches!(config, Config::Llama(_)) {
-        panic!("--quantize takes a Llama-family model\n{usage}");
+        args::fail("--quantize takes a Llama-family model", usage);
     }
     match config {
         Config::Gpt2(_) => Gpt2::from_pretrained(&model, load)?.save_pretrained_with(&out, save)?,

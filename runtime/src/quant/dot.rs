@@ -5,7 +5,8 @@
 //! Q8_0, Q4_0, Q4_K and Q6_K have loops of their own (eight f32 lanes per block, each block's or
 //! sub-block's sum scaled once); the other types dequantize one block at a time into a
 //! buffer on the stack and take its dot product. On x86-64 with AVX2 and FMA the same loops are compiled for
-//! those instructions and chosen at run time; elsewhere the portable build runs (tests run
+//! those instructions and chosen at run time, Q8_0's and Q4_0's written in intrinsics with
+//! the same order of operations (the same bits); elsewhere the portable build runs (tests run
 //! both where the CPU allows).
 
 use std::sync::LazyLock;
@@ -92,9 +93,92 @@ pub fn dot_rows_on(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2(kind: GgmlType, rows: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
-    rows_with::<true>(kind, rows, row_bytes, x, out);
+    let row: unsafe fn(&[u8], &[f32]) -> f32 = match kind {
+        GgmlType::Q8_0 => avx2::q8_0_row,
+        GgmlType::Q4_0 => avx2::q4_0_row,
+        _ => return rows_with::<true>(kind, rows, row_bytes, x, out),
+    };
+    for (w, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        // SAFETY: the CPU has AVX2, FMA and F16C (`host_path`); `w` is whole blocks of the
+        // values `x` holds (checked by the caller).
+        *o = unsafe { row(w, x) };
+    }
+}
+
+/// Q8_0's and Q4_0's rows in AVX2 intrinsics. The portable loops compiled for AVX2 (which
+/// still serve the other types) left a call per block for the `f16` scale and spilled their
+/// lanes. These keep those loops' order of operations lane for lane (value `8c + l` of a
+/// block in lane `l`, the same fused multiply-adds in the same order, the lanes summed in
+/// order at the end), so they give the bits the loops they replace gave (a test checks).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::super::int8::avx2::half;
+
+    /// The eight lanes summed in order, as the portable loops' `finish`.
+    #[target_feature(enable = "avx")]
+    fn finish(total: __m256) -> f32 {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds eight floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
+        lanes.iter().sum()
+    }
+
+    /// Q8_0: per block `d * Σ q·x`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_row(row: &[u8], x: &[f32]) -> f32 {
+        let mut total = _mm256_setzero_ps();
+        for (b, xs) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
+            let (q, xs) = (&b[2..34], &xs[..32]);
+            let mut acc = _mm256_setzero_ps();
+            for c in 0..4 {
+                // SAFETY: bytes and floats 8c..8c + 8 lie in the block's 32 (sliced above).
+                unsafe {
+                    let bytes = _mm_loadl_epi64(q.as_ptr().add(8 * c).cast());
+                    let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                    acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xs.as_ptr().add(8 * c)), acc);
+                }
+            }
+            // SAFETY: the CPU has F16C; the scale is the block's first two bytes.
+            let d = _mm256_set1_ps(unsafe { half(b, 0) });
+            total = _mm256_fmadd_ps(d, acc, total);
+        }
+        finish(total)
+    }
+
+    /// Q4_0: byte `j` holds value `j` (low nibble) and `16 + j` (high), each less 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_0_row(row: &[u8], x: &[f32]) -> f32 {
+        let (nibble, eight) = (_mm_set1_epi8(15), _mm_set1_epi8(8));
+        let mut total = _mm256_setzero_ps();
+        for (b, xs) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
+            let (q, xs) = (&b[2..18], &xs[..32]);
+            // SAFETY: 16 bytes from the block's third lie in it (sliced above).
+            let bytes = unsafe { _mm_loadu_si128(q.as_ptr().cast()) };
+            let low = _mm_sub_epi8(_mm_and_si128(bytes, nibble), eight);
+            let high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), eight);
+            let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+            let mut acc = _mm256_setzero_ps();
+            for (c, (low, high)) in [(low, high), (_mm_srli_si128(low, 8), _mm_srli_si128(high, 8))]
+                .into_iter()
+                .enumerate()
+            {
+                // SAFETY: floats 8c.. and 16 + 8c.. (c < 2), eight each, lie in the 32.
+                unsafe {
+                    acc = _mm256_fmadd_ps(widen(low), _mm256_loadu_ps(xs.as_ptr().add(8 * c)), acc);
+                    let at = xs.as_ptr().add(16 + 8 * c);
+                    acc = _mm256_fmadd_ps(widen(high), _mm256_loadu_ps(at), acc);
+                }
+            }
+            // SAFETY: the CPU has F16C; the scale is the block's first two bytes.
+            let d = _mm256_set1_ps(unsafe { half(b, 0) });
+            total = _mm256_fmadd_ps(d, acc, total);
+        }
+        finish(total)
+    }
 }
 
 /// `a * b + c`, fused where the build has FMA (a fused multiply-add without the instruction
@@ -339,6 +423,33 @@ mod tests {
                         "{kind} {path:?} row {r}: {got} against {want} ({error:e} of {scale})"
                     );
                 }
+            }
+        }
+    }
+
+    /// The intrinsics loops give the bits of the portable loops with fused multiply-adds
+    /// (what the AVX2 build ran before them), on 7 rows of 25 blocks.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_0_and_q4_0_intrinsics_give_the_fused_portable_loops_bits() {
+        if host_path() != DotPath::Avx2 {
+            return;
+        }
+        let (rows, cols) = (7, 800);
+        let x: Vec<f32> = (0..cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0).collect();
+        type Row = fn(&[u8], &[f32]) -> f32;
+        type Intrinsics = unsafe fn(&[u8], &[f32]) -> f32;
+        let cases: [(GgmlType, Row, Intrinsics); 2] = [
+            (GgmlType::Q8_0, q8_0_row::<true>, avx2::q8_0_row),
+            (GgmlType::Q4_0, q4_0_row::<true>, avx2::q4_0_row),
+        ];
+        for (kind, portable, intrinsics) in cases {
+            let bytes = blocks(kind, rows, cols, 29);
+            let row_bytes = bytes.len() / rows;
+            for w in bytes.chunks_exact(row_bytes) {
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked above); `w` is 25 blocks.
+                let got = unsafe { intrinsics(w, &x) };
+                assert_eq!(got.to_bits(), portable(w, &x).to_bits(), "{kind}: {got}");
             }
         }
     }
