@@ -1,3 +1,7 @@
+# The record of the 2026-12-08 sitting: kiln binaries built at a7d45e7 (bg-before-pf) and at
+# the code of 43a37d9 (bg-after-wo) with `cargo build --release -p kiln-models --example bench_generate`,
+# copied to /tmp; llama-bench built from llama-cpp-python 0.3.36's vendor/llama.cpp. The
+# repository's own script for such a sitting is benches/peers/quant_sitting.
 set -u
 cd /work/main
 OUT=benches/results/quant-2026-12-08-llama-cpp
