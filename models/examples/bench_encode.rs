@@ -49,14 +49,18 @@ fn main() -> kiln::Result<()> {
             continue;
         }
         let value = it.next().unwrap_or_default();
-        let bf16 = || if value == "bf16" { DType::BF16 } else { DType::F32 };
+        let bf16 = || match value.as_str() {
+            "f32" => DType::F32,
+            "bf16" => DType::BF16,
+            other => args::fail(&format!("{flag} {other}: f32 or bf16"), usage),
+        };
         match flag.as_str() {
             "--model" => dir = Some(PathBuf::from(&value)),
             "--dtype" => dtype = bf16(),
             "--autocast" => autocast = Some(bf16()),
-            "--batch" => batch = value.parse().unwrap_or(32),
-            "--len" => len = value.parse().unwrap_or(128),
-            "--reps" => reps = value.parse().unwrap_or(7).max(1),
+            "--batch" => batch = args::number(&flag, &value, usage),
+            "--len" => len = args::number(&flag, &value, usage),
+            "--reps" => reps = args::number::<usize>(&flag, &value, usage).max(1),
             "--json" => json = Some(PathBuf::from(&value)),
             other => args::fail(&format!("unknown argument {other}"), usage),
         }

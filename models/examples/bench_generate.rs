@@ -100,9 +100,15 @@ fn main() -> kiln::Result<()> {
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--model" => dir = Some(PathBuf::from(value)),
-            "--dtype" => dtype = if value == "bf16" { DType::BF16 } else { DType::F32 },
-            "--new" => new = value.parse().unwrap_or(32),
-            "--reps" => reps = value.parse().unwrap_or(3),
+            "--dtype" => {
+                dtype = match value.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    other => args::fail(&format!("--dtype {other}: f32 or bf16"), usage),
+                }
+            }
+            "--new" => new = args::number(&flag, &value, usage),
+            "--reps" => reps = args::number::<usize>(&flag, &value, usage).max(1),
             "--json" => json = Some(PathBuf::from(value)),
             "--quantize" => {
                 quantize = Some(match value.as_str() {

@@ -33,10 +33,15 @@ fn main() -> kiln::Result<()> {
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--model" => dir = Some(PathBuf::from(&value)),
-            "--batch" => batch = value.parse().unwrap_or(4),
-            "--len" => len = value.parse().unwrap_or(128),
-            "--reps" => reps = value.parse().unwrap_or(5).max(1),
-            "--autocast" => autocast = value == "bf16",
+            "--batch" => batch = args::number(&flag, &value, usage),
+            "--len" => len = args::number(&flag, &value, usage),
+            "--reps" => reps = args::number::<usize>(&flag, &value, usage).max(1),
+            "--autocast" => {
+                autocast = match value.as_str() {
+                    "bf16" => true,
+                    other => args::fail(&format!("--autocast {other}: bf16"), usage),
+                }
+            }
             "--json" => json = Some(PathBuf::from(&value)),
             other => args::fail(&format!("unknown argument {other}"), usage),
         }

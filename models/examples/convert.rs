@@ -73,9 +73,7 @@ fn main() -> kiln::Result<()> {
                 quantize = Some(QuantConfig::new(kind));
             }
             "--max-shard-bytes" => {
-                save.max_shard_bytes = value.parse().unwrap_or_else(|_| {
-                    args::fail(&format!("--max-shard-bytes {value}: a number of bytes"), usage)
-                });
+                save.max_shard_bytes = args::number(&flag, &value, usage);
             }
             other => args::fail(&format!("unknown flag {other}"), usage),
         }

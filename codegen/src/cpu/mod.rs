@@ -51,6 +51,7 @@ pub use jit::{
     CpuFeatures, CpuKernel, TARGET, clif_generic, clif_with, compile, compile_generic, param_slots,
 };
 pub use strategy::{COLUMN_BLOCK, STRIP_ROWS};
+pub use wide::prefetch;
 
 #[cfg(test)]
 mod tests;

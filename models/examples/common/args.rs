@@ -10,6 +10,11 @@ pub(crate) fn help(flag: &str, usage: &str) {
     }
 }
 
+/// `value`, given to `flag`, as a number (a word that is not one fails as [`fail`] does).
+pub(crate) fn number<T: std::str::FromStr>(flag: &str, value: &str, usage: &str) -> T {
+    value.parse().unwrap_or_else(|_| fail(&format!("{flag} {value:?}: not a number"), usage))
+}
+
 /// Says what was wrong with the arguments and how to call the example, then exits with 2.
 pub(crate) fn fail(message: &str, usage: &str) -> ! {
     eprintln!("error: {message}\n{usage}");

@@ -118,13 +118,13 @@ mod avx2 {
 
     use super::super::int8::avx2::half;
 
-    /// The eight lanes summed in order, as the portable loops' `finish`.
+    /// The eight lanes summed as the portable loops sum them (`super::finish`).
     #[target_feature(enable = "avx")]
     fn finish(total: __m256) -> f32 {
-        let mut lanes = [0f32; 8];
+        let mut lanes = [0f32; super::LANES];
         // SAFETY: `lanes` holds eight floats.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
-        lanes.iter().sum()
+        super::finish(lanes)
     }
 
     /// Q8_0: per block `d * Σ q·x`.

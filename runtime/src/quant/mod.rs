@@ -31,28 +31,6 @@ pub use int8::{activation_type, dot_rows_int8, dot_rows_int8_on};
 pub use quantize::{quantize, quantized};
 use rayon::prelude::*;
 
-/// Asks the memory system for the `len` bytes from `at` ahead of their use, a cache line
-/// (64 bytes) at a time (nothing elsewhere than on x86-64).
-///
-/// A loop that reads several rows side by side (`int8::avx2::q4_0_rows8`: eight streams 18
-/// bytes a step apart) left the hardware prefetchers behind: its loads waited on memory.
-/// It asks for the next rows while it multiplies these. Rows read one after another are a
-/// single stream the hardware follows: asking for the row two ahead there made Q8_0's and
-/// per-channel int8's decode 5-14% slower, so those loops do not. `at` need not point into
-/// an allocation: a prefetch is a hint that reads nothing the program sees and cannot
-/// fault, and the addresses are only computed (`wrapping_add`).
-#[inline(always)]
-pub(crate) fn prefetch(at: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..len).step_by(64) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: see above; SSE, which the instruction needs, is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, len);
-}
-
 /// One of GGML's tensor types, by its id in a GGUF file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GgmlType(pub u32);
